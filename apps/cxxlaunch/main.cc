@@ -1,0 +1,58 @@
+// cxxlaunch: the command-line front end. Parses the command, calls one library function, maps
+// errors to the documented exit codes (docs/launcher.md): 2 for a user's mistake, 1 when the
+// launcher itself failed, else the job's own exit code.
+
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "launcher/agent.h"
+#include "launcher/cli.h"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: cxxlaunch COMMAND [flags]\n"
+    "commands:\n"
+    "  run (alias launch)   start workers: cxxlaunch run --nproc_per_node=N PROGRAM [ARGS...]\n"
+    "  --version            print the version\n"
+    "Run 'cxxlaunch run --help' for the flags.\n";
+
+int run(const std::vector<std::string>& args) {
+  using namespace cxxlaunch::launcher;
+  if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
+    std::cout << runHelp();
+    return kExitOk;
+  }
+  LaunchOptions options = parseRunArgs(args, HostInfo::detect());
+  auto rendezvous = makeSingleNodeRendezvous(options);
+  return runAgent(options, *rendezvous);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace cxxlaunch::launcher;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    std::cout << kUsage;
+    return args.empty() ? kExitUsage : kExitOk;
+  }
+  if (args[0] == "--version") {
+    std::cout << "cxxlaunch " << CXXLAUNCH_VERSION << "\n";
+    return kExitOk;
+  }
+  const std::string command = args[0];
+  args.erase(args.begin());
+  try {
+    if (command == "run" || command == "launch") return run(args);
+    std::cerr << "cxxlaunch: unknown command '" << command << "'\n" << kUsage;
+    return kExitUsage;
+  } catch (const cxxlaunch::InvalidArgument& e) {
+    std::cerr << "cxxlaunch " << command << ": error: " << e.what() << "\n";
+    return kExitUsage;
+  } catch (const std::exception& e) {
+    std::cerr << "cxxlaunch " << command << ": " << e.what() << "\n";
+    return kExitInternal;
+  }
+}

@@ -1,0 +1,346 @@
+#include "launcher/cli.h"
+
+#include <sched.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <sstream>
+#include <string_view>
+
+namespace cxxlaunch::launcher {
+namespace {
+
+// ---- value parsers: each throws UsageError naming the flag and what it accepts ------------
+
+[[noreturn]] void fail(const std::string& flag, const std::string& value, const std::string& want) {
+  throw UsageError("--" + flag + ": '" + value + "' is not " + want);
+}
+
+bool parseIntText(std::string_view text, long long& out) {
+  if (text.empty()) return false;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
+  return ec == std::errc() && end == text.data() + text.size();
+}
+
+int parseInt(const std::string& flag, const std::string& value, long long lo, long long hi,
+             const std::string& want) {
+  long long v = 0;
+  if (!parseIntText(value, v) || v < lo || v > hi) fail(flag, value, want);
+  return static_cast<int>(v);
+}
+
+std::chrono::milliseconds parseSeconds(const std::string& flag, const std::string& value,
+                                       bool allow_zero) {
+  char* end = nullptr;
+  double seconds = std::strtod(value.c_str(), &end);
+  if (value.empty() || end != value.c_str() + value.size() || !(seconds >= 0) ||
+      (!allow_zero && seconds == 0) || seconds > 1e7) {
+    fail(flag, value, allow_zero ? "a number of seconds >= 0" : "a number of seconds > 0");
+  }
+  return std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
+}
+
+std::vector<std::string> split(const std::string& text, char sep) {
+  std::vector<std::string> parts;
+  std::string part;
+  std::istringstream in(text);
+  while (std::getline(in, part, sep)) parts.push_back(part);
+  if (!text.empty() && text.back() == sep) parts.emplace_back();
+  return parts;
+}
+
+std::vector<int> parseIntList(const std::string& flag, const std::string& value) {
+  std::vector<int> list;
+  for (const auto& item : split(value, ',')) {
+    list.push_back(parseInt(flag, item, 0, 1 << 20, "a comma-separated list of numbers, e.g. 0,2"));
+  }
+  if (list.empty()) fail(flag, value, "a comma-separated list of numbers, e.g. 0,2");
+  return list;
+}
+
+StreamSpec parseStreamSpec(const std::string& flag, const std::string& value) {
+  const std::string want = "0-3 or a per-local-rank map such as 0:3,1:1";
+  StreamSpec spec;
+  if (value.find(':') == std::string::npos) {
+    spec.all = parseInt(flag, value, 0, 3, want);
+    return spec;
+  }
+  for (const auto& item : split(value, ',')) {
+    auto colon = item.find(':');
+    if (colon == std::string::npos) fail(flag, value, want);
+    int rank = parseInt(flag, item.substr(0, colon), 0, 1 << 20, want);
+    spec.per_rank[rank] = parseInt(flag, item.substr(colon + 1), 0, 3, want);
+  }
+  return spec;
+}
+
+std::string normalize(std::string_view name) {
+  std::string out(name);
+  std::replace(out.begin(), out.end(), '-', '_');
+  return out;
+}
+
+size_t editDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1] ? 1 : 0)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// ---- the flag table ---------------------------------------------------------------------
+
+struct Parsed {
+  LaunchOptions options;
+  std::string nproc_text = "1";
+};
+
+struct FlagSpec {
+  std::vector<std::string> names;  // long names in under_score form; one-letter names are short
+  std::string value_name;          // empty: a switch that takes no value
+  std::string help;
+  std::function<void(Parsed&, const std::string& flag, const std::string& value)> apply;
+};
+
+const std::vector<FlagSpec>& flagTable() {
+  static const std::vector<FlagSpec> table = {
+      {{"nproc_per_node"}, "N|cpu|gpu|auto", "workers on this node (default 1)",
+       [](Parsed& p, const std::string&, const std::string& v) { p.nproc_text = v; }},
+      {{"gpus"}, "IDS", "GPU ids to use, e.g. 0,2: one worker per id",
+       [](Parsed& p, const std::string& f, const std::string& v) {
+         p.options.gpus = parseIntList(f, v);
+       }},
+      {{"standalone"}, "", "single-node job with a private rendezvous (the default here)",
+       [](Parsed& p, const std::string&, const std::string&) { p.options.standalone = true; }},
+      {{"max_restarts"}, "N", "restarts of the worker group before failing (default 0)",
+       [](Parsed& p, const std::string& f, const std::string& v) {
+         p.options.max_restarts = parseInt(f, v, 0, 1'000'000, "a number >= 0");
+       }},
+      {{"monitor_interval"}, "SECONDS",
+       "accepted for torchrun compatibility; cxxlaunch reacts to exits at once",
+       [](Parsed& p, const std::string& f, const std::string& v) {
+         p.options.monitor_interval = parseSeconds(f, v, false);
+       }},
+      {{"shutdown_grace"}, "SECONDS", "SIGTERM to SIGKILL grace when stopping workers (default 30)",
+       [](Parsed& p, const std::string& f, const std::string& v) {
+         p.options.shutdown_grace = parseSeconds(f, v, true);
+       }},
+      {{"role"}, "NAME", "worker role: ROLE_NAME (default 'default')",
+       [](Parsed& p, const std::string& f, const std::string& v) {
+         if (v.empty()) fail(f, v, "a non-empty name");
+         p.options.role = v;
+       }},
+      {{"log_dir"}, "DIR", "where per-attempt, per-rank logs go (default $TMPDIR/cxxlaunch)",
+       [](Parsed& p, const std::string& f, const std::string& v) {
+         if (v.empty()) fail(f, v, "a directory");
+         p.options.log_dir = v;
+       }},
+      {{"redirects", "r"}, "SPEC", "streams kept off the console (files only): 0-3 or 0:3,1:1",
+       [](Parsed& p, const std::string& f, const std::string& v) {
+         p.options.redirects = parseStreamSpec(f, v);
+       }},
+      {{"tee", "t"}, "SPEC", "streams echoed to the console as well (the default for all)",
+       [](Parsed& p, const std::string& f, const std::string& v) {
+         p.options.tee = parseStreamSpec(f, v);
+       }},
+      {{"local_ranks_filter"}, "RANKS", "only these local ranks reach the console, e.g. 0",
+       [](Parsed& p, const std::string& f, const std::string& v) {
+         auto list = parseIntList(f, v);
+         p.options.local_ranks_filter = std::set<int>(list.begin(), list.end());
+       }},
+      {{"master_addr"}, "HOST", "MASTER_ADDR given to workers (default 127.0.0.1)",
+       [](Parsed& p, const std::string& f, const std::string& v) {
+         if (v.empty()) fail(f, v, "a host name or address");
+         p.options.master_addr = v;
+       }},
+      {{"master_port"}, "PORT", "MASTER_PORT (default: a free port; 0 picks one too)",
+       [](Parsed& p, const std::string& f, const std::string& v) {
+         p.options.master_port = parseInt(f, v, 0, 65535, "a port number 0-65535");
+       }},
+      {{"run_id", "rdzv_id"}, "ID", "job id: TORCHELASTIC_RUN_ID and the log folder (default random)",
+       [](Parsed& p, const std::string& f, const std::string& v) {
+         const bool ok = !v.empty() && v.size() <= 128 && v != "." && v != ".." &&
+                         std::all_of(v.begin(), v.end(), [](unsigned char c) {
+                           return std::isalnum(c) || c == '-' || c == '_' || c == '.';
+                         });
+         if (!ok) fail(f, v, "an id of at most 128 letters, digits, '-', '_' or '.'");
+         p.options.run_id = v;
+       }},
+      {{"no_python"}, "", "accepted: cxxlaunch always executes the program itself",
+       [](Parsed&, const std::string&, const std::string&) {}},
+  };
+  return table;
+}
+
+const FlagSpec* findFlag(const std::string& name) {
+  for (const auto& spec : flagTable()) {
+    if (std::find(spec.names.begin(), spec.names.end(), name) != spec.names.end()) return &spec;
+  }
+  return nullptr;
+}
+
+[[noreturn]] void unknownFlag(const std::string& given, const std::string& name) {
+  std::string best;
+  size_t best_distance = 4;  // suggest only close matches
+  for (const auto& spec : flagTable()) {
+    for (const auto& candidate : spec.names) {
+      size_t d = editDistance(name, candidate);
+      if (candidate.size() > 1 && d < best_distance) {
+        best_distance = d;
+        best = candidate;
+      }
+    }
+  }
+  std::string message = "unknown flag '" + given + "'";
+  if (!best.empty()) message += "; did you mean --" + best + "?";
+  throw UsageError(message + " (see cxxlaunch run --help)");
+}
+
+int resolveNproc(const std::string& text, const LaunchOptions& options, const HostInfo& host) {
+  if (text == "cpu") return std::max(host.cpus, 1);
+  if (text == "gpu" || text == "auto") {
+    int gpus = options.gpus.empty() ? host.gpus : static_cast<int>(options.gpus.size());
+    if (gpus > 0) return gpus;
+    if (text == "auto") return std::max(host.cpus, 1);
+    throw UsageError("--nproc_per_node=gpu: no GPU found on this machine; use a number or 'cpu'");
+  }
+  return parseInt("nproc_per_node", text, 1, 1 << 16, "a number >= 1, cpu, gpu or auto");
+}
+
+std::string findProgram(const std::string& program, const std::string& path) {
+  namespace fs = std::filesystem;
+  auto executable = [](const fs::path& candidate) {
+    struct stat st {};
+    return ::stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+           ::access(candidate.c_str(), X_OK) == 0;
+  };
+  auto hint = [&]() -> std::string {
+    if (program.size() > 3 && program.ends_with(".py")) {
+      return "; to run a Python script, name the interpreter: cxxlaunch run python3 " + program;
+    }
+    return "";
+  };
+  if (program.find('/') != std::string::npos) {
+    std::error_code ec;
+    if (!fs::exists(program, ec)) throw UsageError("program '" + program + "' does not exist");
+    if (!executable(program)) {
+      throw UsageError("program '" + program + "' is not an executable file" + hint());
+    }
+    return program;
+  }
+  for (const auto& dir : split(path, ':')) {
+    fs::path candidate = fs::path(dir.empty() ? "." : dir) / program;
+    if (executable(candidate)) return candidate.string();
+  }
+  throw UsageError("program '" + program + "' was not found on PATH" + hint());
+}
+
+}  // namespace
+
+HostInfo HostInfo::detect() {
+  HostInfo host;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  host.cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set)
+                                                           : static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  // Count NVIDIA devices without loading CUDA: the launcher must start in milliseconds.
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");  // NOLINT(concurrency-mt-unsafe)
+  if (visible != nullptr) {
+    std::string text(visible);
+    host.gpus = text.empty() ? 0 : static_cast<int>(split(text, ',').size());
+  } else {
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator("/proc/driver/nvidia/gpus", ec)) {
+      (void)entry;
+      ++host.gpus;
+    }
+  }
+  const char* path = std::getenv("PATH");  // NOLINT(concurrency-mt-unsafe)
+  host.path = path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin";
+  return host;
+}
+
+LaunchOptions parseRunArgs(const std::vector<std::string>& args, const HostInfo& host) {
+  Parsed parsed;
+  size_t i = 0;
+  for (; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--") {
+      ++i;
+      break;
+    }
+    if (arg.size() < 2 || arg[0] != '-') break;  // the program
+    const bool is_long = arg.starts_with("--");
+    std::string body = arg.substr(is_long ? 2 : 1);
+    std::optional<std::string> value;
+    if (auto eq = body.find('='); eq != std::string::npos) {
+      value = body.substr(eq + 1);
+      body = body.substr(0, eq);
+    }
+    const std::string name = normalize(body);
+    const FlagSpec* spec = (is_long || name.size() == 1) ? findFlag(name) : nullptr;
+    if (spec == nullptr || (!is_long && name.size() != 1) || (is_long && name.size() == 1)) {
+      unknownFlag(arg, name);
+    }
+    const std::string& canonical = spec->names.front();
+    if (spec->value_name.empty()) {
+      if (value) throw UsageError("--" + canonical + " takes no value");
+    } else if (!value) {
+      if (i + 1 >= args.size()) {
+        throw UsageError("--" + canonical + " needs a value (" + spec->value_name + ")");
+      }
+      value = args[++i];
+    }
+    spec->apply(parsed, canonical, value.value_or(""));
+  }
+  if (i >= args.size()) {
+    throw UsageError("no program given: cxxlaunch run [flags] PROGRAM [ARGS...]");
+  }
+  LaunchOptions options = std::move(parsed.options);
+  options.nproc_per_node = resolveNproc(parsed.nproc_text, options, host);
+  if (!options.gpus.empty() && options.gpus.size() != static_cast<size_t>(options.nproc_per_node)) {
+    const bool explicit_count = parsed.nproc_text != "1" && parsed.nproc_text != "gpu" &&
+                                parsed.nproc_text != "auto";
+    if (explicit_count) {
+      throw UsageError("--gpus names " + std::to_string(options.gpus.size()) +
+                       " devices but --nproc_per_node is " + std::to_string(options.nproc_per_node) +
+                       "; give one GPU id per worker");
+    }
+    options.nproc_per_node = static_cast<int>(options.gpus.size());
+  }
+  options.program = findProgram(args[i], host.path);
+  options.args.assign(args.begin() + static_cast<long>(i) + 1, args.end());
+  return options;
+}
+
+std::string runHelp() {
+  std::ostringstream out;
+  out << "usage: cxxlaunch run [flags] PROGRAM [ARGS...]\n"
+         "Starts --nproc_per_node workers of PROGRAM with torchrun's environment.\n"
+         "Flags take --dash-form or --under_score form, and --flag VALUE or --flag=VALUE.\n"
+         "In ARGS, ${local_rank} becomes each worker's local rank.\n\nflags:\n";
+  for (const auto& spec : flagTable()) {
+    std::string names;
+    for (const auto& name : spec.names) {
+      names += (names.empty() ? "" : ", ") + std::string(name.size() == 1 ? "-" : "--") + name;
+    }
+    if (!spec.value_name.empty()) names += " " + spec.value_name;
+    out << "  " << names << std::string(names.size() < 36 ? 36 - names.size() : 1, ' ')
+        << spec.help << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace cxxlaunch::launcher

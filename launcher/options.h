@@ -1,0 +1,46 @@
+#pragma once
+// LaunchOptions: everything `cxxlaunch run` needs, resolved and validated. The CLI (launcher/cli.h)
+// fills it from flags; the node agent (launcher/agent.h) runs it. Plain data.
+
+#include <chrono>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace cxxlaunch::launcher {
+
+// Which of a worker's streams a setting applies to, torchrun's encoding: 0 none, 1 stdout,
+// 2 stderr, 3 both; either one value for every local rank or a per-local-rank map.
+struct StreamSpec {
+  static constexpr int kNone = 0, kOut = 1, kErr = 2, kBoth = 3;
+  int all = kNone;
+  std::map<int, int> per_rank;  // when non-empty, overrides `all`; ranks not listed get kNone
+
+  int forRank(int local_rank) const;
+};
+
+struct LaunchOptions {
+  int nproc_per_node = 1;
+  std::vector<int> gpus;  // --gpus: the devices to use, one per local worker; empty: none chosen
+  bool standalone = false;
+  int max_restarts = 0;
+  std::chrono::milliseconds monitor_interval{100};  // accepted; the agent is event-driven
+  std::chrono::milliseconds shutdown_grace = std::chrono::seconds(30);
+  std::string role = "default";
+  std::string log_dir;  // empty: <tmp>/cxxlaunch
+  StreamSpec redirects;  // streams that go to log files only, not to the console
+  StreamSpec tee;        // streams that go to the console as well (the default for all)
+  std::optional<std::set<int>> local_ranks_filter;  // console shows only these local ranks
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;  // 0: reserve a free port
+  std::string run_id;   // empty: a random one
+  std::string program;  // resolved path of the worker executable
+  std::vector<std::string> args;  // passed verbatim, ${local_rank} substituted
+
+  // Whether local rank `r`'s `stream` (kOut or kErr) is echoed to the console.
+  bool onConsole(int local_rank, int stream) const;
+};
+
+}  // namespace cxxlaunch::launcher

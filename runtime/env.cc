@@ -1,0 +1,64 @@
+#include "runtime/env.h"
+
+#include <charconv>
+#include <cstdlib>
+
+#include "rendezvous/error.h"
+#include "runtime/env_names.h"
+
+namespace cxxlaunch::runtime {
+namespace {
+
+std::optional<std::string> lookup(const char* name) {
+  const char* value = std::getenv(name);  // NOLINT(concurrency-mt-unsafe): documented contract
+  if (value == nullptr) return std::nullopt;
+  return std::string(value);
+}
+
+void readInt(const char* name, int& out) {
+  auto text = lookup(name);
+  if (!text) return;
+  int value = 0;
+  auto [end, ec] = std::from_chars(text->data(), text->data() + text->size(), value);
+  if (ec != std::errc() || end != text->data() + text->size()) {
+    throw InvalidArgument(std::string("environment variable ") + name + "='" + *text +
+                          "' is not an integer; unset it or start the program with cxxlaunch run");
+  }
+  out = value;
+}
+
+void readString(const char* name, std::string& out) {
+  if (auto text = lookup(name)) out = *text;
+}
+
+}  // namespace
+
+WorkerEnv readWorkerEnv() {
+  WorkerEnv e;
+  readInt(env::kRank, e.rank);
+  readInt(env::kLocalRank, e.local_rank);
+  readInt(env::kWorldSize, e.world_size);
+  readInt(env::kLocalWorldSize, e.local_world_size);
+  readInt(env::kGroupRank, e.node_rank);
+  readInt(env::kGroupWorldSize, e.num_nodes);
+  readString(env::kRoleName, e.role);
+  readString(env::kMasterAddr, e.master_addr);
+  readInt(env::kMasterPort, e.master_port);
+  readInt(env::kRestartCount, e.restart_count);
+  readInt(env::kMaxRestarts, e.max_restarts);
+  readString(env::kRunId, e.run_id);
+  readString(env::kErrorFile, e.error_file);
+  readString(env::kStoreEndpoint, e.store_endpoint);
+  readString(env::kStorePrefix, e.store_prefix);
+  readString(env::kToken, e.token);
+  int device = -1;
+  readInt(env::kDevice, device);
+  if (device >= 0) e.device = device;
+  if (e.world_size < 1 || e.rank < 0 || e.rank >= e.world_size) {
+    throw InvalidArgument("environment: RANK=" + std::to_string(e.rank) + " is outside WORLD_SIZE=" +
+                          std::to_string(e.world_size));
+  }
+  return e;
+}
+
+}  // namespace cxxlaunch::runtime

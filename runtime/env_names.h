@@ -1,0 +1,36 @@
+#pragma once
+// The launcher -> worker contract: every environment variable that `cxxlaunch run` sets for a
+// worker, in one place. The launcher writes them, `runtime/env.h` reads them, and
+// docs/env.md lists them for users. Dependency-free so the launcher can include it without
+// LibTorch.
+//
+// The first group is torchrun's, with torchrun's meaning, so stock PyTorch programs
+// (`init_process_group` with `env://`) run under cxxlaunch unchanged.
+
+namespace cxxlaunch::env {
+
+// --- torchrun-compatible ---------------------------------------------------------------
+inline constexpr const char kRank[] = "RANK";                          // global rank
+inline constexpr const char kLocalRank[] = "LOCAL_RANK";               // rank on this node
+inline constexpr const char kWorldSize[] = "WORLD_SIZE";               // workers in the job
+inline constexpr const char kLocalWorldSize[] = "LOCAL_WORLD_SIZE";    // workers on this node
+inline constexpr const char kGroupRank[] = "GROUP_RANK";               // node rank
+inline constexpr const char kGroupWorldSize[] = "GROUP_WORLD_SIZE";    // number of nodes
+inline constexpr const char kRoleName[] = "ROLE_NAME";                 // --role
+inline constexpr const char kRoleRank[] = "ROLE_RANK";                 // rank among this role
+inline constexpr const char kRoleWorldSize[] = "ROLE_WORLD_SIZE";      // workers of this role
+inline constexpr const char kMasterAddr[] = "MASTER_ADDR";             // host of global rank 0
+inline constexpr const char kMasterPort[] = "MASTER_PORT";             // free port reserved there
+inline constexpr const char kRestartCount[] = "TORCHELASTIC_RESTART_COUNT";  // restarts so far
+inline constexpr const char kMaxRestarts[] = "TORCHELASTIC_MAX_RESTARTS";    // --max_restarts
+inline constexpr const char kRunId[] = "TORCHELASTIC_RUN_ID";                // --run_id
+inline constexpr const char kErrorFile[] = "TORCHELASTIC_ERROR_FILE";  // JSON error report path
+inline constexpr const char kOmpNumThreads[] = "OMP_NUM_THREADS";  // 1 if unset and >1 worker
+
+// --- cxxlaunch's own -------------------------------------------------------------------
+inline constexpr const char kStoreEndpoint[] = "CXXLAUNCH_STORE_ENDPOINT";  // host:port of the store
+inline constexpr const char kStorePrefix[] = "CXXLAUNCH_STORE_PREFIX";      // key prefix of this round
+inline constexpr const char kToken[] = "CXXLAUNCH_TOKEN";                   // job token for the store
+inline constexpr const char kDevice[] = "CXXLAUNCH_DEVICE";  // this worker's GPU id, from --gpus
+
+}  // namespace cxxlaunch::env
