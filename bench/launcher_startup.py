@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""Launcher start-up: `cxxlaunch run --nproc_per_node=2 /bin/true` against torchrun's
+`--standalone --nproc_per_node=2 --no_python /bin/true`, both measured in this run on this machine.
+
+Prints the median wall time and the peak resident memory of each (the largest process of the
+launcher's tree, as GNU time reports it), and the ratios. Targets (issue 2): >= 100x faster, < 20 MiB peak.
+
+Debian's torchrun 1.13 cannot parse its own default `--redirects 0` under Python 3.11 (IntFlag
+iteration no longer yields the zero member, so `Std.from_str("0")` returns None); the peer is
+started through a two-line patch of that parser, nothing else changed.
+
+usage: bench/launcher_startup.py [--cxxlaunch build/bin/cxxlaunch] [--runs 20] [--torch-runs 3]
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+TORCHRUN = """
+import sys
+import torch.distributed.elastic.multiprocessing.api as api
+def from_str(cls, vm):
+    if ":" in vm:
+        return {int(i): cls(int(v)) for i, v in (m.split(":") for m in vm.split(","))}
+    return cls(int(vm))
+api.Std.from_str = classmethod(from_str)
+from torch.distributed.run import main
+sys.argv[0] = "torchrun"
+main()
+"""
+
+
+def measure(argv, runs):
+    """Median wall seconds and max peak RSS (KiB) over `runs` runs of argv."""
+    # GNU time forks the measured program from its own small process: a child forked or spawned
+    # from this Python process would count Python's pages from before its exec in its peak RSS.
+    walls, peaks = [], []
+    with tempfile.NamedTemporaryFile() as rss, tempfile.TemporaryFile() as err:
+        for _ in range(runs):
+            start = time.perf_counter()
+            done = subprocess.run(["/usr/bin/time", "-o", rss.name, "-f", "%M"] + argv,
+                                  stdout=subprocess.DEVNULL, stderr=err)
+            walls.append(time.perf_counter() - start)
+            if done.returncode != 0:
+                err.seek(0)
+                sys.exit(f"{argv[0]} failed:\n{err.read().decode()}")
+            rss.seek(0)
+            peaks.append(int(rss.read().split()[-1]))
+    return statistics.median(walls), max(peaks)
+
+
+def main():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cxxlaunch", default=os.path.join(root, "build/bin/cxxlaunch"))
+    parser.add_argument("--python", default="/usr/bin/python3", help="Python with torch")
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--torch-runs", type=int, default=3)
+    args = parser.parse_args()
+
+    ours = measure([args.cxxlaunch, "run", "--nproc_per_node=2", "/bin/true"], args.runs)
+    peer = measure([args.python, "-c", TORCHRUN, "--standalone", "--nproc_per_node=2",
+                    "--no_python", "/bin/true"], args.torch_runs)
+    print(f"{'launcher':<12}{'median wall':>14}{'peak RSS':>12}")
+    for name, (wall, peak) in (("cxxlaunch", ours), ("torchrun", peer)):
+        print(f"{name:<12}{wall * 1000:>11.1f} ms{peak / 1024:>8.1f} MiB")
+    speedup = peer[0] / ours[0]
+    print(f"speed-up: {speedup:.0f}x (target >= 100x: {'met' if speedup >= 100 else 'MISSED'})")
+    print(f"memory: {peer[1] / ours[1]:.1f}x less; cxxlaunch peak {ours[1] / 1024:.1f} MiB "
+          f"(target < 20 MiB: {'met' if ours[1] < 20 * 1024 else 'MISSED'})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,319 @@
+// `cxxlaunch run` end to end: the real launcher starting real test workers.
+
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "support/subprocess.h"
+
+using namespace cxxlaunch::testing;
+using namespace std::chrono_literals;
+using Args = std::vector<std::string>;
+namespace fs = std::filesystem;
+
+namespace {
+
+Args launch(Args flags, const Args& steps) {
+  Args argv = {CXXLAUNCH_BIN, "run"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  argv.push_back(TEST_WORKER);
+  argv.insert(argv.end(), steps.begin(), steps.end());
+  return argv;
+}
+
+// The console lines of one rank, prefix removed.
+std::vector<std::string> linesOf(const std::string& text, int rank) {
+  const std::string prefix = "[rank " + std::to_string(rank) + "]: ";
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.starts_with(prefix)) lines.push_back(line.substr(prefix.size()));
+  }
+  return lines;
+}
+
+std::map<std::string, std::string> envOf(const std::string& text, int rank) {
+  std::map<std::string, std::string> vars;
+  for (const auto& line : linesOf(text, rank)) {
+    auto eq = line.find('=');
+    if (eq != std::string::npos) vars[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  return vars;
+}
+
+// Waits for the test workers' pid files and returns their pids by rank.
+std::vector<pid_t> waitForPids(const std::string& dir, int n) {
+  std::vector<pid_t> pids;
+  REQUIRE(eventually(
+      [&] {
+        for (int r = 0; r < n; ++r) {
+          if (!fs::exists(dir + "/rank" + std::to_string(r) + ".pid")) return false;
+        }
+        return true;
+      },
+      20s));
+  for (int r = 0; r < n; ++r) {
+    pids.push_back(std::stoi(readFile(dir + "/rank" + std::to_string(r) + ".pid")));
+  }
+  return pids;
+}
+
+}  // namespace
+
+TEST_CASE("Every rank gets the torchrun environment contract", "[launcher][integration]") {
+  TempDir logs;
+  auto r = run(launch({"--nproc_per_node=3", "--run_id=contract", "--log_dir", logs.path(),
+                       "--role", "trainer", "--max_restarts=4"},
+                      {"env"}),
+               {{"OMP_NUM_THREADS", ""}, {"RANK", "99"}});
+  REQUIRE(r.exit_code == 0);
+  std::set<std::string> ports;
+  for (int rank = 0; rank < 3; ++rank) {
+    INFO("rank " << rank << "\n" << r.out);
+    auto vars = envOf(r.out, rank);
+    CHECK(vars["RANK"] == std::to_string(rank));
+    CHECK(vars["LOCAL_RANK"] == std::to_string(rank));
+    CHECK(vars["WORLD_SIZE"] == "3");
+    CHECK(vars["LOCAL_WORLD_SIZE"] == "3");
+    CHECK(vars["GROUP_RANK"] == "0");
+    CHECK(vars["GROUP_WORLD_SIZE"] == "1");
+    CHECK(vars["ROLE_NAME"] == "trainer");
+    CHECK(vars["ROLE_RANK"] == std::to_string(rank));
+    CHECK(vars["ROLE_WORLD_SIZE"] == "3");
+    CHECK(vars["MASTER_ADDR"] == "127.0.0.1");
+    CHECK(std::stoi(vars["MASTER_PORT"]) > 0);
+    CHECK(vars["TORCHELASTIC_RESTART_COUNT"] == "0");
+    CHECK(vars["TORCHELASTIC_MAX_RESTARTS"] == "4");
+    CHECK(vars["TORCHELASTIC_RUN_ID"] == "contract");
+    CHECK(vars["TORCHELASTIC_ERROR_FILE"] ==
+          logs.path() + "/contract/attempt_0/" + std::to_string(rank) + "/error.json");
+    CHECK(vars["OMP_NUM_THREADS"] == "1");
+    ports.insert(vars["MASTER_PORT"]);
+  }
+  CHECK(ports.size() == 1);
+}
+
+TEST_CASE("A user's OMP_NUM_THREADS, --master_port and --gpus reach the workers",
+          "[launcher][integration]") {
+  auto r = run(launch({"--gpus", "3,5", "--master_port", "29877"}, {"env"}),
+               {{"OMP_NUM_THREADS", "7"}});
+  REQUIRE(r.exit_code == 0);
+  for (int rank = 0; rank < 2; ++rank) {
+    auto vars = envOf(r.out, rank);
+    CHECK(vars["OMP_NUM_THREADS"] == "7");
+    CHECK(vars["MASTER_PORT"] == "29877");
+    CHECK(vars["CXXLAUNCH_DEVICE"] == (rank == 0 ? "3" : "5"));
+  }
+}
+
+TEST_CASE("Arguments pass verbatim with ${local_rank} substituted", "[launcher][integration]") {
+  auto r = run(launch({"--nproc_per_node=2"},
+                      {"argv", "--nproc_per_node=5", "shard-${local_rank}.bin", "a b", "--"}));
+  REQUIRE(r.exit_code == 0);
+  for (int rank = 0; rank < 2; ++rank) {
+    REQUIRE(linesOf(r.out, rank) == std::vector<std::string>{"--nproc_per_node=5",
+                                                              "shard-" + std::to_string(rank) +
+                                                                  ".bin",
+                                                              "a b", "--"});
+  }
+}
+
+TEST_CASE("A failing group restarts with the restart count incremented",
+          "[launcher][integration]") {
+  // Rank 1 fails in attempts 0 and 1, then everyone succeeds in attempt 2.
+  auto r = run(launch({"--nproc_per_node=2", "--max_restarts=3", "--shutdown_grace=5"},
+                      {"env", "rank", "1", "attempt-below", "2", "exit", "3"}));
+  REQUIRE(r.exit_code == 0);
+  for (int rank = 0; rank < 2; ++rank) {
+    std::vector<std::string> counts;
+    for (const auto& line : linesOf(r.out, rank)) {
+      if (line.starts_with("TORCHELASTIC_RESTART_COUNT=")) counts.push_back(line.substr(27));
+    }
+    CHECK(counts == std::vector<std::string>{"0", "1", "2"});
+  }
+  REQUIRE_THAT(r.err, Catch::Contains("restarting all workers (restart 1 of 3)"));
+  REQUIRE_THAT(r.err, Catch::Contains("restarting all workers (restart 2 of 3)"));
+}
+
+TEST_CASE("max_restarts bounds the restarts and then the root cause's code is the exit code",
+          "[launcher][integration]") {
+  TempDir logs;
+  auto r = run(launch({"--nproc_per_node=2", "--max_restarts=1", "--log_dir", logs.path(),
+                       "--run_id", "bounded"},
+                      {"env", "rank", "1", "exit", "3"}));
+  REQUIRE(r.exit_code == 3);
+  REQUIRE(linesOf(r.out, 1).size() >= 2);  // two attempts printed their env
+  REQUIRE_THAT(r.out, Catch::Contains("TORCHELASTIC_RESTART_COUNT=1"));
+  REQUIRE_THAT(r.out, !Catch::Contains("TORCHELASTIC_RESTART_COUNT=2"));
+  REQUIRE_THAT(r.err, Catch::Contains("root cause (*): rank 1 exit 3"));
+  auto summary = nlohmann::json::parse(readFile(logs.path() + "/bounded/run-summary.json"));
+  CHECK(summary["status"] == "failed");
+  CHECK(summary["exit_code"] == 3);
+  CHECK(summary["restarts"] == 1);
+  CHECK(summary["root_cause_rank"] == 1);
+}
+
+TEST_CASE("The first failure is the root cause and stops the others", "[launcher][integration]") {
+  TempDir logs;
+  // Rank 2 dies of SIGSEGV after writing an error file; the others would sleep for a minute.
+  auto start = std::chrono::steady_clock::now();
+  auto r = run(launch({"--nproc_per_node=3", "--log_dir", logs.path(), "--run_id", "crash"},
+                      {"rank", "2", "eprint", "about to crash", "error-file", "bad tensor shape",
+                       "kill", "11", "rank", "all", "sleep", "60"}));
+  REQUIRE(std::chrono::steady_clock::now() - start < 30s);
+  REQUIRE(r.exit_code == 128 + SIGSEGV);
+  REQUIRE_THAT(r.err, Catch::Contains("root cause (*): rank 2 SIGSEGV (11)"));
+  REQUIRE_THAT(r.err, Catch::Contains("error: bad tensor shape"));
+  REQUIRE_THAT(r.err, Catch::Contains("| about to crash"));
+  auto summary = nlohmann::json::parse(readFile(logs.path() + "/crash/run-summary.json"));
+  CHECK(summary["root_cause_rank"] == 2);
+  CHECK(summary["failures"].size() == 1);  // the stopped ranks are not failures
+  CHECK(summary["failures"][0]["signal"] == "SIGSEGV");
+  CHECK(summary["failures"][0]["error"] == "bad tensor shape");
+}
+
+TEST_CASE("Signals reach every worker and a stop signal ends the job with 128+signal",
+          "[launcher][integration]") {
+  TempDir pids;
+  Subprocess launcher(launch({"--nproc_per_node=2"}, {"trap", "pidfile", pids.path(), "wait"}));
+  auto workers = waitForPids(pids.path(), 2);
+  for (int sig : {SIGUSR1, SIGUSR2, SIGHUP}) {
+    // SIGHUP stops the job; the USR signals only reach the workers.
+    ::kill(launcher.pid(), sig);
+    if (sig != SIGHUP) {
+      std::string name = sig == SIGUSR1 ? "got SIGUSR1" : "got SIGUSR2";
+      REQUIRE(eventually(
+          [&] {
+            return linesOf(launcher.out(), 0).size() >= (sig == SIGUSR1 ? 1u : 2u) &&
+                   linesOf(launcher.out(), 1).size() >= (sig == SIGUSR1 ? 1u : 2u);
+          },
+          10s));
+      REQUIRE_THAT(launcher.out(), Catch::Contains("[rank 0]: " + name));
+      REQUIRE_THAT(launcher.out(), Catch::Contains("[rank 1]: " + name));
+    }
+  }
+  auto r = launcher.wait(20s);
+  REQUIRE(r);
+  REQUIRE(r->exit_code == 128 + SIGHUP);
+  REQUIRE_THAT(r->out, Catch::Contains("[rank 0]: got SIGHUP"));
+  REQUIRE_THAT(r->out, Catch::Contains("[rank 1]: got SIGHUP"));
+  for (pid_t pid : workers) REQUIRE_FALSE(alive(pid));
+}
+
+TEST_CASE("SIGINT and SIGTERM to the launcher are forwarded", "[launcher][integration]") {
+  for (int sig : {SIGINT, SIGTERM, SIGQUIT}) {
+    TempDir pids;
+    Subprocess launcher(launch({"--nproc_per_node=2"}, {"trap", "pidfile", pids.path(), "wait"}));
+    waitForPids(pids.path(), 2);
+    ::kill(launcher.pid(), sig);
+    auto r = launcher.wait(20s);
+    REQUIRE(r);
+    REQUIRE(r->exit_code == 128 + sig);
+    const std::string got = "got SIG" + std::string(sigabbrev_np(sig));
+    REQUIRE_THAT(r->out, Catch::Contains("[rank 0]: " + got));
+    REQUIRE_THAT(r->out, Catch::Contains("[rank 1]: " + got));
+  }
+}
+
+TEST_CASE("SIGKILL of the launcher leaves no worker alive", "[launcher][integration]") {
+  TempDir pids;
+  Subprocess launcher(launch({"--nproc_per_node=3"}, {"pidfile", pids.path(), "wait"}));
+  auto workers = waitForPids(pids.path(), 3);
+  for (pid_t pid : workers) REQUIRE(alive(pid));
+  ::kill(launcher.pid(), SIGKILL);
+  REQUIRE(launcher.wait(5s));
+  REQUIRE(eventually(
+      [&] {
+        return std::none_of(workers.begin(), workers.end(), [](pid_t p) { return alive(p); });
+      },
+      2s));
+}
+
+TEST_CASE("A worker that ignores SIGTERM is killed after the grace", "[launcher][integration]") {
+  TempDir pids;
+  auto start = std::chrono::steady_clock::now();
+  Subprocess launcher(launch({"--nproc_per_node=2", "--shutdown_grace=1"},
+                             {"ignore-term", "pidfile", pids.path(), "rank", "1", "exit", "5",
+                              "rank", "all", "wait"}));
+  auto workers = waitForPids(pids.path(), 2);
+  auto r = launcher.wait(20s);
+  REQUIRE(r);
+  REQUIRE(r->exit_code == 5);
+  REQUIRE(std::chrono::steady_clock::now() - start >= 1s);  // rank 0 survived SIGTERM
+  REQUIRE_FALSE(alive(workers[0]));
+}
+
+TEST_CASE("Logs go to per-attempt per-rank files and the console gets whole prefixed lines",
+          "[launcher][integration]") {
+  TempDir logs;
+  auto r = run(launch({"--nproc_per_node=2", "--log_dir", logs.path(), "--run_id", "logs",
+                       "--max_restarts=1"},
+                      {"print", "out line", "eprint", "err line", "partial", "no newline", "rank",
+                       "1", "attempt-below", "1", "exit", "1"}));
+  REQUIRE(r.exit_code == 0);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    for (int rank = 0; rank < 2; ++rank) {
+      const std::string dir = logs.path() + "/logs/attempt_" + std::to_string(attempt) + "/" +
+                              std::to_string(rank);
+      CHECK(readFile(dir + "/stdout.log") == "out line\nno newline");
+      CHECK(readFile(dir + "/stderr.log") == "err line\n");
+    }
+  }
+  CHECK(linesOf(r.out, 1) == std::vector<std::string>{"out line", "no newline", "out line",
+                                                       "no newline"});
+  CHECK(linesOf(r.err, 0) == std::vector<std::string>{"err line", "err line"});
+  auto summary = nlohmann::json::parse(readFile(logs.path() + "/logs/run-summary.json"));
+  CHECK(summary["status"] == "succeeded");
+  CHECK(summary["restarts"] == 1);
+}
+
+TEST_CASE("The rank filter and redirects keep lines off the console but not out of the logs",
+          "[launcher][integration]") {
+  TempDir logs;
+  auto filtered = run(launch({"--nproc_per_node=2", "--local_ranks_filter=1", "--log_dir",
+                              logs.path(), "--run_id", "f"},
+                             {"print", "hi"}));
+  REQUIRE(filtered.exit_code == 0);
+  CHECK(linesOf(filtered.out, 0).empty());
+  CHECK(linesOf(filtered.out, 1) == std::vector<std::string>{"hi"});
+  CHECK(readFile(logs.path() + "/f/attempt_0/0/stdout.log") == "hi\n");
+
+  auto redirected = run(launch({"--nproc_per_node=2", "--redirects=1", "--tee=1:1"},
+                               {"print", "to file", "eprint", "to console"}));
+  REQUIRE(redirected.exit_code == 0);
+  CHECK(linesOf(redirected.out, 0).empty());
+  CHECK(linesOf(redirected.out, 1) == std::vector<std::string>{"to file"});
+  CHECK(linesOf(redirected.err, 0) == std::vector<std::string>{"to console"});
+}
+
+TEST_CASE("Bad input gets one clear line and exit code 2 with nothing spawned", "[launcher][integration]") {
+  TempDir pids;
+  TempDir dir;
+  const std::string not_executable = dir.path() + "/data.txt";
+  std::ofstream(not_executable) << "x";
+  const std::vector<std::pair<Args, std::string>> cases = {
+      {{CXXLAUNCH_BIN, "run", "--bogus_flag", TEST_WORKER, "pidfile", pids.path()},
+       "unknown flag '--bogus_flag'"},
+      {{CXXLAUNCH_BIN, "run", "--nproc_per_node", "0", TEST_WORKER, "pidfile", pids.path()},
+       "'0' is not a number >= 1"},
+      {{CXXLAUNCH_BIN, "run", "--nproc_per_node=2"}, "no program given"},
+      {{CXXLAUNCH_BIN, "run", not_executable}, "is not an executable file"},
+      {{CXXLAUNCH_BIN, "run", "--master_port=99999", TEST_WORKER, "pidfile", pids.path()},
+       "is not a port number"},
+      {{CXXLAUNCH_BIN, "frobnicate"}, "unknown command 'frobnicate'"},
+  };
+  for (const auto& [argv, message] : cases) {
+    auto r = run(argv);
+    INFO(r.err);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains(message));
+    CHECK(r.out.empty());
+  }
+  CHECK(fs::is_empty(pids.path()));
+}

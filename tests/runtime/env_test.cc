@@ -1,0 +1,77 @@
+#include <catch2/catch.hpp>
+#include <cstdlib>
+
+#include "rendezvous/error.h"
+#include "runtime/env.h"
+#include "runtime/env_names.h"
+
+using namespace cxxlaunch;
+
+namespace {
+// Sets variables for one test and restores the environment afterwards.
+struct ScopedEnv {
+  explicit ScopedEnv(std::initializer_list<std::pair<const char*, const char*>> vars) {
+    for (auto [name, value] : vars) {
+      names.push_back(name);
+      ::setenv(name, value, 1);
+    }
+  }
+  ~ScopedEnv() {
+    for (auto* name : names) ::unsetenv(name);
+  }
+  std::vector<const char*> names;
+};
+}  // namespace
+
+TEST_CASE("Without the launcher a program is a world of one", "[env]") {
+  auto e = runtime::readWorkerEnv();
+  REQUIRE(e.rank == 0);
+  REQUIRE(e.world_size == 1);
+  REQUIRE(e.local_world_size == 1);
+  REQUIRE_FALSE(e.launched());
+  REQUIRE_FALSE(e.device.has_value());
+  REQUIRE(e.store_endpoint.empty());
+}
+
+TEST_CASE("The launcher's contract is read into the struct", "[env]") {
+  ScopedEnv vars({{env::kRank, "5"},
+                  {env::kLocalRank, "1"},
+                  {env::kWorldSize, "8"},
+                  {env::kLocalWorldSize, "4"},
+                  {env::kGroupRank, "1"},
+                  {env::kGroupWorldSize, "2"},
+                  {env::kRoleName, "trainer"},
+                  {env::kMasterAddr, "10.0.0.1"},
+                  {env::kMasterPort, "29500"},
+                  {env::kRestartCount, "2"},
+                  {env::kMaxRestarts, "3"},
+                  {env::kRunId, "job"},
+                  {env::kDevice, "3"},
+                  {env::kStoreEndpoint, "127.0.0.1:4000"}});
+  auto e = runtime::readWorkerEnv();
+  REQUIRE(e.rank == 5);
+  REQUIRE(e.local_rank == 1);
+  REQUIRE(e.world_size == 8);
+  REQUIRE(e.local_world_size == 4);
+  REQUIRE(e.node_rank == 1);
+  REQUIRE(e.num_nodes == 2);
+  REQUIRE(e.role == "trainer");
+  REQUIRE(e.master_addr == "10.0.0.1");
+  REQUIRE(e.master_port == 29500);
+  REQUIRE(e.restart_count == 2);
+  REQUIRE(e.max_restarts == 3);
+  REQUIRE(e.launched());
+  REQUIRE(e.device == 3);
+  REQUIRE(e.store_endpoint == "127.0.0.1:4000");
+}
+
+TEST_CASE("A malformed variable is named in the error", "[env]") {
+  {
+    ScopedEnv vars({{env::kWorldSize, "two"}});
+    REQUIRE_THROWS_WITH(runtime::readWorkerEnv(), Catch::Contains("WORLD_SIZE='two'"));
+  }
+  {
+    ScopedEnv vars({{env::kRank, "4"}, {env::kWorldSize, "4"}});
+    REQUIRE_THROWS_AS(runtime::readWorkerEnv(), InvalidArgument);
+  }
+}
