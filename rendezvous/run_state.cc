@@ -1,0 +1,375 @@
+#include "rendezvous/run_state.h"
+
+#include <algorithm>
+#include <sstream>
+
+namespace cxxlaunch::rendezvous {
+namespace {
+
+std::string joinIds(const std::vector<std::string>& ids) {
+  std::string out;
+  for (const auto& id : ids) out += (out.empty() ? "" : ", ") + id;
+  return out;
+}
+
+template <typename Nodes>
+auto findNode(Nodes& nodes, const std::string& id) {
+  return std::find_if(nodes.begin(), nodes.end(), [&](const NodeSpec& n) { return n.id == id; });
+}
+
+template <typename Nodes>
+bool contains(const Nodes& nodes, const std::string& id) {
+  return findNode(nodes, id) != nodes.end();
+}
+
+std::string describe(const RunSettings& s) {
+  std::ostringstream out;
+  out << "nnodes " << s.min_nodes << ":" << s.max_nodes << ", max_restarts " << s.max_restarts
+      << ", last_call_timeout " << s.last_call_timeout.count() << " ms, keep_alive_interval "
+      << s.keep_alive_interval.count() << " ms x " << s.keep_alive_max_misses;
+  return out.str();
+}
+
+}  // namespace
+
+void RunSettings::validate() const {
+  auto bad = [](const std::string& what) { throw InvalidArgument("rendezvous settings: " + what); };
+  if (min_nodes < 1) bad("min nodes must be >= 1, got " + std::to_string(min_nodes));
+  if (max_nodes < min_nodes) {
+    bad("max nodes (" + std::to_string(max_nodes) + ") must be >= min nodes (" +
+        std::to_string(min_nodes) + ")");
+  }
+  if (max_nodes > 65536) bad("max nodes must be <= 65536");
+  if (last_call_timeout.count() < 0) bad("last_call_timeout must be >= 0");
+  if (keep_alive_interval.count() <= 0) bad("keep_alive_interval must be > 0");
+  if (keep_alive_max_misses < 1) bad("keep_alive_max_misses must be >= 1");
+  if (max_restarts < 0) bad("max_restarts must be >= 0");
+}
+
+void NodeSpec::validate() const {
+  auto bad = [](const std::string& what) { throw InvalidArgument("node: " + what); };
+  if (id.empty() || id.size() > 256) bad("id must have 1-256 characters");
+  if (addr.empty() || addr.size() > 256) bad("addr must have 1-256 characters");
+  if (local_world_size < 1 || local_world_size > 65536) {
+    bad("local world size must be 1-65536, got " + std::to_string(local_world_size));
+  }
+  if (master_port < 0 || master_port > 65535) bad("master port must be 0-65535");
+  if (node_rank < -1) bad("node rank must be >= 0 (or -1 for none)");
+}
+
+RunState::RunState(std::string run_id, RunSettings settings)
+    : run_id_(std::move(run_id)), settings_(settings) {
+  settings_.validate();
+}
+
+void RunState::checkNotFinal() const {
+  if (phase_ == Phase::kClosed) {
+    throw StaleError("run '" + run_id_ +
+                     "' is closed: its job finished; start a new job with another --rdzv_id");
+  }
+  if (phase_ == Phase::kFailed) {
+    throw StaleError("run '" + run_id_ + "' failed after " + std::to_string(restart_count_) +
+                     " restarts; start a new job with another --rdzv_id");
+  }
+}
+
+bool RunState::silent(const std::string& id, SteadyTime now) const {
+  auto it = heartbeats_.find(id);
+  return it == heartbeats_.end() || now - it->second > settings_.evictionTimeout();
+}
+
+std::optional<Placement> RunState::join(const NodeSpec& node, const RunSettings& settings,
+                                        SteadyTime now) {
+  node.validate();
+  settings.validate();
+  if (!(settings == settings_)) {
+    throw InvalidArgument("run '" + run_id_ + "' was started with " + describe(settings_) +
+                          "; this node asks for " + describe(settings) +
+                          ": every node must use the same --nnodes, --max_restarts and --rdzv_conf");
+  }
+  checkNotFinal();
+  if (phase_ == Phase::kRunning) {
+    if (contains(participants_, node.id)) {
+      heartbeats_[node.id] = now;
+      return placementOf(node.id);  // asked again: the same answer
+    }
+    heartbeats_[node.id] = now;
+    if (!contains(waiting_, node.id)) {
+      waiting_.push_back(node);
+      // Room for it: re-form the world with it now (scale-up costs no restart).
+      if (static_cast<int>(participants_.size()) < settings_.max_nodes) {
+        startNextRound(now, "node " + node.id + " joined");
+      }
+    }
+    return placementOf(node.id);
+  }
+  heartbeats_[node.id] = now;
+  if (!contains(joined_, node.id) && !contains(waiting_, node.id)) {
+    if (!joined_.empty() && (joined_.front().node_rank >= 0) != (node.node_rank >= 0)) {
+      throw InvalidArgument("node " + node.id +
+                            " mixes static and dynamic rendezvous: every node must use the same "
+                            "--rdzv_backend");
+    }
+    if (node.node_rank >= settings_.max_nodes) {
+      throw InvalidArgument("node rank " + std::to_string(node.node_rank) + " is out of range for " +
+                            std::to_string(settings_.max_nodes) + " nodes");
+    }
+    if (node.node_rank >= 0) {
+      for (const auto& other : joined_) {
+        if (other.node_rank == node.node_rank) {
+          throw InvalidArgument("node rank " + std::to_string(node.node_rank) +
+                                " is already taken by node " + other.id);
+        }
+      }
+    }
+    if (static_cast<int>(joined_.size()) < settings_.max_nodes) {
+      joined_.push_back(node);
+    } else {
+      waiting_.push_back(node);
+    }
+  }
+  maybeComplete(now);
+  return placementOf(node.id);
+}
+
+void RunState::maybeComplete(SteadyTime now) {
+  if (phase_ != Phase::kJoining) return;
+  const int n = static_cast<int>(joined_.size());
+  if (n >= settings_.max_nodes) return complete();
+  if (n < settings_.min_nodes) {
+    last_call_deadline_.reset();
+    return;
+  }
+  const bool all_expected_back =
+      !expected_.empty() && std::all_of(expected_.begin(), expected_.end(),
+                                        [&](const std::string& id) { return contains(joined_, id); });
+  if (all_expected_back) return complete();
+  if (!last_call_deadline_) last_call_deadline_ = now + settings_.last_call_timeout;
+  if (now >= *last_call_deadline_) complete();
+}
+
+void RunState::complete() {
+  participants_ = joined_;
+  const bool static_ranks = !participants_.empty() && participants_.front().node_rank >= 0;
+  std::sort(participants_.begin(), participants_.end(), [&](const NodeSpec& a, const NodeSpec& b) {
+    return static_ranks ? a.node_rank < b.node_rank : a.id < b.id;
+  });
+  phase_ = Phase::kRunning;
+  joined_.clear();
+  expected_.clear();
+  finished_.clear();
+  last_call_deadline_.reset();
+}
+
+void RunState::startNextRound(SteadyTime now, const std::string& reason) {
+  superseded_reason_ = "round " + std::to_string(round_) + " ended: " + reason;
+  ++round_;
+  phase_ = Phase::kJoining;
+  expected_.clear();
+  for (const auto& node : participants_) expected_.insert(node.id);
+  participants_.clear();
+  finished_.clear();
+  joined_.clear();
+  last_call_deadline_.reset();
+  // Nodes waiting for room are polling Join: they are in, as far as room allows.
+  std::vector<NodeSpec> still_waiting;
+  for (auto& node : waiting_) {
+    if (static_cast<int>(expected_.size()) < settings_.max_nodes) expected_.insert(node.id);
+    if (static_cast<int>(joined_.size()) < settings_.max_nodes) {
+      joined_.push_back(std::move(node));
+    } else {
+      still_waiting.push_back(std::move(node));
+    }
+  }
+  waiting_ = std::move(still_waiting);
+  maybeComplete(now);
+}
+
+Verdict RunState::keepAlive(const std::string& node_id, int64_t round, SteadyTime now) {
+  const bool tracked = contains(participants_, node_id) || contains(joined_, node_id) ||
+                       contains(waiting_, node_id);
+  if (tracked) heartbeats_[node_id] = now;  // an evicted node stays evicted
+  if (phase_ == Phase::kClosed) return {Action::kClosed, "every node finished", std::nullopt};
+  if (phase_ == Phase::kFailed) return {Action::kFail, "no restarts left", root_cause_};
+  if (round > round_) {
+    throw InvalidArgument("round " + std::to_string(round) + " does not exist (the run is at round " +
+                          std::to_string(round_) + ")");
+  }
+  if (round < round_) return {Action::kRestart, superseded_reason_, std::nullopt};
+  if (phase_ == Phase::kRunning && contains(participants_, node_id)) return {};
+  return {Action::kRestart, "node " + node_id + " is not part of round " + std::to_string(round),
+          std::nullopt};
+}
+
+Verdict RunState::requestRestart(const std::string& node_id, int64_t round,
+                                 const FailureReport& failure, SteadyTime now) {
+  Verdict verdict = keepAlive(node_id, round, now);
+  if (verdict.action != Action::kContinue) return verdict;  // already restarting, failed, closed
+  if (restart_count_ >= settings_.max_restarts) {
+    phase_ = Phase::kFailed;
+    root_cause_ = failure;
+    return {Action::kFail,
+            "no restarts left (" + std::to_string(settings_.max_restarts) + " used)", root_cause_};
+  }
+  ++restart_count_;
+  root_cause_ = failure;
+  startNextRound(now, "node " + node_id + " failed: " + failure.description);
+  return {Action::kRestart, superseded_reason_, std::nullopt};
+}
+
+Verdict RunState::leave(const std::string& node_id, int64_t round, SteadyTime now) {
+  Verdict verdict = keepAlive(node_id, round, now);
+  if (verdict.action != Action::kContinue) return verdict;
+  finished_.insert(node_id);
+  if (finished_.size() == participants_.size()) {
+    phase_ = Phase::kClosed;
+    return {Action::kClosed, "every node finished", std::nullopt};
+  }
+  return {Action::kContinue,
+          "waiting for " + std::to_string(participants_.size() - finished_.size()) +
+              " more nodes to finish",
+          std::nullopt};
+}
+
+bool RunState::tick(SteadyTime now) {
+  if (finalState()) return false;
+  bool changed = false;
+  auto drop_silent = [&](std::vector<NodeSpec>& nodes) {
+    auto gone = std::remove_if(nodes.begin(), nodes.end(), [&](const NodeSpec& n) {
+      return silent(n.id, now);
+    });
+    if (gone != nodes.end()) changed = true;
+    for (auto it = gone; it != nodes.end(); ++it) heartbeats_.erase(it->id);
+    nodes.erase(gone, nodes.end());
+  };
+  drop_silent(waiting_);
+  drop_silent(joined_);
+  for (auto it = expected_.begin(); it != expected_.end();) {
+    if (!contains(joined_, *it) && silent(*it, now)) {
+      it = expected_.erase(it);
+      changed = true;
+    } else {
+      ++it;
+    }
+  }
+  if (phase_ == Phase::kRunning) {
+    std::vector<std::string> evicted;
+    for (const auto& node : participants_) {
+      if (silent(node.id, now)) evicted.push_back(node.id);
+    }
+    if (!evicted.empty()) {
+      for (const auto& id : evicted) {
+        participants_.erase(findNode(participants_, id));
+        heartbeats_.erase(id);
+      }
+      startNextRound(now, "evicted " + joinIds(evicted) + " (no keep-alive for " +
+                              std::to_string(settings_.evictionTimeout().count()) + " ms)");
+      return true;
+    }
+  }
+  const Phase before = phase_;
+  maybeComplete(now);
+  return changed || phase_ != before;
+}
+
+std::optional<SteadyTime> RunState::nextDeadline() const {
+  if (finalState()) return std::nullopt;
+  std::optional<SteadyTime> next = last_call_deadline_;
+  for (const auto& [id, beat] : heartbeats_) {
+    const SteadyTime expiry = beat + settings_.evictionTimeout() + Millis(1);
+    if (!next || expiry < *next) next = expiry;
+  }
+  return next;
+}
+
+void RunState::checkStoreRound(int64_t round) const {
+  const bool current = round == round_ && (phase_ == Phase::kRunning || phase_ == Phase::kClosed);
+  if (current) return;
+  if (round < round_) {
+    throw StaleError("round " + std::to_string(round) + " of run '" + run_id_ +
+                     "' is stale: the run is at round " + std::to_string(round_) + " (" +
+                     superseded_reason_ + ")");
+  }
+  if (phase_ == Phase::kFailed) checkNotFinal();
+  throw StaleError("round " + std::to_string(round) + " of run '" + run_id_ +
+                   "' is not complete yet");
+}
+
+std::string RunState::waitingFor() const {
+  std::ostringstream out;
+  std::vector<std::string> ids;
+  for (const auto& n : joined_) ids.push_back(n.id);
+  out << "round " << round_ << ": " << joined_.size() << " of " << settings_.min_nodes;
+  if (settings_.max_nodes != settings_.min_nodes) out << ".." << settings_.max_nodes;
+  out << " nodes joined";
+  if (!ids.empty()) out << " (" << joinIds(ids) << ")";
+  std::vector<std::string> missing;
+  for (const auto& id : expected_) {
+    if (!contains(joined_, id)) missing.push_back(id);
+  }
+  if (!missing.empty()) out << "; missing from the previous round: " << joinIds(missing);
+  const bool static_ranks = !joined_.empty() && joined_.front().node_rank >= 0;
+  if (static_ranks) {
+    std::vector<std::string> ranks;
+    for (int r = 0; r < settings_.max_nodes; ++r) {
+      bool taken = std::any_of(joined_.begin(), joined_.end(),
+                               [&](const NodeSpec& n) { return n.node_rank == r; });
+      if (!taken) ranks.push_back(std::to_string(r));
+    }
+    out << "; missing node ranks: " << joinIds(ranks);
+  }
+  if (last_call_deadline_) out << "; last call running";
+  return out.str();
+}
+
+std::optional<Placement> RunState::placementOf(const std::string& node_id) const {
+  if (phase_ != Phase::kRunning && phase_ != Phase::kClosed) return std::nullopt;
+  auto it = findNode(participants_, node_id);
+  if (it == participants_.end()) return std::nullopt;
+  Placement p;
+  p.round = round_;
+  p.node_rank = static_cast<int>(it - participants_.begin());
+  p.num_nodes = static_cast<int>(participants_.size());
+  for (const auto& node : participants_) {
+    if (node.id == node_id) p.rank_offset = p.world_size;
+    p.world_size += node.local_world_size;
+    p.node_ids.push_back(node.id);
+  }
+  p.master_addr = participants_.front().addr;
+  p.master_port = participants_.front().master_port;
+  p.restart_count = restart_count_;
+  return p;
+}
+
+RunStatus RunState::status(SteadyTime now) const {
+  RunStatus s;
+  s.round = round_;
+  s.restart_count = restart_count_;
+  s.settings = settings_;
+  switch (phase_) {
+    case Phase::kJoining: s.state = "joining"; break;
+    case Phase::kRunning: s.state = "running"; break;
+    case Phase::kClosed: s.state = "closed"; break;
+    case Phase::kFailed: s.state = "failed"; break;
+  }
+  auto state_of = [&](const NodeSpec& spec, int rank) {
+    NodeState n;
+    n.spec = spec;
+    n.node_rank = rank;
+    auto beat = heartbeats_.find(spec.id);
+    if (beat != heartbeats_.end()) {
+      n.heartbeat_age = std::chrono::duration_cast<Millis>(now - beat->second);
+    }
+    n.finished = finished_.count(spec.id) != 0;
+    return n;
+  };
+  const bool running = phase_ != Phase::kJoining;
+  const auto& members = running ? participants_ : joined_;
+  for (size_t i = 0; i < members.size(); ++i) {
+    s.participants.push_back(state_of(members[i], running ? static_cast<int>(i) : -1));
+  }
+  for (const auto& node : waiting_) s.waiting.push_back(state_of(node, -1));
+  return s;
+}
+
+}  // namespace cxxlaunch::rendezvous

@@ -1,0 +1,187 @@
+#pragma once
+// RunState: the rendezvous state machine of one run (one job), free of RPC and of real time.
+// The server feeds it calls and the time; tests feed it a fake clock.
+//
+// A run moves through rounds. Round r is first *joining* (collecting nodes), then *running*
+// (complete: every node has its rank), until a failure, an eviction or a newcomer supersedes it
+// and round r+1 starts joining. A clean finish of every node *closes* the run; running out of
+// restarts *fails* it. Both are final.
+//
+// Joining round r completes when
+//   1. max_nodes have joined, or
+//   2. at least min_nodes have joined and every node expected back (the survivors of round r-1
+//      and the nodes that waited for room) has joined, or
+//   3. at least min_nodes have joined and the last-call window has passed since the min-th.
+// Ranks: nodes sorted by static node rank when given, else by id; global rank offsets are the
+// prefix sums of local world sizes.
+//
+// Liveness: every call of a node counts as its keep-alive. A node silent for
+// keep_alive_interval * keep_alive_max_misses is evicted; evicting a node of a running round
+// supersedes it (the survivors restart at the smaller size, elastic within min..max).
+//
+// Not thread-safe: the server serialises calls.
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "rendezvous/error.h"
+
+namespace cxxlaunch::rendezvous {
+
+using SteadyTime = std::chrono::steady_clock::time_point;
+using Millis = std::chrono::milliseconds;
+
+// The call refers to a round or node the run no longer has, or the run is closed or failed.
+class StaleError : public Error {
+ public:
+  using Error::Error;
+};
+
+struct RunSettings {
+  int min_nodes = 1;
+  int max_nodes = 1;
+  Millis last_call_timeout = std::chrono::seconds(30);
+  Millis keep_alive_interval = std::chrono::seconds(5);
+  int keep_alive_max_misses = 3;
+  int max_restarts = 0;
+
+  Millis evictionTimeout() const { return keep_alive_interval * keep_alive_max_misses; }
+  // Throws InvalidArgument naming the bad field.
+  void validate() const;
+  bool operator==(const RunSettings&) const = default;
+};
+
+struct NodeSpec {
+  std::string id;
+  std::string addr;
+  int local_world_size = 1;
+  int master_port = 0;
+  int node_rank = -1;  // static backend: the rank the node must get
+
+  void validate() const;
+};
+
+// A completed round from one node's point of view.
+struct Placement {
+  int64_t round = 0;
+  int node_rank = 0;
+  int num_nodes = 0;
+  int rank_offset = 0;
+  int world_size = 0;
+  std::string master_addr;
+  int master_port = 0;
+  int restart_count = 0;
+  std::vector<std::string> node_ids;  // in node-rank order
+};
+
+enum class Action { kContinue, kRestart, kFail, kClosed };
+
+struct FailureReport {
+  std::string node_id;
+  int rank = 0;
+  int exit_code = 0;
+  std::string description;
+};
+
+struct Verdict {
+  Action action = Action::kContinue;
+  std::string reason;
+  std::optional<FailureReport> root_cause;  // with kFail
+};
+
+struct NodeState {
+  NodeSpec spec;
+  int node_rank = -1;  // in the running round, else -1
+  Millis heartbeat_age{0};
+  bool finished = false;
+};
+
+struct RunStatus {
+  int64_t round = 0;
+  std::string state;  // "joining", "running", "closed", "failed"
+  std::vector<NodeState> participants;  // running: the round's nodes; joining: who has joined
+  std::vector<NodeState> waiting;       // nodes waiting for room in a later round
+  int restart_count = 0;
+  RunSettings settings;
+};
+
+class RunState {
+ public:
+  RunState(std::string run_id, RunSettings settings);
+
+  const std::string& runId() const { return run_id_; }
+  const RunSettings& settings() const { return settings_; }
+  int64_t round() const { return round_; }
+
+  // A node asks for a place. Returns its placement once its round is complete; nullopt while it
+  // waits (call again). Idempotent. Throws InvalidArgument (bad node, settings that differ from
+  // the run's, a taken static rank) or StaleError (closed or failed run).
+  std::optional<Placement> join(const NodeSpec& node, const RunSettings& settings, SteadyTime now);
+
+  // What a node of `round` must do now. Records the keep-alive.
+  Verdict keepAlive(const std::string& node_id, int64_t round, SteadyTime now);
+
+  // The node's workers failed in `round`. The first report of a round spends one restart and
+  // supersedes the round (kRestart) or, with none left, fails the run (kFail); later reports of
+  // the same round just get the same answer.
+  Verdict requestRestart(const std::string& node_id, int64_t round, const FailureReport& failure,
+                         SteadyTime now);
+
+  // The node's workers all succeeded in `round`. The run closes when every node has left.
+  Verdict leave(const std::string& node_id, int64_t round, SteadyTime now);
+
+  // Evicts silent nodes and completes rounds whose last call has passed. Returns whether
+  // anything changed (so blocked joins should be re-checked).
+  bool tick(SteadyTime now);
+
+  // When tick() next has something to do, if ever.
+  std::optional<SteadyTime> nextDeadline() const;
+
+  // Whether store calls of `round` are current (the fencing check). Throws StaleError saying why
+  // not.
+  void checkStoreRound(int64_t round) const;
+
+  // Who the joining round has and who it still waits for, for waiting joins and timeouts.
+  std::string waitingFor() const;
+
+  RunStatus status(SteadyTime now) const;
+
+  // The placement of a node in the running round, if it is in it.
+  std::optional<Placement> placementOf(const std::string& node_id) const;
+
+  bool finalState() const { return phase_ == Phase::kClosed || phase_ == Phase::kFailed; }
+
+ private:
+  enum class Phase { kJoining, kRunning, kClosed, kFailed };
+
+  void maybeComplete(SteadyTime now);
+  void complete();
+  void startNextRound(SteadyTime now, const std::string& reason);
+  bool silent(const std::string& id, SteadyTime now) const;
+  void checkNotFinal() const;
+
+  std::string run_id_;
+  RunSettings settings_;
+  Phase phase_ = Phase::kJoining;
+  int64_t round_ = 1;
+  std::map<std::string, SteadyTime> heartbeats_;
+  // Joining: who has joined round_, in arrival order, and who is expected back.
+  std::vector<NodeSpec> joined_;
+  std::set<std::string> expected_;
+  std::optional<SteadyTime> last_call_deadline_;
+  // Running: the round's nodes in rank order, and those that finished.
+  std::vector<NodeSpec> participants_;
+  std::set<std::string> finished_;
+  // Nodes that asked while there was no room (max_nodes reached).
+  std::vector<NodeSpec> waiting_;
+  std::string superseded_reason_;  // why round_ - 1 ended
+  int restart_count_ = 0;
+  std::optional<FailureReport> root_cause_;
+};
+
+}  // namespace cxxlaunch::rendezvous
