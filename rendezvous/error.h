@@ -37,6 +37,13 @@ class PeerLost : public Error {
   using Error::Error;
 };
 
+// The call refers to a rendezvous round the run has moved past (the fencing token is stale), or
+// to a run that is closed or failed.
+class StaleError : public Error {
+ public:
+  using Error::Error;
+};
+
 // An operating-system call failed. `what` names the call and the errno text.
 class SystemError : public Error {
  public:

@@ -189,6 +189,7 @@ Verdict RunState::keepAlive(const std::string& node_id, int64_t round, SteadyTim
   const bool tracked = contains(participants_, node_id) || contains(joined_, node_id) ||
                        contains(waiting_, node_id);
   if (tracked) heartbeats_[node_id] = now;  // an evicted node stays evicted
+  if (finalState()) informed_.insert(node_id);
   if (phase_ == Phase::kClosed) return {Action::kClosed, "every node finished", std::nullopt};
   if (phase_ == Phase::kFailed) return {Action::kFail, "no restarts left", root_cause_};
   if (round > round_) {
@@ -208,6 +209,7 @@ Verdict RunState::requestRestart(const std::string& node_id, int64_t round,
   if (restart_count_ >= settings_.max_restarts) {
     phase_ = Phase::kFailed;
     root_cause_ = failure;
+    informed_.insert(node_id);
     return {Action::kFail,
             "no restarts left (" + std::to_string(settings_.max_restarts) + " used)", root_cause_};
   }
@@ -223,6 +225,7 @@ Verdict RunState::leave(const std::string& node_id, int64_t round, SteadyTime no
   finished_.insert(node_id);
   if (finished_.size() == participants_.size()) {
     phase_ = Phase::kClosed;
+    informed_.insert(node_id);
     return {Action::kClosed, "every node finished", std::nullopt};
   }
   return {Action::kContinue,
@@ -270,6 +273,11 @@ bool RunState::tick(SteadyTime now) {
   const Phase before = phase_;
   maybeComplete(now);
   return changed || phase_ != before;
+}
+
+bool RunState::everyoneInformed() const {
+  return finalState() && std::all_of(participants_.begin(), participants_.end(),
+                                     [&](const NodeSpec& n) { return informed_.count(n.id) != 0; });
 }
 
 std::optional<SteadyTime> RunState::nextDeadline() const {

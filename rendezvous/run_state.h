@@ -36,12 +36,6 @@ namespace cxxlaunch::rendezvous {
 using SteadyTime = std::chrono::steady_clock::time_point;
 using Millis = std::chrono::milliseconds;
 
-// The call refers to a round or node the run no longer has, or the run is closed or failed.
-class StaleError : public Error {
- public:
-  using Error::Error;
-};
-
 struct RunSettings {
   int min_nodes = 1;
   int max_nodes = 1;
@@ -155,6 +149,12 @@ class RunState {
   std::optional<Placement> placementOf(const std::string& node_id) const;
 
   bool finalState() const { return phase_ == Phase::kClosed || phase_ == Phase::kFailed; }
+  // Throws StaleError saying so when the run is closed or failed.
+  void checkNotFinal() const;
+
+  // Once the run is closed or failed: whether every node of its last round has been told so
+  // (by a keep-alive, leave or restart answer). A server that exits with its job waits for this.
+  bool everyoneInformed() const;
 
  private:
   enum class Phase { kJoining, kRunning, kClosed, kFailed };
@@ -163,7 +163,6 @@ class RunState {
   void complete();
   void startNextRound(SteadyTime now, const std::string& reason);
   bool silent(const std::string& id, SteadyTime now) const;
-  void checkNotFinal() const;
 
   std::string run_id_;
   RunSettings settings_;
@@ -182,6 +181,7 @@ class RunState {
   std::string superseded_reason_;  // why round_ - 1 ended
   int restart_count_ = 0;
   std::optional<FailureReport> root_cause_;
+  std::set<std::string> informed_;  // nodes told the run's final state
 };
 
 }  // namespace cxxlaunch::rendezvous

@@ -1,0 +1,304 @@
+#include "rendezvous/client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "proto/rendezvous.grpc.pb.h"
+#include "rendezvous/wire.h"
+
+namespace cxxlaunch::rendezvous {
+namespace {
+
+std::string readFile(const std::string& path, const char* what) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in || text.str().empty()) {
+    throw InvalidArgument(std::string("cannot read the TLS ") + what + " file '" + path + "'");
+  }
+  return text.str();
+}
+
+// Every call: the token, and a deadline.
+void prepare(grpc::ClientContext& ctx, const ClientOptions& options, Millis timeout) {
+  if (!options.token.empty()) ctx.AddMetadata(wire::kTokenHeader, options.token);
+  ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+}
+
+}  // namespace
+
+std::shared_ptr<grpc::Channel> makeChannel(const ClientOptions& options) {
+  wire::quietGrpcLogs();
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  if (!options.tls_ca_file.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = readFile(options.tls_ca_file, "CA");
+    if (!options.tls_cert_file.empty()) {
+      ssl.pem_cert_chain = readFile(options.tls_cert_file, "certificate");
+      ssl.pem_private_key = readFile(options.tls_key_file, "key");
+    }
+    credentials = grpc::SslCredentials(ssl);
+  } else {
+    credentials = grpc::InsecureChannelCredentials();
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(1 << 20);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  return grpc::CreateCustomChannel(options.endpoint, credentials, args);
+}
+
+std::string storePrefix(const std::string& run_id, int64_t round) {
+  return run_id + "/" + std::to_string(round);
+}
+
+std::pair<std::string, int64_t> parseStorePrefix(const std::string& prefix) {
+  auto slash = prefix.rfind('/');
+  if (slash == std::string::npos || slash == 0) {
+    throw InvalidArgument("store prefix '" + prefix + "' is not RUN_ID/ROUND");
+  }
+  return {prefix.substr(0, slash), std::atoll(prefix.c_str() + slash + 1)};
+}
+
+// ---- GrpcStore --------------------------------------------------------------------------------
+
+struct GrpcStore::Impl {
+  ClientOptions options;
+  std::unique_ptr<rdzv::Store::Stub> stub;
+  rdzv::Scope scope;
+
+  template <typename Call>
+  void call(const char* what, Millis timeout, Call&& rpc) {
+    grpc::ClientContext ctx;
+    prepare(ctx, options, timeout);
+    wire::throwIfError(rpc(ctx), std::string("store ") + what);
+  }
+  // Blocking calls get the server-side wait plus the usual margin.
+  Millis blocking(Timeout timeout) const { return timeout + options.call_timeout; }
+};
+
+GrpcStore::GrpcStore(const ClientOptions& options, std::string run_id, int64_t round)
+    : impl_(std::make_shared<Impl>()) {
+  impl_->options = options;
+  impl_->stub = rdzv::Store::NewStub(makeChannel(options));
+  impl_->scope.set_run_id(std::move(run_id));
+  impl_->scope.set_round(round);
+}
+
+void GrpcStore::set(const std::string& key, const std::string& value) {
+  rdzv::SetRequest req;
+  *req.mutable_scope() = impl_->scope;
+  req.set_key(key);
+  req.set_value(value);
+  rdzv::SetResponse resp;
+  impl_->call("set", impl_->options.call_timeout,
+              [&](grpc::ClientContext& ctx) { return impl_->stub->Set(&ctx, req, &resp); });
+}
+
+std::string GrpcStore::get(const std::string& key, Timeout timeout) {
+  rdzv::GetRequest req;
+  *req.mutable_scope() = impl_->scope;
+  req.set_key(key);
+  req.set_timeout_ms(timeout.count());
+  rdzv::GetResponse resp;
+  impl_->call("get", impl_->blocking(timeout),
+              [&](grpc::ClientContext& ctx) { return impl_->stub->Get(&ctx, req, &resp); });
+  return resp.value();
+}
+
+int64_t GrpcStore::add(const std::string& key, int64_t delta) {
+  rdzv::AddRequest req;
+  *req.mutable_scope() = impl_->scope;
+  req.set_key(key);
+  req.set_delta(delta);
+  rdzv::AddResponse resp;
+  impl_->call("add", impl_->options.call_timeout,
+              [&](grpc::ClientContext& ctx) { return impl_->stub->Add(&ctx, req, &resp); });
+  return resp.value();
+}
+
+std::string GrpcStore::compareSet(const std::string& key, const std::string& expected,
+                                  const std::string& desired) {
+  rdzv::CompareSetRequest req;
+  *req.mutable_scope() = impl_->scope;
+  req.set_key(key);
+  req.set_expected(expected);
+  req.set_desired(desired);
+  rdzv::CompareSetResponse resp;
+  impl_->call("compare_set", impl_->options.call_timeout,
+              [&](grpc::ClientContext& ctx) { return impl_->stub->CompareSet(&ctx, req, &resp); });
+  return resp.value();
+}
+
+void GrpcStore::wait(const std::vector<std::string>& keys, Timeout timeout) {
+  rdzv::KeysRequest req;
+  *req.mutable_scope() = impl_->scope;
+  for (const auto& key : keys) req.add_keys(key);
+  req.set_timeout_ms(timeout.count());
+  rdzv::WaitResponse resp;
+  impl_->call("wait", impl_->blocking(timeout),
+              [&](grpc::ClientContext& ctx) { return impl_->stub->Wait(&ctx, req, &resp); });
+}
+
+bool GrpcStore::check(const std::vector<std::string>& keys) {
+  rdzv::KeysRequest req;
+  *req.mutable_scope() = impl_->scope;
+  for (const auto& key : keys) req.add_keys(key);
+  rdzv::CheckResponse resp;
+  impl_->call("check", impl_->options.call_timeout,
+              [&](grpc::ClientContext& ctx) { return impl_->stub->Check(&ctx, req, &resp); });
+  return resp.ready();
+}
+
+bool GrpcStore::deleteKey(const std::string& key) {
+  rdzv::DeleteRequest req;
+  *req.mutable_scope() = impl_->scope;
+  req.set_key(key);
+  rdzv::DeleteResponse resp;
+  impl_->call("delete", impl_->options.call_timeout,
+              [&](grpc::ClientContext& ctx) { return impl_->stub->Delete(&ctx, req, &resp); });
+  return resp.existed();
+}
+
+int64_t GrpcStore::numKeys() {
+  rdzv::NumKeysRequest req;
+  *req.mutable_scope() = impl_->scope;
+  rdzv::NumKeysResponse resp;
+  impl_->call("num_keys", impl_->options.call_timeout,
+              [&](grpc::ClientContext& ctx) { return impl_->stub->NumKeys(&ctx, req, &resp); });
+  return resp.count();
+}
+
+std::vector<std::string> GrpcStore::multiGet(const std::vector<std::string>& keys,
+                                             Timeout timeout) {
+  rdzv::KeysRequest req;
+  *req.mutable_scope() = impl_->scope;
+  for (const auto& key : keys) req.add_keys(key);
+  req.set_timeout_ms(timeout.count());
+  rdzv::MultiGetResponse resp;
+  impl_->call("multi_get", impl_->blocking(timeout),
+              [&](grpc::ClientContext& ctx) { return impl_->stub->MultiGet(&ctx, req, &resp); });
+  return {resp.values().begin(), resp.values().end()};
+}
+
+void GrpcStore::multiSet(const std::vector<std::string>& keys,
+                         const std::vector<std::string>& values) {
+  rdzv::MultiSetRequest req;
+  *req.mutable_scope() = impl_->scope;
+  for (const auto& key : keys) req.add_keys(key);
+  for (const auto& value : values) req.add_values(value);
+  rdzv::MultiSetResponse resp;
+  impl_->call("multi_set", impl_->options.call_timeout,
+              [&](grpc::ClientContext& ctx) { return impl_->stub->MultiSet(&ctx, req, &resp); });
+}
+
+// ---- RendezvousClient -------------------------------------------------------------------------
+
+struct RendezvousClient::Impl {
+  ClientOptions options;
+  std::string run_id;
+  std::unique_ptr<rdzv::Rendezvous::Stub> stub;
+  std::mutex mu;
+  grpc::ClientContext* joining = nullptr;  // the join in progress, for cancel()
+  bool cancelled = false;
+
+  template <typename Response, typename Call>
+  Response unary(const char* what, Call&& rpc) {
+    grpc::ClientContext ctx;
+    prepare(ctx, options, options.call_timeout);
+    Response resp;
+    wire::throwIfError(rpc(ctx, resp), std::string("rendezvous ") + what + " at " + options.endpoint);
+    return resp;
+  }
+};
+
+RendezvousClient::RendezvousClient(const ClientOptions& options, std::string run_id)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->options = options;
+  impl_->run_id = std::move(run_id);
+  impl_->stub = rdzv::Rendezvous::NewStub(makeChannel(options));
+}
+
+RendezvousClient::~RendezvousClient() = default;
+
+JoinPoll RendezvousClient::join(const NodeSpec& node, const RunSettings& settings, Millis poll) {
+  rdzv::JoinRequest req;
+  req.set_run_id(impl_->run_id);
+  wire::toProto(node, req.mutable_node());
+  wire::toProto(settings, req.mutable_settings());
+  req.set_poll_ms(poll.count());
+  rdzv::JoinResponse resp;
+  grpc::ClientContext ctx;
+  prepare(ctx, impl_->options, poll + impl_->options.call_timeout);
+  ctx.set_wait_for_ready(true);  // the server may not be up yet
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    if (impl_->cancelled) throw CommunicationError("rendezvous join cancelled");
+    impl_->joining = &ctx;
+  }
+  grpc::Status status = impl_->stub->Join(&ctx, req, &resp);
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->joining = nullptr;
+  }
+  wire::throwIfError(status, "rendezvous join at " + impl_->options.endpoint);
+  JoinPoll result;
+  if (resp.complete()) {
+    result.placement = wire::fromProto(resp.round());
+  } else {
+    result.waiting_for = resp.waiting_for();
+  }
+  return result;
+}
+
+void RendezvousClient::cancel() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->cancelled = true;
+  if (impl_->joining != nullptr) impl_->joining->TryCancel();
+}
+
+Verdict RendezvousClient::keepAlive(const std::string& node_id, int64_t round) {
+  rdzv::KeepAliveRequest req;
+  req.set_run_id(impl_->run_id);
+  req.set_node_id(node_id);
+  req.set_round(round);
+  return wire::fromProto(impl_->unary<rdzv::KeepAliveResponse>(
+      "keep-alive",
+      [&](grpc::ClientContext& ctx, auto& resp) { return impl_->stub->KeepAlive(&ctx, req, &resp); }));
+}
+
+Verdict RendezvousClient::requestRestart(const std::string& node_id, int64_t round,
+                                         const FailureReport& failure) {
+  rdzv::RestartRequest req;
+  req.set_run_id(impl_->run_id);
+  req.set_node_id(node_id);
+  req.set_round(round);
+  wire::toProto(failure, req.mutable_failure());
+  return wire::fromProto(impl_->unary<rdzv::KeepAliveResponse>(
+      "restart request", [&](grpc::ClientContext& ctx, auto& resp) {
+        return impl_->stub->RequestRestart(&ctx, req, &resp);
+      }));
+}
+
+Verdict RendezvousClient::leave(const std::string& node_id, int64_t round) {
+  rdzv::LeaveRequest req;
+  req.set_run_id(impl_->run_id);
+  req.set_node_id(node_id);
+  req.set_round(round);
+  return wire::fromProto(impl_->unary<rdzv::KeepAliveResponse>(
+      "leave",
+      [&](grpc::ClientContext& ctx, auto& resp) { return impl_->stub->Leave(&ctx, req, &resp); }));
+}
+
+RunStatus RendezvousClient::status() {
+  rdzv::StatusRequest req;
+  req.set_run_id(impl_->run_id);
+  return wire::fromProto(impl_->unary<rdzv::StatusResponse>(
+      "status",
+      [&](grpc::ClientContext& ctx, auto& resp) { return impl_->stub->Status(&ctx, req, &resp); }));
+}
+
+}  // namespace cxxlaunch::rendezvous

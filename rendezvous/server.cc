@@ -1,0 +1,602 @@
+#include "rendezvous/server.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <condition_variable>
+#include <fstream>
+#include <list>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "proto/rendezvous.grpc.pb.h"
+#include "rendezvous/memory_store.h"
+#include "rendezvous/wire.h"
+
+namespace cxxlaunch::rendezvous {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+class Core;
+
+// A call that waits: answered later, from whichever thread sees its state change.
+class ParkedReactor final : public grpc::ServerUnaryReactor {
+ public:
+  explicit ParkedReactor(Core* core) : core_(core) {}
+  void OnCancel() override;
+  void OnDone() override { delete this; }
+
+ private:
+  Core* core_;
+};
+
+// Returns the call's status once it can be answered; `expired`: its deadline has passed.
+using Attempt = std::function<std::optional<grpc::Status>(bool expired)>;
+
+struct Parked {
+  ParkedReactor* reactor;
+  SteadyTime deadline;
+  Attempt attempt;
+};
+
+struct Run {
+  Run(const std::string& id, const RunSettings& settings) : state(id, settings) {}
+  RunState state;
+  int64_t store_round = -1;
+  std::unique_ptr<MemoryStore> store;  // the key space of store_round
+  std::list<Parked> parked;
+};
+
+using Ready = std::vector<std::pair<grpc::ServerUnaryReactor*, grpc::Status>>;
+
+void finishAll(Ready& ready) {
+  for (auto& [reactor, status] : ready) reactor->Finish(status);
+  ready.clear();
+}
+
+void validateRunId(const std::string& id) {
+  const bool ok = !id.empty() && id.size() <= 128 &&
+                  std::all_of(id.begin(), id.end(), [](unsigned char c) {
+                    return std::isalnum(c) || c == '-' || c == '_' || c == '.';
+                  });
+  if (!ok) throw InvalidArgument("run id must have 1-128 letters, digits, '-', '_' or '.'");
+}
+
+Millis waitTime(int64_t requested_ms, Millis cap) {
+  if (requested_ms < 0) throw InvalidArgument("timeout must be >= 0 ms");
+  return std::min(Millis(requested_ms), cap);
+}
+
+// The state of every run, the parked calls, and the thread that acts on deadlines.
+class Core {
+ public:
+  explicit Core(const ServerOptions& options) : options_(options) {
+    ticker_ = std::thread([this] { tickLoop(); });
+  }
+
+  ~Core() { stop(); }
+
+  void stop() {
+    Ready ready;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+      stopping_ = true;
+      for (auto& [id, run] : runs_) {
+        for (auto& p : run->parked) {
+          ready.emplace_back(p.reactor, grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                                     "the rendezvous server is shutting down"));
+        }
+        run->parked.clear();
+      }
+    }
+    changed_.notify_all();
+    finishAll(ready);
+    if (ticker_.joinable()) ticker_.join();
+  }
+
+  grpc::Status authorize(const grpc::CallbackServerContext* ctx) const {
+    if (options_.token.empty()) return grpc::Status::OK;
+    const auto& metadata = ctx->client_metadata();
+    auto it = metadata.find(wire::kTokenHeader);
+    bool ok = it != metadata.end() && it->second.size() == options_.token.size();
+    if (ok) {
+      unsigned char diff = 0;  // constant time: no early exit on the first wrong byte
+      for (size_t i = 0; i < options_.token.size(); ++i) {
+        diff |= static_cast<unsigned char>(it->second.data()[i] ^ options_.token[i]);
+      }
+      ok = diff == 0;
+    }
+    if (ok) return grpc::Status::OK;
+    return {grpc::StatusCode::UNAUTHENTICATED,
+            "missing or wrong job token: give the job's token (--rdzv_conf token_file=FILE or "
+            "CXXLAUNCH_TOKEN)"};
+  }
+
+  // Answers at once. `body` runs under the lock and may change state.
+  template <typename Body>
+  grpc::ServerUnaryReactor* answer(grpc::CallbackServerContext* ctx, Body&& body) {
+    auto* reactor = ctx->DefaultReactor();
+    grpc::Status status = authorize(ctx);
+    Ready ready;
+    if (status.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      status = wire::guarded(body);
+      recheckAll(Clock::now(), ready);
+    }
+    changed_.notify_all();
+    reactor->Finish(status);
+    finishAll(ready);
+    return reactor;
+  }
+
+  // Answers when `attempt` can, or when `wait` has passed. `prepare` runs first, under the lock;
+  // an error from it answers at once. `wait` is read after `prepare`, which may set it.
+  template <typename Prepare>
+  grpc::ServerUnaryReactor* park(grpc::CallbackServerContext* ctx, const std::string& run_id,
+                                 Prepare&& prepare, const Millis& wait, Attempt attempt) {
+    grpc::Status status = authorize(ctx);
+    Ready ready;
+    std::optional<grpc::Status> result;
+    ParkedReactor* parked = nullptr;
+    if (status.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      status = wire::guarded(prepare);
+      const auto now = Clock::now();
+      if (status.ok()) result = tryAttempt(attempt, false);
+      if (status.ok() && !result) {
+        parked = new ParkedReactor(this);
+        runs_.at(run_id)->parked.push_back({parked, now + wait, std::move(attempt)});
+      }
+      recheckAll(now, ready);
+    }
+    changed_.notify_all();
+    finishAll(ready);
+    if (parked != nullptr) return parked;
+    auto* reactor = ctx->DefaultReactor();
+    reactor->Finish(result ? *result : status);
+    return reactor;
+  }
+
+  void cancelled(ParkedReactor* reactor) {
+    bool found = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& [id, run] : runs_) {
+        auto it = std::find_if(run->parked.begin(), run->parked.end(),
+                               [&](const Parked& p) { return p.reactor == reactor; });
+        if (it != run->parked.end()) {
+          run->parked.erase(it);
+          found = true;
+          break;
+        }
+      }
+    }
+    // Not found: it was answered already and is on its way out.
+    if (found) reactor->Finish(grpc::Status::CANCELLED);
+  }
+
+  // ---- helpers for handlers; call with the lock held -------------------------------------
+
+  Run& runOf(const std::string& run_id) {
+    validateRunId(run_id);
+    auto it = runs_.find(run_id);
+    if (it == runs_.end()) {
+      throw StaleError("no run '" + run_id + "' on this server: its nodes have not joined yet");
+    }
+    return *it->second;
+  }
+
+  Run& runFor(const std::string& run_id, const RunSettings& settings) {
+    validateRunId(run_id);
+    auto it = runs_.find(run_id);
+    if (it == runs_.end()) {
+      it = runs_.emplace(run_id, std::make_unique<Run>(run_id, settings)).first;
+    }
+    return *it->second;
+  }
+
+  // The key space of a store call; throws StaleError when its round is not current.
+  MemoryStore& storeOf(const rdzv::Scope& scope) {
+    Run& run = runOf(scope.run_id());
+    run.state.checkStoreRound(scope.round());
+    if (run.store_round != scope.round()) {
+      run.store = std::make_unique<MemoryStore>();  // the old round's keys go with it
+      run.store_round = scope.round();
+    }
+    return *run.store;
+  }
+
+  const ServerOptions& options() const { return options_; }
+
+  bool waitUntilSettled(const std::string& run_id, Millis timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return changed_.wait_for(lock, timeout, [&] {
+      auto it = runs_.find(run_id);
+      return stopping_ || (it != runs_.end() && it->second->state.everyoneInformed());
+    });
+  }
+
+ private:
+  static std::optional<grpc::Status> tryAttempt(const Attempt& attempt, bool expired) {
+    std::optional<grpc::Status> result;
+    grpc::Status error = wire::guarded([&] {
+      result = attempt(expired);
+      return grpc::Status::OK;
+    });
+    if (!error.ok()) return error;
+    return result;
+  }
+
+  void recheckAll(SteadyTime now, Ready& ready) {
+    for (auto& [id, run] : runs_) {
+      for (auto it = run->parked.begin(); it != run->parked.end();) {
+        auto result = tryAttempt(it->attempt, now >= it->deadline);
+        if (result) {
+          ready.emplace_back(it->reactor, *result);
+          it = run->parked.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+  }
+
+  void tickLoop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stopping_) {
+      const auto now = Clock::now();
+      for (auto& [id, run] : runs_) run->state.tick(now);
+      Ready ready;
+      recheckAll(now, ready);
+      std::optional<SteadyTime> next;
+      for (auto& [id, run] : runs_) {
+        auto deadline = run->state.nextDeadline();
+        for (const auto& p : run->parked) {
+          if (!deadline || p.deadline < *deadline) deadline = p.deadline;
+        }
+        if (deadline && (!next || *deadline < *next)) next = deadline;
+      }
+      if (!ready.empty()) {
+        lock.unlock();
+        changed_.notify_all();
+        finishAll(ready);
+        lock.lock();
+        continue;
+      }
+      if (next) {
+        changed_.wait_until(lock, *next);
+      } else {
+        changed_.wait(lock);
+      }
+    }
+  }
+
+  const ServerOptions options_;
+  std::mutex mu_;
+  std::condition_variable changed_;
+  std::map<std::string, std::unique_ptr<Run>> runs_;
+  bool stopping_ = false;
+  std::thread ticker_;
+};
+
+void ParkedReactor::OnCancel() { core_->cancelled(this); }
+
+std::string describeMissing(const std::vector<std::string>& keys, MemoryStore& store, Millis wait) {
+  for (const auto& key : keys) {
+    if (!store.check({key})) {
+      return "key '" + key + "' did not appear within " + std::to_string(wait.count()) + " ms";
+    }
+  }
+  return "timed out";
+}
+
+class StoreService final : public rdzv::Store::CallbackService {
+ public:
+  explicit StoreService(Core& core) : core_(core) {}
+
+  grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* ctx, const rdzv::SetRequest* req,
+                                rdzv::SetResponse*) override {
+    return core_.answer(ctx, [&] {
+      core_.storeOf(req->scope()).set(req->key(), req->value());
+      return grpc::Status::OK;
+    });
+  }
+
+  grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext* ctx, const rdzv::GetRequest* req,
+                                rdzv::GetResponse* resp) override {
+    const Millis wait = safeWait(req->timeout_ms());
+    return core_.park(
+        ctx, req->scope().run_id(), [&] { return prepare(req->scope(), req->timeout_ms()); },
+        wait, [this, req, resp, wait](bool expired) -> std::optional<grpc::Status> {
+          MemoryStore& store = core_.storeOf(req->scope());
+          if (store.check({req->key()})) {
+            resp->set_value(store.get(req->key(), Millis(0)));
+            return grpc::Status::OK;
+          }
+          if (expired) {
+            return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                                describeMissing({req->key()}, store, wait));
+          }
+          return std::nullopt;
+        });
+  }
+
+  grpc::ServerUnaryReactor* Add(grpc::CallbackServerContext* ctx, const rdzv::AddRequest* req,
+                                rdzv::AddResponse* resp) override {
+    return core_.answer(ctx, [&] {
+      resp->set_value(core_.storeOf(req->scope()).add(req->key(), req->delta()));
+      return grpc::Status::OK;
+    });
+  }
+
+  grpc::ServerUnaryReactor* CompareSet(grpc::CallbackServerContext* ctx,
+                                       const rdzv::CompareSetRequest* req,
+                                       rdzv::CompareSetResponse* resp) override {
+    return core_.answer(ctx, [&] {
+      resp->set_value(
+          core_.storeOf(req->scope()).compareSet(req->key(), req->expected(), req->desired()));
+      return grpc::Status::OK;
+    });
+  }
+
+  grpc::ServerUnaryReactor* Wait(grpc::CallbackServerContext* ctx, const rdzv::KeysRequest* req,
+                                 rdzv::WaitResponse*) override {
+    return waitForKeys(ctx, req, [](MemoryStore&) {});
+  }
+
+  grpc::ServerUnaryReactor* Check(grpc::CallbackServerContext* ctx, const rdzv::KeysRequest* req,
+                                  rdzv::CheckResponse* resp) override {
+    return core_.answer(ctx, [&] {
+      resp->set_ready(core_.storeOf(req->scope()).check(keysOf(*req)));
+      return grpc::Status::OK;
+    });
+  }
+
+  grpc::ServerUnaryReactor* Delete(grpc::CallbackServerContext* ctx,
+                                   const rdzv::DeleteRequest* req,
+                                   rdzv::DeleteResponse* resp) override {
+    return core_.answer(ctx, [&] {
+      resp->set_existed(core_.storeOf(req->scope()).deleteKey(req->key()));
+      return grpc::Status::OK;
+    });
+  }
+
+  grpc::ServerUnaryReactor* NumKeys(grpc::CallbackServerContext* ctx,
+                                    const rdzv::NumKeysRequest* req,
+                                    rdzv::NumKeysResponse* resp) override {
+    return core_.answer(ctx, [&] {
+      resp->set_count(core_.storeOf(req->scope()).numKeys());
+      return grpc::Status::OK;
+    });
+  }
+
+  grpc::ServerUnaryReactor* MultiGet(grpc::CallbackServerContext* ctx,
+                                     const rdzv::KeysRequest* req,
+                                     rdzv::MultiGetResponse* resp) override {
+    return waitForKeys(ctx, req, [req, resp](MemoryStore& store) {
+      resp->clear_values();
+      for (const auto& value : store.multiGet(keysOf(*req), Millis(0))) resp->add_values(value);
+    });
+  }
+
+  grpc::ServerUnaryReactor* MultiSet(grpc::CallbackServerContext* ctx,
+                                     const rdzv::MultiSetRequest* req,
+                                     rdzv::MultiSetResponse*) override {
+    return core_.answer(ctx, [&] {
+      std::vector<std::string> values(req->values().begin(), req->values().end());
+      core_.storeOf(req->scope()).multiSet(keysOf(*req), values);
+      return grpc::Status::OK;
+    });
+  }
+
+ private:
+  template <typename Request>
+  static std::vector<std::string> keysOf(const Request& req) {
+    return {req.keys().begin(), req.keys().end()};
+  }
+
+  Millis safeWait(int64_t timeout_ms) const {
+    return timeout_ms < 0 ? Millis(0) : std::min(Millis(timeout_ms), core_.options().max_wait);
+  }
+
+  grpc::Status prepare(const rdzv::Scope& scope, int64_t timeout_ms) {
+    waitTime(timeout_ms, core_.options().max_wait);  // rejects negative timeouts
+    core_.storeOf(scope);
+    return grpc::Status::OK;
+  }
+
+  template <typename Fill>
+  grpc::ServerUnaryReactor* waitForKeys(grpc::CallbackServerContext* ctx,
+                                        const rdzv::KeysRequest* req, Fill fill) {
+    const Millis wait = safeWait(req->timeout_ms());
+    return core_.park(
+        ctx, req->scope().run_id(), [&] { return prepare(req->scope(), req->timeout_ms()); },
+        wait, [this, req, wait, fill](bool expired) -> std::optional<grpc::Status> {
+          MemoryStore& store = core_.storeOf(req->scope());
+          const auto keys = keysOf(*req);
+          if (store.check(keys)) {
+            fill(store);
+            return grpc::Status::OK;
+          }
+          if (expired) {
+            return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                                describeMissing(keys, store, wait));
+          }
+          return std::nullopt;
+        });
+  }
+
+  Core& core_;
+};
+
+class RendezvousService final : public rdzv::Rendezvous::CallbackService {
+ public:
+  explicit RendezvousService(Core& core) : core_(core) {}
+
+  // 1. Register the node (RunState::join) and refresh its keep-alive.
+  // 2. If its round is complete, answer with its placement at once.
+  // 3. Else park the call until the round completes, the run ends, or the poll time passes
+  //    (capped below the eviction timeout, so a waiting node never looks silent).
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const rdzv::JoinRequest* req,
+                                 rdzv::JoinResponse* resp) override {
+    const RunSettings settings = wire::fromProto(req->settings());
+    const NodeSpec node = wire::fromProto(req->node());
+    Millis wait{0};
+    auto prepare = [&] {
+      node.validate();  // before the run exists: a bad first join must create nothing
+      settings.validate();
+      Run& run = core_.runFor(req->run_id(), settings);
+      run.state.join(node, settings, Clock::now());
+      const RunSettings& s = run.state.settings();
+      wait = std::min({waitTime(req->poll_ms(), core_.options().max_wait), s.keep_alive_interval,
+                       s.evictionTimeout() / 2});
+      return grpc::Status::OK;
+    };
+    const std::string run_id = req->run_id();
+    return core_.park(
+        ctx, run_id, prepare, wait,
+        [this, run_id, id = node.id, resp](bool expired) -> std::optional<grpc::Status> {
+          Run& run = core_.runOf(run_id);
+          if (auto placement = run.state.placementOf(id)) {
+            resp->set_complete(true);
+            wire::toProto(*placement, resp->mutable_round());
+            return grpc::Status::OK;
+          }
+          run.state.checkNotFinal();
+          if (expired) {
+            resp->set_complete(false);
+            resp->set_waiting_for(run.state.waitingFor());
+            return grpc::Status::OK;
+          }
+          return std::nullopt;
+        });
+  }
+
+  grpc::ServerUnaryReactor* KeepAlive(grpc::CallbackServerContext* ctx,
+                                      const rdzv::KeepAliveRequest* req,
+                                      rdzv::KeepAliveResponse* resp) override {
+    return core_.answer(ctx, [&] {
+      Run& run = core_.runOf(req->run_id());
+      wire::toProto(run.state.keepAlive(req->node_id(), req->round(), Clock::now()), resp);
+      return grpc::Status::OK;
+    });
+  }
+
+  grpc::ServerUnaryReactor* RequestRestart(grpc::CallbackServerContext* ctx,
+                                           const rdzv::RestartRequest* req,
+                                           rdzv::KeepAliveResponse* resp) override {
+    return core_.answer(ctx, [&] {
+      Run& run = core_.runOf(req->run_id());
+      wire::toProto(run.state.requestRestart(req->node_id(), req->round(),
+                                             wire::fromProto(req->failure()), Clock::now()),
+                    resp);
+      return grpc::Status::OK;
+    });
+  }
+
+  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* ctx, const rdzv::LeaveRequest* req,
+                                  rdzv::KeepAliveResponse* resp) override {
+    return core_.answer(ctx, [&] {
+      Run& run = core_.runOf(req->run_id());
+      wire::toProto(run.state.leave(req->node_id(), req->round(), Clock::now()), resp);
+      return grpc::Status::OK;
+    });
+  }
+
+  grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* ctx,
+                                   const rdzv::StatusRequest* req,
+                                   rdzv::StatusResponse* resp) override {
+    return core_.answer(ctx, [&] {
+      Run& run = core_.runOf(req->run_id());
+      wire::toProto(run.state.status(Clock::now()), resp);
+      return grpc::Status::OK;
+    });
+  }
+
+ private:
+  Core& core_;
+};
+
+std::string readPem(const std::string& path, const char* what) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in || text.str().empty()) {
+    throw InvalidArgument(std::string("cannot read the TLS ") + what + " file '" + path + "'");
+  }
+  return text.str();
+}
+
+std::string hostPort(const std::string& host, int port) {
+  const bool ipv6 = host.find(':') != std::string::npos;
+  return (ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+}  // namespace
+
+struct RendezvousServer::Impl {
+  explicit Impl(const ServerOptions& options)
+      : options(options), core(options), store(core), rendezvous(core) {}
+  ServerOptions options;
+  Core core;
+  StoreService store;
+  RendezvousService rendezvous;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+};
+
+RendezvousServer::RendezvousServer(const ServerOptions& options)
+    : impl_(std::make_unique<Impl>(options)) {
+  wire::quietGrpcLogs();
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  if (!options.tls_cert_file.empty() || !options.tls_key_file.empty()) {
+    grpc::SslServerCredentialsOptions ssl;
+    ssl.pem_key_cert_pairs.push_back(
+        {readPem(options.tls_key_file, "key"), readPem(options.tls_cert_file, "certificate")});
+    if (!options.tls_ca_file.empty()) {
+      ssl.pem_root_certs = readPem(options.tls_ca_file, "CA");
+      ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+    }
+    credentials = grpc::SslServerCredentials(ssl);
+  } else {
+    credentials = grpc::InsecureServerCredentials();
+  }
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(hostPort(options.host, options.port), credentials, &impl_->port);
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxSendMessageSize(options.max_message_bytes);
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a taken port must fail, not share
+  builder.RegisterService(&impl_->store);
+  builder.RegisterService(&impl_->rendezvous);
+  impl_->server = builder.BuildAndStart();
+  if (!impl_->server || impl_->port == 0) {
+    impl_->core.stop();
+    throw CommunicationError("cannot listen on " + hostPort(options.host, options.port) +
+                             ": the port is taken or the address is not on this machine");
+  }
+}
+
+RendezvousServer::~RendezvousServer() { shutdown(); }
+
+int RendezvousServer::port() const { return impl_->port; }
+
+std::string RendezvousServer::endpoint() const { return hostPort(impl_->options.host, impl_->port); }
+
+bool RendezvousServer::waitUntilSettled(const std::string& run_id, std::chrono::milliseconds timeout) {
+  return impl_->core.waitUntilSettled(run_id, timeout);
+}
+
+void RendezvousServer::shutdown() {
+  if (!impl_->server) return;
+  impl_->core.stop();  // answers parked calls first, so Shutdown does not wait for them
+  impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+}
+
+void RendezvousServer::wait() {
+  if (impl_->server) impl_->server->Wait();
+}
+
+}  // namespace cxxlaunch::rendezvous

@@ -1,0 +1,54 @@
+#pragma once
+// RendezvousServer: the gRPC server with the Store and Rendezvous services of
+// proto/rendezvous.proto. cxxlaunchd runs one; a launcher embeds one for simple jobs.
+//
+// Many runs (run ids) share a server and never see each other's state. Blocking calls (store
+// get/wait, join) hold no thread while they wait: they are parked and answered when the state
+// changes or their deadline passes, so thousands of nodes can wait at once.
+//
+// Thread-safety: all methods may be called from any thread.
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+namespace cxxlaunch::rendezvous {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";  // loopback unless told otherwise
+  int port = 0;                    // 0: pick a free port (see RendezvousServer::port)
+  std::string token;               // non-empty: every call must present it
+  std::string tls_cert_file;       // with tls_key_file: serve TLS only
+  std::string tls_key_file;
+  std::string tls_ca_file;         // with TLS: also require client certificates signed by it
+  int max_message_bytes = 1 << 20;                         // larger requests: RESOURCE_EXHAUSTED
+  std::chrono::milliseconds max_wait = std::chrono::minutes(10);  // cap on every blocking call
+};
+
+class RendezvousServer {
+ public:
+  // Starts serving. Throws CommunicationError when it cannot listen (address in use, not a local
+  // address) and InvalidArgument for unreadable TLS files.
+  explicit RendezvousServer(const ServerOptions& options);
+  ~RendezvousServer();  // shuts down
+  RendezvousServer(const RendezvousServer&) = delete;
+  RendezvousServer& operator=(const RendezvousServer&) = delete;
+
+  int port() const;
+  std::string endpoint() const;  // host:port
+
+  // Waits until the run is closed or failed and every node of its last round has been told, or
+  // `timeout` passes. A launcher that embeds the server calls it before it exits, so that its
+  // peers learn the outcome. Returns whether everyone was told.
+  bool waitUntilSettled(const std::string& run_id, std::chrono::milliseconds timeout);
+
+  void shutdown();
+  // Blocks until shutdown() (from another thread or a signal handler's helper).
+  void wait();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace cxxlaunch::rendezvous

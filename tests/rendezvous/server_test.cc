@@ -1,0 +1,304 @@
+// The rendezvous server through real gRPC on loopback: the store, joins, fencing, auth, TLS and
+// hostile input.
+
+#include <arpa/inet.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <future>
+#include <thread>
+
+#include "rendezvous/client.h"
+#include "rendezvous/error.h"
+#include "rendezvous/server.h"
+#include "support/subprocess.h"
+
+using namespace cxxlaunch;
+using namespace cxxlaunch::rendezvous;
+using namespace std::chrono_literals;
+
+namespace {
+
+RunSettings settings(int min, int max, int max_restarts = 0) {
+  RunSettings s;
+  s.min_nodes = min;
+  s.max_nodes = max;
+  s.max_restarts = max_restarts;
+  s.last_call_timeout = 100ms;
+  s.keep_alive_interval = 2s;
+  return s;
+}
+
+NodeSpec node(const std::string& id, int local = 1) {
+  NodeSpec n;
+  n.id = id;
+  n.addr = "127.0.0.1";
+  n.local_world_size = local;
+  n.master_port = 1234;
+  return n;
+}
+
+ClientOptions clientFor(const RendezvousServer& server, const std::string& token = "") {
+  ClientOptions o;
+  o.endpoint = server.endpoint();
+  o.token = token;
+  o.call_timeout = 5s;
+  return o;
+}
+
+// Joins until placed; fails the test after 10 s.
+Placement joinUntilPlaced(RendezvousClient& client, const NodeSpec& n, const RunSettings& s) {
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto poll = client.join(n, s, 1s);
+    if (poll.placement) return *poll.placement;
+  }
+  throw std::runtime_error("join did not complete");
+}
+
+// A one-node run, placed, for store tests.
+Placement soloRun(const RendezvousServer& server, const std::string& run_id,
+                  const std::string& token = "") {
+  RendezvousClient client(clientFor(server, token), run_id);
+  return joinUntilPlaced(client, node("solo"), settings(1, 1));
+}
+
+}  // namespace
+
+TEST_CASE("The gRPC store has c10d semantics", "[server][store]") {
+  RendezvousServer server({});
+  auto placed = soloRun(server, "job");
+  GrpcStore store(clientFor(server), "job", placed.round);
+  store.set("a", std::string("x\0y", 3));
+  CHECK(store.get("a", 1s) == std::string("x\0y", 3));
+  CHECK(store.add("n", 5) == 5);
+  CHECK(store.add("n", -2) == 3);
+  CHECK(store.compareSet("k", "old", "new") == "old");
+  CHECK(store.compareSet("k", "", "v1") == "v1");
+  CHECK(store.compareSet("k", "v1", "v2") == "v2");
+  CHECK(store.compareSet("k", "v1", "v3") == "v2");
+  CHECK(store.check({"a", "k"}));
+  CHECK_FALSE(store.check({"a", "missing"}));
+  store.multiSet({"m1", "m2"}, {"1", "2"});
+  CHECK(store.multiGet({"m2", "m1"}, 1s) == std::vector<std::string>{"2", "1"});
+  CHECK(store.numKeys() == 5);
+  CHECK(store.deleteKey("a"));
+  CHECK_FALSE(store.deleteKey("a"));
+  REQUIRE_THROWS_AS(store.multiSet({"x"}, {}), InvalidArgument);
+}
+
+TEST_CASE("Blocking store calls wake on a write and time out naming the key",
+          "[server][store]") {
+  RendezvousServer server({});
+  auto placed = soloRun(server, "job");
+  GrpcStore reader(clientFor(server), "job", placed.round);
+  GrpcStore writer(clientFor(server), "job", placed.round);
+  auto value = std::async(std::launch::async, [&] { return reader.get("nccl_id", 20s); });
+  auto waited = std::async(std::launch::async, [&] { reader.wait({"nccl_id", "other"}, 20s); });
+  std::this_thread::sleep_for(50ms);
+  writer.set("nccl_id", "128 bytes");
+  CHECK(value.get() == "128 bytes");
+  writer.set("other", "x");
+  waited.get();
+  REQUIRE_THROWS_AS(reader.get("never", 100ms), TimeoutError);
+  REQUIRE_THROWS_WITH(reader.wait({"nccl_id", "never"}, 100ms), Catch::Contains("'never'"));
+}
+
+TEST_CASE("Runs on one server never mix", "[server][store]") {
+  RendezvousServer server({});
+  auto a = soloRun(server, "job-a");
+  auto b = soloRun(server, "job-b");
+  GrpcStore store_a(clientFor(server), "job-a", a.round);
+  GrpcStore store_b(clientFor(server), "job-b", b.round);
+  store_a.set("key", "a");
+  store_b.set("key", "b");
+  CHECK(store_a.get("key", 1s) == "a");
+  CHECK(store_b.get("key", 1s) == "b");
+  CHECK(store_a.numKeys() == 1);
+}
+
+TEST_CASE("Stale-round store calls are rejected and change nothing", "[server][store]") {
+  RendezvousServer server({});
+  RendezvousClient client(clientFor(server), "job");
+  const auto s = settings(1, 1, /*max_restarts=*/1);
+  auto round1 = joinUntilPlaced(client, node("a"), s);
+  GrpcStore old_store(clientFor(server), "job", round1.round);
+  old_store.set("id", "round1");
+  CHECK(client.requestRestart("a", round1.round, {"a", 0, 1, "rank 0 exit 1"}).action ==
+        Action::kRestart);
+  REQUIRE_THROWS_AS(old_store.set("id", "late write"), StaleError);
+  REQUIRE_THROWS_WITH(old_store.get("id", 1s), Catch::Contains("is stale"));
+  auto round2 = joinUntilPlaced(client, node("a"), s);
+  CHECK(round2.round == round1.round + 1);
+  CHECK(round2.restart_count == 1);
+  GrpcStore store(clientFor(server), "job", round2.round);
+  CHECK_FALSE(store.check({"id"}));  // a fresh key space, and the late write never landed
+  REQUIRE_THROWS_AS(old_store.add("n", 1), StaleError);
+  CHECK(store.numKeys() == 0);
+}
+
+TEST_CASE("Nodes join one round over gRPC and get distinct ranks", "[server][rendezvous]") {
+  RendezvousServer server({});
+  const auto s = settings(3, 3);
+  std::vector<std::future<Placement>> nodes;
+  for (int i = 0; i < 3; ++i) {
+    nodes.push_back(std::async(std::launch::async, [&, i] {
+      RendezvousClient client(clientFor(server), "job");
+      return joinUntilPlaced(client, node("node" + std::to_string(i), i + 1), s);
+    }));
+  }
+  std::set<int> ranks, offsets;
+  for (auto& f : nodes) {
+    auto p = f.get();
+    CHECK(p.world_size == 6);
+    CHECK(p.num_nodes == 3);
+    ranks.insert(p.node_rank);
+    offsets.insert(p.rank_offset);
+  }
+  CHECK(ranks == std::set<int>{0, 1, 2});
+  CHECK(offsets == std::set<int>{0, 1, 3});
+  RendezvousClient observer(clientFor(server), "job");
+  auto status = observer.status();
+  CHECK(status.state == "running");
+  CHECK(status.participants.size() == 3);
+}
+
+TEST_CASE("A lonely join reports who is missing", "[server][rendezvous]") {
+  RendezvousServer server({});
+  RendezvousClient client(clientFor(server), "job");
+  auto poll = client.join(node("a"), settings(2, 2), 50ms);
+  CHECK_FALSE(poll.placement);
+  CHECK_THAT(poll.waiting_for, Catch::Contains("1 of 2 nodes joined (a)"));
+  REQUIRE_THROWS_AS(client.join(node("b"), settings(2, 3), 50ms), InvalidArgument);
+}
+
+TEST_CASE("Malformed requests are rejected with INVALID_ARGUMENT", "[server][security]") {
+  RendezvousServer server({});
+  RendezvousClient bad_id(clientFor(server), "../etc");
+  REQUIRE_THROWS_AS(bad_id.join(node("a"), settings(1, 1), 10ms), InvalidArgument);
+  RendezvousClient client(clientFor(server), "job");
+  REQUIRE_THROWS_WITH(client.join(node("a", 0), settings(1, 1), 10ms),
+                      Catch::Contains("local world size"));
+  REQUIRE_THROWS_AS(client.join(node("a"), settings(3, 2), 10ms), InvalidArgument);
+  REQUIRE_THROWS_AS(client.status(), StaleError);  // the bad joins created nothing
+  GrpcStore store(clientFor(server), "job", 1);
+  REQUIRE_THROWS_WITH(store.get("k", -1ms), Catch::Contains("timeout must be >= 0"));
+  REQUIRE_THROWS_WITH(store.get("k", 10ms), Catch::Contains("no run 'job'"));
+}
+
+TEST_CASE("A wrong or missing token is refused and changes nothing", "[server][security]") {
+  ServerOptions options;
+  options.token = "s3cret";
+  RendezvousServer server(options);
+  for (const std::string token : {"", "wrong", "s3cre"}) {
+    RendezvousClient client(clientFor(server, token), "job");
+    REQUIRE_THROWS_WITH(client.join(node("a"), settings(1, 1), 10ms),
+                        Catch::Contains("missing or wrong job token"));
+    GrpcStore store(clientFor(server, token), "job", 1);
+    REQUIRE_THROWS_AS(store.set("k", "v"), CommunicationError);
+  }
+  RendezvousClient good(clientFor(server, "s3cret"), "job");
+  REQUIRE_THROWS_AS(good.status(), StaleError);  // no run was created by the refused calls
+  auto placed = soloRun(server, "job", "s3cret");
+  GrpcStore store(clientFor(server, "s3cret"), "job", placed.round);
+  store.set("k", "v");
+  CHECK(store.get("k", 1s) == "v");
+}
+
+TEST_CASE("Oversized messages are refused and the server keeps serving", "[server][security]") {
+  RendezvousServer server({});
+  auto placed = soloRun(server, "job");
+  GrpcStore store(clientFor(server), "job", placed.round);
+  REQUIRE_THROWS_WITH(store.set("big", std::string(2 << 20, 'x')), Catch::Contains("8)"));
+  CHECK_FALSE(store.check({"big"}));
+  store.set("small", "ok");
+  CHECK(store.get("small", 1s) == "ok");
+}
+
+TEST_CASE("Garbage bytes and undecodable messages do not hurt the server", "[server][security]") {
+  RendezvousServer server({});
+  // Raw garbage on the socket.
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(server.port()));
+  ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  const std::string garbage = "GET / HTTP/1.1\r\n\r\n\x00\xff\x13garbage";
+  CHECK(::write(fd, garbage.data(), garbage.size()) > 0);
+  ::close(fd);
+  // A well-framed gRPC call whose body is not a valid protobuf message.
+  auto channel = grpc::CreateChannel(server.endpoint(), grpc::InsecureChannelCredentials());
+  grpc::GenericStub generic(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+  const char junk[] = "\xff\xff\xff\xff\x0f";
+  grpc::Slice slice(junk, sizeof(junk) - 1);
+  grpc::ByteBuffer request(&slice, 1), response;
+  std::promise<grpc::Status> done;
+  generic.UnaryCall(&ctx, "/cxxlaunch.rdzv.Rendezvous/Join", grpc::StubOptions(), &request,
+                    &response, [&](grpc::Status s) { done.set_value(s); });
+  auto status = done.get_future().get();
+  CHECK_FALSE(status.ok());
+  // Still serving.
+  auto placed = soloRun(server, "after");
+  CHECK(placed.world_size == 1);
+}
+
+TEST_CASE("A taken port is reported, not shared", "[server]") {
+  RendezvousServer first({});
+  ServerOptions options;
+  options.port = first.port();
+  REQUIRE_THROWS_AS(RendezvousServer(options), CommunicationError);
+}
+
+TEST_CASE("TLS: plaintext is refused, mutual TLS admits only certified clients",
+          "[server][security]") {
+  testing::TempDir dir;
+  const std::string d = dir.path();
+  const std::string script =
+      "set -e; cd " + d +
+      "; ec='-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes';"
+      "openssl req -x509 $ec -days 1 -subj /CN=test-ca -keyout ca.key -out ca.crt 2>/dev/null;"
+      "for n in server client; do "
+      "openssl req $ec -subj /CN=$n -keyout $n.key -out $n.csr 2>/dev/null;"
+      "printf 'subjectAltName=DNS:localhost,IP:127.0.0.1' > $n.ext;"
+      "openssl x509 -req -in $n.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 1 "
+      "-extfile $n.ext -out $n.crt 2>/dev/null; done";
+  auto made = testing::run({"/bin/sh", "-c", script});
+  REQUIRE(made.exit_code == 0);
+  ServerOptions options;
+  options.tls_cert_file = d + "/server.crt";
+  options.tls_key_file = d + "/server.key";
+  options.tls_ca_file = d + "/ca.crt";
+  RendezvousServer server(options);
+
+  ClientOptions plaintext = clientFor(server);
+  plaintext.call_timeout = 1s;
+  RendezvousClient plain(plaintext, "job");
+  REQUIRE_THROWS_AS(plain.status(), CommunicationError);
+
+  ClientOptions no_cert = plaintext;
+  no_cert.tls_ca_file = d + "/ca.crt";
+  RendezvousClient anonymous(no_cert, "job");
+  REQUIRE_THROWS_AS(anonymous.status(), CommunicationError);
+
+  ClientOptions mtls = no_cert;
+  mtls.tls_cert_file = d + "/client.crt";
+  mtls.tls_key_file = d + "/client.key";
+  mtls.call_timeout = 5s;
+  RendezvousClient client(mtls, "job");
+  auto placed = joinUntilPlaced(client, node("a"), settings(1, 1));
+  CHECK(placed.world_size == 1);
+  GrpcStore store(mtls, "job", placed.round);
+  store.set("k", "v");
+  CHECK(store.get("k", 1s) == "v");
+
+  options.tls_key_file = d + "/missing.key";
+  options.port = 0;
+  REQUIRE_THROWS_WITH(RendezvousServer(options), Catch::Contains("missing.key"));
+}
