@@ -1,7 +1,9 @@
 #include "launcher/agent.h"
 
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
@@ -16,7 +18,8 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
-#include <random>
+#include <optional>
+#include <thread>
 
 #include "launcher/failure.h"
 #include "launcher/output.h"
@@ -35,48 +38,19 @@ constexpr size_t kStderrTailLines = 10;
 
 bool stopsJob(int sig) { return sig != SIGUSR1 && sig != SIGUSR2; }
 
+sigset_t agentSignals() {
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGCHLD);
+  for (int sig : kForwarded) sigaddset(&mask, sig);
+  return mask;
+}
+
 std::string hostName() {
   char name[256] = {};
   if (::gethostname(name, sizeof(name) - 1) != 0) return "localhost";
   return name;
 }
-
-std::string randomRunId() {
-  std::random_device device;
-  std::uniform_int_distribution<int> hex(0, 15);
-  std::string id;
-  for (int i = 0; i < 12; ++i) id.push_back("0123456789abcdef"[hex(device)]);
-  return id;
-}
-
-int reserveFreePort() {
-  int fd = CXXLAUNCH_SYSCALL(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  socklen_t len = sizeof(addr);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    int err = errno;
-    ::close(fd);
-    throw SystemError("reserve a free port", err);
-  }
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
-class SingleNodeRendezvous final : public NodeRendezvous {
- public:
-  explicit SingleNodeRendezvous(const LaunchOptions& options) {
-    world_.world_size = options.nproc_per_node;
-    world_.master_addr = options.master_addr;
-    world_.master_port = options.master_port != 0 ? options.master_port : reserveFreePort();
-  }
-  WorldAssignment join(int) override { return world_; }
-
- private:
-  WorldAssignment world_;
-};
 
 std::string substituteLocalRank(std::string arg, int local_rank) {
   static const std::string kMacro = "${local_rank}";
@@ -96,36 +70,45 @@ struct Worker {
   std::array<std::unique_ptr<StreamSink>, 2> sinks;
 };
 
-enum class Outcome { kSucceeded, kFailed, kInterrupted };
+enum class Outcome { kSucceeded, kFailed, kInterrupted, kNews };
 
 struct AttemptResult {
   Outcome outcome = Outcome::kSucceeded;
   std::vector<Failure> failures;
-  int signal = 0;  // for kInterrupted
+  int signal = 0;   // for kInterrupted
+  Decision news;    // for kNews: what the rendezvous said
 };
 
 class Agent {
  public:
   Agent(const LaunchOptions& options, NodeRendezvous& rendezvous)
       : options_(options), rendezvous_(rendezvous), host_(hostName()) {
-    run_id_ = options.run_id.empty() ? randomRunId() : options.run_id;
+    run_id_ = options.run_id;
     const char* tmp = std::getenv("TMPDIR");  // NOLINT(concurrency-mt-unsafe)
     fs::path root = options.log_dir.empty()
                         ? fs::path(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") / "cxxlaunch"
                         : fs::path(options.log_dir);
-    run_dir_ = root / run_id_;
+    // Nodes of one job may share a machine (and a log folder): each gets its own below the job's.
+    run_dir_ = options.rdzv.multiNode()
+                   ? root / run_id_ / (host_ + "_" + std::to_string(::getpid()))
+                   : root / run_id_;
   }
 
   ~Agent() {
-    if (epoll_fd_ != -1) ::close(epoll_fd_);
-    if (signal_fd_ != -1) ::close(signal_fd_);
-    if (timer_fd_ != -1) ::close(timer_fd_);
+    for (int fd : {epoll_fd_, signal_fd_, timer_fd_, news_fd_}) {
+      if (fd != -1) ::close(fd);
+    }
   }
 
   int run();
 
  private:
   void setUpProcess();
+  std::optional<WorldAssignment> joinInterruptibly(int& signal);
+  std::optional<Decision> waitForPeers(int& signal);
+  int waitForStopSignal(int extra_fd, std::chrono::milliseconds timeout);
+  void notifyNews();
+  int finish(RunReport& report, const std::string& status, int exit_code);
   void spawnWorkers(int attempt, const WorldAssignment& world);
   AttemptResult monitor();
   void onSignal(std::vector<Failure>& failures, AttemptResult& result);
@@ -135,7 +118,7 @@ class Agent {
   void signalWorkers(int sig);
   void beginStop(int sig);
   size_t running() const;
-  std::vector<std::string> workerEnvironment(const Worker& worker, int attempt,
+  std::vector<std::string> workerEnvironment(const Worker& worker,
                                              const WorldAssignment& world) const;
 
   const LaunchOptions& options_;
@@ -148,26 +131,27 @@ class Agent {
   int epoll_fd_ = -1;
   int signal_fd_ = -1;
   int timer_fd_ = -1;
+  int news_fd_ = -1;  // eventfd: the rendezvous has news, or a join finished
   bool stopping_ = false;
 };
 
 // Event-loop tags: pipes are tagged with worker index * 2 + stream.
 constexpr uint64_t kSignalTag = ~uint64_t{0};
 constexpr uint64_t kTimerTag = ~uint64_t{0} - 1;
+constexpr uint64_t kNewsTag = ~uint64_t{0} - 2;
 
 void Agent::setUpProcess() {
   // Reparent orphaned grandchildren to us so every exit is seen and reaped.
   CXXLAUNCH_SYSCALL(::prctl(PR_SET_CHILD_SUBREAPER, 1));
   ::signal(SIGPIPE, SIG_IGN);  // a closed console must not kill the agent
-  sigset_t mask;
-  sigemptyset(&mask);
-  sigaddset(&mask, SIGCHLD);
-  for (int sig : kForwarded) sigaddset(&mask, sig);
-  CXXLAUNCH_SYSCALL(::sigprocmask(SIG_BLOCK, &mask, nullptr));
+  blockAgentSignals();
+  const sigset_t mask = agentSignals();
   signal_fd_ = CXXLAUNCH_SYSCALL(::signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK));
   timer_fd_ = CXXLAUNCH_SYSCALL(::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
+  news_fd_ = CXXLAUNCH_SYSCALL(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   epoll_fd_ = CXXLAUNCH_SYSCALL(::epoll_create1(EPOLL_CLOEXEC));
-  for (auto [fd, tag] : {std::pair{signal_fd_, kSignalTag}, std::pair{timer_fd_, kTimerTag}}) {
+  for (auto [fd, tag] : {std::pair{signal_fd_, kSignalTag}, std::pair{timer_fd_, kTimerTag},
+                         std::pair{news_fd_, kNewsTag}}) {
     epoll_event event{};
     event.events = EPOLLIN;
     event.data.u64 = tag;
@@ -179,7 +163,8 @@ void Agent::setUpProcess() {
       env::kGroupRank,    env::kGroupWorldSize, env::kRoleName,     env::kRoleRank,
       env::kRoleWorldSize, env::kMasterAddr,   env::kMasterPort,    env::kRestartCount,
       env::kMaxRestarts,  env::kRunId,         env::kErrorFile,     env::kStoreEndpoint,
-      env::kStorePrefix,  env::kToken,         env::kDevice};
+      env::kStorePrefix,  env::kToken,         env::kDevice,        env::kTlsCa,
+      env::kTlsCert,      env::kTlsKey};
   for (auto& entry : currentEnvironment()) {
     const std::string name = entry.substr(0, entry.find('='));
     if (std::find(ours.begin(), ours.end(), name) == ours.end()) base_env_.push_back(entry);
@@ -192,7 +177,7 @@ void Agent::setUpProcess() {
   }
 }
 
-std::vector<std::string> Agent::workerEnvironment(const Worker& worker, int attempt,
+std::vector<std::string> Agent::workerEnvironment(const Worker& worker,
                                                   const WorldAssignment& world) const {
   std::vector<std::string> envv = base_env_;
   auto put = [&](const char* name, const std::string& value) {
@@ -210,14 +195,17 @@ std::vector<std::string> Agent::workerEnvironment(const Worker& worker, int atte
   put(env::kRoleWorldSize, std::to_string(world.world_size));
   put(env::kMasterAddr, world.master_addr);
   put(env::kMasterPort, std::to_string(world.master_port));
-  put(env::kRestartCount, std::to_string(attempt));
+  put(env::kRestartCount, std::to_string(world.restart_count));
   put(env::kMaxRestarts, std::to_string(options_.max_restarts));
   put(env::kRunId, run_id_);
   put(env::kErrorFile, worker.error_file);
   if (!world.store_endpoint.empty()) {
     put(env::kStoreEndpoint, world.store_endpoint);
     put(env::kStorePrefix, world.store_prefix);
-    put(env::kToken, world.token);
+    if (!world.token.empty()) put(env::kToken, world.token);
+    if (!world.tls_ca.empty()) put(env::kTlsCa, world.tls_ca);
+    if (!world.tls_cert.empty()) put(env::kTlsCert, world.tls_cert);
+    if (!world.tls_key.empty()) put(env::kTlsKey, world.tls_key);
   }
   if (!options_.gpus.empty()) {
     put(env::kDevice, std::to_string(options_.gpus[static_cast<size_t>(worker.local_rank)]));
@@ -253,7 +241,7 @@ void Agent::spawnWorkers(int attempt, const WorldAssignment& world) {
     spec.program = options_.program;
     spec.argv.push_back(options_.program);
     for (const auto& arg : options_.args) spec.argv.push_back(substituteLocalRank(arg, w.local_rank));
-    spec.env = workerEnvironment(w, attempt, world);
+    spec.env = workerEnvironment(w, world);
     SpawnedProcess process = spawnProcess(spec);
     w.pid = process.pid;
     w.running = true;
@@ -407,6 +395,15 @@ AttemptResult Agent::monitor() {
         ssize_t ignored = ::read(timer_fd_, &expirations, sizeof(expirations));
         (void)ignored;
         signalWorkers(SIGKILL);
+      } else if (tag == kNewsTag) {
+        uint64_t count = 0;
+        ssize_t ignored = ::read(news_fd_, &count, sizeof(count));
+        (void)ignored;
+        if (!stopping_ && result.signal == 0) {
+          result.outcome = Outcome::kNews;
+          result.news = rendezvous_.news();
+          beginStop(SIGTERM);
+        }
       } else {
         readOutput(workers_[tag / 2], static_cast<int>(tag % 2));
       }
@@ -424,11 +421,98 @@ AttemptResult Agent::monitor() {
   }
   if (result.signal != 0) {
     result.outcome = Outcome::kInterrupted;
+  } else if (result.outcome == Outcome::kNews) {
+    // Stopped for the rendezvous; exits caused by the stop are not failures.
   } else if (!failures.empty()) {
     result.outcome = Outcome::kFailed;
     result.failures = std::move(failures);
   }
   return result;
+}
+
+void Agent::notifyNews() {
+  const uint64_t one = 1;
+  ssize_t ignored = ::write(news_fd_, &one, sizeof(one));
+  (void)ignored;
+}
+
+// Waits for a stop signal, for `extra_fd` to become readable, or for `timeout`. Returns the stop
+// signal, or 0. Forwarded-only signals (USR1/2) have no workers to reach here and are dropped.
+int Agent::waitForStopSignal(int extra_fd, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    pollfd fds[2] = {{signal_fd_, POLLIN, 0}, {extra_fd, POLLIN, 0}};
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return 0;
+    int n = ::poll(fds, 2, static_cast<int>(std::min<long long>(left.count(), 1 << 30)));
+    if (n == -1 && errno == EINTR) continue;
+    if (n == -1) throw SystemError("poll", errno);
+    if (fds[0].revents & POLLIN) {
+      signalfd_siginfo info{};
+      while (::read(signal_fd_, &info, sizeof(info)) == static_cast<ssize_t>(sizeof(info))) {
+        const int sig = static_cast<int>(info.ssi_signo);
+        if (sig != SIGCHLD && stopsJob(sig)) return sig;
+        if (sig == SIGCHLD) {
+          while (::waitpid(-1, nullptr, WNOHANG) > 0) {
+          }
+        }
+      }
+    }
+    if (fds[1].revents & POLLIN) return 0;
+  }
+}
+
+// Joins on a helper thread so that a stop signal can cancel a join that waits for other nodes.
+std::optional<WorldAssignment> Agent::joinInterruptibly(int& signal) {
+  std::optional<WorldAssignment> world;
+  std::exception_ptr error;
+  std::thread joiner([&] {
+    try {
+      world = rendezvous_.join();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    notifyNews();
+  });
+  for (;;) {
+    signal = waitForStopSignal(news_fd_, std::chrono::hours(24 * 365));
+    if (signal == 0) break;
+    std::cerr << "cxxlaunch: received " << signalName(signal) << " while joining\n";
+    rendezvous_.cancelJoin();
+    break;
+  }
+  joiner.join();
+  uint64_t count = 0;
+  ssize_t ignored = ::read(news_fd_, &count, sizeof(count));
+  (void)ignored;
+  if (signal != 0) return std::nullopt;
+  if (error) std::rethrow_exception(error);
+  return world;
+}
+
+// After this node's workers succeeded, while others still run: keep-alives go on until the run
+// closes (kDone) or pulls this node into a restart.
+std::optional<Decision> Agent::waitForPeers(int& signal) {
+  rendezvous_.watch([this] { notifyNews(); });
+  signal = waitForStopSignal(news_fd_, rendezvous_.exitBarrier());
+  rendezvous_.unwatch();
+  uint64_t count = 0;
+  const bool news = ::read(news_fd_, &count, sizeof(count)) == static_cast<ssize_t>(sizeof(count));
+  if (signal != 0) return std::nullopt;
+  if (!news) {
+    return Decision{Decision::Kind::kDone,
+                    "other nodes did not finish within the exit barrier; leaving", {}, {}};
+  }
+  return rendezvous_.news();
+}
+
+int Agent::finish(RunReport& report, const std::string& status, int exit_code) {
+  report.status = status;
+  report.exit_code = exit_code;
+  writeRunSummary((run_dir_ / "run-summary.json").string(), report);
+  rendezvous_.finish();
+  return exit_code;
 }
 
 int Agent::run() {
@@ -440,43 +524,79 @@ int Agent::run() {
   report.max_restarts = options_.max_restarts;
   report.log_dir = run_dir_.string();
   for (int attempt = 0;; ++attempt) {
-    const WorldAssignment world = rendezvous_.join(attempt);
-    report.world_size = world.world_size;
-    report.restarts = attempt;
-    spawnWorkers(attempt, world);
+    int signal = 0;
+    const auto world = joinInterruptibly(signal);
+    if (!world) return finish(report, "interrupted", 128 + signal);
+    report.world_size = world->world_size;
+    report.restarts = world->restart_count;
+    spawnWorkers(attempt, *world);
+    rendezvous_.watch([this] { notifyNews(); });
     AttemptResult result = monitor();
-    if (result.outcome == Outcome::kFailed && attempt < options_.max_restarts) {
-      const Failure& root = rootCause(result.failures);
-      std::cerr << "cxxlaunch: rank " << root.global_rank << " failed (" << root.statusText()
-                << "); restarting all workers (restart " << attempt + 1 << " of "
-                << options_.max_restarts << ")\n";
-      continue;
-    }
+    rendezvous_.unwatch();
+
+    Decision decision;
     switch (result.outcome) {
-      case Outcome::kSucceeded:
-        report.status = "succeeded";
-        report.exit_code = kExitOk;
-        break;
       case Outcome::kInterrupted:
-        report.status = "interrupted";
-        report.exit_code = 128 + result.signal;
+        return finish(report, "interrupted", 128 + result.signal);
+      case Outcome::kNews:
+        decision = result.news;
         break;
-      case Outcome::kFailed:
-        report.status = "failed";
-        report.failures = std::move(result.failures);
-        report.exit_code = rootCause(report.failures).processExitCode();
-        std::cerr << formatFailureTable(report);
+      case Outcome::kFailed: {
+        const Failure& root = rootCause(result.failures);
+        decision = rendezvous_.workersFailed(
+            root.global_rank, root.processExitCode(),
+            "rank " + std::to_string(root.global_rank) + " " + root.statusText());
+        if (decision.kind == Decision::Kind::kRestart) {
+          decision.reason = "rank " + std::to_string(root.global_rank) + " failed (" +
+                            root.statusText() + "); restarting all workers (restart " +
+                            std::to_string(world->restart_count + 1) + " of " +
+                            std::to_string(options_.max_restarts) + ")";
+        }
+        break;
+      }
+      case Outcome::kSucceeded:
+        decision = rendezvous_.workersSucceeded();
+        if (decision.kind == Decision::Kind::kWait) {
+          auto after = waitForPeers(signal);
+          if (!after) return finish(report, "interrupted", 128 + signal);
+          decision = *after;
+        }
         break;
     }
-    writeRunSummary((run_dir_ / "run-summary.json").string(), report);
-    return report.exit_code;
+
+    switch (decision.kind) {
+      case Decision::Kind::kRestart:
+        std::cerr << "cxxlaunch: " << decision.reason << "\n";
+        continue;
+      case Decision::Kind::kDone:
+      case Decision::Kind::kWait:
+        if (!decision.reason.empty() && result.outcome == Outcome::kSucceeded &&
+            decision.reason != "every node finished") {
+          std::cerr << "cxxlaunch: " << decision.reason << "\n";
+        }
+        return finish(report, "succeeded", kExitOk);
+      case Decision::Kind::kFail: {
+        report.failures = std::move(result.failures);
+        int exit_code = decision.remote_exit_code.value_or(
+            report.failures.empty() ? kExitInternal : rootCause(report.failures).processExitCode());
+        if (exit_code == 0) exit_code = kExitInternal;
+        if (!report.failures.empty()) std::cerr << formatFailureTable(report);
+        if (!decision.remote_description.empty()) {
+          std::cerr << "cxxlaunch: the job failed: " << decision.remote_description << "\n";
+        } else if (report.failures.empty()) {
+          std::cerr << "cxxlaunch: the job failed: " << decision.reason << "\n";
+        }
+        return finish(report, "failed", exit_code);
+      }
+    }
   }
 }
 
 }  // namespace
 
-std::unique_ptr<NodeRendezvous> makeSingleNodeRendezvous(const LaunchOptions& options) {
-  return std::make_unique<SingleNodeRendezvous>(options);
+void blockAgentSignals() {
+  const sigset_t mask = agentSignals();
+  CXXLAUNCH_SYSCALL(::pthread_sigmask(SIG_BLOCK, &mask, nullptr));
 }
 
 int runAgent(const LaunchOptions& options, NodeRendezvous& rendezvous) {

@@ -1,5 +1,7 @@
 #include "launcher/cli.h"
 
+#include "launcher/process.h"
+
 #include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -8,6 +10,7 @@
 #include <charconv>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <sstream>
 #include <string_view>
@@ -79,12 +82,6 @@ StreamSpec parseStreamSpec(const std::string& flag, const std::string& value) {
   return spec;
 }
 
-std::string normalize(std::string_view name) {
-  std::string out(name);
-  std::replace(out.begin(), out.end(), '-', '_');
-  return out;
-}
-
 size_t editDistance(const std::string& a, const std::string& b) {
   std::vector<size_t> row(b.size() + 1);
   for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
@@ -98,6 +95,100 @@ size_t editDistance(const std::string& a, const std::string& b) {
     }
   }
   return row[b.size()];
+}
+
+void parseNnodes(RendezvousOptions& r, const std::string& flag, const std::string& value) {
+  const std::string want = "a number of nodes >= 1, or MIN:MAX with 1 <= MIN <= MAX";
+  auto colon = value.find(':');
+  if (colon == std::string::npos) {
+    r.min_nodes = r.max_nodes = parseInt(flag, value, 1, 65536, want);
+    return;
+  }
+  r.min_nodes = parseInt(flag, value.substr(0, colon), 1, 65536, want);
+  r.max_nodes = parseInt(flag, value.substr(colon + 1), 1, 65536, want);
+  if (r.min_nodes > r.max_nodes) fail(flag, value, want);
+}
+
+std::string parseEndpoint(const std::string& flag, const std::string& value) {
+  const std::string want = "HOST or HOST:PORT with a port 1-65535";
+  if (value.empty()) fail(flag, value, want);
+  std::string host = value, port = "29400";  // torchrun's c10d default port
+  if (value.front() == '[') {  // [ipv6]:port
+    auto close = value.find(']');
+    if (close == std::string::npos) fail(flag, value, want);
+    host = value.substr(0, close + 1);
+    if (close + 1 < value.size()) {
+      if (value[close + 1] != ':') fail(flag, value, want);
+      port = value.substr(close + 2);
+    }
+  } else if (auto colon = value.rfind(':'); colon != std::string::npos) {
+    host = value.substr(0, colon);
+    port = value.substr(colon + 1);
+  }
+  if (host.empty()) fail(flag, value, want);
+  return host + ":" + std::to_string(parseInt(flag, port, 1, 65535, want));
+}
+
+std::string readTokenFile(const std::string& path) {
+  std::ifstream in(path);
+  std::string token;
+  std::getline(in, token);
+  if (!in && token.empty()) {
+    throw UsageError("--rdzv_conf token_file: cannot read '" + path + "'");
+  }
+  if (token.empty()) throw UsageError("--rdzv_conf token_file: '" + path + "' is empty");
+  return token;
+}
+
+void parseRdzvConf(RendezvousOptions& r, const std::string& flag, const std::string& value) {
+  for (const auto& item : split(value, ',')) {
+    auto eq = item.find('=');
+    if (eq == std::string::npos) fail(flag, value, "a list of KEY=VALUE separated by commas");
+    const std::string key = item.substr(0, eq), v = item.substr(eq + 1);
+    const std::string name = flag + " " + key;
+    if (key == "join_timeout" || key == "timeout") {
+      r.join_timeout = parseSeconds(name, v, false);
+    } else if (key == "last_call_timeout") {
+      r.last_call_timeout = parseSeconds(name, v, true);
+    } else if (key == "close_timeout") {
+      r.close_timeout = parseSeconds(name, v, true);
+    } else if (key == "keep_alive_interval") {
+      r.keep_alive_interval = parseSeconds(name, v, false);
+    } else if (key == "keep_alive_max_misses") {
+      r.keep_alive_max_misses = parseInt(name, v, 1, 1000, "a number >= 1");
+    } else if (key == "is_host") {
+      if (v != "true" && v != "false" && v != "1" && v != "0") fail(name, v, "true or false");
+      r.is_host = v == "true" || v == "1";
+    } else if (key == "token_file") {
+      r.token = readTokenFile(v);
+    } else if (key == "tls_ca") {
+      r.tls_ca = v;
+    } else if (key == "tls_cert") {
+      r.tls_cert = v;
+    } else if (key == "tls_key") {
+      r.tls_key = v;
+    } else {
+      const std::vector<std::string> known = {
+          "join_timeout", "last_call_timeout", "close_timeout", "keep_alive_interval",
+          "keep_alive_max_misses", "is_host", "token_file", "tls_ca", "tls_cert", "tls_key"};
+      std::string best;
+      size_t best_distance = 4;
+      for (const auto& k : known) {
+        if (size_t d = editDistance(key, k); d < best_distance) {
+          best_distance = d;
+          best = k;
+        }
+      }
+      throw UsageError("--" + flag + ": unknown key '" + key + "'" +
+                       (best.empty() ? "" : "; did you mean " + best + "?"));
+    }
+  }
+}
+
+std::string normalize(std::string_view name) {
+  std::string out(name);
+  std::replace(out.begin(), out.end(), '-', '_');
+  return out;
 }
 
 // ---- the flag table ---------------------------------------------------------------------
@@ -177,9 +268,35 @@ const std::vector<FlagSpec>& flagTable() {
                          });
          if (!ok) fail(f, v, "an id of at most 128 letters, digits, '-', '_' or '.'");
          p.options.run_id = v;
+         p.options.run_id_given = true;
        }},
       {{"no_python"}, "", "accepted: cxxlaunch always executes the program itself",
        [](Parsed&, const std::string&, const std::string&) {}},
+      {{"nnodes"}, "N|MIN:MAX", "nodes in the job; MIN:MAX for an elastic job (default 1)",
+       [](Parsed& p, const std::string& f, const std::string& v) { parseNnodes(p.options.rdzv, f, v); }},
+      {{"node_rank"}, "N", "this node's rank (static rendezvous backend)",
+       [](Parsed& p, const std::string& f, const std::string& v) {
+         p.options.rdzv.node_rank = parseInt(f, v, 0, 65535, "a node rank >= 0");
+       }},
+      {{"rdzv_backend"}, "c10d|static", "c10d: ranks by node id (default); static: by --node_rank",
+       [](Parsed& p, const std::string& f, const std::string& v) {
+         if (v != "c10d" && v != "static") fail(f, v, "c10d or static");
+         p.options.rdzv.backend = v;
+       }},
+      {{"rdzv_endpoint"}, "HOST[:PORT]",
+       "the rendezvous server (default port 29400); a launcher on that host hosts it",
+       [](Parsed& p, const std::string& f, const std::string& v) {
+         p.options.rdzv.endpoint = parseEndpoint(f, v);
+       }},
+      {{"rdzv_conf"}, "K=V,...",
+       "join_timeout, last_call_timeout, close_timeout, keep_alive_interval (seconds), "
+       "keep_alive_max_misses, is_host, token_file, tls_ca, tls_cert, tls_key",
+       [](Parsed& p, const std::string& f, const std::string& v) { parseRdzvConf(p.options.rdzv, f, v); }},
+      {{"local_addr"}, "ADDR", "address other nodes reach this node at (default: detected)",
+       [](Parsed& p, const std::string& f, const std::string& v) {
+         if (v.empty()) fail(f, v, "an address");
+         p.options.rdzv.local_addr = v;
+       }},
   };
   return table;
 }
@@ -245,6 +362,43 @@ std::string findProgram(const std::string& program, const std::string& path) {
     if (executable(candidate)) return candidate.string();
   }
   throw UsageError("program '" + program + "' was not found on PATH" + hint());
+}
+
+void validateRendezvous(LaunchOptions& o) {
+  RendezvousOptions& r = o.rdzv;
+  if (o.standalone && r.max_nodes > 1) {
+    throw UsageError("--standalone is a single-node job; drop it or --nnodes");
+  }
+  if (o.standalone) r.endpoint.clear();
+  if (r.backend == "static") {
+    if (r.min_nodes != r.max_nodes) {
+      throw UsageError("--rdzv_backend static needs a fixed --nnodes, not " +
+                       std::to_string(r.min_nodes) + ":" + std::to_string(r.max_nodes));
+    }
+    if (r.max_nodes > 1 && r.node_rank < 0) {
+      throw UsageError("--rdzv_backend static needs --node_rank (0-" +
+                       std::to_string(r.max_nodes - 1) + ") on every node");
+    }
+    if (r.node_rank >= r.max_nodes) {
+      throw UsageError("--node_rank " + std::to_string(r.node_rank) + " is out of range for " +
+                       std::to_string(r.max_nodes) + " nodes");
+    }
+  }
+  if (r.max_nodes > 1 && r.endpoint.empty()) {
+    throw UsageError(
+        "a multi-node job needs --rdzv_endpoint HOST:PORT: the rendezvous server, or the host "
+        "whose launcher should start it");
+  }
+  if (r.multiNode() && !o.run_id_given) {
+    throw UsageError("a multi-node job needs --rdzv_id: the same job id on every node");
+  }
+  if ((r.tls_cert.empty()) != (r.tls_key.empty())) {
+    throw UsageError("--rdzv_conf: tls_cert and tls_key go together");
+  }
+  if (r.token.empty()) {
+    const char* token = std::getenv("CXXLAUNCH_TOKEN");  // NOLINT(concurrency-mt-unsafe)
+    if (token != nullptr) r.token = token;
+  }
 }
 
 }  // namespace
@@ -320,9 +474,45 @@ LaunchOptions parseRunArgs(const std::vector<std::string>& args, const HostInfo&
     }
     options.nproc_per_node = static_cast<int>(options.gpus.size());
   }
+  validateRendezvous(options);
+  if (options.run_id.empty()) options.run_id = randomHex(12);
   options.program = findProgram(args[i], host.path);
   options.args.assign(args.begin() + static_cast<long>(i) + 1, args.end());
   return options;
+}
+
+StatusOptions parseStatusArgs(const std::vector<std::string>& args) {
+  StatusOptions status;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string flag = args[i], value;
+    if (auto eq = flag.find('='); eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+    } else if (i + 1 < args.size()) {
+      value = args[++i];
+    } else {
+      throw UsageError(flag + " needs a value");
+    }
+    const std::string name = normalize(flag.starts_with("--") ? flag.substr(2) : flag);
+    if (name == "rdzv_endpoint") {
+      status.rdzv.endpoint = parseEndpoint(name, value);
+    } else if (name == "rdzv_id" || name == "run_id") {
+      status.run_id = value;
+    } else if (name == "rdzv_conf") {
+      parseRdzvConf(status.rdzv, name, value);
+    } else {
+      throw UsageError("unknown flag '" + flag +
+                       "' (cxxlaunch status --rdzv_endpoint HOST:PORT --rdzv_id ID)");
+    }
+  }
+  if (status.rdzv.endpoint.empty() || status.run_id.empty()) {
+    throw UsageError("cxxlaunch status needs --rdzv_endpoint HOST:PORT and --rdzv_id ID");
+  }
+  if (status.rdzv.token.empty()) {
+    const char* token = std::getenv("CXXLAUNCH_TOKEN");  // NOLINT(concurrency-mt-unsafe)
+    if (token != nullptr) status.rdzv.token = token;
+  }
+  return status;
 }
 
 std::string runHelp() {

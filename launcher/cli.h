@@ -30,6 +30,13 @@ struct HostInfo {
 // everything after it go to the workers verbatim.
 LaunchOptions parseRunArgs(const std::vector<std::string>& args, const HostInfo& host);
 
+// `cxxlaunch status --rdzv_endpoint HOST:PORT --rdzv_id ID [--rdzv_conf token_file=...]`.
+struct StatusOptions {
+  std::string run_id;
+  RendezvousOptions rdzv;
+};
+StatusOptions parseStatusArgs(const std::vector<std::string>& args);
+
 // The flag reference printed by `cxxlaunch run --help`.
 std::string runHelp();
 

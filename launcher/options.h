@@ -21,6 +21,26 @@ struct StreamSpec {
   int forRank(int local_rank) const;
 };
 
+// How this node finds the others (--nnodes, --rdzv_*). Defaults are torchrun's.
+struct RendezvousOptions {
+  int min_nodes = 1;
+  int max_nodes = 1;
+  int node_rank = -1;           // --node_rank, static backend only
+  std::string backend = "c10d"; // "c10d" (ranks by node id) or "static" (ranks by --node_rank)
+  std::string endpoint;         // host:port of the rendezvous server; empty: a private one
+  std::string local_addr;       // address advertised to other nodes; empty: detected
+  std::chrono::milliseconds join_timeout = std::chrono::seconds(600);
+  std::chrono::milliseconds last_call_timeout = std::chrono::seconds(30);
+  std::chrono::milliseconds close_timeout = std::chrono::seconds(300);  // exit barrier
+  std::chrono::milliseconds keep_alive_interval = std::chrono::seconds(5);
+  int keep_alive_max_misses = 3;
+  std::optional<bool> is_host;  // host the server here: yes, no, or decide (endpoint free here)
+  std::string token;            // the job token (token_file=, or $CXXLAUNCH_TOKEN)
+  std::string tls_ca, tls_cert, tls_key;
+
+  bool multiNode() const { return max_nodes > 1 || !endpoint.empty(); }
+};
+
 struct LaunchOptions {
   int nproc_per_node = 1;
   std::vector<int> gpus;  // --gpus: the devices to use, one per local worker; empty: none chosen
@@ -36,6 +56,8 @@ struct LaunchOptions {
   std::string master_addr = "127.0.0.1";
   int master_port = 0;  // 0: reserve a free port
   std::string run_id;   // empty: a random one
+  bool run_id_given = false;
+  RendezvousOptions rdzv;
   std::string program;  // resolved path of the worker executable
   std::vector<std::string> args;  // passed verbatim, ${local_rank} substituted
 

@@ -7,6 +7,7 @@
 
 #include <csignal>
 #include <cstring>
+#include <random>
 
 #include "rendezvous/error.h"
 
@@ -95,6 +96,14 @@ SpawnedProcess spawnProcess(const SpawnSpec& spec) {
 std::string signalName(int signal) {
   const char* abbrev = ::sigabbrev_np(signal);
   return abbrev != nullptr ? std::string("SIG") + abbrev : "SIG" + std::to_string(signal);
+}
+
+std::string randomHex(int digits) {
+  std::random_device device;
+  std::uniform_int_distribution<int> hex(0, 15);
+  std::string out;
+  for (int i = 0; i < digits; ++i) out.push_back("0123456789abcdef"[hex(device)]);
+  return out;
 }
 
 std::vector<std::string> currentEnvironment() {

@@ -31,6 +31,9 @@ SpawnedProcess spawnProcess(const SpawnSpec& spec);
 // "SIGSEGV" for 11; "SIG42" for a signal without a name.
 std::string signalName(int signal);
 
+// `digits` random hexadecimal digits, for run and node ids.
+std::string randomHex(int digits);
+
 // The current environment as "NAME=value" strings.
 std::vector<std::string> currentEnvironment();
 

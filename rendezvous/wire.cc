@@ -161,7 +161,9 @@ void throwIfError(const grpc::Status& status, const std::string& what) {
   if (status.ok()) return;
   const std::string message = what + ": " + status.error_message();
   switch (status.error_code()) {
-    case grpc::StatusCode::INVALID_ARGUMENT: throw InvalidArgument(message);
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::UNAUTHENTICATED:  // a wrong token is the user's to fix, not to retry
+    case grpc::StatusCode::PERMISSION_DENIED: throw InvalidArgument(message);
     case grpc::StatusCode::FAILED_PRECONDITION: throw StaleError(message);
     case grpc::StatusCode::DEADLINE_EXCEEDED: throw TimeoutError(message);
     default:

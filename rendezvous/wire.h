@@ -53,6 +53,8 @@ grpc::Status guarded(Body&& body) {
 void quietGrpcLogs();
 
 // The other way, for clients: throws the error a status stands for. `what` names the call.
+// INVALID_ARGUMENT and UNAUTHENTICATED -> InvalidArgument (retrying cannot help),
+// FAILED_PRECONDITION -> StaleError, DEADLINE_EXCEEDED -> TimeoutError, else CommunicationError.
 void throwIfError(const grpc::Status& status, const std::string& what);
 
 }  // namespace cxxlaunch::rendezvous::wire

@@ -8,6 +8,7 @@
 
 #include "launcher/agent.h"
 #include "launcher/cli.h"
+#include "launcher/status.h"
 
 namespace {
 
@@ -15,6 +16,7 @@ constexpr const char* kUsage =
     "usage: cxxlaunch COMMAND [flags]\n"
     "commands:\n"
     "  run (alias launch)   start workers: cxxlaunch run --nproc_per_node=N PROGRAM [ARGS...]\n"
+    "  status               a run's rendezvous: cxxlaunch status --rdzv_endpoint H:P --rdzv_id ID\n"
     "  --version            print the version\n"
     "Run 'cxxlaunch run --help' for the flags.\n";
 
@@ -25,7 +27,8 @@ int run(const std::vector<std::string>& args) {
     return kExitOk;
   }
   LaunchOptions options = parseRunArgs(args, HostInfo::detect());
-  auto rendezvous = makeSingleNodeRendezvous(options);
+  blockAgentSignals();  // before the rendezvous starts any thread
+  auto rendezvous = makeNodeRendezvous(options);
   return runAgent(options, *rendezvous);
 }
 
@@ -46,6 +49,10 @@ int main(int argc, char** argv) {
   args.erase(args.begin());
   try {
     if (command == "run" || command == "launch") return run(args);
+    if (command == "status") {
+      std::cout << describeRun(parseStatusArgs(args));
+      return kExitOk;
+    }
     std::cerr << "cxxlaunch: unknown command '" << command << "'\n" << kUsage;
     return kExitUsage;
   } catch (const cxxlaunch::InvalidArgument& e) {

@@ -70,6 +70,9 @@ bool eventually(Predicate predicate, std::chrono::milliseconds timeout) {
   }
   return true;
 }
+// A TCP port that was free on this machine a moment ago.
+int freePort();
+
 // True while a process with this pid exists and is not a zombie.
 bool alive(pid_t pid);
 

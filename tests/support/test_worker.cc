@@ -8,6 +8,7 @@
 //                                             INT/TERM/HUP/QUIT then exit with 128+signal
 //   ignore-term                               ignore SIGTERM
 //   wait                                      sleep until a signal ends the process
+//   wait-file PATH                            sleep until PATH exists
 //   pidfile DIR                               write DIR/rank<RANK>.pid
 //   error-file TEXT                           write TORCHELASTIC_ERROR_FILE as torchelastic does
 //   rank R | rank all                         following steps only on global rank R (or all)
@@ -114,6 +115,10 @@ int main(int argc, char** argv) {
       ::signal(SIGTERM, SIG_IGN);
     } else if (step == "wait") {
       for (;;) ::pause();
+    } else if (step == "wait-file") {
+      while (::access(arg.c_str(), F_OK) != 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
     } else if (step == "pidfile") {
       const std::string path = arg + "/rank" + std::to_string(rank) + ".pid";
       const std::string tmp = path + ".tmp";

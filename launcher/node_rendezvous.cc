@@ -1,0 +1,332 @@
+#include "launcher/node_rendezvous.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <iostream>
+#include <mutex>
+#include <thread>
+
+#include "launcher/process.h"
+#include "rendezvous/client.h"
+#include "rendezvous/error.h"
+#include "rendezvous/server.h"
+
+namespace cxxlaunch::launcher {
+namespace rdzv = cxxlaunch::rendezvous;
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A port that was free a moment ago; the OS picks it.
+int reserveFreePort() {
+  int fd = CXXLAUNCH_SYSCALL(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof(addr);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    int err = errno;
+    ::close(fd);
+    throw SystemError("reserve a free port", err);
+  }
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::pair<std::string, int> splitEndpoint(const std::string& endpoint) {
+  auto colon = endpoint.rfind(':');
+  std::string host = endpoint.substr(0, colon);
+  if (host.size() > 1 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  return {host, std::stoi(endpoint.substr(colon + 1))};
+}
+
+// The address of this machine that traffic to `host` leaves from: what other nodes can reach
+// us at. Nothing is sent (a UDP connect only picks a route).
+std::string localAddressToward(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), "9", &hints, &found) != 0 || found == nullptr) return "127.0.0.1";
+  std::string result = "127.0.0.1";
+  int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd != -1 && ::connect(fd, found->ai_addr, found->ai_addrlen) == 0) {
+    sockaddr_in local{};
+    socklen_t len = sizeof(local);
+    char text[INET_ADDRSTRLEN] = {};
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
+        ::inet_ntop(AF_INET, &local.sin_addr, text, sizeof(text)) != nullptr) {
+      result = text;
+    }
+  }
+  if (fd != -1) ::close(fd);
+  ::freeaddrinfo(found);
+  return result;
+}
+
+Decision decisionOf(const rdzv::Verdict& verdict) {
+  Decision d;
+  d.reason = verdict.reason;
+  switch (verdict.action) {
+    case rdzv::Action::kRestart: d.kind = Decision::Kind::kRestart; break;
+    case rdzv::Action::kFail:
+      d.kind = Decision::Kind::kFail;
+      if (verdict.root_cause) {
+        d.remote_exit_code = verdict.root_cause->exit_code;
+        d.remote_description =
+            verdict.root_cause->description + " on node " + verdict.root_cause->node_id;
+      }
+      break;
+    case rdzv::Action::kClosed: d.kind = Decision::Kind::kDone; break;
+    case rdzv::Action::kContinue: d.kind = Decision::Kind::kWait; break;
+  }
+  return d;
+}
+
+// ---- one node: decides alone ------------------------------------------------------------------
+
+class SingleNodeRendezvous final : public NodeRendezvous {
+ public:
+  explicit SingleNodeRendezvous(const LaunchOptions& options) : max_restarts_(options.max_restarts) {
+    world_.world_size = options.nproc_per_node;
+    world_.master_addr = options.master_addr;
+    world_.master_port = options.master_port != 0 ? options.master_port : reserveFreePort();
+  }
+
+  WorldAssignment join() override {
+    world_.restart_count = restarts_;
+    ++world_.round;
+    return world_;
+  }
+
+  Decision workersFailed(int, int, const std::string&) override {
+    if (restarts_ >= max_restarts_) return {Decision::Kind::kFail, "no restarts left", {}, {}};
+    ++restarts_;
+    return {Decision::Kind::kRestart, "", {}, {}};
+  }
+
+  Decision workersSucceeded() override { return {}; }
+
+ private:
+  WorldAssignment world_;
+  int max_restarts_;
+  int restarts_ = 0;
+};
+
+// ---- many nodes: through the rendezvous server ------------------------------------------------
+
+class RemoteRendezvous final : public NodeRendezvous {
+ public:
+  explicit RemoteRendezvous(const LaunchOptions& options) : options_(options.rdzv) {
+    const auto& r = options.rdzv;
+    std::string endpoint = r.endpoint;
+    if (r.is_host.value_or(true)) host(endpoint, options);
+    if (endpoint.empty()) endpoint = server_->endpoint();
+    client_options_.endpoint = endpoint;
+    client_options_.token = r.token;
+    client_options_.tls_ca_file = r.tls_ca;
+    client_options_.tls_cert_file = r.tls_cert;
+    client_options_.tls_key_file = r.tls_key;
+    client_options_.call_timeout = std::chrono::seconds(10);
+    run_id_ = options.run_id;
+    client_ = std::make_unique<rdzv::RendezvousClient>(client_options_, run_id_);
+
+    node_.addr = !r.local_addr.empty() ? r.local_addr
+                                       : localAddressToward(splitEndpoint(endpoint).first);
+    node_.id = node_.addr + "_" + std::to_string(::getpid()) + "_" + randomHex(6);
+    node_.local_world_size = options.nproc_per_node;
+    node_.master_port = options.master_port != 0 ? options.master_port : reserveFreePort();
+    node_.node_rank = r.backend == "static" ? std::max(r.node_rank, 0) : -1;
+    settings_.min_nodes = r.min_nodes;
+    settings_.max_nodes = r.max_nodes;
+    settings_.last_call_timeout = r.last_call_timeout;
+    settings_.keep_alive_interval = r.keep_alive_interval;
+    settings_.keep_alive_max_misses = r.keep_alive_max_misses;
+    settings_.max_restarts = options.max_restarts;
+  }
+
+  ~RemoteRendezvous() override { unwatch(); }
+
+  // 1. Poll Join until the round is complete or join_timeout passes; each poll is also this
+  //    node's keep-alive while it waits.
+  // 2. An unreachable server is retried until the deadline (nodes may start before it).
+  // 3. On timeout, say who joined and who is missing.
+  WorldAssignment join() override {
+    const auto deadline = Clock::now() + options_.join_timeout;
+    std::string last_news = "no answer from the server yet";
+    while (Clock::now() < deadline) {
+      const auto left = std::chrono::duration_cast<rdzv::Millis>(deadline - Clock::now());
+      try {
+        auto poll = client_->join(node_, settings_, std::min(left, options_.keep_alive_interval));
+        if (poll.placement) return assignmentOf(*poll.placement);
+        last_news = poll.waiting_for;
+      } catch (const TimeoutError& e) {
+        last_news = std::string("could not reach the server: ") + e.what();
+      } catch (const CommunicationError& e) {
+        if (cancelled_) throw;
+        last_news = std::string("could not reach the server: ") + e.what();
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    }
+    throw TimeoutError("rendezvous '" + run_id_ + "' at " + client_options_.endpoint +
+                       " did not complete within " +
+                       std::to_string(options_.join_timeout.count() / 1000) + " s: " + last_news);
+  }
+
+  void cancelJoin() override {
+    cancelled_ = true;
+    client_->cancel();
+  }
+
+  void watch(std::function<void()> news) override {
+    unwatch();
+    stop_ = false;
+    watcher_ = std::thread([this, news = std::move(news)] { keepAliveLoop(news); });
+  }
+
+  void unwatch() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    if (watcher_.joinable()) watcher_.join();
+  }
+
+  Decision news() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return news_;
+  }
+
+  Decision workersFailed(int rank, int exit_code, const std::string& description) override {
+    try {
+      return decisionOf(
+          client_->requestRestart(node_.id, round_, {node_.id, rank, exit_code, description}));
+    } catch (const Error& e) {
+      return {Decision::Kind::kFail, std::string("cannot reach the rendezvous: ") + e.what(), {}, {}};
+    }
+  }
+
+  Decision workersSucceeded() override {
+    left_ = true;
+    try {
+      return decisionOf(client_->leave(node_.id, round_));
+    } catch (const Error& e) {
+      return {Decision::Kind::kDone, std::string("the rendezvous is gone: ") + e.what(), {}, {}};
+    }
+  }
+
+  std::chrono::milliseconds exitBarrier() const override { return options_.close_timeout; }
+
+  void finish() override {
+    unwatch();
+    if (server_) {
+      server_->waitUntilSettled(run_id_,
+                                options_.keep_alive_interval * (options_.keep_alive_max_misses + 1));
+    }
+  }
+
+ private:
+  // Hosts the server when the endpoint is on this machine and free (or there is none).
+  void host(const std::string& endpoint, const LaunchOptions& options) {
+    rdzv::ServerOptions server;
+    if (!endpoint.empty()) std::tie(server.host, server.port) = splitEndpoint(endpoint);
+    server.token = options.rdzv.token;
+    server.tls_cert_file = options.rdzv.tls_cert;
+    server.tls_key_file = options.rdzv.tls_key;
+    server.tls_ca_file = options.rdzv.tls_cert.empty() ? "" : options.rdzv.tls_ca;
+    try {
+      server_ = std::make_unique<rdzv::RendezvousServer>(server);
+    } catch (const CommunicationError&) {
+      if (options.rdzv.is_host.value_or(false) || endpoint.empty()) throw;
+      // Someone else serves it (another launcher here, cxxlaunchd, or another host).
+    }
+  }
+
+  WorldAssignment assignmentOf(const rdzv::Placement& p) {
+    round_ = p.round;
+    left_ = false;
+    WorldAssignment w;
+    w.round = p.round;
+    w.node_rank = p.node_rank;
+    w.num_nodes = p.num_nodes;
+    w.rank_offset = p.rank_offset;
+    w.world_size = p.world_size;
+    w.restart_count = p.restart_count;
+    w.master_addr = p.master_addr;
+    w.master_port = p.master_port;
+    w.store_endpoint = client_options_.endpoint;
+    w.store_prefix = rdzv::storePrefix(run_id_, p.round);
+    w.token = client_options_.token;
+    w.tls_ca = client_options_.tls_ca_file;
+    w.tls_cert = client_options_.tls_cert_file;
+    w.tls_key = client_options_.tls_key_file;
+    return w;
+  }
+
+  // Sends keep-alives every interval until a verdict other than "continue" (then `news`), or
+  // until the server has been unreachable for max_misses intervals.
+  void keepAliveLoop(const std::function<void()>& news) {
+    int misses = 0;
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      wake_.wait_for(lock, options_.keep_alive_interval, [&] { return stop_; });
+      if (stop_) return;
+      lock.unlock();
+      Decision decision;
+      bool report = false;
+      try {
+        decision = decisionOf(client_->keepAlive(node_.id, round_));
+        misses = 0;
+        report = decision.kind != Decision::Kind::kWait;
+      } catch (const Error& e) {
+        if (++misses >= options_.keep_alive_max_misses) {
+          report = true;
+          decision = left_ ? Decision{Decision::Kind::kDone,
+                                      std::string("the rendezvous server is gone: ") + e.what(), {}, {}}
+                           : Decision{Decision::Kind::kFail,
+                                      std::string("lost the rendezvous server: ") + e.what(), {}, {}};
+        }
+      }
+      lock.lock();
+      if (report) {
+        news_ = decision;
+        lock.unlock();
+        news();
+        return;
+      }
+    }
+  }
+
+  const RendezvousOptions options_;
+  rdzv::ClientOptions client_options_;
+  std::string run_id_;
+  std::unique_ptr<rdzv::RendezvousServer> server_;
+  std::unique_ptr<rdzv::RendezvousClient> client_;
+  rdzv::NodeSpec node_;
+  rdzv::RunSettings settings_;
+  int64_t round_ = 0;
+  std::atomic<bool> left_ = false;
+  std::atomic<bool> cancelled_ = false;
+  std::mutex mu_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  Decision news_;
+  std::thread watcher_;
+};
+
+}  // namespace
+
+std::unique_ptr<NodeRendezvous> makeNodeRendezvous(const LaunchOptions& options) {
+  if (options.rdzv.multiNode()) return std::make_unique<RemoteRendezvous>(options);
+  return std::make_unique<SingleNodeRendezvous>(options);
+}
+
+}  // namespace cxxlaunch::launcher

@@ -1,0 +1,248 @@
+// Multi-node jobs on loopback: several real `cxxlaunch run` processes (each a node with its own
+// identity) meeting through an embedded rendezvous server or a real cxxlaunchd.
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "support/subprocess.h"
+
+using namespace cxxlaunch::testing;
+using namespace std::chrono_literals;
+using Args = std::vector<std::string>;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A real cxxlaunchd on a free loopback port.
+struct Daemon {
+  explicit Daemon(const Args& extra = {}) {
+    Args argv = {CXXLAUNCHD_BIN, "--port", "0"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    process = std::make_unique<Subprocess>(argv);
+    REQUIRE(eventually([&] { return process->out().find("listening on") != std::string::npos; },
+                       10s));
+    std::smatch m;
+    const std::string out = process->out();
+    REQUIRE(std::regex_search(out, m, std::regex("listening on (\\S+)")));
+    endpoint = m[1];
+  }
+  std::unique_ptr<Subprocess> process;
+  std::string endpoint;
+};
+
+// Fast timeouts for tests: keep-alives every 200 ms, eviction after 600 ms.
+const std::string kFastConf =
+    "keep_alive_interval=0.2,keep_alive_max_misses=3,last_call_timeout=1,join_timeout=60";
+
+Args node(const std::string& endpoint, const std::string& run_id, const Args& flags,
+          const Args& steps) {
+  Args argv = {CXXLAUNCH_BIN, "run", "--rdzv_endpoint", endpoint, "--rdzv_id", run_id,
+               "--rdzv_conf", kFastConf};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  argv.push_back(TEST_WORKER);
+  argv.insert(argv.end(), steps.begin(), steps.end());
+  return argv;
+}
+
+// NAME=value lines printed by the workers, in order, with their "[rank (node:)rank]: " prefix gone.
+std::vector<std::string> values(const std::string& out, const std::string& name) {
+  std::vector<std::string> found;
+  std::istringstream in(out);
+  const std::regex line("^\\[rank (\\d+:)?\\d+\\]: " + name + "=(.*)$");
+  for (std::string l; std::getline(in, l);) {
+    std::smatch m;
+    if (std::regex_match(l, m, line)) found.push_back(m[2]);
+  }
+  return found;
+}
+
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("Two and three launchers form one world", "[multinode][integration]") {
+  for (int nodes : {2, 3}) {
+    const std::string endpoint = "127.0.0.1:" + std::to_string(freePort());
+    const std::string run = "world" + std::to_string(nodes);
+    std::vector<std::unique_ptr<Subprocess>> launchers;
+    int world = 0;
+    for (int n = 0; n < nodes; ++n) {
+      const int local = n == 0 ? 2 : 1;  // nodes may differ in size
+      world += local;
+      launchers.push_back(std::make_unique<Subprocess>(
+          node(endpoint, run, {"--nnodes", std::to_string(nodes), "--nproc_per_node",
+                               std::to_string(local)},
+               {"env"})));
+    }
+    std::multiset<std::string> ranks, node_ranks;
+    for (auto& l : launchers) {
+      auto r = l->wait(60s);
+      REQUIRE(r);
+      INFO(r->out << r->err);
+      REQUIRE(r->exit_code == 0);
+      for (const auto& v : values(r->out, "RANK")) ranks.insert(v);
+      for (const auto& v : values(r->out, "WORLD_SIZE")) CHECK(v == std::to_string(world));
+      for (const auto& v : values(r->out, "GROUP_WORLD_SIZE")) CHECK(v == std::to_string(nodes));
+      auto groups = values(r->out, "GROUP_RANK");
+      REQUIRE_FALSE(groups.empty());
+      node_ranks.insert(groups.front());
+      CHECK(values(r->out, "MASTER_PORT").size() == values(r->out, "RANK").size());
+    }
+    std::multiset<std::string> expected, expected_nodes;
+    for (int r = 0; r < world; ++r) expected.insert(std::to_string(r));
+    for (int n = 0; n < nodes; ++n) expected_nodes.insert(std::to_string(n));
+    CHECK(ranks == expected);
+    CHECK(node_ranks == expected_nodes);
+  }
+}
+
+TEST_CASE("The static backend orders nodes by --node_rank", "[multinode][integration]") {
+  const std::string endpoint = "127.0.0.1:" + std::to_string(freePort());
+  Subprocess second(node(endpoint, "static", {"--rdzv_backend", "static", "--nnodes", "2",
+                                              "--node_rank", "1"},
+                         {"env"}));
+  Subprocess first(node(endpoint, "static", {"--rdzv_backend", "static", "--nnodes", "2",
+                                             "--node_rank", "0"},
+                        {"env"}));
+  auto a = first.wait(60s), b = second.wait(60s);
+  REQUIRE(a);
+  REQUIRE(b);
+  REQUIRE(a->exit_code == 0);
+  REQUIRE(b->exit_code == 0);
+  CHECK(values(a->out, "GROUP_RANK") == std::vector<std::string>{"0"});
+  CHECK(values(b->out, "GROUP_RANK") == std::vector<std::string>{"1"});
+  CHECK(values(b->out, "RANK") == std::vector<std::string>{"1"});
+}
+
+TEST_CASE("A worker failure on one node restarts every node until the global count runs out",
+          "[multinode][integration]") {
+  Daemon daemon;
+  // Rank 3 (the second node's second worker) always fails; one restart is allowed job-wide.
+  const Args steps = {"env", "rank", "3", "exit", "3", "rank", "all", "sleep", "30"};
+  const Args flags = {"--nnodes", "2", "--nproc_per_node", "2", "--max_restarts", "1"};
+  Subprocess a(node(daemon.endpoint, "restarts", flags, steps));
+  Subprocess b(node(daemon.endpoint, "restarts", flags, steps));
+  auto ra = a.wait(60s), rb = b.wait(60s);
+  REQUIRE(ra);
+  REQUIRE(rb);
+  INFO(ra->out << ra->err << rb->out << rb->err);
+  CHECK(ra->exit_code == 3);
+  CHECK(rb->exit_code == 3);
+  for (const auto* r : {&*ra, &*rb}) {
+    auto counts = values(r->out, "TORCHELASTIC_RESTART_COUNT");
+    CHECK(std::set<std::string>(counts.begin(), counts.end()) ==
+          std::set<std::string>{"0", "1"});  // both nodes restarted once, and only once
+  }
+  CHECK_THAT(ra->err + rb->err, Catch::Contains("root cause (*): rank 3 exit 3"));
+  CHECK_THAT(ra->err + rb->err, Catch::Contains("the job failed: rank 3 exit 3 on node"));
+}
+
+TEST_CASE("Elastic: a killed node is evicted, survivors shrink, a newcomer is admitted",
+          "[multinode][integration]") {
+  Daemon daemon;
+  TempDir dir;
+  const std::string done = dir.path() + "/done";
+  const Args flags = {"--nnodes", "2:3", "--nproc_per_node", "1"};
+  const Args steps = {"env", "pidfile", dir.path(), "wait-file", done};
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int n = 0; n < 3; ++n) {
+    nodes.push_back(std::make_unique<Subprocess>(node(daemon.endpoint, "elastic", flags, steps)));
+  }
+  auto sizes = [&](Subprocess& p) { return values(p.out(), "GROUP_WORLD_SIZE"); };
+  REQUIRE(eventually(
+      [&] {
+        for (auto& n : nodes) {
+          if (sizes(*n) != std::vector<std::string>{"3"}) return false;
+        }
+        return true;
+      },
+      30s));
+
+  auto status = run({CXXLAUNCH_BIN, "status", "--rdzv_endpoint", daemon.endpoint, "--rdzv_id",
+                     "elastic"});
+  CHECK(status.exit_code == 0);
+  CHECK_THAT(status.out, Catch::Contains("running"));
+  CHECK(count(status.out, "127.0.0.1_") == 3);
+
+  // SIGKILL the third node's agent: its worker dies with it.
+  const std::string victim_rank = values(nodes[2]->out(), "RANK").at(0);
+  REQUIRE(eventually([&] { return fs::exists(dir.path() + "/rank" + victim_rank + ".pid"); }, 10s));
+  const pid_t victim_worker = std::stoi(readFile(dir.path() + "/rank" + victim_rank + ".pid"));
+  ::kill(nodes[2]->pid(), SIGKILL);
+  REQUIRE(nodes[2]->wait(5s));
+  CHECK(eventually([&] { return !alive(victim_worker); }, 2s));
+
+  // The survivors evict it and restart as a world of two.
+  REQUIRE(eventually(
+      [&] {
+        return sizes(*nodes[0]) == std::vector<std::string>{"3", "2"} &&
+               sizes(*nodes[1]) == std::vector<std::string>{"3", "2"};
+      },
+      30s));
+  CHECK_THAT(nodes[0]->err() + nodes[1]->err(), Catch::Contains("evicted"));
+
+  // A newcomer is admitted at the next round: everyone restarts as three.
+  auto newcomer = std::make_unique<Subprocess>(node(daemon.endpoint, "elastic", flags, steps));
+  REQUIRE(eventually(
+      [&] {
+        return sizes(*nodes[0]) == std::vector<std::string>{"3", "2", "3"} &&
+               sizes(*nodes[1]) == std::vector<std::string>{"3", "2", "3"} &&
+               sizes(*newcomer) == std::vector<std::string>{"3"};
+      },
+      30s));
+  // Membership changes spend no restart.
+  CHECK(values(nodes[0]->out(), "TORCHELASTIC_RESTART_COUNT") ==
+        std::vector<std::string>{"0", "0", "0"});
+
+  std::ofstream(done) << "";
+  for (auto* p : {nodes[0].get(), nodes[1].get(), newcomer.get()}) {
+    auto r = p->wait(30s);
+    REQUIRE(r);
+    INFO(r->err);
+    CHECK(r->exit_code == 0);
+  }
+  // The run is closed now: a late node is turned away at once.
+  auto late = run(node(daemon.endpoint, "elastic", flags, {"env"}), {}, 30s);
+  CHECK(late.exit_code == 1);
+  CHECK_THAT(late.err, Catch::Contains("is closed"));
+}
+
+TEST_CASE("A node with the wrong token is refused at once", "[multinode][integration]") {
+  TempDir dir;
+  std::ofstream(dir.path() + "/token") << "the-token\n";
+  Daemon daemon({"--token-file", dir.path() + "/token"});
+  auto refused = run(node(daemon.endpoint, "tok", {"--nnodes", "1"}, {"env"}),
+                     {{"CXXLAUNCH_TOKEN", "not-the-token"}}, 30s);
+  CHECK(refused.exit_code == 2);
+  CHECK_THAT(refused.err, Catch::Contains("missing or wrong job token"));
+  auto admitted = run(node(daemon.endpoint, "tok", {"--nnodes", "1", "--rdzv_conf",
+                                                    "token_file=" + dir.path() + "/token"},
+                           {"env"}),
+                      {}, 30s);
+  CHECK(admitted.exit_code == 0);
+  CHECK(values(admitted.out, "CXXLAUNCH_STORE_PREFIX") == std::vector<std::string>{"tok/1"});
+}
+
+TEST_CASE("A rendezvous that never completes times out naming who is missing",
+          "[multinode][integration]") {
+  Daemon daemon;
+  auto r = run(node(daemon.endpoint, "lonely", {"--nnodes", "2", "--rdzv_conf", "join_timeout=1"},
+                    {"env"}),
+               {}, 30s);
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.err, Catch::Contains("did not complete within 1 s"));
+  CHECK_THAT(r.err, Catch::Contains("1 of 2 nodes joined"));
+}
