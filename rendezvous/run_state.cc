@@ -12,14 +12,12 @@ std::string joinIds(const std::vector<std::string>& ids) {
   return out;
 }
 
-template <typename Nodes>
-auto findNode(Nodes& nodes, const std::string& id) {
-  return std::find_if(nodes.begin(), nodes.end(), [&](const NodeSpec& n) { return n.id == id; });
+bool contains(const std::vector<NodeSpec>& nodes, const std::string& id) {
+  return std::any_of(nodes.begin(), nodes.end(), [&](const NodeSpec& n) { return n.id == id; });
 }
 
-template <typename Nodes>
-bool contains(const Nodes& nodes, const std::string& id) {
-  return findNode(nodes, id) != nodes.end();
+bool contains(const std::map<std::string, NodeSpec>& nodes, const std::string& id) {
+  return nodes.count(id) != 0;
 }
 
 std::string describe(const RunSettings& s) {
@@ -89,7 +87,7 @@ std::optional<Placement> RunState::join(const NodeSpec& node, const RunSettings&
   }
   checkNotFinal();
   if (phase_ == Phase::kRunning) {
-    if (contains(participants_, node.id)) {
+    if (rank_of_.count(node.id) != 0) {
       heartbeats_[node.id] = now;
       return placementOf(node.id);  // asked again: the same answer
     }
@@ -105,7 +103,7 @@ std::optional<Placement> RunState::join(const NodeSpec& node, const RunSettings&
   }
   heartbeats_[node.id] = now;
   if (!contains(joined_, node.id) && !contains(waiting_, node.id)) {
-    if (!joined_.empty() && (joined_.front().node_rank >= 0) != (node.node_rank >= 0)) {
+    if (!joined_.empty() && (joined_.begin()->second.node_rank >= 0) != (node.node_rank >= 0)) {
       throw InvalidArgument("node " + node.id +
                             " mixes static and dynamic rendezvous: every node must use the same "
                             "--rdzv_backend");
@@ -115,7 +113,7 @@ std::optional<Placement> RunState::join(const NodeSpec& node, const RunSettings&
                             std::to_string(settings_.max_nodes) + " nodes");
     }
     if (node.node_rank >= 0) {
-      for (const auto& other : joined_) {
+      for (const auto& [id, other] : joined_) {
         if (other.node_rank == node.node_rank) {
           throw InvalidArgument("node rank " + std::to_string(node.node_rank) +
                                 " is already taken by node " + other.id);
@@ -123,7 +121,7 @@ std::optional<Placement> RunState::join(const NodeSpec& node, const RunSettings&
       }
     }
     if (static_cast<int>(joined_.size()) < settings_.max_nodes) {
-      joined_.push_back(node);
+      joined_.emplace(node.id, node);
     } else {
       waiting_.push_back(node);
     }
@@ -149,11 +147,22 @@ void RunState::maybeComplete(SteadyTime now) {
 }
 
 void RunState::complete() {
-  participants_ = joined_;
+  participants_.clear();
+  for (auto& [id, node] : joined_) participants_.push_back(std::move(node));  // sorted by id
   const bool static_ranks = !participants_.empty() && participants_.front().node_rank >= 0;
-  std::sort(participants_.begin(), participants_.end(), [&](const NodeSpec& a, const NodeSpec& b) {
-    return static_ranks ? a.node_rank < b.node_rank : a.id < b.id;
-  });
+  if (static_ranks) {
+    std::sort(participants_.begin(), participants_.end(),
+              [](const NodeSpec& a, const NodeSpec& b) { return a.node_rank < b.node_rank; });
+  }
+  rank_of_.clear();
+  offsets_.clear();
+  world_size_ = 0;
+  for (size_t i = 0; i < participants_.size(); ++i) {
+    rank_of_[participants_[i].id] = static_cast<int>(i);
+    offsets_.push_back(world_size_);
+    world_size_ += participants_[i].local_world_size;
+  }
+  ++epoch_;
   phase_ = Phase::kRunning;
   joined_.clear();
   expected_.clear();
@@ -164,10 +173,12 @@ void RunState::complete() {
 void RunState::startNextRound(SteadyTime now, const std::string& reason) {
   superseded_reason_ = "round " + std::to_string(round_) + " ended: " + reason;
   ++round_;
+  ++epoch_;
   phase_ = Phase::kJoining;
   expected_.clear();
   for (const auto& node : participants_) expected_.insert(node.id);
   participants_.clear();
+  rank_of_.clear();
   finished_.clear();
   joined_.clear();
   last_call_deadline_.reset();
@@ -176,7 +187,7 @@ void RunState::startNextRound(SteadyTime now, const std::string& reason) {
   for (auto& node : waiting_) {
     if (static_cast<int>(expected_.size()) < settings_.max_nodes) expected_.insert(node.id);
     if (static_cast<int>(joined_.size()) < settings_.max_nodes) {
-      joined_.push_back(std::move(node));
+      joined_.emplace(node.id, std::move(node));
     } else {
       still_waiting.push_back(std::move(node));
     }
@@ -186,7 +197,7 @@ void RunState::startNextRound(SteadyTime now, const std::string& reason) {
 }
 
 Verdict RunState::keepAlive(const std::string& node_id, int64_t round, SteadyTime now) {
-  const bool tracked = contains(participants_, node_id) || contains(joined_, node_id) ||
+  const bool tracked = rank_of_.count(node_id) != 0 || contains(joined_, node_id) ||
                        contains(waiting_, node_id);
   if (tracked) heartbeats_[node_id] = now;  // an evicted node stays evicted
   if (finalState()) informed_.insert(node_id);
@@ -197,7 +208,7 @@ Verdict RunState::keepAlive(const std::string& node_id, int64_t round, SteadyTim
                           std::to_string(round_) + ")");
   }
   if (round < round_) return {Action::kRestart, superseded_reason_, std::nullopt};
-  if (phase_ == Phase::kRunning && contains(participants_, node_id)) return {};
+  if (phase_ == Phase::kRunning && rank_of_.count(node_id) != 0) return {};
   return {Action::kRestart, "node " + node_id + " is not part of round " + std::to_string(round),
           std::nullopt};
 }
@@ -208,6 +219,7 @@ Verdict RunState::requestRestart(const std::string& node_id, int64_t round,
   if (verdict.action != Action::kContinue) return verdict;  // already restarting, failed, closed
   if (restart_count_ >= settings_.max_restarts) {
     phase_ = Phase::kFailed;
+    ++epoch_;
     root_cause_ = failure;
     informed_.insert(node_id);
     return {Action::kFail,
@@ -225,6 +237,7 @@ Verdict RunState::leave(const std::string& node_id, int64_t round, SteadyTime no
   finished_.insert(node_id);
   if (finished_.size() == participants_.size()) {
     phase_ = Phase::kClosed;
+    ++epoch_;
     informed_.insert(node_id);
     return {Action::kClosed, "every node finished", std::nullopt};
   }
@@ -246,7 +259,15 @@ bool RunState::tick(SteadyTime now) {
     nodes.erase(gone, nodes.end());
   };
   drop_silent(waiting_);
-  drop_silent(joined_);
+  for (auto it = joined_.begin(); it != joined_.end();) {
+    if (silent(it->first, now)) {
+      heartbeats_.erase(it->first);
+      it = joined_.erase(it);
+      changed = true;
+    } else {
+      ++it;
+    }
+  }
   for (auto it = expected_.begin(); it != expected_.end();) {
     if (!contains(joined_, *it) && silent(*it, now)) {
       it = expected_.erase(it);
@@ -261,10 +282,11 @@ bool RunState::tick(SteadyTime now) {
       if (silent(node.id, now)) evicted.push_back(node.id);
     }
     if (!evicted.empty()) {
-      for (const auto& id : evicted) {
-        participants_.erase(findNode(participants_, id));
-        heartbeats_.erase(id);
-      }
+      // The survivors are expected back in the next round (which also re-ranks them).
+      participants_.erase(std::remove_if(participants_.begin(), participants_.end(),
+                                         [&](const NodeSpec& n) { return silent(n.id, now); }),
+                          participants_.end());
+      for (const auto& id : evicted) heartbeats_.erase(id);
       startNextRound(now, "evicted " + joinIds(evicted) + " (no keep-alive for " +
                               std::to_string(settings_.evictionTimeout().count()) + " ms)");
       return true;
@@ -306,7 +328,7 @@ void RunState::checkStoreRound(int64_t round) const {
 std::string RunState::waitingFor() const {
   std::ostringstream out;
   std::vector<std::string> ids;
-  for (const auto& n : joined_) ids.push_back(n.id);
+  for (const auto& [id, n] : joined_) ids.push_back(id);
   out << "round " << round_ << ": " << joined_.size() << " of " << settings_.min_nodes;
   if (settings_.max_nodes != settings_.min_nodes) out << ".." << settings_.max_nodes;
   out << " nodes joined";
@@ -316,12 +338,12 @@ std::string RunState::waitingFor() const {
     if (!contains(joined_, id)) missing.push_back(id);
   }
   if (!missing.empty()) out << "; missing from the previous round: " << joinIds(missing);
-  const bool static_ranks = !joined_.empty() && joined_.front().node_rank >= 0;
+  const bool static_ranks = !joined_.empty() && joined_.begin()->second.node_rank >= 0;
   if (static_ranks) {
     std::vector<std::string> ranks;
     for (int r = 0; r < settings_.max_nodes; ++r) {
       bool taken = std::any_of(joined_.begin(), joined_.end(),
-                               [&](const NodeSpec& n) { return n.node_rank == r; });
+                               [&](const auto& entry) { return entry.second.node_rank == r; });
       if (!taken) ranks.push_back(std::to_string(r));
     }
     out << "; missing node ranks: " << joinIds(ranks);
@@ -332,17 +354,14 @@ std::string RunState::waitingFor() const {
 
 std::optional<Placement> RunState::placementOf(const std::string& node_id) const {
   if (phase_ != Phase::kRunning && phase_ != Phase::kClosed) return std::nullopt;
-  auto it = findNode(participants_, node_id);
-  if (it == participants_.end()) return std::nullopt;
+  auto it = rank_of_.find(node_id);
+  if (it == rank_of_.end()) return std::nullopt;
   Placement p;
   p.round = round_;
-  p.node_rank = static_cast<int>(it - participants_.begin());
+  p.node_rank = it->second;
   p.num_nodes = static_cast<int>(participants_.size());
-  for (const auto& node : participants_) {
-    if (node.id == node_id) p.rank_offset = p.world_size;
-    p.world_size += node.local_world_size;
-    p.node_ids.push_back(node.id);
-  }
+  p.rank_offset = offsets_[static_cast<size_t>(it->second)];
+  p.world_size = world_size_;
   p.master_addr = participants_.front().addr;
   p.master_port = participants_.front().master_port;
   p.restart_count = restart_count_;
@@ -371,10 +390,12 @@ RunStatus RunState::status(SteadyTime now) const {
     n.finished = finished_.count(spec.id) != 0;
     return n;
   };
-  const bool running = phase_ != Phase::kJoining;
-  const auto& members = running ? participants_ : joined_;
-  for (size_t i = 0; i < members.size(); ++i) {
-    s.participants.push_back(state_of(members[i], running ? static_cast<int>(i) : -1));
+  if (phase_ == Phase::kJoining) {
+    for (const auto& [id, node] : joined_) s.participants.push_back(state_of(node, -1));
+  } else {
+    for (size_t i = 0; i < participants_.size(); ++i) {
+      s.participants.push_back(state_of(participants_[i], static_cast<int>(i)));
+    }
   }
   for (const auto& node : waiting_) s.waiting.push_back(state_of(node, -1));
   return s;

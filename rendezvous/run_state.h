@@ -70,7 +70,6 @@ struct Placement {
   std::string master_addr;
   int master_port = 0;
   int restart_count = 0;
-  std::vector<std::string> node_ids;  // in node-rank order
 };
 
 enum class Action { kContinue, kRestart, kFail, kClosed };
@@ -149,6 +148,10 @@ class RunState {
   std::optional<Placement> placementOf(const std::string& node_id) const;
 
   bool finalState() const { return phase_ == Phase::kClosed || phase_ == Phase::kFailed; }
+
+  // Changes whenever a round completes or ends or the run becomes final: the moments a waiting
+  // join can be answered. Servers re-check parked joins only then, so a join costs O(log N).
+  uint64_t epoch() const { return epoch_; }
   // Throws StaleError saying so when the run is closed or failed.
   void checkNotFinal() const;
 
@@ -169,12 +172,15 @@ class RunState {
   Phase phase_ = Phase::kJoining;
   int64_t round_ = 1;
   std::map<std::string, SteadyTime> heartbeats_;
-  // Joining: who has joined round_, in arrival order, and who is expected back.
-  std::vector<NodeSpec> joined_;
+  // Joining: who has joined round_ (by id), and who is expected back.
+  std::map<std::string, NodeSpec> joined_;
   std::set<std::string> expected_;
   std::optional<SteadyTime> last_call_deadline_;
-  // Running: the round's nodes in rank order, and those that finished.
+  // Running: the round's nodes in rank order, their ranks and offsets, and those that finished.
   std::vector<NodeSpec> participants_;
+  std::map<std::string, int> rank_of_;
+  std::vector<int> offsets_;
+  int world_size_ = 0;
   std::set<std::string> finished_;
   // Nodes that asked while there was no room (max_nodes reached).
   std::vector<NodeSpec> waiting_;
@@ -182,6 +188,7 @@ class RunState {
   int restart_count_ = 0;
   std::optional<FailureReport> root_cause_;
   std::set<std::string> informed_;  // nodes told the run's final state
+  uint64_t epoch_ = 0;
 };
 
 }  // namespace cxxlaunch::rendezvous

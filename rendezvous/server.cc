@@ -38,6 +38,7 @@ using Attempt = std::function<std::optional<grpc::Status>(bool expired)>;
 struct Parked {
   ParkedReactor* reactor;
   SteadyTime deadline;
+  bool join;  // a join waits for the round; store calls wait for keys
   Attempt attempt;
 };
 
@@ -47,6 +48,9 @@ struct Run {
   int64_t store_round = -1;
   std::unique_ptr<MemoryStore> store;  // the key space of store_round
   std::list<Parked> parked;
+  // What parked calls have seen: they are re-checked only when something they wait for moved.
+  uint64_t seen_epoch = 0;
+  bool store_written = false;
 };
 
 using Ready = std::vector<std::pair<grpc::ServerUnaryReactor*, grpc::Status>>;
@@ -115,16 +119,17 @@ class Core {
             "CXXLAUNCH_TOKEN)"};
   }
 
-  // Answers at once. `body` runs under the lock and may change state.
+  // Answers at once. `body` runs under the lock and may change the state of run `run_id`.
   template <typename Body>
-  grpc::ServerUnaryReactor* answer(grpc::CallbackServerContext* ctx, Body&& body) {
+  grpc::ServerUnaryReactor* answer(grpc::CallbackServerContext* ctx, const std::string& run_id,
+                                   Body&& body) {
     auto* reactor = ctx->DefaultReactor();
     grpc::Status status = authorize(ctx);
     Ready ready;
     if (status.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
       status = wire::guarded(body);
-      recheckAll(Clock::now(), ready);
+      recheck(run_id, Clock::now(), ready);
     }
     changed_.notify_all();
     reactor->Finish(status);
@@ -136,7 +141,8 @@ class Core {
   // an error from it answers at once. `wait` is read after `prepare`, which may set it.
   template <typename Prepare>
   grpc::ServerUnaryReactor* park(grpc::CallbackServerContext* ctx, const std::string& run_id,
-                                 Prepare&& prepare, const Millis& wait, Attempt attempt) {
+                                 bool join, Prepare&& prepare, const Millis& wait,
+                                 Attempt attempt) {
     grpc::Status status = authorize(ctx);
     Ready ready;
     std::optional<grpc::Status> result;
@@ -148,9 +154,9 @@ class Core {
       if (status.ok()) result = tryAttempt(attempt, false);
       if (status.ok() && !result) {
         parked = new ParkedReactor(this);
-        runs_.at(run_id)->parked.push_back({parked, now + wait, std::move(attempt)});
+        runs_.at(run_id)->parked.push_back({parked, now + wait, join, std::move(attempt)});
       }
-      recheckAll(now, ready);
+      recheck(run_id, now, ready);
     }
     changed_.notify_all();
     finishAll(ready);
@@ -198,9 +204,11 @@ class Core {
     return *it->second;
   }
 
-  // The key space of a store call; throws StaleError when its round is not current.
-  MemoryStore& storeOf(const rdzv::Scope& scope) {
+  // The key space of a store call; throws StaleError when its round is not current. `write`:
+  // the call changes keys, so calls waiting for keys must look again.
+  MemoryStore& storeOf(const rdzv::Scope& scope, bool write = false) {
     Run& run = runOf(scope.run_id());
+    run.store_written = run.store_written || write;
     run.state.checkStoreRound(scope.round());
     if (run.store_round != scope.round()) {
       run.store = std::make_unique<MemoryStore>();  // the old round's keys go with it
@@ -230,27 +238,40 @@ class Core {
     return result;
   }
 
-  void recheckAll(SteadyTime now, Ready& ready) {
-    for (auto& [id, run] : runs_) {
-      for (auto it = run->parked.begin(); it != run->parked.end();) {
-        auto result = tryAttempt(it->attempt, now >= it->deadline);
-        if (result) {
-          ready.emplace_back(it->reactor, *result);
-          it = run->parked.erase(it);
-        } else {
-          ++it;
-        }
+  // Answers the parked calls of a run that can be answered: all of them when a round moved,
+  // the store waiters after a write, and any whose deadline has passed.
+  void recheck(Run& run, SteadyTime now, Ready& ready) {
+    const bool moved = run.state.epoch() != run.seen_epoch;
+    const bool written = run.store_written;
+    run.seen_epoch = run.state.epoch();
+    run.store_written = false;
+    for (auto it = run.parked.begin(); it != run.parked.end();) {
+      const bool expired = now >= it->deadline;
+      std::optional<grpc::Status> result;
+      if (moved || expired || (written && !it->join)) result = tryAttempt(it->attempt, expired);
+      if (result) {
+        ready.emplace_back(it->reactor, *result);
+        it = run.parked.erase(it);
+      } else {
+        ++it;
       }
     }
+  }
+
+  void recheck(const std::string& run_id, SteadyTime now, Ready& ready) {
+    auto it = runs_.find(run_id);
+    if (it != runs_.end()) recheck(*it->second, now, ready);
   }
 
   void tickLoop() {
     std::unique_lock<std::mutex> lock(mu_);
     while (!stopping_) {
       const auto now = Clock::now();
-      for (auto& [id, run] : runs_) run->state.tick(now);
       Ready ready;
-      recheckAll(now, ready);
+      for (auto& [id, run] : runs_) {
+        run->state.tick(now);
+        recheck(*run, now, ready);
+      }
       std::optional<SteadyTime> next;
       for (auto& [id, run] : runs_) {
         auto deadline = run->state.nextDeadline();
@@ -299,8 +320,8 @@ class StoreService final : public rdzv::Store::CallbackService {
 
   grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* ctx, const rdzv::SetRequest* req,
                                 rdzv::SetResponse*) override {
-    return core_.answer(ctx, [&] {
-      core_.storeOf(req->scope()).set(req->key(), req->value());
+    return core_.answer(ctx, req->scope().run_id(), [&] {
+      core_.storeOf(req->scope(), /*write=*/true).set(req->key(), req->value());
       return grpc::Status::OK;
     });
   }
@@ -309,7 +330,8 @@ class StoreService final : public rdzv::Store::CallbackService {
                                 rdzv::GetResponse* resp) override {
     const Millis wait = safeWait(req->timeout_ms());
     return core_.park(
-        ctx, req->scope().run_id(), [&] { return prepare(req->scope(), req->timeout_ms()); },
+        ctx, req->scope().run_id(), /*join=*/false,
+        [&] { return prepare(req->scope(), req->timeout_ms()); },
         wait, [this, req, resp, wait](bool expired) -> std::optional<grpc::Status> {
           MemoryStore& store = core_.storeOf(req->scope());
           if (store.check({req->key()})) {
@@ -326,8 +348,8 @@ class StoreService final : public rdzv::Store::CallbackService {
 
   grpc::ServerUnaryReactor* Add(grpc::CallbackServerContext* ctx, const rdzv::AddRequest* req,
                                 rdzv::AddResponse* resp) override {
-    return core_.answer(ctx, [&] {
-      resp->set_value(core_.storeOf(req->scope()).add(req->key(), req->delta()));
+    return core_.answer(ctx, req->scope().run_id(), [&] {
+      resp->set_value(core_.storeOf(req->scope(), /*write=*/true).add(req->key(), req->delta()));
       return grpc::Status::OK;
     });
   }
@@ -335,9 +357,10 @@ class StoreService final : public rdzv::Store::CallbackService {
   grpc::ServerUnaryReactor* CompareSet(grpc::CallbackServerContext* ctx,
                                        const rdzv::CompareSetRequest* req,
                                        rdzv::CompareSetResponse* resp) override {
-    return core_.answer(ctx, [&] {
+    return core_.answer(ctx, req->scope().run_id(), [&] {
       resp->set_value(
-          core_.storeOf(req->scope()).compareSet(req->key(), req->expected(), req->desired()));
+          core_.storeOf(req->scope(), /*write=*/true)
+              .compareSet(req->key(), req->expected(), req->desired()));
       return grpc::Status::OK;
     });
   }
@@ -349,7 +372,7 @@ class StoreService final : public rdzv::Store::CallbackService {
 
   grpc::ServerUnaryReactor* Check(grpc::CallbackServerContext* ctx, const rdzv::KeysRequest* req,
                                   rdzv::CheckResponse* resp) override {
-    return core_.answer(ctx, [&] {
+    return core_.answer(ctx, req->scope().run_id(), [&] {
       resp->set_ready(core_.storeOf(req->scope()).check(keysOf(*req)));
       return grpc::Status::OK;
     });
@@ -358,8 +381,8 @@ class StoreService final : public rdzv::Store::CallbackService {
   grpc::ServerUnaryReactor* Delete(grpc::CallbackServerContext* ctx,
                                    const rdzv::DeleteRequest* req,
                                    rdzv::DeleteResponse* resp) override {
-    return core_.answer(ctx, [&] {
-      resp->set_existed(core_.storeOf(req->scope()).deleteKey(req->key()));
+    return core_.answer(ctx, req->scope().run_id(), [&] {
+      resp->set_existed(core_.storeOf(req->scope(), /*write=*/true).deleteKey(req->key()));
       return grpc::Status::OK;
     });
   }
@@ -367,7 +390,7 @@ class StoreService final : public rdzv::Store::CallbackService {
   grpc::ServerUnaryReactor* NumKeys(grpc::CallbackServerContext* ctx,
                                     const rdzv::NumKeysRequest* req,
                                     rdzv::NumKeysResponse* resp) override {
-    return core_.answer(ctx, [&] {
+    return core_.answer(ctx, req->scope().run_id(), [&] {
       resp->set_count(core_.storeOf(req->scope()).numKeys());
       return grpc::Status::OK;
     });
@@ -385,9 +408,9 @@ class StoreService final : public rdzv::Store::CallbackService {
   grpc::ServerUnaryReactor* MultiSet(grpc::CallbackServerContext* ctx,
                                      const rdzv::MultiSetRequest* req,
                                      rdzv::MultiSetResponse*) override {
-    return core_.answer(ctx, [&] {
+    return core_.answer(ctx, req->scope().run_id(), [&] {
       std::vector<std::string> values(req->values().begin(), req->values().end());
-      core_.storeOf(req->scope()).multiSet(keysOf(*req), values);
+      core_.storeOf(req->scope(), /*write=*/true).multiSet(keysOf(*req), values);
       return grpc::Status::OK;
     });
   }
@@ -413,7 +436,8 @@ class StoreService final : public rdzv::Store::CallbackService {
                                         const rdzv::KeysRequest* req, Fill fill) {
     const Millis wait = safeWait(req->timeout_ms());
     return core_.park(
-        ctx, req->scope().run_id(), [&] { return prepare(req->scope(), req->timeout_ms()); },
+        ctx, req->scope().run_id(), /*join=*/false,
+        [&] { return prepare(req->scope(), req->timeout_ms()); },
         wait, [this, req, wait, fill](bool expired) -> std::optional<grpc::Status> {
           MemoryStore& store = core_.storeOf(req->scope());
           const auto keys = keysOf(*req);
@@ -457,7 +481,7 @@ class RendezvousService final : public rdzv::Rendezvous::CallbackService {
     };
     const std::string run_id = req->run_id();
     return core_.park(
-        ctx, run_id, prepare, wait,
+        ctx, run_id, /*join=*/true, prepare, wait,
         [this, run_id, id = node.id, resp](bool expired) -> std::optional<grpc::Status> {
           Run& run = core_.runOf(run_id);
           if (auto placement = run.state.placementOf(id)) {
@@ -478,7 +502,7 @@ class RendezvousService final : public rdzv::Rendezvous::CallbackService {
   grpc::ServerUnaryReactor* KeepAlive(grpc::CallbackServerContext* ctx,
                                       const rdzv::KeepAliveRequest* req,
                                       rdzv::KeepAliveResponse* resp) override {
-    return core_.answer(ctx, [&] {
+    return core_.answer(ctx, req->run_id(), [&] {
       Run& run = core_.runOf(req->run_id());
       wire::toProto(run.state.keepAlive(req->node_id(), req->round(), Clock::now()), resp);
       return grpc::Status::OK;
@@ -488,7 +512,7 @@ class RendezvousService final : public rdzv::Rendezvous::CallbackService {
   grpc::ServerUnaryReactor* RequestRestart(grpc::CallbackServerContext* ctx,
                                            const rdzv::RestartRequest* req,
                                            rdzv::KeepAliveResponse* resp) override {
-    return core_.answer(ctx, [&] {
+    return core_.answer(ctx, req->run_id(), [&] {
       Run& run = core_.runOf(req->run_id());
       wire::toProto(run.state.requestRestart(req->node_id(), req->round(),
                                              wire::fromProto(req->failure()), Clock::now()),
@@ -499,7 +523,7 @@ class RendezvousService final : public rdzv::Rendezvous::CallbackService {
 
   grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* ctx, const rdzv::LeaveRequest* req,
                                   rdzv::KeepAliveResponse* resp) override {
-    return core_.answer(ctx, [&] {
+    return core_.answer(ctx, req->run_id(), [&] {
       Run& run = core_.runOf(req->run_id());
       wire::toProto(run.state.leave(req->node_id(), req->round(), Clock::now()), resp);
       return grpc::Status::OK;
@@ -509,7 +533,7 @@ class RendezvousService final : public rdzv::Rendezvous::CallbackService {
   grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* ctx,
                                    const rdzv::StatusRequest* req,
                                    rdzv::StatusResponse* resp) override {
-    return core_.answer(ctx, [&] {
+    return core_.answer(ctx, req->run_id(), [&] {
       Run& run = core_.runOf(req->run_id());
       wire::toProto(run.state.status(Clock::now()), resp);
       return grpc::Status::OK;

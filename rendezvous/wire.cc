@@ -55,7 +55,6 @@ Placement fromProto(const rdzv::RoundInfo& p) {
   r.master_addr = p.master_addr();
   r.master_port = p.master_port();
   r.restart_count = p.restart_count();
-  r.node_ids.assign(p.node_ids().begin(), p.node_ids().end());
   return r;
 }
 
@@ -68,7 +67,6 @@ void toProto(const Placement& r, rdzv::RoundInfo* p) {
   p->set_master_addr(r.master_addr);
   p->set_master_port(r.master_port);
   p->set_restart_count(r.restart_count);
-  for (const auto& id : r.node_ids) p->add_node_ids(id);
 }
 
 FailureReport fromProto(const rdzv::Failure& p) {

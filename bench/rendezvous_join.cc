@@ -1,0 +1,195 @@
+// Rendezvous scale: N simulated nodes join one round on one cxxlaunchd over loopback.
+//
+// For each N it prints the time from the first Join sent to the last placement received, and
+// the ratio to N sequential unary round trips (KeepAlive) on the same server, measured in the
+// same run. Target (issue 3): the ratio stays under 2 and grows no worse than linearly in N.
+//
+// usage: rendezvous_join_bench [--daemon build/bin/cxxlaunchd] [--nodes 64,256,1024]
+//                              [--connections 16]
+// The nodes share `--connections` TCP connections (a real job has one per node; the file
+// descriptor limit of a test machine does not allow 1024). Exits non-zero if any node got a
+// wrong or missing placement.
+
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <iostream>
+#include <mutex>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "proto/rendezvous.grpc.pb.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace rdzv = cxxlaunch::rdzv;
+
+struct Daemon {
+  pid_t pid = -1;
+  std::string endpoint;
+
+  explicit Daemon(const std::string& path) {
+    int out[2];
+    if (::pipe(out) != 0) throw std::runtime_error("pipe");
+    pid = ::fork();
+    if (pid == 0) {
+      ::dup2(out[1], 1);
+      ::execl(path.c_str(), path.c_str(), "--port", "0", static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    ::close(out[1]);
+    std::string text;
+    char c;
+    while (text.find('\n') == std::string::npos && ::read(out[0], &c, 1) == 1) text.push_back(c);
+    ::close(out[0]);
+    std::smatch m;
+    if (!std::regex_search(text, m, std::regex("listening on (\\S+)"))) {
+      throw std::runtime_error("cxxlaunchd did not start: " + text);
+    }
+    endpoint = m[1];
+  }
+  ~Daemon() {
+    ::kill(pid, SIGTERM);
+    ::waitpid(pid, nullptr, 0);
+  }
+};
+
+struct Result {
+  double join_ms = 0;
+  double sequential_ms = 0;
+  bool ok = true;
+};
+
+Result measure(const std::string& endpoint, int n, int connections) {
+  std::vector<std::unique_ptr<rdzv::Rendezvous::Stub>> stubs;
+  for (int c = 0; c < connections; ++c) {
+    grpc::ChannelArguments args;
+    args.SetInt("cxxlaunch.bench.connection", c);  // distinct args: distinct connections
+    auto channel =
+        grpc::CreateCustomChannel(endpoint, grpc::InsecureChannelCredentials(), args);
+    channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    stubs.push_back(rdzv::Rendezvous::NewStub(channel));
+  }
+  const std::string run_id = "bench-" + std::to_string(n);
+  rdzv::RunSettings settings;
+  settings.set_min_nodes(n);
+  settings.set_max_nodes(n);
+  settings.set_last_call_timeout_ms(30000);
+  settings.set_keep_alive_interval_ms(30000);
+  settings.set_keep_alive_max_misses(3);
+
+  struct Call {
+    grpc::ClientContext ctx;
+    rdzv::JoinRequest req;
+    rdzv::JoinResponse resp;
+  };
+  std::vector<std::unique_ptr<Call>> calls;
+  for (int i = 0; i < n; ++i) {
+    auto call = std::make_unique<Call>();
+    call->req.set_run_id(run_id);
+    char id[32];
+    std::snprintf(id, sizeof(id), "node%05d", i);
+    call->req.mutable_node()->set_id(id);
+    call->req.mutable_node()->set_addr("127.0.0.1");
+    call->req.mutable_node()->set_local_world_size(1);
+    call->req.mutable_node()->set_node_rank(-1);
+    *call->req.mutable_settings() = settings;
+    call->req.set_poll_ms(30000);
+    call->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    calls.push_back(std::move(call));
+  }
+  std::mutex mu;
+  std::condition_variable done;
+  int finished = 0;
+  std::atomic<bool> all_ok = true;
+  const auto start = Clock::now();
+  for (int i = 0; i < n; ++i) {
+    Call& call = *calls[static_cast<size_t>(i)];
+    stubs[static_cast<size_t>(i % connections)]->async()->Join(
+        &call.ctx, &call.req, &call.resp, [&](grpc::Status status) {
+          if (!status.ok() || !call.resp.complete()) all_ok = false;
+          std::lock_guard<std::mutex> lock(mu);
+          if (++finished == n) done.notify_all();
+        });
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    done.wait(lock, [&] { return finished == n; });
+  }
+  Result result;
+  result.join_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  // Every node placed once: node ranks 0..n-1, all in one world of n.
+  long long rank_sum = 0;
+  for (const auto& call : calls) {
+    rank_sum += call->resp.round().node_rank();
+    if (call->resp.round().world_size() != n) all_ok = false;
+  }
+  result.ok = all_ok && rank_sum == static_cast<long long>(n) * (n - 1) / 2;
+
+  // The peer: n sequential unary round trips on the same server.
+  const auto seq_start = Clock::now();
+  for (int i = 0; i < n; ++i) {
+    grpc::ClientContext ctx;
+    rdzv::KeepAliveRequest req;
+    req.set_run_id(run_id);
+    req.set_node_id(calls[static_cast<size_t>(i)]->req.node().id());
+    req.set_round(calls[0]->resp.round().round());
+    rdzv::KeepAliveResponse resp;
+    if (!stubs[0]->KeepAlive(&ctx, req, &resp).ok()) result.ok = false;
+  }
+  result.sequential_ms =
+      std::chrono::duration<double, std::milli>(Clock::now() - seq_start).count();
+  return result;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string daemon_path = "build/bin/cxxlaunchd";
+  std::vector<int> sizes = {64, 256, 1024};
+  int connections = 16;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--daemon") {
+      daemon_path = value;
+    } else if (flag == "--connections") {
+      connections = std::max(1, std::atoi(value.c_str()));
+    } else if (flag == "--nodes") {
+      sizes.clear();
+      for (size_t at = 0; at < value.size();) {
+        size_t comma = value.find(',', at);
+        sizes.push_back(std::atoi(value.substr(at, comma - at).c_str()));
+        at = comma == std::string::npos ? value.size() : comma + 1;
+      }
+    } else {
+      std::cerr << "unknown flag " << flag << "\n";
+      return 2;
+    }
+  }
+  Daemon daemon(daemon_path);
+  std::printf("%8s %16s %22s %8s\n", "nodes", "join-complete ms", "N sequential RTTs ms",
+              "ratio");
+  bool ok = true;
+  double first_ratio = 0, last_ratio = 0;
+  for (int n : sizes) {
+    measure(daemon.endpoint, std::min(n, 8), connections);  // warm up connections and threads
+    Result r = measure(daemon.endpoint, n, connections);
+    const double ratio = r.join_ms / r.sequential_ms;
+    if (first_ratio == 0) first_ratio = ratio;
+    last_ratio = ratio;
+    std::printf("%8d %16.1f %22.1f %8.2f%s\n", n, r.join_ms, r.sequential_ms, ratio,
+                r.ok ? "" : "  WRONG PLACEMENTS");
+    ok = ok && r.ok;
+  }
+  std::printf("target: ratio < 2 at every N (%s); growth from first to last N: %.2fx\n",
+              last_ratio < 2 && first_ratio < 2 ? "met" : "MISSED", last_ratio / first_ratio);
+  return ok ? 0 : 1;
+}
