@@ -5,7 +5,8 @@
 // same run. Target (issue 3): the ratio stays under 2 and grows no worse than linearly in N.
 //
 // usage: rendezvous_join_bench [--daemon build/bin/cxxlaunchd] [--nodes 64,256,1024]
-//                              [--connections 16]
+//                              [--connections 16] [--repeat 5]
+// Each figure is the median of --repeat runs (a fresh run id each).
 // The nodes share `--connections` TCP connections (a real job has one per node; the file
 // descriptor limit of a test machine does not allow 1024). Exits non-zero if any node got a
 // wrong or missing placement.
@@ -15,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -68,7 +70,7 @@ struct Result {
   bool ok = true;
 };
 
-Result measure(const std::string& endpoint, int n, int connections) {
+Result measure(const std::string& endpoint, int n, int connections, const std::string& run_id) {
   std::vector<std::unique_ptr<rdzv::Rendezvous::Stub>> stubs;
   for (int c = 0; c < connections; ++c) {
     grpc::ChannelArguments args;
@@ -78,7 +80,6 @@ Result measure(const std::string& endpoint, int n, int connections) {
     channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10));
     stubs.push_back(rdzv::Rendezvous::NewStub(channel));
   }
-  const std::string run_id = "bench-" + std::to_string(n);
   rdzv::RunSettings settings;
   settings.set_min_nodes(n);
   settings.set_max_nodes(n);
@@ -156,10 +157,13 @@ int main(int argc, char** argv) {
   std::string daemon_path = "build/bin/cxxlaunchd";
   std::vector<int> sizes = {64, 256, 1024};
   int connections = 16;
+  int repeat = 5;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--daemon") {
       daemon_path = value;
+    } else if (flag == "--repeat") {
+      repeat = std::max(1, std::atoi(value.c_str()));
     } else if (flag == "--connections") {
       connections = std::max(1, std::atoi(value.c_str()));
     } else if (flag == "--nodes") {
@@ -180,8 +184,22 @@ int main(int argc, char** argv) {
   bool ok = true;
   double first_ratio = 0, last_ratio = 0;
   for (int n : sizes) {
-    measure(daemon.endpoint, std::min(n, 8), connections);  // warm up connections and threads
-    Result r = measure(daemon.endpoint, n, connections);
+    measure(daemon.endpoint, std::min(n, 8), connections, "warm-" + std::to_string(n));
+    std::vector<double> joins, sequentials;
+    Result r;
+    for (int k = 0; k < repeat; ++k) {
+      Result one = measure(daemon.endpoint, n, connections,
+                           "bench-" + std::to_string(n) + "-" + std::to_string(k));
+      joins.push_back(one.join_ms);
+      sequentials.push_back(one.sequential_ms);
+      r.ok = r.ok && one.ok;
+    }
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    r.join_ms = median(joins);
+    r.sequential_ms = median(sequentials);
     const double ratio = r.join_ms / r.sequential_ms;
     if (first_ratio == 0) first_ratio = ratio;
     last_ratio = ratio;

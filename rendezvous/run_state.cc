@@ -71,11 +71,6 @@ void RunState::checkNotFinal() const {
   }
 }
 
-bool RunState::silent(const std::string& id, SteadyTime now) const {
-  auto it = heartbeats_.find(id);
-  return it == heartbeats_.end() || now - it->second > settings_.evictionTimeout();
-}
-
 std::optional<Placement> RunState::join(const NodeSpec& node, const RunSettings& settings,
                                         SteadyTime now) {
   node.validate();
@@ -88,10 +83,10 @@ std::optional<Placement> RunState::join(const NodeSpec& node, const RunSettings&
   checkNotFinal();
   if (phase_ == Phase::kRunning) {
     if (rank_of_.count(node.id) != 0) {
-      heartbeats_[node.id] = now;
+      beat(node.id, now);
       return placementOf(node.id);  // asked again: the same answer
     }
-    heartbeats_[node.id] = now;
+    beat(node.id, now);
     if (!contains(waiting_, node.id)) {
       waiting_.push_back(node);
       // Room for it: re-form the world with it now (scale-up costs no restart).
@@ -101,7 +96,7 @@ std::optional<Placement> RunState::join(const NodeSpec& node, const RunSettings&
     }
     return placementOf(node.id);
   }
-  heartbeats_[node.id] = now;
+  beat(node.id, now);
   if (!contains(joined_, node.id) && !contains(waiting_, node.id)) {
     if (!joined_.empty() && (joined_.begin()->second.node_rank >= 0) != (node.node_rank >= 0)) {
       throw InvalidArgument("node " + node.id +
@@ -199,7 +194,7 @@ void RunState::startNextRound(SteadyTime now, const std::string& reason) {
 Verdict RunState::keepAlive(const std::string& node_id, int64_t round, SteadyTime now) {
   const bool tracked = rank_of_.count(node_id) != 0 || contains(joined_, node_id) ||
                        contains(waiting_, node_id);
-  if (tracked) heartbeats_[node_id] = now;  // an evicted node stays evicted
+  if (tracked) beat(node_id, now);  // an evicted node stays evicted
   if (finalState()) informed_.insert(node_id);
   if (phase_ == Phase::kClosed) return {Action::kClosed, "every node finished", std::nullopt};
   if (phase_ == Phase::kFailed) return {Action::kFail, "no restarts left", root_cause_};
@@ -249,52 +244,50 @@ Verdict RunState::leave(const std::string& node_id, int64_t round, SteadyTime no
 
 bool RunState::tick(SteadyTime now) {
   if (finalState()) return false;
-  bool changed = false;
-  auto drop_silent = [&](std::vector<NodeSpec>& nodes) {
-    auto gone = std::remove_if(nodes.begin(), nodes.end(), [&](const NodeSpec& n) {
-      return silent(n.id, now);
-    });
-    if (gone != nodes.end()) changed = true;
-    for (auto it = gone; it != nodes.end(); ++it) heartbeats_.erase(it->id);
-    nodes.erase(gone, nodes.end());
-  };
-  drop_silent(waiting_);
-  for (auto it = joined_.begin(); it != joined_.end();) {
-    if (silent(it->first, now)) {
-      heartbeats_.erase(it->first);
-      it = joined_.erase(it);
-      changed = true;
-    } else {
-      ++it;
-    }
+  std::vector<std::string> silent_ids;  // oldest keep-alive first; stop at the first live one
+  for (const auto& [beat, id] : by_beat_) {
+    if (now - beat <= settings_.evictionTimeout()) break;
+    silent_ids.push_back(id);
   }
-  for (auto it = expected_.begin(); it != expected_.end();) {
-    if (!contains(joined_, *it) && silent(*it, now)) {
-      it = expected_.erase(it);
-      changed = true;
-    } else {
-      ++it;
-    }
+  std::set<std::string> evicted;
+  for (const auto& id : silent_ids) {
+    forget(id);
+    joined_.erase(id);
+    expected_.erase(id);
+    waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(),
+                                  [&](const NodeSpec& n) { return n.id == id; }),
+                   waiting_.end());
+    if (phase_ == Phase::kRunning && rank_of_.count(id) != 0) evicted.insert(id);
   }
-  if (phase_ == Phase::kRunning) {
-    std::vector<std::string> evicted;
-    for (const auto& node : participants_) {
-      if (silent(node.id, now)) evicted.push_back(node.id);
-    }
-    if (!evicted.empty()) {
-      // The survivors are expected back in the next round (which also re-ranks them).
-      participants_.erase(std::remove_if(participants_.begin(), participants_.end(),
-                                         [&](const NodeSpec& n) { return silent(n.id, now); }),
-                          participants_.end());
-      for (const auto& id : evicted) heartbeats_.erase(id);
-      startNextRound(now, "evicted " + joinIds(evicted) + " (no keep-alive for " +
-                              std::to_string(settings_.evictionTimeout().count()) + " ms)");
-      return true;
-    }
+  if (!evicted.empty()) {
+    // The survivors are expected back in the next round (which also re-ranks them).
+    participants_.erase(std::remove_if(participants_.begin(), participants_.end(),
+                                       [&](const NodeSpec& n) { return evicted.count(n.id); }),
+                        participants_.end());
+    startNextRound(now, "evicted " + joinIds({evicted.begin(), evicted.end()}) +
+                            " (no keep-alive for " +
+                            std::to_string(settings_.evictionTimeout().count()) + " ms)");
+    return true;
   }
   const Phase before = phase_;
   maybeComplete(now);
-  return changed || phase_ != before;
+  return !silent_ids.empty() || phase_ != before;
+}
+
+void RunState::beat(const std::string& id, SteadyTime now) {
+  auto [it, inserted] = heartbeats_.try_emplace(id, now);
+  if (!inserted) {
+    by_beat_.erase({it->second, id});
+    it->second = now;
+  }
+  by_beat_.insert({now, id});
+}
+
+void RunState::forget(const std::string& id) {
+  auto it = heartbeats_.find(id);
+  if (it == heartbeats_.end()) return;
+  by_beat_.erase({it->second, id});
+  heartbeats_.erase(it);
 }
 
 bool RunState::everyoneInformed() const {
@@ -305,8 +298,8 @@ bool RunState::everyoneInformed() const {
 std::optional<SteadyTime> RunState::nextDeadline() const {
   if (finalState()) return std::nullopt;
   std::optional<SteadyTime> next = last_call_deadline_;
-  for (const auto& [id, beat] : heartbeats_) {
-    const SteadyTime expiry = beat + settings_.evictionTimeout() + Millis(1);
+  if (!by_beat_.empty()) {
+    const SteadyTime expiry = by_beat_.begin()->first + settings_.evictionTimeout() + Millis(1);
     if (!next || expiry < *next) next = expiry;
   }
   return next;

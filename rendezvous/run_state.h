@@ -165,13 +165,15 @@ class RunState {
   void maybeComplete(SteadyTime now);
   void complete();
   void startNextRound(SteadyTime now, const std::string& reason);
-  bool silent(const std::string& id, SteadyTime now) const;
+  void beat(const std::string& id, SteadyTime now);  // records a keep-alive
+  void forget(const std::string& id);
 
   std::string run_id_;
   RunSettings settings_;
   Phase phase_ = Phase::kJoining;
   int64_t round_ = 1;
   std::map<std::string, SteadyTime> heartbeats_;
+  std::set<std::pair<SteadyTime, std::string>> by_beat_;  // the same, oldest first
   // Joining: who has joined round_ (by id), and who is expected back.
   std::map<std::string, NodeSpec> joined_;
   std::set<std::string> expected_;

@@ -126,12 +126,14 @@ class Core {
     auto* reactor = ctx->DefaultReactor();
     grpc::Status status = authorize(ctx);
     Ready ready;
+    bool wake = false;
     if (status.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
       status = wire::guarded(body);
       recheck(run_id, Clock::now(), ready);
+      wake = tickerMustWake(run_id, std::nullopt);
     }
-    changed_.notify_all();
+    if (wake) changed_.notify_all();
     reactor->Finish(status);
     finishAll(ready);
     return reactor;
@@ -147,18 +149,22 @@ class Core {
     Ready ready;
     std::optional<grpc::Status> result;
     ParkedReactor* parked = nullptr;
+    bool wake = false;
     if (status.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
       status = wire::guarded(prepare);
       const auto now = Clock::now();
       if (status.ok()) result = tryAttempt(attempt, false);
+      std::optional<SteadyTime> deadline;
       if (status.ok() && !result) {
         parked = new ParkedReactor(this);
-        runs_.at(run_id)->parked.push_back({parked, now + wait, join, std::move(attempt)});
+        deadline = now + wait;
+        runs_.at(run_id)->parked.push_back({parked, *deadline, join, std::move(attempt)});
       }
       recheck(run_id, now, ready);
+      wake = tickerMustWake(run_id, deadline);
     }
-    changed_.notify_all();
+    if (wake) changed_.notify_all();
     finishAll(ready);
     if (parked != nullptr) return parked;
     auto* reactor = ctx->DefaultReactor();
@@ -258,6 +264,18 @@ class Core {
     }
   }
 
+  // Whether the ticker sleeps past a deadline of this run (or `extra`), or a waiter of
+  // waitUntilSettled should look. The ticker is not woken otherwise: most calls only move
+  // deadlines later.
+  bool tickerMustWake(const std::string& run_id, std::optional<SteadyTime> extra) {
+    auto it = runs_.find(run_id);
+    if (it == runs_.end()) return false;
+    if (it->second->state.finalState()) return true;
+    std::optional<SteadyTime> deadline = it->second->state.nextDeadline();
+    if (extra && (!deadline || *extra < *deadline)) deadline = extra;
+    return deadline && (!wake_at_ || *deadline < *wake_at_);
+  }
+
   void recheck(const std::string& run_id, SteadyTime now, Ready& ready) {
     auto it = runs_.find(run_id);
     if (it != runs_.end()) recheck(*it->second, now, ready);
@@ -287,6 +305,7 @@ class Core {
         lock.lock();
         continue;
       }
+      wake_at_ = next;
       if (next) {
         changed_.wait_until(lock, *next);
       } else {
@@ -300,6 +319,7 @@ class Core {
   std::condition_variable changed_;
   std::map<std::string, std::unique_ptr<Run>> runs_;
   bool stopping_ = false;
+  std::optional<SteadyTime> wake_at_;  // when the ticker plans to wake; nullopt: only if told
   std::thread ticker_;
 };
 
