@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(
-  build-essential cmake ninja-build ccache pkg-config time
+  build-essential cmake ninja-build ccache pkg-config time openssl
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libyaml-cpp-dev nlohmann-json3-dev catch2
   python3-torch  # the peer for benchmarks and the PyTorch compatibility test, never a dependency

@@ -123,3 +123,75 @@ TEST_CASE("Help lists every flag", "[cli]") {
     REQUIRE_THAT(help, Catch::Contains(flag));
   }
 }
+
+TEST_CASE("Multi-node flags parse", "[cli]") {
+  auto o = parseRunArgs({"--nnodes=2:4", "--rdzv-endpoint", "node0", "--rdzv_id", "job",
+                         "--rdzv_conf",
+                         "join_timeout=60,last_call_timeout=0,keep_alive_interval=0.5,"
+                         "keep_alive_max_misses=4,close_timeout=9,is_host=false,tls_ca=ca.pem",
+                         "--local_addr", "10.0.0.7", "true"},
+                        host());
+  CHECK(o.rdzv.min_nodes == 2);
+  CHECK(o.rdzv.max_nodes == 4);
+  CHECK(o.rdzv.endpoint == "node0:29400");
+  CHECK(o.rdzv.join_timeout.count() == 60000);
+  CHECK(o.rdzv.last_call_timeout.count() == 0);
+  CHECK(o.rdzv.keep_alive_interval.count() == 500);
+  CHECK(o.rdzv.keep_alive_max_misses == 4);
+  CHECK(o.rdzv.close_timeout.count() == 9000);
+  CHECK(o.rdzv.is_host == false);
+  CHECK(o.rdzv.tls_ca == "ca.pem");
+  CHECK(o.rdzv.local_addr == "10.0.0.7");
+  CHECK(o.rdzv.multiNode());
+  auto s = parseRunArgs({"--nnodes", "3", "--rdzv_backend=static", "--node_rank", "2",
+                         "--rdzv_endpoint", "[::1]:5000", "--rdzv_id", "j", "true"},
+                        host());
+  CHECK(s.rdzv.endpoint == "[::1]:5000");
+  CHECK(s.rdzv.node_rank == 2);
+  auto single = parseRunArgs({"true"}, host());
+  CHECK_FALSE(single.rdzv.multiNode());
+  CHECK(single.run_id.size() == 12);  // a random id
+}
+
+TEST_CASE("Bad multi-node command lines fail with one clear message", "[cli]") {
+  struct Case {
+    Args args;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{"--nnodes", "3:2", "true"}, "MIN:MAX with 1 <= MIN <= MAX"},
+      {{"--nnodes", "0", "true"}, "a number of nodes >= 1"},
+      {{"--nnodes", "2", "--rdzv_id", "j", "true"}, "needs --rdzv_endpoint"},
+      {{"--nnodes", "2", "--rdzv_endpoint", "h:1", "true"}, "needs --rdzv_id"},
+      {{"--rdzv_endpoint", "h:70000", "--rdzv_id", "j", "true"}, "port 1-65535"},
+      {{"--rdzv_conf", "join_timout=5", "true"}, "did you mean join_timeout?"},
+      {{"--rdzv_conf", "keep_alive_interval=-1", "true"}, "a number of seconds > 0"},
+      {{"--rdzv_conf", "last_call_timeout=-2", "true"}, "a number of seconds >= 0"},
+      {{"--rdzv_conf", "token_file=/no/such/token", "true"}, "cannot read '/no/such/token'"},
+      {{"--rdzv_conf", "tls_cert=a.pem", "true"}, "tls_cert and tls_key go together"},
+      {{"--rdzv_backend", "etcd", "true"}, "c10d or static"},
+      {{"--rdzv_backend", "static", "--nnodes", "1:2", "--rdzv_endpoint", "h", "--rdzv_id", "j",
+        "true"},
+       "needs a fixed --nnodes"},
+      {{"--rdzv_backend", "static", "--nnodes", "2", "--rdzv_endpoint", "h", "--rdzv_id", "j",
+        "true"},
+       "needs --node_rank"},
+      {{"--rdzv_backend", "static", "--nnodes", "2", "--node_rank", "2", "--rdzv_endpoint", "h",
+        "--rdzv_id", "j", "true"},
+       "out of range for 2 nodes"},
+      {{"--standalone", "--nnodes", "2", "true"}, "--standalone is a single-node job"},
+  };
+  for (const auto& c : cases) {
+    INFO("args: " << Catch::StringMaker<Args>::convert(c.args));
+    REQUIRE_THROWS_AS(parseRunArgs(c.args, host()), UsageError);
+    REQUIRE_THROWS_WITH(parseRunArgs(c.args, host()), Catch::Contains(c.message));
+  }
+}
+
+TEST_CASE("cxxlaunch status takes an endpoint and a run id", "[cli]") {
+  auto s = parseStatusArgs({"--rdzv_endpoint", "h:1", "--rdzv-id=job"});
+  CHECK(s.rdzv.endpoint == "h:1");
+  CHECK(s.run_id == "job");
+  REQUIRE_THROWS_WITH(parseStatusArgs({"--rdzv_id", "job"}), Catch::Contains("needs --rdzv_endpoint"));
+  REQUIRE_THROWS_WITH(parseStatusArgs({"--bogus", "x"}), Catch::Contains("unknown flag '--bogus'"));
+}

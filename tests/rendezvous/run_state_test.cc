@@ -262,3 +262,19 @@ TEST_CASE_METHOD(Fixture, "Joining nodes that go silent are dropped", "[run_stat
   CHECK(run.status(now + 16s).participants.size() == 1);
   CHECK_THAT(run.waitingFor(), Catch::Contains("1 of 3 nodes joined (b)"));
 }
+
+TEST_CASE_METHOD(Fixture, "A finished run is settled once every node has been told",
+                 "[run_state]") {
+  const auto s = settings(2, 2);
+  RunState run("job", s);
+  run.join(node("a"), s, now);
+  run.join(node("b"), s, now);
+  const auto epoch = run.epoch();
+  CHECK_FALSE(run.everyoneInformed());
+  run.leave("a", 1, now);
+  run.leave("b", 1, now);  // b learns "closed" from this answer
+  CHECK(run.epoch() != epoch);
+  CHECK_FALSE(run.everyoneInformed());
+  CHECK(run.keepAlive("a", 1, now).action == Action::kClosed);
+  CHECK(run.everyoneInformed());
+}
