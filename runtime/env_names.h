@@ -36,4 +36,18 @@ inline constexpr const char kTlsCert[] = "CXXLAUNCH_TLS_CERT";  // client certif
 inline constexpr const char kTlsKey[] = "CXXLAUNCH_TLS_KEY";    // its key
 inline constexpr const char kDevice[] = "CXXLAUNCH_DEVICE";  // this worker's GPU id, from --gpus
 
+// --- training settings -------------------------------------------------------------------
+// Resolved by the launcher from flags > CXXLAUNCH_* environment > config file > defaults
+// (docs/config.md), read by the runtime (runtime/env.h). Unset means the default.
+inline constexpr const char kStrategy[] = "CXXLAUNCH_STRATEGY";
+//   ddp (default) | zero1 | zero2 | zero3 | fsdp_full_shard | fsdp_shard_grad_op |
+//   fsdp_hybrid_shard | fsdp_no_shard
+inline constexpr const char kMixedPrecision[] = "CXXLAUNCH_MIXED_PRECISION";  // no | fp16 | bf16
+inline constexpr const char kGradAccumSteps[] = "CXXLAUNCH_GRADIENT_ACCUMULATION_STEPS";  // >= 1
+inline constexpr const char kGradClipping[] = "CXXLAUNCH_GRADIENT_CLIPPING";  // max norm; 0: none
+inline constexpr const char kBackend[] = "CXXLAUNCH_BACKEND";  // auto (default) | gloo | nccl
+inline constexpr const char kOffloadOptimizer[] = "CXXLAUNCH_OFFLOAD_OPTIMIZER";  // none | cpu
+inline constexpr const char kOffloadParams[] = "CXXLAUNCH_OFFLOAD_PARAMS";        // none | cpu
+inline constexpr const char kStateDictType[] = "CXXLAUNCH_STATE_DICT_TYPE";  // full | sharded
+
 }  // namespace cxxlaunch::env
