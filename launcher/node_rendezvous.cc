@@ -90,37 +90,8 @@ Decision decisionOf(const rdzv::Verdict& verdict) {
   return d;
 }
 
-// ---- one node: decides alone ------------------------------------------------------------------
-
-class SingleNodeRendezvous final : public NodeRendezvous {
- public:
-  explicit SingleNodeRendezvous(const LaunchOptions& options) : max_restarts_(options.max_restarts) {
-    world_.world_size = options.nproc_per_node;
-    world_.master_addr = options.master_addr;
-    world_.master_port = options.master_port != 0 ? options.master_port : reserveFreePort();
-  }
-
-  WorldAssignment join() override {
-    world_.restart_count = restarts_;
-    ++world_.round;
-    return world_;
-  }
-
-  Decision workersFailed(int, int, const std::string&) override {
-    if (restarts_ >= max_restarts_) return {Decision::Kind::kFail, "no restarts left", {}, {}};
-    ++restarts_;
-    return {Decision::Kind::kRestart, "", {}, {}};
-  }
-
-  Decision workersSucceeded() override { return {}; }
-
- private:
-  WorldAssignment world_;
-  int max_restarts_;
-  int restarts_ = 0;
-};
-
-// ---- many nodes: through the rendezvous server ------------------------------------------------
+// Every job goes through a rendezvous server, a single-node job too: it hosts a private one on
+// loopback, so that its workers get a store (for Gloo and NCCL bootstrap) like any other job.
 
 class RemoteRendezvous final : public NodeRendezvous {
  public:
@@ -136,10 +107,14 @@ class RemoteRendezvous final : public NodeRendezvous {
     client_options_.tls_key_file = r.tls_key;
     client_options_.call_timeout = std::chrono::seconds(10);
     run_id_ = options.run_id;
-    client_ = std::make_unique<rdzv::RendezvousClient>(client_options_, run_id_);
+    // The hosting launcher talks to its own server without the network.
+    client_ = server_ ? std::make_unique<rdzv::RendezvousClient>(client_options_, run_id_,
+                                                                  server_->inProcessChannel())
+                      : std::make_unique<rdzv::RendezvousClient>(client_options_, run_id_);
 
     node_.addr = !r.local_addr.empty() ? r.local_addr
-                                       : localAddressToward(splitEndpoint(endpoint).first);
+                 : !r.multiNode()     ? options.master_addr
+                                      : localAddressToward(splitEndpoint(endpoint).first);
     node_.id = node_.addr + "_" + std::to_string(::getpid()) + "_" + randomHex(6);
     node_.local_world_size = options.nproc_per_node;
     node_.master_port = options.master_port != 0 ? options.master_port : reserveFreePort();
@@ -202,13 +177,13 @@ class RemoteRendezvous final : public NodeRendezvous {
 
   Decision news() override {
     std::lock_guard<std::mutex> lock(mu_);
-    return news_;
+    return remember(news_);
   }
 
   Decision workersFailed(int rank, int exit_code, const std::string& description) override {
     try {
-      return decisionOf(
-          client_->requestRestart(node_.id, round_, {node_.id, rank, exit_code, description}));
+      return remember(decisionOf(
+          client_->requestRestart(node_.id, round_, {node_.id, rank, exit_code, description})));
     } catch (const Error& e) {
       return {Decision::Kind::kFail, std::string("cannot reach the rendezvous: ") + e.what(), {}, {}};
     }
@@ -217,7 +192,7 @@ class RemoteRendezvous final : public NodeRendezvous {
   Decision workersSucceeded() override {
     left_ = true;
     try {
-      return decisionOf(client_->leave(node_.id, round_));
+      return remember(decisionOf(client_->leave(node_.id, round_)));
     } catch (const Error& e) {
       return {Decision::Kind::kDone, std::string("the rendezvous is gone: ") + e.what(), {}, {}};
     }
@@ -227,7 +202,7 @@ class RemoteRendezvous final : public NodeRendezvous {
 
   void finish() override {
     unwatch();
-    if (server_) {
+    if (server_ && ended_) {
       server_->waitUntilSettled(run_id_,
                                 options_.keep_alive_interval * (options_.keep_alive_max_misses + 1));
     }
@@ -248,6 +223,13 @@ class RemoteRendezvous final : public NodeRendezvous {
       if (options.rdzv.is_host.value_or(false) || endpoint.empty()) throw;
       // Someone else serves it (another launcher here, cxxlaunchd, or another host).
     }
+  }
+
+  // Notes whether the job has ended (closed or failed): only then does a hosting launcher
+  // linger so that its peers learn the outcome.
+  Decision remember(Decision d) {
+    ended_ = ended_ || d.kind == Decision::Kind::kDone || d.kind == Decision::Kind::kFail;
+    return d;
   }
 
   WorldAssignment assignmentOf(const rdzv::Placement& p) {
@@ -315,6 +297,7 @@ class RemoteRendezvous final : public NodeRendezvous {
   int64_t round_ = 0;
   std::atomic<bool> left_ = false;
   std::atomic<bool> cancelled_ = false;
+  bool ended_ = false;
   std::mutex mu_;
   std::condition_variable wake_;
   bool stop_ = false;
@@ -325,8 +308,7 @@ class RemoteRendezvous final : public NodeRendezvous {
 }  // namespace
 
 std::unique_ptr<NodeRendezvous> makeNodeRendezvous(const LaunchOptions& options) {
-  if (options.rdzv.multiNode()) return std::make_unique<RemoteRendezvous>(options);
-  return std::make_unique<SingleNodeRendezvous>(options);
+  return std::make_unique<RemoteRendezvous>(options);
 }
 
 }  // namespace cxxlaunch::launcher

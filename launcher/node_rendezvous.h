@@ -1,7 +1,7 @@
 #pragma once
 // NodeRendezvous: how a node agent learns its place in the world and agrees with the other
-// nodes on restarts and on the end of the job. The single-node version decides alone; the
-// multi-node version talks to a rendezvous server (cxxlaunchd, or one this launcher hosts).
+// nodes on restarts and on the end of the job, through a rendezvous server (cxxlaunchd, or one
+// this launcher hosts; a single-node job hosts a private one on loopback).
 //
 // Thread-safety: join(), workersFailed() and workersSucceeded() are called from the agent's
 // thread; cancelJoin() and the watch callback may run on other threads.
@@ -71,8 +71,8 @@ class NodeRendezvous {
   virtual void finish() {}
 };
 
-// The rendezvous for these options: multi-node (--nnodes, --rdzv_endpoint) or single-node.
-// Hosts the rendezvous server when this node should. Throws UsageError / CommunicationError.
+// The rendezvous for these options. Hosts the server when this node should (always for a
+// single-node job). Throws InvalidArgument / CommunicationError.
 std::unique_ptr<NodeRendezvous> makeNodeRendezvous(const LaunchOptions& options);
 
 }  // namespace cxxlaunch::launcher

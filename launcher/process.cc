@@ -1,12 +1,14 @@
 #include "launcher/process.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <csignal>
 #include <cstring>
+#include <memory>
 #include <random>
 
 #include "rendezvous/error.h"
@@ -24,69 +26,75 @@ std::vector<char*> cStrings(const std::vector<std::string>& strings) {
   return out;
 }
 
-// Reports errno to the parent through the status pipe and ends the child.
-[[noreturn]] void childFailed(int status_fd) {
-  int err = errno;
-  ssize_t ignored = ::write(status_fd, &err, sizeof(err));
-  (void)ignored;
-  ::_exit(127);
-}
+// What the child needs, prepared before it exists; `error` is how it reports a failed exec (the
+// child shares our memory until it execs).
+struct ChildArgs {
+  const char* program;
+  char* const* argv;
+  char* const* envp;
+  pid_t parent;
+  int out_fd;
+  int err_fd;
+  int error = 0;
+};
 
-// Only async-signal-safe calls from here on: this runs between fork and exec.
-[[noreturn]] void execChild(const char* program, char* const* argv, char* const* envp,
-                            pid_t parent, int out_fd, int err_fd, int status_fd) {
-  auto die = [status_fd]() { childFailed(status_fd); };
-  if (::setpgid(0, 0) == -1) die();
-  if (::prctl(PR_SET_PDEATHSIG, SIGKILL) == -1) die();
-  if (::getppid() != parent) ::_exit(127);  // the agent died before prctl took effect
-  sigset_t none;
-  sigemptyset(&none);
+// Runs in the child, on its own stack, sharing the parent's memory until execve: only
+// async-signal-safe calls, and nothing that allocates.
+int execChild(void* raw) {
+  auto* args = static_cast<ChildArgs*>(raw);
+  auto fail = [args]() {
+    args->error = errno;
+    ::_exit(127);
+  };
+  if (::setpgid(0, 0) == -1) fail();
+  if (::prctl(PR_SET_PDEATHSIG, SIGKILL) == -1) fail();
+  if (::getppid() != args->parent) ::_exit(127);  // the agent died before prctl took effect
   for (int sig = 1; sig < NSIG; ++sig) {
     if (sig != SIGKILL && sig != SIGSTOP) ::signal(sig, SIG_DFL);
   }
-  if (::sigprocmask(SIG_SETMASK, &none, nullptr) == -1) die();
   int null_fd = ::open("/dev/null", O_RDONLY);
-  if (null_fd == -1 || ::dup2(null_fd, STDIN_FILENO) == -1) die();
-  if (::dup2(out_fd, STDOUT_FILENO) == -1 || ::dup2(err_fd, STDERR_FILENO) == -1) die();
-  ::execve(program, argv, envp);
-  childFailed(status_fd);
+  if (null_fd == -1 || ::dup2(null_fd, STDIN_FILENO) == -1) fail();
+  if (::dup2(args->out_fd, STDOUT_FILENO) == -1 || ::dup2(args->err_fd, STDERR_FILENO) == -1) {
+    fail();
+  }
+  sigset_t none;
+  sigemptyset(&none);
+  if (::sigprocmask(SIG_SETMASK, &none, nullptr) == -1) fail();
+  ::execve(args->program, args->argv, args->envp);
+  fail();
+  return 127;
 }
 
 }  // namespace
 
+// clone(CLONE_VM | CLONE_VFORK), as posix_spawn does: the agent hosts gRPC threads and a few
+// MiB of heap, and a fork would copy its page tables and make every thread fault on the pages
+// it then writes. posix_spawn itself cannot set PR_SET_PDEATHSIG, hence our own child function.
 SpawnedProcess spawnProcess(const SpawnSpec& spec) {
   auto argv = cStrings(spec.argv);
   auto envp = cStrings(spec.env);
-  int out[2], err[2], status[2];
+  int out[2], err[2];
   CXXLAUNCH_SYSCALL(::pipe2(out, O_CLOEXEC));
   CXXLAUNCH_SYSCALL(::pipe2(err, O_CLOEXEC));
-  CXXLAUNCH_SYSCALL(::pipe2(status, O_CLOEXEC));
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid == 0) execChild(spec.program.c_str(), argv.data(), envp.data(), parent, out[1], err[1],
-                          status[1]);
-  const int fork_errno = errno;
+  ChildArgs args{spec.program.c_str(), argv.data(), envp.data(), ::getpid(), out[1], err[1]};
+  constexpr size_t kStackSize = 64 * 1024;
+  std::unique_ptr<char[]> stack(new char[kStackSize]);
+  void* stack_top = stack.get() + kStackSize - 64;  // grows down; leave a little room
+  // No signal handler may run on the child's borrowed memory before it resets them.
+  sigset_t all, old;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, &old);
+  const pid_t pid = ::clone(execChild, stack_top, CLONE_VM | CLONE_VFORK | SIGCHLD, &args);
+  const int clone_errno = errno;
+  ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
   ::close(out[1]);
   ::close(err[1]);
-  ::close(status[1]);
-  if (pid == -1) {
+  if (pid == -1 || args.error != 0) {
     ::close(out[0]);
     ::close(err[0]);
-    ::close(status[0]);
-    throw SystemError("fork", fork_errno);
-  }
-  ::setpgid(pid, pid);  // also in the parent, so signals sent right after spawn reach the group
-  int child_errno = 0;
-  ssize_t n;
-  do {
-    n = ::read(status[0], &child_errno, sizeof(child_errno));
-  } while (n == -1 && errno == EINTR);
-  ::close(status[0]);
-  if (n == static_cast<ssize_t>(sizeof(child_errno))) {
+    if (pid == -1) throw SystemError("clone", clone_errno);
     ::waitpid(pid, nullptr, 0);  // the child already _exit-ed
-    ::close(out[0]);
-    ::close(err[0]);
-    throw SystemError("exec " + spec.program, child_errno);
+    throw SystemError("exec " + spec.program, args.error);
   }
   CXXLAUNCH_SYSCALL(::fcntl(out[0], F_SETFL, O_NONBLOCK));
   CXXLAUNCH_SYSCALL(::fcntl(err[0], F_SETFL, O_NONBLOCK));

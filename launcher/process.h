@@ -4,7 +4,8 @@
 //  - PR_SET_PDEATHSIG=SIGKILL (so a killed agent leaves no orphan), re-checked after setting it,
 //  - stdin from /dev/null, stdout and stderr into pipes the agent reads,
 //  - default signal dispositions and an empty signal mask (the agent blocks signals for signalfd).
-// Everything the child needs is prepared before fork, so spawning is safe with threads running.
+// Everything the child needs is prepared before it exists, so spawning is safe with threads
+// running; the child borrows the agent's memory until it execs (clone with CLONE_VFORK).
 
 #include <sys/types.h>
 

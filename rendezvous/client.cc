@@ -216,10 +216,14 @@ struct RendezvousClient::Impl {
 };
 
 RendezvousClient::RendezvousClient(const ClientOptions& options, std::string run_id)
+    : RendezvousClient(options, std::move(run_id), makeChannel(options)) {}
+
+RendezvousClient::RendezvousClient(const ClientOptions& options, std::string run_id,
+                                   std::shared_ptr<grpc::Channel> channel)
     : impl_(std::make_unique<Impl>()) {
   impl_->options = options;
   impl_->run_id = std::move(run_id);
-  impl_->stub = rdzv::Rendezvous::NewStub(makeChannel(options));
+  impl_->stub = rdzv::Rendezvous::NewStub(std::move(channel));
 }
 
 RendezvousClient::~RendezvousClient() = default;

@@ -69,6 +69,10 @@ struct JoinPoll {
 class RendezvousClient {
  public:
   RendezvousClient(const ClientOptions& options, std::string run_id);
+  // Over a given channel (e.g. RendezvousServer::inProcessChannel); `options` gives the token
+  // and timeouts.
+  RendezvousClient(const ClientOptions& options, std::string run_id,
+                   std::shared_ptr<grpc::Channel> channel);
   ~RendezvousClient();
 
   // One poll of Join: waits at most `poll` on the server. Waits for the server to come up (a

@@ -629,6 +629,10 @@ int RendezvousServer::port() const { return impl_->port; }
 
 std::string RendezvousServer::endpoint() const { return hostPort(impl_->options.host, impl_->port); }
 
+std::shared_ptr<grpc::Channel> RendezvousServer::inProcessChannel() {
+  return impl_->server->InProcessChannel(grpc::ChannelArguments());
+}
+
 bool RendezvousServer::waitUntilSettled(const std::string& run_id, std::chrono::milliseconds timeout) {
   return impl_->core.waitUntilSettled(run_id, timeout);
 }

@@ -12,6 +12,10 @@
 #include <memory>
 #include <string>
 
+namespace grpc {
+class Channel;
+}  // namespace grpc
+
 namespace cxxlaunch::rendezvous {
 
 struct ServerOptions {
@@ -36,6 +40,10 @@ class RendezvousServer {
 
   int port() const;
   std::string endpoint() const;  // host:port
+
+  // A channel to this server that skips the network, for the process that hosts it (a hosting
+  // launcher's own calls). Carries no TLS; the token is still checked.
+  std::shared_ptr<grpc::Channel> inProcessChannel();
 
   // Waits until the run is closed or failed and every node of its last round has been told, or
   // `timeout` passes. A launcher that embeds the server calls it before it exits, so that its

@@ -2,6 +2,7 @@
 // errors to the documented exit codes (docs/launcher.md): 2 for a user's mistake, 1 when the
 // launcher itself failed, else the job's own exit code.
 
+#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -29,7 +30,12 @@ int run(const std::vector<std::string>& args) {
   LaunchOptions options = parseRunArgs(args, HostInfo::detect());
   blockAgentSignals();  // before the rendezvous starts any thread
   auto rendezvous = makeNodeRendezvous(options);
-  return runAgent(options, *rendezvous);
+  const int exit_code = runAgent(options, *rendezvous);
+  // The job is over and its peers informed; tearing down gRPC's threads and the hosted server
+  // would only add tens of milliseconds to every launch.
+  std::cout.flush();
+  std::cerr.flush();
+  std::_Exit(exit_code);
 }
 
 }  // namespace
