@@ -126,9 +126,9 @@ TEST_CASE("Arguments pass verbatim with ${local_rank} substituted", "[launcher][
 
 TEST_CASE("A failing group restarts with the restart count incremented",
           "[launcher][integration]") {
-  // Rank 1 fails in attempts 0 and 1, then everyone succeeds in attempt 2.
+  // Rank 1 fails in attempts 0 and 1 (after rank 0 has printed), then everyone succeeds.
   auto r = run(launch({"--nproc_per_node=2", "--max_restarts=3", "--shutdown_grace=5"},
-                      {"env", "rank", "1", "attempt-below", "2", "exit", "3"}));
+                      {"env", "rank", "1", "attempt-below", "2", "sleep", "0.5", "exit", "3"}));
   REQUIRE(r.exit_code == 0);
   for (int rank = 0; rank < 2; ++rank) {
     std::vector<std::string> counts;
@@ -255,7 +255,7 @@ TEST_CASE("Logs go to per-attempt per-rank files and the console gets whole pref
   auto r = run(launch({"--nproc_per_node=2", "--log_dir", logs.path(), "--run_id", "logs",
                        "--max_restarts=1"},
                       {"print", "out line", "eprint", "err line", "partial", "no newline", "rank",
-                       "1", "attempt-below", "1", "exit", "1"}));
+                       "1", "attempt-below", "1", "sleep", "0.5", "exit", "1"}));
   REQUIRE(r.exit_code == 0);
   for (int attempt = 0; attempt < 2; ++attempt) {
     for (int rank = 0; rank < 2; ++rank) {
