@@ -164,7 +164,7 @@ void Agent::setUpProcess() {
       env::kRoleWorldSize, env::kMasterAddr,   env::kMasterPort,    env::kRestartCount,
       env::kMaxRestarts,  env::kRunId,         env::kErrorFile,     env::kStoreEndpoint,
       env::kStorePrefix,  env::kToken,         env::kDevice,        env::kTlsCa,
-      env::kTlsCert,      env::kTlsKey};
+      env::kTlsCert,      env::kTlsKey,        env::kNodeAddr};
   for (auto& entry : currentEnvironment()) {
     const std::string name = entry.substr(0, entry.find('='));
     if (std::find(ours.begin(), ours.end(), name) == ours.end()) base_env_.push_back(entry);
@@ -195,6 +195,7 @@ std::vector<std::string> Agent::workerEnvironment(const Worker& worker,
   put(env::kRoleWorldSize, std::to_string(world.world_size));
   put(env::kMasterAddr, world.master_addr);
   put(env::kMasterPort, std::to_string(world.master_port));
+  if (!world.node_addr.empty()) put(env::kNodeAddr, world.node_addr);
   put(env::kRestartCount, std::to_string(world.restart_count));
   put(env::kMaxRestarts, std::to_string(options_.max_restarts));
   put(env::kRunId, run_id_);

@@ -244,6 +244,7 @@ class RemoteRendezvous final : public NodeRendezvous {
     w.restart_count = p.restart_count;
     w.master_addr = p.master_addr;
     w.master_port = p.master_port;
+    w.node_addr = node_.addr;
     w.store_endpoint = client_options_.endpoint;
     w.store_prefix = rdzv::storePrefix(run_id_, p.round);
     w.token = client_options_.token;

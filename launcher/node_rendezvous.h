@@ -26,6 +26,7 @@ struct WorldAssignment {
   int restart_count = 0;  // failure restarts of the job so far: TORCHELASTIC_RESTART_COUNT
   std::string master_addr;
   int master_port = 0;
+  std::string node_addr;  // this node's address, as the others reach it
   std::string store_endpoint;  // empty when there is no store for workers
   std::string store_prefix;
   std::string token;

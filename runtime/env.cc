@@ -31,6 +31,21 @@ void readString(const char* name, std::string& out) {
   if (auto text = lookup(name)) out = *text;
 }
 
+void readChoice(const char* name, std::string& out, std::initializer_list<const char*> choices) {
+  auto text = lookup(name);
+  if (!text || text->empty()) return;
+  for (const char* choice : choices) {
+    if (*text == choice) {
+      out = *text;
+      return;
+    }
+  }
+  std::string list;
+  for (const char* choice : choices) list += (list.empty() ? "" : ", ") + std::string(choice);
+  throw InvalidArgument(std::string("environment variable ") + name + "='" + *text +
+                        "' is not one of: " + list);
+}
+
 }  // namespace
 
 WorkerEnv readWorkerEnv() {
@@ -54,6 +69,27 @@ WorkerEnv readWorkerEnv() {
   int device = -1;
   readInt(env::kDevice, device);
   if (device >= 0) e.device = device;
+  readString(env::kNodeAddr, e.node_addr);
+  readString(env::kTlsCa, e.tls_ca);
+  readString(env::kTlsCert, e.tls_cert);
+  readString(env::kTlsKey, e.tls_key);
+  readChoice(env::kStrategy, e.strategy,
+             {"ddp", "zero1", "zero2", "zero3", "fsdp_full_shard", "fsdp_shard_grad_op",
+              "fsdp_hybrid_shard", "fsdp_no_shard"});
+  readChoice(env::kMixedPrecision, e.mixed_precision, {"no", "fp16", "bf16"});
+  readChoice(env::kBackend, e.backend, {"auto", "gloo", "nccl"});
+  readInt(env::kGradAccumSteps, e.gradient_accumulation_steps);
+  if (e.gradient_accumulation_steps < 1) {
+    throw InvalidArgument(std::string(env::kGradAccumSteps) + " must be >= 1");
+  }
+  if (auto clip = lookup(env::kGradClipping)) {
+    char* end = nullptr;
+    e.gradient_clipping = std::strtod(clip->c_str(), &end);
+    if (clip->empty() || *end != '\0' || e.gradient_clipping < 0) {
+      throw InvalidArgument(std::string(env::kGradClipping) + "='" + *clip +
+                            "' is not a max norm >= 0");
+    }
+  }
   if (e.world_size < 1 || e.rank < 0 || e.rank >= e.world_size) {
     throw InvalidArgument("environment: RANK=" + std::to_string(e.rank) + " is outside WORLD_SIZE=" +
                           std::to_string(e.world_size));

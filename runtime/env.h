@@ -27,6 +27,15 @@ struct WorkerEnv {
   std::string store_prefix;
   std::string token;
   std::optional<int> device;  // GPU id chosen by the launcher, if any
+  std::string node_addr = "127.0.0.1";  // where other ranks reach this one
+  std::string tls_ca, tls_cert, tls_key;
+
+  // Training settings (runtime/env_names.h), validated.
+  std::string strategy = "ddp";
+  std::string mixed_precision = "no";
+  int gradient_accumulation_steps = 1;
+  double gradient_clipping = 0;  // max norm; 0: no clipping
+  std::string backend = "auto";
 
   bool launched() const { return !run_id.empty(); }
 };

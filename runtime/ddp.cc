@@ -1,0 +1,181 @@
+#include "runtime/ddp.h"
+
+#include <torch/torch.h>
+
+#include "rendezvous/error.h"
+#include "runtime/tensor_ops.h"
+
+namespace cxxlaunch::runtime {
+
+DType dtypeOf(const at::Tensor& tensor) {
+  switch (tensor.scalar_type()) {
+    case at::kFloat: return DType::kFloat32;
+    case at::kDouble: return DType::kFloat64;
+    case at::kHalf: return DType::kFloat16;
+    case at::kBFloat16: return DType::kBFloat16;
+    case at::kInt: return DType::kInt32;
+    case at::kLong: return DType::kInt64;
+    case at::kByte: return DType::kUInt8;
+    default:
+      throw InvalidArgument(std::string("collectives do not carry tensors of type ") +
+                            c10::toString(tensor.scalar_type()));
+  }
+}
+
+WorkPtr allreduce(Backend& backend, at::Tensor& tensor, ReduceOp op) {
+  TORCH_CHECK(tensor.is_contiguous(), "allreduce needs a contiguous tensor");
+  return backend.allreduce(tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
+                           dtypeOf(tensor), op);
+}
+
+WorkPtr broadcast(Backend& backend, at::Tensor& tensor, int root) {
+  TORCH_CHECK(tensor.is_contiguous(), "broadcast needs a contiguous tensor");
+  return backend.broadcast(tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
+                           dtypeOf(tensor), root);
+}
+
+DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
+                                                 std::shared_ptr<Backend> backend,
+                                                 DdpOptions options)
+    : module_(std::move(module)), backend_(std::move(backend)) {
+  if (options.broadcast_initial_state) broadcastState(0);
+  // Reverse registration order approximates the order in which backward produces gradients.
+  auto params = module_->parameters();
+  std::reverse(params.begin(), params.end());
+  size_t bucket_bytes = 0;
+  for (auto& param : params) {
+    if (!param.requires_grad()) continue;
+    const size_t bytes = static_cast<size_t>(param.numel()) * param.element_size();
+    const bool start_new =
+        buckets_.empty() ||
+        slots_[buckets_.back().slots.front()].param.scalar_type() != param.scalar_type() ||
+        slots_[buckets_.back().slots.front()].param.device() != param.device() ||
+        bucket_bytes + bytes > options.bucket_bytes;
+    if (start_new) {
+      buckets_.emplace_back();
+      bucket_bytes = 0;
+    }
+    Bucket& bucket = buckets_.back();
+    int64_t offset = 0;
+    for (size_t s : bucket.slots) offset += slots_[s].param.numel();
+    slots_.push_back({param, buckets_.size() - 1, offset});
+    bucket.slots.push_back(slots_.size() - 1);
+    bucket_bytes += bytes;
+  }
+  for (auto& bucket : buckets_) {
+    const auto& first = slots_[bucket.slots.front()].param;
+    int64_t numel = 0;
+    for (size_t s : bucket.slots) numel += slots_[s].param.numel();
+    bucket.flat = torch::empty({numel}, first.options());
+  }
+  for (auto& bucket : buckets_) bucket.pending = bucket.slots.size();
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    slots_[i].hook = slots_[i].param.register_hook(
+        [this, i](const torch::Tensor& grad) { onGradient(i, grad); });
+  }
+}
+
+DistributedDataParallel::~DistributedDataParallel() {
+  for (auto& slot : slots_) slot.param.remove_hook(slot.hook);
+  for (auto& bucket : buckets_) {
+    if (bucket.work) {
+      try {
+        bucket.work->wait();
+      } catch (...) {
+        // Destruction must not throw; the error was or will be reported by finishBackward.
+      }
+    }
+  }
+}
+
+void DistributedDataParallel::broadcastState(int root) {
+  torch::NoGradGuard no_grad;
+  std::vector<WorkPtr> works;
+  std::vector<torch::Tensor> tensors;
+  for (auto& p : module_->parameters()) tensors.push_back(p);
+  for (auto& b : module_->buffers()) tensors.push_back(b);
+  for (auto& t : tensors) works.push_back(broadcast(*backend_, t, root));
+  for (auto& w : works) w->wait();
+}
+
+// The bucket gets the gradient accumulated so far (from noSync steps) plus the new one, so that
+// what is reduced is exactly what autograd will leave in param.grad().
+void DistributedDataParallel::fill(Slot& slot, const torch::Tensor* grad) {
+  torch::NoGradGuard no_grad;
+  auto view = buckets_[slot.bucket].flat.narrow(0, slot.offset, slot.param.numel());
+  const auto& accumulated = slot.param.grad();
+  if (grad != nullptr) {
+    view.copy_(grad->reshape({-1}));
+    if (accumulated.defined()) view.add_(accumulated.reshape({-1}));
+  } else if (accumulated.defined()) {
+    view.copy_(accumulated.reshape({-1}));
+  } else {
+    view.zero_();  // unused in this forward: contributes nothing
+  }
+  slot.ready = true;
+  --buckets_[slot.bucket].pending;
+}
+
+void DistributedDataParallel::onGradient(size_t index, const torch::Tensor& grad) {
+  if (!sync_) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  Slot& slot = slots_[index];
+  if (slot.ready) {
+    // A parameter used twice in one forward gets two gradient calls: add the second.
+    torch::NoGradGuard no_grad;
+    buckets_[slot.bucket].flat.narrow(0, slot.offset, slot.param.numel()).add_(grad.reshape({-1}));
+    return;
+  }
+  fill(slot, &grad);
+  launchReadyBuckets();
+}
+
+void DistributedDataParallel::launchReadyBuckets() {
+  // In bucket order on every rank, so that the collectives match across ranks.
+  while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
+    Bucket& bucket = buckets_[next_launch_];
+    bucket.work = allreduce(*backend_, bucket.flat, ReduceOp::kAvg);
+    ++next_launch_;
+  }
+}
+
+void DistributedDataParallel::finishBackward() {
+  if (!sync_) return;
+  std::vector<WorkPtr> works;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& slot : slots_) {
+      if (!slot.ready) fill(slot, nullptr);
+    }
+    launchReadyBuckets();
+    for (auto& bucket : buckets_) works.push_back(bucket.work);
+  }
+  for (auto& work : works) work->wait();
+  torch::NoGradGuard no_grad;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& slot : slots_) {
+    auto averaged =
+        buckets_[slot.bucket].flat.narrow(0, slot.offset, slot.param.numel()).view_as(slot.param);
+    auto& grad = slot.param.mutable_grad();
+    if (grad.defined()) {
+      grad.copy_(averaged);
+    } else {
+      grad = averaged.clone();
+    }
+    slot.ready = false;
+  }
+  for (auto& bucket : buckets_) {
+    bucket.pending = bucket.slots.size();
+    bucket.work.reset();
+  }
+  next_launch_ = 0;
+}
+
+DistributedDataParallel::NoSync::NoSync(DistributedDataParallel& ddp)
+    : ddp_(ddp), previous_(ddp.sync_) {
+  ddp_.sync_ = false;
+}
+
+DistributedDataParallel::NoSync::~NoSync() { ddp_.sync_ = previous_; }
+
+}  // namespace cxxlaunch::runtime

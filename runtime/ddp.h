@@ -1,0 +1,93 @@
+#pragma once
+// DistributedDataParallel: PyTorch's DDP for a LibTorch module.
+//
+//   1. At construction, rank 0's parameters and buffers are broadcast to every rank.
+//   2. Parameters are grouped into buckets of about 25 MB, in reverse registration order (the
+//      order backward produces gradients), each bucket one flat buffer.
+//   3. A hook on each parameter copies its gradient into its bucket as autograd produces it;
+//      when a bucket is full it is all-reduced (averaged) asynchronously, in bucket order, while
+//      the backward goes on.
+//   4. finishBackward() (after loss.backward()) fills buckets whose parameters got no gradient
+//      (unused in this forward: their share is zero, so no rank waits forever), waits for every
+//      bucket and writes the averaged gradients into param.grad().
+//   5. Inside noSync() gradients only accumulate locally; the next synchronised backward reduces
+//      the accumulated sum.
+//
+// Thread-safety: one training thread; autograd may call the hooks from its own threads.
+
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "runtime/backend.h"
+
+namespace cxxlaunch::runtime {
+
+struct DdpOptions {
+  size_t bucket_bytes = 25u << 20;
+  bool broadcast_initial_state = true;
+};
+
+class DistributedDataParallel {
+ public:
+  DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
+                          std::shared_ptr<Backend> backend, DdpOptions options = {});
+  ~DistributedDataParallel();  // removes the hooks
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  // Completes the gradient all-reduce of this backward (no-op inside noSync()).
+  void finishBackward();
+
+  // While the guard lives, backward passes do not communicate.
+  class NoSync {
+   public:
+    explicit NoSync(DistributedDataParallel& ddp);
+    ~NoSync();
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    DistributedDataParallel& ddp_;
+    bool previous_;
+  };
+  NoSync noSync() { return NoSync(*this); }
+  bool syncing() const { return sync_; }
+
+  // Makes every rank's parameters and buffers equal to `root`'s.
+  void broadcastState(int root = 0);
+
+  size_t numBuckets() const { return buckets_.size(); }
+  torch::nn::Module& module() { return *module_; }
+
+ private:
+  struct Slot {
+    torch::Tensor param;
+    size_t bucket;
+    int64_t offset;  // in the bucket's flat buffer
+    bool ready = false;
+    unsigned hook = 0;  // register_hook's index, for remove_hook
+  };
+  struct Bucket {
+    torch::Tensor flat;
+    std::vector<size_t> slots;
+    size_t pending = 0;
+    WorkPtr work;
+  };
+
+  void onGradient(size_t slot, const torch::Tensor& grad);
+  void fill(Slot& slot, const torch::Tensor* grad);
+  void launchReadyBuckets();  // under mu_
+
+  std::shared_ptr<torch::nn::Module> module_;
+  std::shared_ptr<Backend> backend_;
+  std::vector<Slot> slots_;
+  std::vector<Bucket> buckets_;
+  size_t next_launch_ = 0;
+  bool sync_ = true;
+  std::mutex mu_;
+};
+
+}  // namespace cxxlaunch::runtime

@@ -1,0 +1,16 @@
+// Built when CUDA or NCCL was not found: the NCCL backend says so plainly.
+
+#include "rendezvous/error.h"
+#include "runtime/backend.h"
+
+namespace cxxlaunch::runtime {
+
+bool ncclCompiledIn() { return false; }
+
+std::unique_ptr<Backend> makeNcclBackend(const BackendOptions&) {
+  throw InvalidArgument(
+      "this cxxlaunch was built without CUDA and NCCL: use the gloo backend "
+      "(CXXLAUNCH_BACKEND=gloo), or rebuild where nvcc and NCCL are found");
+}
+
+}  // namespace cxxlaunch::runtime

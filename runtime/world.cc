@@ -1,0 +1,50 @@
+#include "runtime/world.h"
+
+#include "rendezvous/client.h"
+#include "rendezvous/error.h"
+#include "rendezvous/memory_store.h"
+
+namespace cxxlaunch::runtime {
+
+std::shared_ptr<rendezvous::Store> storeFromEnv(const WorkerEnv& env) {
+  if (env.store_endpoint.empty()) {
+    if (env.world_size > 1) {
+      throw InvalidArgument("WORLD_SIZE=" + std::to_string(env.world_size) +
+                            " but no CXXLAUNCH_STORE_ENDPOINT: start the workers with cxxlaunch "
+                            "run, which gives them a rendezvous store");
+    }
+    return std::make_shared<rendezvous::MemoryStore>();
+  }
+  rendezvous::ClientOptions options;
+  options.endpoint = env.store_endpoint;
+  options.token = env.token;
+  options.tls_ca_file = env.tls_ca;
+  options.tls_cert_file = env.tls_cert;
+  options.tls_key_file = env.tls_key;
+  auto [run_id, round] = rendezvous::parseStorePrefix(env.store_prefix);
+  return std::make_shared<rendezvous::GrpcStore>(options, run_id, round);
+}
+
+std::shared_ptr<Backend> backendFromEnv(const WorkerEnv& env,
+                                        std::shared_ptr<rendezvous::Store> store, bool use_gpu) {
+  BackendOptions options;
+  options.rank = env.rank;
+  options.world_size = env.world_size;
+  options.store = std::move(store);
+  options.address = env.node_addr;
+  options.device = env.device.value_or(env.local_rank);
+  const bool nccl = env.backend == "nccl" ||
+                    (env.backend == "auto" && ncclCompiledIn() && (use_gpu || env.device));
+  if (nccl) return makeNcclBackend(options);
+  return makeGlooBackend(options);
+}
+
+World connectWorld(bool use_gpu) {
+  World world;
+  world.env = readWorkerEnv();
+  world.store = storeFromEnv(world.env);
+  world.backend = backendFromEnv(world.env, world.store, use_gpu);
+  return world;
+}
+
+}  // namespace cxxlaunch::runtime
