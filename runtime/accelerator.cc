@@ -40,8 +40,11 @@ std::string MemoryReport::str() const {
          ", optimizer state " + mib(optimizer_state) + ", total " + mib(total());
 }
 
-Accelerator::Accelerator(AcceleratorOptions options) : bucket_bytes_(options.bucket_bytes) {
-  world_.env = withOverrides(readWorkerEnv(), options);
+Accelerator::Accelerator(AcceleratorOptions options)
+    : Accelerator(World{withOverrides(readWorkerEnv(), options), nullptr, nullptr}, options) {}
+
+Accelerator::Accelerator(World world, AcceleratorOptions options)
+    : world_(std::move(world)), bucket_bytes_(options.bucket_bytes) {
   if (world_.env.gradient_accumulation_steps < 1) {
     throw InvalidArgument("gradient accumulation steps must be >= 1");
   }
@@ -55,9 +58,10 @@ Accelerator::Accelerator(AcceleratorOptions options) : bucket_bytes_(options.buc
   }
   accumulation_steps_ = world_.env.gradient_accumulation_steps;
   clipping_ = world_.env.gradient_clipping;
-  world_.store = storeFromEnv(world_.env);
-  world_.backend = backendFromEnv(world_.env, world_.store);
-  torch::manual_seed(options.seed);
+  if (!world_.backend) {
+    if (!world_.store) world_.store = storeFromEnv(world_.env);
+    world_.backend = backendFromEnv(world_.env, world_.store);
+  }
 }
 
 Accelerator::~Accelerator() = default;

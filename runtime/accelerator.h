@@ -39,7 +39,6 @@ struct AcceleratorOptions {
   std::optional<double> gradient_clipping;         // default: CXXLAUNCH_GRADIENT_CLIPPING
   std::optional<std::string> backend;              // default: CXXLAUNCH_BACKEND
   size_t bucket_bytes = 25u << 20;
-  uint64_t seed = 0;  // for the distributed sampler's shuffling
 };
 
 // Bytes this rank holds (memoryReport()).
@@ -53,7 +52,10 @@ struct MemoryReport {
 
 class Accelerator {
  public:
+  // Reads the launcher's environment and connects to the other ranks.
   explicit Accelerator(AcceleratorOptions options = {});
+  // Over a given world (tests run ranks as threads over the Fake backend).
+  Accelerator(World world, AcceleratorOptions options);
   ~Accelerator();
 
   int rank() const { return world_.env.rank; }

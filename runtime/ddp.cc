@@ -69,6 +69,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     bucket.flat = torch::empty({numel}, first.options());
   }
   for (auto& bucket : buckets_) bucket.pending = bucket.slots.size();
+  used_ = torch::zeros({static_cast<int64_t>(slots_.size())}, torch::kInt);
   for (size_t i = 0; i < slots_.size(); ++i) {
     slots_[i].hook = slots_[i].param.register_hook(
         [this, i](const torch::Tensor& grad) { onGradient(i, grad); });
@@ -105,6 +106,7 @@ void DistributedDataParallel::fill(Slot& slot, const torch::Tensor* grad) {
   auto view = buckets_[slot.bucket].flat.narrow(0, slot.offset, slot.param.numel());
   const auto& accumulated = slot.param.grad();
   if (grad != nullptr) {
+    slot.used = true;
     view.copy_(grad->reshape({-1}));
     if (accumulated.defined()) view.add_(accumulated.reshape({-1}));
   } else if (accumulated.defined()) {
@@ -149,11 +151,19 @@ void DistributedDataParallel::finishBackward() {
     }
     launchReadyBuckets();
     for (auto& bucket : buckets_) works.push_back(bucket.work);
+    auto used = used_.accessor<int32_t, 1>();
+    for (size_t i = 0; i < slots_.size(); ++i) used[static_cast<int64_t>(i)] = slots_[i].used;
+    works.push_back(allreduce(*backend_, used_, ReduceOp::kMax));
   }
   for (auto& work : works) work->wait();
   torch::NoGradGuard no_grad;
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& slot : slots_) {
+  auto used_anywhere = used_.accessor<int32_t, 1>();
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& slot = slots_[i];
+    slot.ready = false;
+    slot.used = false;
+    if (used_anywhere[static_cast<int64_t>(i)] == 0) continue;  // no rank used it: untouched
     auto averaged =
         buckets_[slot.bucket].flat.narrow(0, slot.offset, slot.param.numel()).view_as(slot.param);
     auto& grad = slot.param.mutable_grad();
@@ -162,7 +172,6 @@ void DistributedDataParallel::finishBackward() {
     } else {
       grad = averaged.clone();
     }
-    slot.ready = false;
   }
   for (auto& bucket : buckets_) {
     bucket.pending = bucket.slots.size();

@@ -9,7 +9,9 @@
 //      the backward goes on.
 //   4. finishBackward() (after loss.backward()) fills buckets whose parameters got no gradient
 //      (unused in this forward: their share is zero, so no rank waits forever), waits for every
-//      bucket and writes the averaged gradients into param.grad().
+//      bucket and writes the averaged gradients into param.grad(). One more small all-reduce
+//      tells which parameters no rank used: their gradients stay as they were (undefined), as
+//      in PyTorch, so optimizers skip them.
 //   5. Inside noSync() gradients only accumulate locally; the next synchronised backward reduces
 //      the accumulated sum.
 //
@@ -68,6 +70,7 @@ class DistributedDataParallel {
     size_t bucket;
     int64_t offset;  // in the bucket's flat buffer
     bool ready = false;
+    bool used = false;  // got a gradient on this rank in this backward
     unsigned hook = 0;  // register_hook's index, for remove_hook
   };
   struct Bucket {
@@ -85,6 +88,7 @@ class DistributedDataParallel {
   std::shared_ptr<Backend> backend_;
   std::vector<Slot> slots_;
   std::vector<Bucket> buckets_;
+  torch::Tensor used_;  // int32 per slot, all-reduced (max) in finishBackward
   size_t next_launch_ = 0;
   bool sync_ = true;
   std::mutex mu_;

@@ -1,0 +1,295 @@
+// train: a real small model trained data-parallel with the cxxlaunch runtime. The same binary
+// runs as one process or under `cxxlaunch run --nproc_per_node=N`; nothing in it changes.
+//
+//   cxxlaunch run --nproc_per_node=2 build/bin/train --model gpt --steps 50
+//
+// Models: `mlp` (regression of a fixed random teacher network) and `gpt` (a small decoder-only
+// transformer language model on a synthetic language whose next token is predictable from the
+// previous ones, so the loss visibly falls). Rank 0 prints a progress line every --print_every
+// optimizer steps and a summary with the mean step time at the end.
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
+#include <iostream>
+#include <string>
+
+#include "rendezvous/error.h"
+#include "runtime/accelerator.h"
+
+using namespace cxxlaunch;
+using namespace cxxlaunch::runtime;
+
+namespace {
+
+struct Flags {
+  std::string model = "gpt";
+  int64_t steps = 30;
+  int64_t batch_size = 8;  // per process, per micro-step
+  double lr = 3e-3;
+  std::string optimizer = "adamw";
+  std::string schedule = "cosine";
+  int64_t warmup = 3;
+  int64_t seq_len = 32;
+  int64_t vocab = 64;
+  int64_t d_model = 64;
+  int64_t layers = 2;
+  int64_t heads = 4;
+  int64_t hidden = 256;  // mlp width
+  int64_t print_every = 5;
+  uint64_t seed = 1234;
+};
+
+Flags parse(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h") {
+      std::cout << "usage: train [--model gpt|mlp] [--steps N] [--batch_size B] [--lr X]\n"
+                   "             [--optimizer adamw|sgd] [--schedule constant|linear|cosine]\n"
+                   "             [--warmup N] [--seq_len N] [--vocab N] [--d_model N]\n"
+                   "             [--layers N] [--heads N] [--hidden N] [--print_every N]\n"
+                   "             [--seed N]\n";
+      std::exit(0);
+    }
+    if (i + 1 >= argc) throw InvalidArgument(flag + " needs a value");
+    const std::string v = argv[++i];
+    auto integer = [&] { return std::stoll(v); };
+    if (flag == "--model") f.model = v;
+    else if (flag == "--steps") f.steps = integer();
+    else if (flag == "--batch_size") f.batch_size = integer();
+    else if (flag == "--lr") f.lr = std::stod(v);
+    else if (flag == "--optimizer") f.optimizer = v;
+    else if (flag == "--schedule") f.schedule = v;
+    else if (flag == "--warmup") f.warmup = integer();
+    else if (flag == "--seq_len") f.seq_len = integer();
+    else if (flag == "--vocab") f.vocab = integer();
+    else if (flag == "--d_model") f.d_model = integer();
+    else if (flag == "--layers") f.layers = integer();
+    else if (flag == "--heads") f.heads = integer();
+    else if (flag == "--hidden") f.hidden = integer();
+    else if (flag == "--print_every") f.print_every = integer();
+    else if (flag == "--seed") f.seed = static_cast<uint64_t>(integer());
+    else throw InvalidArgument("unknown flag '" + flag + "' (see --help)");
+  }
+  if (f.model != "gpt" && f.model != "mlp") throw InvalidArgument("--model must be gpt or mlp");
+  if (f.optimizer != "adamw" && f.optimizer != "sgd") {
+    throw InvalidArgument("--optimizer must be adamw or sgd");
+  }
+  if (f.steps < 1 || f.batch_size < 1 || f.d_model % f.heads != 0 || f.warmup > f.steps) {
+    throw InvalidArgument("need --steps >= 1, --batch_size >= 1, --warmup <= --steps and "
+                          "--d_model divisible by --heads");
+  }
+  return f;
+}
+
+// ---- the models -------------------------------------------------------------------------------
+
+struct MlpImpl : torch::nn::Module {
+  MlpImpl(int64_t in, int64_t hidden, int64_t out)
+      : fc1(register_module("fc1", torch::nn::Linear(in, hidden))),
+        fc2(register_module("fc2", torch::nn::Linear(hidden, hidden))),
+        fc3(register_module("fc3", torch::nn::Linear(hidden, out))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    return fc3(torch::gelu(fc2(torch::gelu(fc1(x)))));
+  }
+  torch::nn::Linear fc1, fc2, fc3;
+};
+TORCH_MODULE(Mlp);
+
+struct BlockImpl : torch::nn::Module {
+  BlockImpl(int64_t d, int64_t heads)
+      : heads_(heads),
+        ln1(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})))),
+        qkv(register_module("qkv", torch::nn::Linear(d, 3 * d))),
+        proj(register_module("proj", torch::nn::Linear(d, d))),
+        ln2(register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})))),
+        up(register_module("up", torch::nn::Linear(d, 4 * d))),
+        down(register_module("down", torch::nn::Linear(4 * d, d))) {}
+
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& causal) {
+    const auto b = x.size(0), t = x.size(1), d = x.size(2), hd = d / heads_;
+    auto q_k_v = qkv(ln1(x)).view({b, t, 3, heads_, hd}).permute({2, 0, 3, 1, 4});
+    auto q = q_k_v[0], k = q_k_v[1], v = q_k_v[2];
+    auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
+    scores = scores.masked_fill(causal, -std::numeric_limits<float>::infinity());
+    auto attended = torch::matmul(torch::softmax(scores, -1), v);
+    auto h = x + proj(attended.permute({0, 2, 1, 3}).reshape({b, t, d}));
+    return h + down(torch::gelu(up(ln2(h))));
+  }
+
+  int64_t heads_;
+  torch::nn::LayerNorm ln1;
+  torch::nn::Linear qkv, proj;
+  torch::nn::LayerNorm ln2;
+  torch::nn::Linear up, down;
+};
+TORCH_MODULE(Block);
+
+struct GptImpl : torch::nn::Module {
+  GptImpl(int64_t vocab, int64_t seq_len, int64_t d, int64_t layers, int64_t heads)
+      : tokens(register_module("tokens", torch::nn::Embedding(vocab, d))),
+        positions(register_module("positions", torch::nn::Embedding(seq_len, d))),
+        ln(register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})))),
+        head(register_module("head", torch::nn::Linear(d, vocab))) {
+    for (int64_t i = 0; i < layers; ++i) {
+      blocks.push_back(register_module("block" + std::to_string(i), Block(d, heads)));
+    }
+  }
+
+  torch::Tensor forward(const torch::Tensor& idx) {
+    const auto t = idx.size(1);
+    auto causal = torch::ones({t, t}, torch::kBool).triu(1);
+    auto x = tokens(idx) + positions(torch::arange(t, torch::kLong));
+    for (auto& block : blocks) x = block->forward(x, causal);
+    return head(ln(x));
+  }
+
+  torch::nn::Embedding tokens, positions;
+  std::vector<Block> blocks;
+  torch::nn::LayerNorm ln;
+  torch::nn::Linear head;
+};
+TORCH_MODULE(Gpt);
+
+// ---- synthetic data ---------------------------------------------------------------------------
+
+// Sequences of a toy language: x[t+1] = (x[t] + x[t-1]) mod vocab from two random seeds, so the
+// next token is a function of the previous two: a transformer learns it quickly.
+struct Language : torch::data::datasets::Dataset<Language> {
+  Language(int64_t examples, int64_t seq_len, int64_t vocab, uint64_t seed) {
+    auto gen = at::detail::createCPUGenerator(seed);
+    data = torch::empty({examples, seq_len + 1}, torch::kLong);
+    auto starts = torch::randint(vocab, {examples, 2}, gen, torch::kLong);
+    auto acc = data.accessor<int64_t, 2>();
+    auto s = starts.accessor<int64_t, 2>();
+    for (int64_t e = 0; e < examples; ++e) {
+      acc[e][0] = s[e][0];
+      acc[e][1] = s[e][1];
+      for (int64_t t = 2; t <= seq_len; ++t) acc[e][t] = (acc[e][t - 1] + acc[e][t - 2]) % vocab;
+    }
+  }
+  torch::data::Example<> get(size_t i) override {
+    auto row = data[static_cast<int64_t>(i)];
+    return {row.slice(0, 0, -1), row.slice(0, 1)};
+  }
+  torch::optional<size_t> size() const override { return static_cast<size_t>(data.size(0)); }
+  torch::Tensor data;
+};
+
+// y = teacher(x) for a fixed random teacher network.
+struct Regression : torch::data::datasets::Dataset<Regression> {
+  Regression(int64_t examples, int64_t in, int64_t out, uint64_t seed) {
+    auto gen = at::detail::createCPUGenerator(seed);
+    inputs = torch::randn({examples, in}, gen);
+    auto w = torch::randn({in, out}, gen) / std::sqrt(static_cast<double>(in));
+    targets = torch::tanh(inputs.matmul(w));
+  }
+  torch::data::Example<> get(size_t i) override {
+    return {inputs[static_cast<int64_t>(i)], targets[static_cast<int64_t>(i)]};
+  }
+  torch::optional<size_t> size() const override { return static_cast<size_t>(inputs.size(0)); }
+  torch::Tensor inputs, targets;
+};
+
+template <typename Dataset, typename Model, typename LossFn>
+int train(const Flags& f, Accelerator& acc, Dataset dataset, Model model, LossFn loss_fn,
+          int64_t tokens_per_example) {
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  if (f.optimizer == "adamw") {
+    optimizer = std::make_unique<torch::optim::AdamW>(
+        model->parameters(), torch::optim::AdamWOptions(f.lr).weight_decay(0.01));
+  } else {
+    optimizer = std::make_unique<torch::optim::SGD>(model->parameters(),
+                                                    torch::optim::SGDOptions(f.lr).momentum(0.9));
+  }
+  LrScheduler schedule(*optimizer, LrScheduler::parse(f.schedule), f.warmup, f.steps);
+  acc.prepare(model.ptr(), *optimizer, &schedule);
+  auto loader = acc.prepareDataLoader(std::move(dataset), static_cast<size_t>(f.batch_size));
+  acc.print("training ", f.model, " (", acc.memoryReport().parameters / 1024, " KiB of "
+            "parameters) on ", acc.worldSize(), " process(es), ",
+            acc.describeBatch(static_cast<size_t>(f.batch_size)));
+
+  const auto start = std::chrono::steady_clock::now();
+  auto last = start;
+  int64_t examples_since = 0;
+  double loss_sum = 0;
+  int64_t loss_count = 0;
+  while (acc.optimizerSteps() < f.steps) {
+    for (auto& batch : *loader) {
+      auto data = torch::stack(std::vector<torch::Tensor>(
+          [&] {
+            std::vector<torch::Tensor> v;
+            for (auto& e : batch) v.push_back(e.data);
+            return v;
+          }()));
+      std::vector<torch::Tensor> ys;
+      for (auto& e : batch) ys.push_back(e.target);
+      auto target = torch::stack(ys);
+      auto loss = loss_fn(model->forward(data), target);
+      loss_sum += loss.template item<double>();
+      ++loss_count;
+      examples_since += data.size(0);
+      acc.backward(loss);
+      if (!acc.step()) continue;
+      const int64_t step = acc.optimizerSteps();
+      if (step % f.print_every == 0 || step == f.steps) {
+        const auto now = std::chrono::steady_clock::now();
+        const double seconds = std::chrono::duration<double>(now - last).count();
+        const double tokens_per_s = static_cast<double>(examples_since * tokens_per_example *
+                                                        acc.worldSize()) / seconds;
+        char line[256];
+        std::snprintf(line, sizeof(line),
+                      "step %4lld/%lld  loss %.4f  lr %.2e  %.0f tokens/s  (%s)",
+                      static_cast<long long>(step), static_cast<long long>(f.steps),
+                      loss_sum / static_cast<double>(loss_count),
+                      optimizer->param_groups()[0].options().get_lr(), tokens_per_s,
+                      acc.describeBatch(static_cast<size_t>(f.batch_size)).c_str());
+        acc.print(line);
+        last = now;
+        examples_since = 0;
+        loss_sum = 0;
+        loss_count = 0;
+      }
+      if (step >= f.steps) break;
+    }
+  }
+  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  acc.print("done: ", f.steps, " steps, mean step time ",
+            static_cast<long long>(total / static_cast<double>(f.steps) * 1e6) / 1000.0,
+            " ms; ", acc.memoryReport().str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Flags f = parse(argc, argv);
+    torch::set_num_threads(1);  // one core per worker: the launcher starts one worker per slot
+    Accelerator acc;
+    torch::manual_seed(f.seed);  // the same initial weights everywhere (DDP broadcasts anyway)
+    const int64_t examples = f.batch_size * acc.worldSize() * acc.gradientAccumulationSteps() * 64;
+    if (f.model == "mlp") {
+      const int64_t in = 32, out = 8;
+      return train(f, acc, Regression(examples, in, out, f.seed), Mlp(in, f.hidden, out),
+                   [](const torch::Tensor& y, const torch::Tensor& t) {
+                     return torch::mse_loss(y, t);
+                   },
+                   1);
+    }
+    return train(f, acc, Language(examples, f.seq_len, f.vocab, f.seed),
+                 Gpt(f.vocab, f.seq_len, f.d_model, f.layers, f.heads),
+                 [vocab = f.vocab](const torch::Tensor& logits, const torch::Tensor& t) {
+                   return torch::cross_entropy_loss(logits.reshape({-1, vocab}), t.reshape({-1}));
+                 },
+                 f.seq_len);
+  } catch (const InvalidArgument& e) {
+    std::cerr << "train: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "train: " << e.what() << "\n";
+    return 1;
+  }
+}

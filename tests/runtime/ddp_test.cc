@@ -1,0 +1,286 @@
+// DDP and the Accelerator against a single process: ranks are threads over the Fake backend,
+// so these tests exercise everything above the backend with exact, deterministic collectives.
+
+#include <torch/torch.h>
+
+#include <catch2/catch.hpp>
+#include <thread>
+
+#include "runtime/accelerator.h"
+#include "runtime/ddp.h"
+
+using namespace cxxlaunch::runtime;
+
+namespace {
+
+struct NetImpl : torch::nn::Module {
+  NetImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(6, 16))),
+        fc2(register_module("fc2", torch::nn::Linear(16, 3))),
+        unused(register_module("unused", torch::nn::Linear(16, 2))) {}
+  // `branch`: whether the otherwise unused layer takes part (it differs between ranks).
+  torch::Tensor forward(const torch::Tensor& x, bool branch = false) {
+    auto h = torch::tanh(fc1(x));
+    auto y = fc2(h);
+    if (branch) y = y + unused(h).sum(1, true);
+    return y;
+  }
+  torch::nn::Linear fc1, fc2, unused;
+};
+TORCH_MODULE(Net);
+
+Net makeNet() {
+  torch::manual_seed(42);
+  return Net();
+}
+
+struct Data {
+  torch::Tensor x, y;
+};
+
+Data makeData(int64_t n) {
+  auto gen = at::detail::createCPUGenerator(7);
+  Data d;
+  d.x = torch::randn({n, 6}, gen);
+  d.y = torch::randn({n, 3}, gen);
+  return d;
+}
+
+std::unique_ptr<torch::optim::Optimizer> makeOptimizer(Net& net, const std::string& kind) {
+  if (kind == "sgd") {
+    return std::make_unique<torch::optim::SGD>(net->parameters(),
+                                               torch::optim::SGDOptions(0.1).momentum(0.9));
+  }
+  return std::make_unique<torch::optim::AdamW>(net->parameters(),
+                                               torch::optim::AdamWOptions(0.01).weight_decay(0.1));
+}
+
+double maxRelativeDifference(Net& a, Net& b) {
+  double worst = 0;
+  auto pa = a->parameters(), pb = b->parameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    auto diff = (pa[i] - pb[i]).abs().max().item<double>();
+    auto scale = std::max(pb[i].abs().max().item<double>(), 1e-12);
+    worst = std::max(worst, diff / scale);
+  }
+  return worst;
+}
+
+// Runs `body(rank)` on `world` threads and rethrows the first failure.
+template <typename Body>
+void onRanks(int world, Body body) {
+  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        body(r);
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+World fakeWorld(std::shared_ptr<FakeWorld> world, int rank, int size, int accumulation = 1) {
+  World w;
+  w.env.rank = rank;
+  w.env.world_size = size;
+  w.env.gradient_accumulation_steps = accumulation;
+  w.backend = makeFakeBackend(std::move(world), rank);
+  return w;
+}
+
+}  // namespace
+
+TEST_CASE("DDP with world 2 matches one process on the whole batch", "[ddp]") {
+  torch::set_num_threads(1);
+  constexpr int64_t kBatch = 8, kSteps = 5;
+  const Data data = makeData(2 * kBatch);
+  for (const std::string kind : {"sgd", "adamw"}) {
+    INFO("optimizer " << kind);
+    Net reference = makeNet();
+    auto ref_opt = makeOptimizer(reference, kind);
+    for (int64_t s = 0; s < kSteps; ++s) {
+      ref_opt->zero_grad();
+      torch::mse_loss(reference->forward(data.x), data.y).backward();
+      ref_opt->step();
+    }
+    std::vector<Net> nets = {makeNet(), makeNet()};
+    // Rank 1 starts from other weights: DDP must broadcast rank 0's.
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& p : nets[1]->parameters()) p.add_(1.0);
+    }
+    auto world = makeFakeWorld(2);
+    onRanks(2, [&](int r) {
+      Net& net = nets[static_cast<size_t>(r)];
+      DistributedDataParallel ddp(net.ptr(), makeFakeBackend(world, r));
+      auto opt = makeOptimizer(net, kind);
+      auto x = data.x.narrow(0, r * kBatch, kBatch), y = data.y.narrow(0, r * kBatch, kBatch);
+      for (int64_t s = 0; s < kSteps; ++s) {
+        opt->zero_grad();
+        torch::mse_loss(net->forward(x), y).backward();
+        ddp.finishBackward();
+        opt->step();
+      }
+    });
+    CHECK(maxRelativeDifference(nets[0], reference) < 1e-6);
+    CHECK(maxRelativeDifference(nets[1], reference) < 1e-6);
+  }
+}
+
+TEST_CASE("Small buckets give the same result as one bucket", "[ddp]") {
+  torch::set_num_threads(1);
+  const Data data = makeData(8);
+  Net reference = makeNet();
+  torch::mse_loss(reference->forward(data.x), data.y).backward();
+  std::vector<Net> nets = {makeNet(), makeNet()};
+  auto world = makeFakeWorld(2);
+  size_t buckets = 0;
+  onRanks(2, [&](int r) {
+    DdpOptions options;
+    options.bucket_bytes = 64;  // one bucket per parameter
+    DistributedDataParallel ddp(nets[static_cast<size_t>(r)].ptr(), makeFakeBackend(world, r),
+                                options);
+    if (r == 0) buckets = ddp.numBuckets();
+    torch::mse_loss(nets[static_cast<size_t>(r)]->forward(data.x.narrow(0, r * 4, 4)),
+                    data.y.narrow(0, r * 4, 4))
+        .backward();
+    ddp.finishBackward();
+  });
+  CHECK(buckets == 6);
+  auto ref = reference->parameters(), got = nets[1]->parameters();
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!ref[i].grad().defined()) continue;
+    CHECK(torch::allclose(got[i].grad(), ref[i].grad(), 1e-6, 1e-7));
+  }
+}
+
+TEST_CASE("Parameters without a gradient on some rank do not hang the reduction", "[ddp]") {
+  torch::set_num_threads(1);
+  const Data data = makeData(8);
+  std::vector<Net> nets = {makeNet(), makeNet()};
+  auto world = makeFakeWorld(2);
+  onRanks(2, [&](int r) {
+    Net& net = nets[static_cast<size_t>(r)];
+    DistributedDataParallel ddp(net.ptr(), makeFakeBackend(world, r));
+    // Only rank 1 uses the extra layer; rank 0 never produces its gradient.
+    torch::mse_loss(net->forward(data.x.narrow(0, r * 4, 4), r == 1), data.y.narrow(0, r * 4, 4))
+        .backward();
+    ddp.finishBackward();
+  });
+  // Rank 0's share of the unused layer is zero: both ranks hold half of rank 1's gradient.
+  CHECK(torch::equal(nets[0]->unused->weight.grad(), nets[1]->unused->weight.grad()));
+  CHECK(nets[0]->unused->weight.grad().abs().sum().item<double>() > 0);
+}
+
+TEST_CASE("Accumulation over k micro-steps equals one big step; no_sync defers the reduction",
+          "[ddp][accelerator]") {
+  torch::set_num_threads(1);
+  constexpr int64_t kMicro = 4, kAccumulation = 2;
+  const Data data = makeData(2 * kAccumulation * kMicro);
+  // One process, one step on all 16 examples.
+  Net reference = makeNet();
+  auto ref_opt = makeOptimizer(reference, "adamw");
+  torch::mse_loss(reference->forward(data.x), data.y).backward();
+  std::vector<torch::Tensor> reference_grads;
+  for (auto& p : reference->parameters()) {
+    reference_grads.push_back(p.grad().defined() ? p.grad().clone() : torch::Tensor());
+  }
+  ref_opt->step();
+
+  std::vector<Net> nets = {makeNet(), makeNet()};
+  auto world = makeFakeWorld(2);
+  std::vector<bool> stepped(2), differed_inside_no_sync(2, false), matched_at_sync(2, true);
+  onRanks(2, [&](int r) {
+    Net& net = nets[static_cast<size_t>(r)];
+    AcceleratorOptions options;
+    Accelerator acc(fakeWorld(world, r, 2, kAccumulation), options);
+    auto opt = makeOptimizer(net, "adamw");
+    acc.prepare(net.ptr(), *opt);
+    // Rank r sees examples [r*8, r*8+8) in two micro-batches of 4.
+    for (int64_t m = 0; m < kAccumulation; ++m) {
+      const int64_t first = r * kAccumulation * kMicro + m * kMicro;
+      CHECK(acc.syncGradients() == (m == kAccumulation - 1));
+      acc.backward(torch::mse_loss(net->forward(data.x.narrow(0, first, kMicro)),
+                                   data.y.narrow(0, first, kMicro)));
+      auto params = net->parameters();
+      for (size_t i = 0; i < params.size(); ++i) {
+        if (!reference_grads[i].defined()) continue;
+        const bool close = torch::allclose(params[i].grad(), reference_grads[i], 1e-5, 1e-7);
+        if (m < kAccumulation - 1 && !close) differed_inside_no_sync[static_cast<size_t>(r)] = true;
+        if (m == kAccumulation - 1 && !close) matched_at_sync[static_cast<size_t>(r)] = false;
+      }
+      stepped[static_cast<size_t>(r)] = acc.step();
+    }
+  });
+  for (int r = 0; r < 2; ++r) {
+    CHECK(stepped[static_cast<size_t>(r)]);
+    CHECK(differed_inside_no_sync[static_cast<size_t>(r)]);
+    CHECK(matched_at_sync[static_cast<size_t>(r)]);
+  }
+  CHECK(maxRelativeDifference(nets[0], reference) < 1e-6);
+  CHECK(maxRelativeDifference(nets[1], reference) < 1e-6);
+}
+
+TEST_CASE("Accelerator helpers: gather, clipping, memory report, batch description",
+          "[accelerator]") {
+  torch::set_num_threads(1);
+  auto world = makeFakeWorld(3);
+  std::vector<torch::Tensor> gathered(3);
+  std::vector<std::string> described(3);
+  onRanks(3, [&](int r) {
+    Accelerator acc(fakeWorld(world, r, 3, 2), AcceleratorOptions{});
+    gathered[static_cast<size_t>(r)] = acc.gather(torch::full({2, 2}, static_cast<float>(r)));
+    described[static_cast<size_t>(r)] = acc.describeBatch(16);
+    Net net = makeNet();
+    auto opt = makeOptimizer(net, "adamw");
+    acc.prepare(net.ptr(), *opt);
+    auto report = acc.memoryReport();
+    CHECK(report.parameters == (6 * 16 + 16 + 16 * 3 + 3 + 16 * 2 + 2) * sizeof(float));
+    acc.mainProcessFirst([] {});
+    acc.waitForEveryone();
+  });
+  auto expected = torch::cat({torch::full({2, 2}, 0.f), torch::full({2, 2}, 1.f),
+                              torch::full({2, 2}, 2.f)});
+  for (auto& g : gathered) CHECK(torch::equal(g, expected));
+  CHECK(described[0] == "global batch 96 = 16 per process x 3 processes x 2 accumulation steps");
+
+  // Clipping: a single process, gradients of norm 5 scaled to 1.
+  Accelerator one(fakeWorld(makeFakeWorld(1), 0, 1), AcceleratorOptions{});
+  Net net = makeNet();
+  auto opt = makeOptimizer(net, "sgd");
+  one.prepare(net.ptr(), *opt);
+  for (auto& p : net->parameters()) p.mutable_grad() = torch::zeros_like(p);
+  net->fc2->bias.mutable_grad() = torch::tensor({3.f, 4.f, 0.f});
+  CHECK(one.clipGradNorm(1.0) == Approx(5.0));
+  CHECK(net->fc2->bias.grad().norm().item<double>() == Approx(1.0).epsilon(1e-4));
+}
+
+TEST_CASE("LR schedules follow transformers' formulas", "[scheduler]") {
+  Net net = makeNet();
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(1.0));
+  LrScheduler linear(opt, LrScheduler::Kind::kLinear, 2, 10);
+  CHECK(linear.factor() == Approx(0.0));
+  linear.step();
+  CHECK(linear.factor() == Approx(0.5));
+  linear.step();
+  CHECK(linear.factor() == Approx(1.0));
+  for (int i = 0; i < 4; ++i) linear.step();
+  CHECK(linear.factor() == Approx(0.5));  // step 6: (10 - 6) / 8
+  CHECK(opt.param_groups()[0].options().get_lr() == Approx(0.5));
+  torch::optim::SGD opt2(net->parameters(), torch::optim::SGDOptions(2.0));
+  LrScheduler cosine(opt2, LrScheduler::Kind::kCosine, 0, 4);
+  cosine.step();
+  cosine.step();
+  CHECK(cosine.factor() == Approx(0.5));  // halfway: (1 + cos(pi/2)) / 2
+  CHECK(opt2.param_groups()[0].options().get_lr() == Approx(1.0));
+  CHECK_THROWS_WITH(LrScheduler(opt2, LrScheduler::Kind::kConstant, 5, 4),
+                    Catch::Contains("warmup_steps (5) <= total_steps (4)"));
+  CHECK_THROWS(LrScheduler::parse("exponential"));
+}
