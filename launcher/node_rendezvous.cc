@@ -71,7 +71,8 @@ std::string localAddressToward(const std::string& host) {
   return result;
 }
 
-Decision decisionOf(const rdzv::Verdict& verdict) {
+// `self`: this node's id; a root cause of its own is reported from its own failure table.
+Decision decisionOf(const rdzv::Verdict& verdict, const std::string& self) {
   Decision d;
   d.reason = verdict.reason;
   switch (verdict.action) {
@@ -80,8 +81,10 @@ Decision decisionOf(const rdzv::Verdict& verdict) {
       d.kind = Decision::Kind::kFail;
       if (verdict.root_cause) {
         d.remote_exit_code = verdict.root_cause->exit_code;
-        d.remote_description =
-            verdict.root_cause->description + " on node " + verdict.root_cause->node_id;
+        if (verdict.root_cause->node_id != self) {
+          d.remote_description =
+              verdict.root_cause->description + " on node " + verdict.root_cause->node_id;
+        }
       }
       break;
     case rdzv::Action::kClosed: d.kind = Decision::Kind::kDone; break;
@@ -183,7 +186,8 @@ class RemoteRendezvous final : public NodeRendezvous {
   Decision workersFailed(int rank, int exit_code, const std::string& description) override {
     try {
       return remember(decisionOf(
-          client_->requestRestart(node_.id, round_, {node_.id, rank, exit_code, description})));
+          client_->requestRestart(node_.id, round_, {node_.id, rank, exit_code, description}),
+          node_.id));
     } catch (const Error& e) {
       return {Decision::Kind::kFail, std::string("cannot reach the rendezvous: ") + e.what(), {}, {}};
     }
@@ -192,7 +196,7 @@ class RemoteRendezvous final : public NodeRendezvous {
   Decision workersSucceeded() override {
     left_ = true;
     try {
-      return remember(decisionOf(client_->leave(node_.id, round_)));
+      return remember(decisionOf(client_->leave(node_.id, round_), node_.id));
     } catch (const Error& e) {
       return {Decision::Kind::kDone, std::string("the rendezvous is gone: ") + e.what(), {}, {}};
     }
@@ -266,7 +270,7 @@ class RemoteRendezvous final : public NodeRendezvous {
       Decision decision;
       bool report = false;
       try {
-        decision = decisionOf(client_->keepAlive(node_.id, round_));
+        decision = decisionOf(client_->keepAlive(node_.id, round_), node_.id);
         misses = 0;
         report = decision.kind != Decision::Kind::kWait;
       } catch (const Error& e) {

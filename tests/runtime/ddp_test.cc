@@ -179,7 +179,7 @@ TEST_CASE("Parameters without a gradient on some rank do not hang the reduction"
   CHECK(nets[0]->unused->weight.grad().abs().sum().item<double>() > 0);
 }
 
-TEST_CASE("Accumulation over k micro-steps equals one big step; no_sync defers the reduction",
+TEST_CASE("Accumulation over k micro-steps equals one big step and no_sync defers the reduction",
           "[ddp][accelerator]") {
   torch::set_num_threads(1);
   constexpr int64_t kMicro = 4, kAccumulation = 2;

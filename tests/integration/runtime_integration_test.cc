@@ -1,0 +1,80 @@
+// The runtime in real processes under `cxxlaunch run`: Gloo collectives, a lost peer, the
+// self-test (DDP parity over Gloo) and the example trainer.
+
+#include <catch2/catch.hpp>
+
+#include "support/subprocess.h"
+
+using namespace cxxlaunch::testing;
+using namespace std::chrono_literals;
+using Args = std::vector<std::string>;
+
+namespace {
+Finished launch(const Args& flags, const std::string& program, const Args& args,
+                const std::map<std::string, std::string>& env = {}) {
+  Args argv = {CXXLAUNCH_BIN, "run"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  argv.push_back(program);
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run(argv, env, 240s);
+}
+}  // namespace
+
+TEST_CASE("Gloo collectives are exact for worlds of 1 to 4 processes", "[runtime][integration]") {
+  for (int n = 1; n <= 4; ++n) {
+    auto r = launch({"--nproc_per_node", std::to_string(n)}, COLLECTIVES_BIN,
+                    {"--check", "--min_bytes", "4", "--max_bytes", "65536", "--iters", "2",
+                     "--warmup", "1"});
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_code == 0);
+    CHECK_THAT(r.out, Catch::Contains("# gloo, " + std::to_string(n) + " ranks"));
+    CHECK_THAT(r.out, Catch::Contains("every element checked"));
+    CHECK_THAT(r.out, Catch::Contains("reduce_scatter"));
+  }
+}
+
+TEST_CASE("A killed peer makes the others fail with a clear error instead of hanging",
+          "[runtime][integration]") {
+  const auto start = std::chrono::steady_clock::now();
+  auto r = launch({"--nproc_per_node", "3", "--shutdown_grace", "60"}, RUNTIME_WORKER_BIN,
+                  {"--die_rank", "1", "--ignore_term"});
+  INFO(r.out << r.err);
+  CHECK(std::chrono::steady_clock::now() - start < 60s);
+  CHECK(r.exit_code == 128 + 9);  // the root cause: rank 1's SIGKILL
+  CHECK_THAT(r.err, Catch::Contains("root cause (*): rank 1 SIGKILL"));
+  for (const char* survivor : {"[rank 0]: rank 0: gloo allreduce on rank 0 of 3",
+                               "[rank 2]: rank 2: gloo allreduce on rank 2 of 3"}) {
+    CHECK_THAT(r.err, Catch::Contains(survivor));
+  }
+}
+
+TEST_CASE("DDP over Gloo in real processes matches one process", "[runtime][integration]") {
+  for (int n : {2, 3}) {
+    auto r = launch({"--nproc_per_node", std::to_string(n)}, SELFTEST_BIN, {});
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_code == 0);
+    CHECK_THAT(r.out, Catch::Contains("ok  collectives (gloo, " + std::to_string(n) + " ranks)"));
+    CHECK_THAT(r.out, Catch::Contains("ok  DDP parity"));
+    CHECK_THAT(r.out, Catch::Contains("all checks passed"));
+  }
+}
+
+TEST_CASE("The example trainer runs data-parallel with the launcher's settings",
+          "[runtime][integration]") {
+  auto r = launch({"--nproc_per_node", "2"}, TRAIN_BIN,
+                  {"--model", "mlp", "--steps", "4", "--print_every", "2", "--batch_size", "4"},
+                  {{"CXXLAUNCH_GRADIENT_ACCUMULATION_STEPS", "2"},
+                   {"CXXLAUNCH_GRADIENT_CLIPPING", "1.0"}});
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.out, Catch::Contains("global batch 16 = 4 per process x 2 processes x 2 "
+                                    "accumulation steps"));
+  CHECK_THAT(r.out, Catch::Contains("[rank 0]: step    4/4"));
+  CHECK_THAT(r.out, Catch::Contains("done: 4 steps"));
+  CHECK_THAT(r.out, !Catch::Contains("[rank 1]: step"));  // rank-0 printing only
+
+  auto bad = launch({"--nproc_per_node", "1"}, TRAIN_BIN, {"--steps", "4"},
+                    {{"CXXLAUNCH_STRATEGY", "zero9"}});
+  CHECK(bad.exit_code == 2);
+  CHECK_THAT(bad.err, Catch::Contains("CXXLAUNCH_STRATEGY='zero9' is not one of"));
+}
