@@ -206,7 +206,7 @@ class RemoteRendezvous final : public NodeRendezvous {
 
   void finish() override {
     unwatch();
-    if (server_ && ended_) {
+    if (server_ && ended_ && num_nodes_ > 1) {
       server_->waitUntilSettled(run_id_,
                                 options_.keep_alive_interval * (options_.keep_alive_max_misses + 1));
     }
@@ -238,6 +238,7 @@ class RemoteRendezvous final : public NodeRendezvous {
 
   WorldAssignment assignmentOf(const rdzv::Placement& p) {
     round_ = p.round;
+    num_nodes_ = p.num_nodes;
     left_ = false;
     WorldAssignment w;
     w.round = p.round;
@@ -300,6 +301,7 @@ class RemoteRendezvous final : public NodeRendezvous {
   rdzv::NodeSpec node_;
   rdzv::RunSettings settings_;
   int64_t round_ = 0;
+  int num_nodes_ = 1;  // of the last round: a hosting node lingers only for its peers
   std::atomic<bool> left_ = false;
   std::atomic<bool> cancelled_ = false;
   bool ended_ = false;

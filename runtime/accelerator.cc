@@ -36,15 +36,17 @@ std::string mib(size_t bytes) {
 }  // namespace
 
 std::string MemoryReport::str() const {
-  return "parameters " + mib(parameters) + ", gradients " + mib(gradients) +
-         ", optimizer state " + mib(optimizer_state) + ", total " + mib(total());
+  return "parameters " + mib(parameters) + ", gradients " + mib(gradients) + ", optimizer state " +
+         mib(optimizer_state) + ", total " + mib(total());
 }
 
 Accelerator::Accelerator(AcceleratorOptions options)
     : Accelerator(World{withOverrides(readWorkerEnv(), options), nullptr, nullptr}, options) {}
 
 Accelerator::Accelerator(World world, AcceleratorOptions options)
-    : world_(std::move(world)), bucket_bytes_(options.bucket_bytes) {
+    : world_(std::move(world)),
+      bucket_bytes_(options.bucket_bytes),
+      find_unused_(options.find_unused_parameters) {
   if (world_.env.gradient_accumulation_steps < 1) {
     throw InvalidArgument("gradient accumulation steps must be >= 1");
   }
@@ -73,12 +75,11 @@ void Accelerator::prepare(std::shared_ptr<torch::nn::Module> model,
   scheduler_ = scheduler;
   DdpOptions ddp_options;
   ddp_options.bucket_bytes = bucket_bytes_;
+  ddp_options.find_unused_parameters = find_unused_;
   ddp_ = std::make_unique<DistributedDataParallel>(model_, world_.backend, ddp_options);
 }
 
-bool Accelerator::syncGradients() const {
-  return (micro_step_ + 1) % accumulation_steps_ == 0;
-}
+bool Accelerator::syncGradients() const { return (micro_step_ + 1) % accumulation_steps_ == 0; }
 
 void Accelerator::backward(const torch::Tensor& loss) {
   if (!ddp_) throw InvalidArgument("Accelerator::backward before prepare(model, optimizer)");

@@ -39,6 +39,9 @@ struct AcceleratorOptions {
   std::optional<double> gradient_clipping;         // default: CXXLAUNCH_GRADIENT_CLIPPING
   std::optional<std::string> backend;              // default: CXXLAUNCH_BACKEND
   size_t bucket_bytes = 25u << 20;
+  // PyTorch's find_unused_parameters: exact optimizer semantics for parameters no rank used,
+  // for one more small collective per step.
+  bool find_unused_parameters = false;
 };
 
 // Bytes this rank holds (memoryReport()).
@@ -131,6 +134,7 @@ class Accelerator {
   int accumulation_steps_ = 1;
   double clipping_ = 0;
   size_t bucket_bytes_;
+  bool find_unused_;
   std::shared_ptr<torch::nn::Module> model_;
   torch::optim::Optimizer* optimizer_ = nullptr;
   LrScheduler* scheduler_ = nullptr;

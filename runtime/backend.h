@@ -49,7 +49,7 @@ struct BackendOptions {
   std::shared_ptr<rendezvous::Store> store;
   std::string prefix = "backend";
   std::string address = "127.0.0.1";  // this rank's address, reachable by the others (Gloo)
-  int device = -1;                     // CUDA device (NCCL); -1: the local rank's
+  int device = -1;                    // CUDA device (NCCL); -1: the local rank's
   std::chrono::milliseconds timeout = std::chrono::minutes(5);  // per collective
 };
 

@@ -9,13 +9,20 @@ namespace cxxlaunch::runtime {
 
 DType dtypeOf(const at::Tensor& tensor) {
   switch (tensor.scalar_type()) {
-    case at::kFloat: return DType::kFloat32;
-    case at::kDouble: return DType::kFloat64;
-    case at::kHalf: return DType::kFloat16;
-    case at::kBFloat16: return DType::kBFloat16;
-    case at::kInt: return DType::kInt32;
-    case at::kLong: return DType::kInt64;
-    case at::kByte: return DType::kUInt8;
+    case at::kFloat:
+      return DType::kFloat32;
+    case at::kDouble:
+      return DType::kFloat64;
+    case at::kHalf:
+      return DType::kFloat16;
+    case at::kBFloat16:
+      return DType::kBFloat16;
+    case at::kInt:
+      return DType::kInt32;
+    case at::kLong:
+      return DType::kInt64;
+    case at::kByte:
+      return DType::kUInt8;
     default:
       throw InvalidArgument(std::string("collectives do not carry tensors of type ") +
                             c10::toString(tensor.scalar_type()));
@@ -24,20 +31,22 @@ DType dtypeOf(const at::Tensor& tensor) {
 
 WorkPtr allreduce(Backend& backend, at::Tensor& tensor, ReduceOp op) {
   TORCH_CHECK(tensor.is_contiguous(), "allreduce needs a contiguous tensor");
-  return backend.allreduce(tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
-                           dtypeOf(tensor), op);
+  return backend.allreduce(tensor.data_ptr(), static_cast<size_t>(tensor.numel()), dtypeOf(tensor),
+                           op);
 }
 
 WorkPtr broadcast(Backend& backend, at::Tensor& tensor, int root) {
   TORCH_CHECK(tensor.is_contiguous(), "broadcast needs a contiguous tensor");
-  return backend.broadcast(tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
-                           dtypeOf(tensor), root);
+  return backend.broadcast(tensor.data_ptr(), static_cast<size_t>(tensor.numel()), dtypeOf(tensor),
+                           root);
 }
 
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
                                                  std::shared_ptr<Backend> backend,
                                                  DdpOptions options)
-    : module_(std::move(module)), backend_(std::move(backend)) {
+    : module_(std::move(module)),
+      backend_(std::move(backend)),
+      find_unused_(options.find_unused_parameters) {
   if (options.broadcast_initial_state) broadcastState(0);
   // Reverse registration order approximates the order in which backward produces gradients.
   auto params = module_->parameters();
@@ -152,8 +161,10 @@ void DistributedDataParallel::finishBackward() {
     launchReadyBuckets();
     for (auto& bucket : buckets_) works.push_back(bucket.work);
     auto used = used_.accessor<int32_t, 1>();
-    for (size_t i = 0; i < slots_.size(); ++i) used[static_cast<int64_t>(i)] = slots_[i].used;
-    works.push_back(allreduce(*backend_, used_, ReduceOp::kMax));
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      used[static_cast<int64_t>(i)] = find_unused_ ? slots_[i].used : 1;
+    }
+    if (find_unused_) works.push_back(allreduce(*backend_, used_, ReduceOp::kMax));
   }
   for (auto& work : works) work->wait();
   torch::NoGradGuard no_grad;

@@ -9,9 +9,10 @@
 //      the backward goes on.
 //   4. finishBackward() (after loss.backward()) fills buckets whose parameters got no gradient
 //      (unused in this forward: their share is zero, so no rank waits forever), waits for every
-//      bucket and writes the averaged gradients into param.grad(). One more small all-reduce
-//      tells which parameters no rank used: their gradients stay as they were (undefined), as
-//      in PyTorch, so optimizers skip them.
+//      bucket and writes the averaged gradients into param.grad(). With find_unused_parameters
+//      one more small all-reduce tells which parameters no rank used: their gradients stay as
+//      they were (undefined), as in PyTorch, so optimizers skip them; without it (the default,
+//      one collective fewer per step) they get a zero gradient.
 //   5. Inside noSync() gradients only accumulate locally; the next synchronised backward reduces
 //      the accumulated sum.
 //
@@ -30,6 +31,7 @@ namespace cxxlaunch::runtime {
 struct DdpOptions {
   size_t bucket_bytes = 25u << 20;
   bool broadcast_initial_state = true;
+  bool find_unused_parameters = false;
 };
 
 class DistributedDataParallel {
@@ -88,6 +90,7 @@ class DistributedDataParallel {
   std::shared_ptr<Backend> backend_;
   std::vector<Slot> slots_;
   std::vector<Bucket> buckets_;
+  bool find_unused_;
   torch::Tensor used_;  // int32 per slot, all-reduced (max) in finishBackward
   size_t next_launch_ = 0;
   bool sync_ = true;

@@ -91,8 +91,8 @@ WorkerEnv readWorkerEnv() {
     }
   }
   if (e.world_size < 1 || e.rank < 0 || e.rank >= e.world_size) {
-    throw InvalidArgument("environment: RANK=" + std::to_string(e.rank) + " is outside WORLD_SIZE=" +
-                          std::to_string(e.world_size));
+    throw InvalidArgument("environment: RANK=" + std::to_string(e.rank) +
+                          " is outside WORLD_SIZE=" + std::to_string(e.world_size));
   }
   return e;
 }

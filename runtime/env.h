@@ -26,7 +26,7 @@ struct WorkerEnv {
   std::string store_endpoint;  // empty: no rendezvous store (single process)
   std::string store_prefix;
   std::string token;
-  std::optional<int> device;  // GPU id chosen by the launcher, if any
+  std::optional<int> device;            // GPU id chosen by the launcher, if any
   std::string node_addr = "127.0.0.1";  // where other ranks reach this one
   std::string tls_ca, tls_cert, tls_key;
 

@@ -10,32 +10,34 @@
 namespace cxxlaunch::env {
 
 // --- torchrun-compatible ---------------------------------------------------------------
-inline constexpr const char kRank[] = "RANK";                          // global rank
-inline constexpr const char kLocalRank[] = "LOCAL_RANK";               // rank on this node
-inline constexpr const char kWorldSize[] = "WORLD_SIZE";               // workers in the job
-inline constexpr const char kLocalWorldSize[] = "LOCAL_WORLD_SIZE";    // workers on this node
-inline constexpr const char kGroupRank[] = "GROUP_RANK";               // node rank
-inline constexpr const char kGroupWorldSize[] = "GROUP_WORLD_SIZE";    // number of nodes
-inline constexpr const char kRoleName[] = "ROLE_NAME";                 // --role
-inline constexpr const char kRoleRank[] = "ROLE_RANK";                 // rank among this role
-inline constexpr const char kRoleWorldSize[] = "ROLE_WORLD_SIZE";      // workers of this role
-inline constexpr const char kMasterAddr[] = "MASTER_ADDR";             // host of global rank 0
-inline constexpr const char kMasterPort[] = "MASTER_PORT";             // free port reserved there
+inline constexpr const char kRank[] = "RANK";                        // global rank
+inline constexpr const char kLocalRank[] = "LOCAL_RANK";             // rank on this node
+inline constexpr const char kWorldSize[] = "WORLD_SIZE";             // workers in the job
+inline constexpr const char kLocalWorldSize[] = "LOCAL_WORLD_SIZE";  // workers on this node
+inline constexpr const char kGroupRank[] = "GROUP_RANK";             // node rank
+inline constexpr const char kGroupWorldSize[] = "GROUP_WORLD_SIZE";  // number of nodes
+inline constexpr const char kRoleName[] = "ROLE_NAME";               // --role
+inline constexpr const char kRoleRank[] = "ROLE_RANK";               // rank among this role
+inline constexpr const char kRoleWorldSize[] = "ROLE_WORLD_SIZE";    // workers of this role
+inline constexpr const char kMasterAddr[] = "MASTER_ADDR";           // host of global rank 0
+inline constexpr const char kMasterPort[] = "MASTER_PORT";           // free port reserved there
 inline constexpr const char kRestartCount[] = "TORCHELASTIC_RESTART_COUNT";  // restarts so far
 inline constexpr const char kMaxRestarts[] = "TORCHELASTIC_MAX_RESTARTS";    // --max_restarts
 inline constexpr const char kRunId[] = "TORCHELASTIC_RUN_ID";                // --run_id
 inline constexpr const char kErrorFile[] = "TORCHELASTIC_ERROR_FILE";  // JSON error report path
-inline constexpr const char kOmpNumThreads[] = "OMP_NUM_THREADS";  // 1 if unset and >1 worker
+inline constexpr const char kOmpNumThreads[] = "OMP_NUM_THREADS";      // 1 if unset and >1 worker
 
 // --- cxxlaunch's own -------------------------------------------------------------------
-inline constexpr const char kStoreEndpoint[] = "CXXLAUNCH_STORE_ENDPOINT";  // host:port of the store
-inline constexpr const char kStorePrefix[] = "CXXLAUNCH_STORE_PREFIX";      // RUN_ID/ROUND: key space and fencing token
-inline constexpr const char kToken[] = "CXXLAUNCH_TOKEN";                   // job token for the store
+inline constexpr const char kStoreEndpoint[] =
+    "CXXLAUNCH_STORE_ENDPOINT";  // host:port of the store
+inline constexpr const char kStorePrefix[] =
+    "CXXLAUNCH_STORE_PREFIX";  // RUN_ID/ROUND: key space and fencing token
+inline constexpr const char kToken[] = "CXXLAUNCH_TOKEN";         // job token for the store
 inline constexpr const char kNodeAddr[] = "CXXLAUNCH_NODE_ADDR";  // this node's address for peers
 inline constexpr const char kTlsCa[] = "CXXLAUNCH_TLS_CA";      // CA file, when the store uses TLS
 inline constexpr const char kTlsCert[] = "CXXLAUNCH_TLS_CERT";  // client certificate (mutual TLS)
 inline constexpr const char kTlsKey[] = "CXXLAUNCH_TLS_KEY";    // its key
-inline constexpr const char kDevice[] = "CXXLAUNCH_DEVICE";  // this worker's GPU id, from --gpus
+inline constexpr const char kDevice[] = "CXXLAUNCH_DEVICE";     // this worker's GPU id, from --gpus
 
 // --- training settings -------------------------------------------------------------------
 // Resolved by the launcher from flags > CXXLAUNCH_* environment > config file > defaults
@@ -49,6 +51,6 @@ inline constexpr const char kGradClipping[] = "CXXLAUNCH_GRADIENT_CLIPPING";  //
 inline constexpr const char kBackend[] = "CXXLAUNCH_BACKEND";  // auto (default) | gloo | nccl
 inline constexpr const char kOffloadOptimizer[] = "CXXLAUNCH_OFFLOAD_OPTIMIZER";  // none | cpu
 inline constexpr const char kOffloadParams[] = "CXXLAUNCH_OFFLOAD_PARAMS";        // none | cpu
-inline constexpr const char kStateDictType[] = "CXXLAUNCH_STATE_DICT_TYPE";  // full | sharded
+inline constexpr const char kStateDictType[] = "CXXLAUNCH_STATE_DICT_TYPE";       // full | sharded
 
 }  // namespace cxxlaunch::env

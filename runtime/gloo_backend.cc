@@ -84,7 +84,8 @@ class GlooBackend final : public Backend {
   std::string name() const override { return "gloo"; }
 
   WorkPtr allreduce(void* data, size_t count, DType dtype, ReduceOp op) override {
-    return submit("allreduce", [=, this](uint32_t tag) { allreduceNow(data, count, dtype, op, tag); });
+    return submit("allreduce",
+                  [=, this](uint32_t tag) { allreduceNow(data, count, dtype, op, tag); });
   }
 
   WorkPtr reduceScatter(const void* input, void* output, size_t count, DType dtype,
@@ -140,13 +141,25 @@ class GlooBackend final : public Backend {
     gloo::AllreduceOptions opts(context_);
     // Typed, so that Gloo cuts the buffer between elements and counts elements, not bytes.
     switch (dtype) {
-      case DType::kFloat32: opts.setOutput(static_cast<float*>(data), count); break;
-      case DType::kFloat64: opts.setOutput(static_cast<double*>(data), count); break;
+      case DType::kFloat32:
+        opts.setOutput(static_cast<float*>(data), count);
+        break;
+      case DType::kFloat64:
+        opts.setOutput(static_cast<double*>(data), count);
+        break;
       case DType::kFloat16:
-      case DType::kBFloat16: opts.setOutput(static_cast<uint16_t*>(data), count); break;
-      case DType::kInt32: opts.setOutput(static_cast<int32_t*>(data), count); break;
-      case DType::kInt64: opts.setOutput(static_cast<int64_t*>(data), count); break;
-      case DType::kUInt8: opts.setOutput(static_cast<uint8_t*>(data), count); break;
+      case DType::kBFloat16:
+        opts.setOutput(static_cast<uint16_t*>(data), count);
+        break;
+      case DType::kInt32:
+        opts.setOutput(static_cast<int32_t*>(data), count);
+        break;
+      case DType::kInt64:
+        opts.setOutput(static_cast<int64_t*>(data), count);
+        break;
+      case DType::kUInt8:
+        opts.setOutput(static_cast<uint8_t*>(data), count);
+        break;
     }
     if (dtype == DType::kFloat32 && (op == ReduceOp::kSum || op == ReduceOp::kAvg)) {
       // Gloo's vectorised kernel for the common case.

@@ -24,43 +24,54 @@ std::string hostName() {
   return ::gethostname(name, sizeof(name) - 1) == 0 ? name : "?";
 }
 
-#define CXXLAUNCH_CUDA_CHECK(call, where)                                                  \
-  do {                                                                                      \
-    cudaError_t cxxlaunch_err_ = (call);                                                    \
-    if (cxxlaunch_err_ != cudaSuccess) {                                                    \
+#define CXXLAUNCH_CUDA_CHECK(call, where)                                                     \
+  do {                                                                                        \
+    cudaError_t cxxlaunch_err_ = (call);                                                      \
+    if (cxxlaunch_err_ != cudaSuccess) {                                                      \
       throw ::cxxlaunch::CommunicationError(std::string(#call) + " failed" + (where) + ": " + \
-                                            cudaGetErrorString(cxxlaunch_err_));            \
-    }                                                                                       \
+                                            cudaGetErrorString(cxxlaunch_err_));              \
+    }                                                                                         \
   } while (0)
 
-#define CXXLAUNCH_NCCL_CHECK(call, where)                                                  \
-  do {                                                                                      \
-    ncclResult_t cxxlaunch_res_ = (call);                                                   \
-    if (cxxlaunch_res_ != ncclSuccess && cxxlaunch_res_ != ncclInProgress) {                \
+#define CXXLAUNCH_NCCL_CHECK(call, where)                                                     \
+  do {                                                                                        \
+    ncclResult_t cxxlaunch_res_ = (call);                                                     \
+    if (cxxlaunch_res_ != ncclSuccess && cxxlaunch_res_ != ncclInProgress) {                  \
       throw ::cxxlaunch::CommunicationError(std::string(#call) + " failed" + (where) + ": " + \
-                                            ncclGetErrorString(cxxlaunch_res_));            \
-    }                                                                                       \
+                                            ncclGetErrorString(cxxlaunch_res_));              \
+    }                                                                                         \
   } while (0)
 
 ncclDataType_t ncclType(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return ncclFloat32;
-    case DType::kFloat64: return ncclFloat64;
-    case DType::kFloat16: return ncclFloat16;
-    case DType::kBFloat16: return ncclBfloat16;
-    case DType::kInt32: return ncclInt32;
-    case DType::kInt64: return ncclInt64;
-    case DType::kUInt8: return ncclUint8;
+    case DType::kFloat32:
+      return ncclFloat32;
+    case DType::kFloat64:
+      return ncclFloat64;
+    case DType::kFloat16:
+      return ncclFloat16;
+    case DType::kBFloat16:
+      return ncclBfloat16;
+    case DType::kInt32:
+      return ncclInt32;
+    case DType::kInt64:
+      return ncclInt64;
+    case DType::kUInt8:
+      return ncclUint8;
   }
   return ncclUint8;
 }
 
 ncclRedOp_t ncclOp(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return ncclSum;
-    case ReduceOp::kAvg: return ncclAvg;
-    case ReduceOp::kMax: return ncclMax;
-    case ReduceOp::kMin: return ncclMin;
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kAvg:
+      return ncclAvg;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kMin:
+      return ncclMin;
   }
   return ncclSum;
 }
@@ -139,18 +150,17 @@ class NcclBackend final : public Backend {
 
   WorkPtr allreduce(void* data, size_t count, DType dtype, ReduceOp op) override {
     return enqueue([&] {
-      CXXLAUNCH_NCCL_CHECK(ncclAllReduce(data, data, count, ncclType(dtype), ncclOp(op), comm_,
-                                         stream_),
-                           where_);
+      CXXLAUNCH_NCCL_CHECK(
+          ncclAllReduce(data, data, count, ncclType(dtype), ncclOp(op), comm_, stream_), where_);
     });
   }
 
   WorkPtr reduceScatter(const void* input, void* output, size_t count, DType dtype,
                         ReduceOp op) override {
     return enqueue([&] {
-      CXXLAUNCH_NCCL_CHECK(ncclReduceScatter(input, output, count, ncclType(dtype), ncclOp(op),
-                                             comm_, stream_),
-                           where_);
+      CXXLAUNCH_NCCL_CHECK(
+          ncclReduceScatter(input, output, count, ncclType(dtype), ncclOp(op), comm_, stream_),
+          where_);
     });
   }
 
@@ -163,15 +173,15 @@ class NcclBackend final : public Backend {
 
   WorkPtr broadcast(void* data, size_t count, DType dtype, int root) override {
     return enqueue([&] {
-      CXXLAUNCH_NCCL_CHECK(
-          ncclBroadcast(data, data, count, ncclType(dtype), root, comm_, stream_), where_);
+      CXXLAUNCH_NCCL_CHECK(ncclBroadcast(data, data, count, ncclType(dtype), root, comm_, stream_),
+                           where_);
     });
   }
 
   WorkPtr barrier() override {
     return enqueue([&] {
-      CXXLAUNCH_NCCL_CHECK(
-          ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_), where_);
+      CXXLAUNCH_NCCL_CHECK(ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_),
+                           where_);
     });
   }
 

@@ -12,9 +12,12 @@ template <typename T>
 T combine(T a, T b, ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg: return static_cast<T>(a + b);
-    case ReduceOp::kMax: return std::max(a, b);
-    case ReduceOp::kMin: return std::min(a, b);
+    case ReduceOp::kAvg:
+      return static_cast<T>(a + b);
+    case ReduceOp::kMax:
+      return std::max(a, b);
+    case ReduceOp::kMin:
+      return std::min(a, b);
   }
   return a;
 }
@@ -82,7 +85,7 @@ uint16_t floatToHalf(float value) {
     return static_cast<uint16_t>(sign | 0x7c00 | (mantissa != 0 ? 0x200 : 0));
   }
   if (exponent >= 0x1f) return static_cast<uint16_t>(sign | 0x7c00);  // overflow to inf
-  if (exponent <= 0) {  // subnormal or zero
+  if (exponent <= 0) {                                                // subnormal or zero
     if (exponent < -10) return sign;
     mantissa |= 0x800000;
     const int shift = 14 - exponent;
@@ -115,25 +118,39 @@ uint16_t floatToBfloat16(float value) {
 
 void reduceInto(void* acc, const void* in, size_t count, DType dtype, ReduceOp op) {
   switch (dtype) {
-    case DType::kFloat32: return reduceTyped<float>(acc, in, count, op);
-    case DType::kFloat64: return reduceTyped<double>(acc, in, count, op);
-    case DType::kInt32: return reduceTyped<int32_t>(acc, in, count, op);
-    case DType::kInt64: return reduceTyped<int64_t>(acc, in, count, op);
-    case DType::kUInt8: return reduceTyped<uint8_t>(acc, in, count, op);
-    case DType::kFloat16: return reduce16<halfToFloat, floatToHalf>(acc, in, count, op);
-    case DType::kBFloat16: return reduce16<bfloat16ToFloat, floatToBfloat16>(acc, in, count, op);
+    case DType::kFloat32:
+      return reduceTyped<float>(acc, in, count, op);
+    case DType::kFloat64:
+      return reduceTyped<double>(acc, in, count, op);
+    case DType::kInt32:
+      return reduceTyped<int32_t>(acc, in, count, op);
+    case DType::kInt64:
+      return reduceTyped<int64_t>(acc, in, count, op);
+    case DType::kUInt8:
+      return reduceTyped<uint8_t>(acc, in, count, op);
+    case DType::kFloat16:
+      return reduce16<halfToFloat, floatToHalf>(acc, in, count, op);
+    case DType::kBFloat16:
+      return reduce16<bfloat16ToFloat, floatToBfloat16>(acc, in, count, op);
   }
 }
 
 void divideBy(void* data, size_t count, DType dtype, int n) {
   switch (dtype) {
-    case DType::kFloat32: return divideTyped<float>(data, count, n);
-    case DType::kFloat64: return divideTyped<double>(data, count, n);
-    case DType::kInt32: return divideTyped<int32_t>(data, count, n);
-    case DType::kInt64: return divideTyped<int64_t>(data, count, n);
-    case DType::kUInt8: return divideTyped<uint8_t>(data, count, n);
-    case DType::kFloat16: return divide16<halfToFloat, floatToHalf>(data, count, n);
-    case DType::kBFloat16: return divide16<bfloat16ToFloat, floatToBfloat16>(data, count, n);
+    case DType::kFloat32:
+      return divideTyped<float>(data, count, n);
+    case DType::kFloat64:
+      return divideTyped<double>(data, count, n);
+    case DType::kInt32:
+      return divideTyped<int32_t>(data, count, n);
+    case DType::kInt64:
+      return divideTyped<int64_t>(data, count, n);
+    case DType::kUInt8:
+      return divideTyped<uint8_t>(data, count, n);
+    case DType::kFloat16:
+      return divide16<halfToFloat, floatToHalf>(data, count, n);
+    case DType::kBFloat16:
+      return divide16<bfloat16ToFloat, floatToBfloat16>(data, count, n);
   }
 }
 

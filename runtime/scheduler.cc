@@ -32,9 +32,12 @@ double LrScheduler::factor() const {
                           static_cast<double>(std::max<int64_t>(1, total_ - warmup_));
   const double p = std::min(progress, 1.0);
   switch (kind_) {
-    case Kind::kConstant: return 1.0;
-    case Kind::kLinear: return 1.0 - p;
-    case Kind::kCosine: return 0.5 * (1.0 + std::cos(M_PI * p));
+    case Kind::kConstant:
+      return 1.0;
+    case Kind::kLinear:
+      return 1.0 - p;
+    case Kind::kCosine:
+      return 0.5 * (1.0 + std::cos(M_PI * p));
   }
   return 1.0;
 }

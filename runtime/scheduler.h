@@ -21,8 +21,8 @@ class LrScheduler {
   // "constant", "linear", "cosine".
   static Kind parse(const std::string& name);
 
-  void step();                   // after each optimizer step
-  double factor() const;         // of the base lr, at the current step
+  void step();            // after each optimizer step
+  double factor() const;  // of the base lr, at the current step
   int64_t stepCount() const { return step_; }
 
  private:

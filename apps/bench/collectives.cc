@@ -72,7 +72,9 @@ Flags parse(int argc, char** argv) {
 }
 
 // Rank r's element i: small integers, so every sum below is exact in fp32.
-float value(int rank, size_t i) { return static_cast<float>((rank + 1) + static_cast<int>(i % 13)); }
+float value(int rank, size_t i) {
+  return static_cast<float>((rank + 1) + static_cast<int>(i % 13));
+}
 
 struct Result {
   double seconds = 0;
@@ -82,13 +84,15 @@ struct Result {
 
 Result runOne(Backend& backend, const std::string& op, size_t count, const Flags& flags) {
   const int n = backend.worldSize(), r = backend.rank();
-  const size_t total = op == "allreduce" || op == "broadcast" ? count : count * static_cast<size_t>(n);
+  const size_t total =
+      op == "allreduce" || op == "broadcast" ? count : count * static_cast<size_t>(n);
   std::vector<float> in(total), out(total);
   auto fill = [&] {
     for (size_t i = 0; i < in.size(); ++i) in[i] = value(r, i);
   };
   auto call = [&]() -> WorkPtr {
-    if (op == "allreduce") return backend.allreduce(in.data(), count, DType::kFloat32, ReduceOp::kSum);
+    if (op == "allreduce")
+      return backend.allreduce(in.data(), count, DType::kFloat32, ReduceOp::kSum);
     if (op == "broadcast") return backend.broadcast(in.data(), count, DType::kFloat32, 0);
     if (op == "all_gather") return backend.allGather(in.data(), out.data(), count, DType::kFloat32);
     return backend.reduceScatter(in.data(), out.data(), count, DType::kFloat32, ReduceOp::kSum);
@@ -155,20 +159,20 @@ int main(int argc, char** argv) {
     if (backend->rank() == 0) {
       std::printf("# %s, %d ranks, float32, %d iterations%s\n", backend->name().c_str(), n,
                   flags.iters, flags.check ? ", every element checked" : "");
-      std::printf("%-15s %12s %12s %12s %12s %8s\n", "collective", "bytes", "time us",
-                  "algbw GB/s", "busbw GB/s", "wrong");
+      std::printf("%-15s %12s %12s %12s %12s %8s\n", "collective", "bytes", "time us", "algbw GB/s",
+                  "busbw GB/s", "wrong");
     }
     const std::vector<std::string> ops =
-        flags.op == "all" ? std::vector<std::string>{"allreduce", "all_gather", "reduce_scatter",
-                                                     "broadcast"}
-                          : std::vector<std::string>{flags.op};
+        flags.op == "all"
+            ? std::vector<std::string>{"allreduce", "all_gather", "reduce_scatter", "broadcast"}
+            : std::vector<std::string>{flags.op};
     size_t wrong = 0;
     for (const auto& op : ops) {
       for (size_t bytes = flags.min_bytes; bytes <= flags.max_bytes; bytes *= 4) {
         // Sizes are per rank's contribution for all_gather/reduce_scatter, as in nccl-tests'
         // totals: the buffer a rank sends or receives in full.
-        const size_t count = std::max<size_t>(1, bytes / sizeof(float) /
-                                                     (op == "allreduce" || op == "broadcast" ? 1 : n));
+        const size_t count = std::max<size_t>(
+            1, bytes / sizeof(float) / (op == "allreduce" || op == "broadcast" ? 1 : n));
         Result r = runOne(*backend, op, count, flags);
         wrong += r.wrong;
         const double total_bytes = static_cast<double>(
@@ -179,7 +183,8 @@ int main(int argc, char** argv) {
                       r.seconds * 1e6, algbw, algbw * busFactor(op, n), r.wrong);
         }
         if (r.wrong > 0) {
-          std::fprintf(stderr, "collectives: rank %d: %s of %.0f bytes: %zu wrong values; first: %s\n",
+          std::fprintf(stderr,
+                       "collectives: rank %d: %s of %.0f bytes: %zu wrong values; first: %s\n",
                        backend->rank(), op.c_str(), total_bytes, r.wrong, r.first_wrong.c_str());
         }
       }

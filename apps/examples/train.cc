@@ -56,30 +56,47 @@ Flags parse(int argc, char** argv) {
     if (i + 1 >= argc) throw InvalidArgument(flag + " needs a value");
     const std::string v = argv[++i];
     auto integer = [&] { return std::stoll(v); };
-    if (flag == "--model") f.model = v;
-    else if (flag == "--steps") f.steps = integer();
-    else if (flag == "--batch_size") f.batch_size = integer();
-    else if (flag == "--lr") f.lr = std::stod(v);
-    else if (flag == "--optimizer") f.optimizer = v;
-    else if (flag == "--schedule") f.schedule = v;
-    else if (flag == "--warmup") f.warmup = integer();
-    else if (flag == "--seq_len") f.seq_len = integer();
-    else if (flag == "--vocab") f.vocab = integer();
-    else if (flag == "--d_model") f.d_model = integer();
-    else if (flag == "--layers") f.layers = integer();
-    else if (flag == "--heads") f.heads = integer();
-    else if (flag == "--hidden") f.hidden = integer();
-    else if (flag == "--print_every") f.print_every = integer();
-    else if (flag == "--seed") f.seed = static_cast<uint64_t>(integer());
-    else throw InvalidArgument("unknown flag '" + flag + "' (see --help)");
+    if (flag == "--model")
+      f.model = v;
+    else if (flag == "--steps")
+      f.steps = integer();
+    else if (flag == "--batch_size")
+      f.batch_size = integer();
+    else if (flag == "--lr")
+      f.lr = std::stod(v);
+    else if (flag == "--optimizer")
+      f.optimizer = v;
+    else if (flag == "--schedule")
+      f.schedule = v;
+    else if (flag == "--warmup")
+      f.warmup = integer();
+    else if (flag == "--seq_len")
+      f.seq_len = integer();
+    else if (flag == "--vocab")
+      f.vocab = integer();
+    else if (flag == "--d_model")
+      f.d_model = integer();
+    else if (flag == "--layers")
+      f.layers = integer();
+    else if (flag == "--heads")
+      f.heads = integer();
+    else if (flag == "--hidden")
+      f.hidden = integer();
+    else if (flag == "--print_every")
+      f.print_every = integer();
+    else if (flag == "--seed")
+      f.seed = static_cast<uint64_t>(integer());
+    else
+      throw InvalidArgument("unknown flag '" + flag + "' (see --help)");
   }
   if (f.model != "gpt" && f.model != "mlp") throw InvalidArgument("--model must be gpt or mlp");
   if (f.optimizer != "adamw" && f.optimizer != "sgd") {
     throw InvalidArgument("--optimizer must be adamw or sgd");
   }
   if (f.steps < 1 || f.batch_size < 1 || f.d_model % f.heads != 0 || f.warmup > f.steps) {
-    throw InvalidArgument("need --steps >= 1, --batch_size >= 1, --warmup <= --steps and "
-                          "--d_model divisible by --heads");
+    throw InvalidArgument(
+        "need --steps >= 1, --batch_size >= 1, --warmup <= --steps and "
+        "--d_model divisible by --heads");
   }
   return f;
 }
@@ -207,23 +224,26 @@ int train(const Flags& f, Accelerator& acc, Dataset dataset, Model model, LossFn
   LrScheduler schedule(*optimizer, LrScheduler::parse(f.schedule), f.warmup, f.steps);
   acc.prepare(model.ptr(), *optimizer, &schedule);
   auto loader = acc.prepareDataLoader(std::move(dataset), static_cast<size_t>(f.batch_size));
-  acc.print("training ", f.model, " (", acc.memoryReport().parameters / 1024, " KiB of "
-            "parameters) on ", acc.worldSize(), " process(es), ",
+  acc.print("training ", f.model, " (", acc.memoryReport().parameters / 1024,
+            " KiB of "
+            "parameters) on ",
+            acc.worldSize(), " process(es), ",
             acc.describeBatch(static_cast<size_t>(f.batch_size)));
 
-  const auto start = std::chrono::steady_clock::now();
-  auto last = start;
+  // The mean step time leaves out the first two steps (allocations, first buckets).
+  constexpr int64_t kUntimedSteps = 2;
+  auto timed_from = std::chrono::steady_clock::now();
+  auto last = timed_from;
   int64_t examples_since = 0;
   double loss_sum = 0;
   int64_t loss_count = 0;
   while (acc.optimizerSteps() < f.steps) {
     for (auto& batch : *loader) {
-      auto data = torch::stack(std::vector<torch::Tensor>(
-          [&] {
-            std::vector<torch::Tensor> v;
-            for (auto& e : batch) v.push_back(e.data);
-            return v;
-          }()));
+      auto data = torch::stack(std::vector<torch::Tensor>([&] {
+        std::vector<torch::Tensor> v;
+        for (auto& e : batch) v.push_back(e.data);
+        return v;
+      }()));
       std::vector<torch::Tensor> ys;
       for (auto& e : batch) ys.push_back(e.target);
       auto target = torch::stack(ys);
@@ -234,11 +254,12 @@ int train(const Flags& f, Accelerator& acc, Dataset dataset, Model model, LossFn
       acc.backward(loss);
       if (!acc.step()) continue;
       const int64_t step = acc.optimizerSteps();
+      if (step == kUntimedSteps) timed_from = std::chrono::steady_clock::now();
       if (step % f.print_every == 0 || step == f.steps) {
         const auto now = std::chrono::steady_clock::now();
         const double seconds = std::chrono::duration<double>(now - last).count();
-        const double tokens_per_s = static_cast<double>(examples_since * tokens_per_example *
-                                                        acc.worldSize()) / seconds;
+        const double tokens_per_s =
+            static_cast<double>(examples_since * tokens_per_example * acc.worldSize()) / seconds;
         char line[256];
         std::snprintf(line, sizeof(line),
                       "step %4lld/%lld  loss %.4f  lr %.2e  %.0f tokens/s  (%s)",
@@ -255,9 +276,11 @@ int train(const Flags& f, Accelerator& acc, Dataset dataset, Model model, LossFn
       if (step >= f.steps) break;
     }
   }
-  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double timed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - timed_from).count();
+  const int64_t timed_steps = f.steps > kUntimedSteps ? f.steps - kUntimedSteps : f.steps;
   acc.print("done: ", f.steps, " steps, mean step time ",
-            static_cast<long long>(total / static_cast<double>(f.steps) * 1e6) / 1000.0,
+            static_cast<long long>(timed / static_cast<double>(timed_steps) * 1e6) / 1000.0,
             " ms; ", acc.memoryReport().str());
   return 0;
 }
@@ -273,18 +296,17 @@ int main(int argc, char** argv) {
     const int64_t examples = f.batch_size * acc.worldSize() * acc.gradientAccumulationSteps() * 64;
     if (f.model == "mlp") {
       const int64_t in = 32, out = 8;
-      return train(f, acc, Regression(examples, in, out, f.seed), Mlp(in, f.hidden, out),
-                   [](const torch::Tensor& y, const torch::Tensor& t) {
-                     return torch::mse_loss(y, t);
-                   },
-                   1);
+      return train(
+          f, acc, Regression(examples, in, out, f.seed), Mlp(in, f.hidden, out),
+          [](const torch::Tensor& y, const torch::Tensor& t) { return torch::mse_loss(y, t); }, 1);
     }
-    return train(f, acc, Language(examples, f.seq_len, f.vocab, f.seed),
-                 Gpt(f.vocab, f.seq_len, f.d_model, f.layers, f.heads),
-                 [vocab = f.vocab](const torch::Tensor& logits, const torch::Tensor& t) {
-                   return torch::cross_entropy_loss(logits.reshape({-1, vocab}), t.reshape({-1}));
-                 },
-                 f.seq_len);
+    return train(
+        f, acc, Language(examples, f.seq_len, f.vocab, f.seed),
+        Gpt(f.vocab, f.seq_len, f.d_model, f.layers, f.heads),
+        [vocab = f.vocab](const torch::Tensor& logits, const torch::Tensor& t) {
+          return torch::cross_entropy_loss(logits.reshape({-1, vocab}), t.reshape({-1}));
+        },
+        f.seq_len);
   } catch (const InvalidArgument& e) {
     std::cerr << "train: " << e.what() << "\n";
     return 2;

@@ -35,7 +35,8 @@ bool checkCollectives(Accelerator& acc) {
   for (size_t i = 0; i < kCount; ++i) {
     ok = ok && sum[i] == total && scattered[i] == total && root[i] == 42.f;
   }
-  for (size_t i = 0; i < gathered.size(); ++i) ok = ok && gathered[i] == static_cast<float>(i / kCount);
+  for (size_t i = 0; i < gathered.size(); ++i)
+    ok = ok && gathered[i] == static_cast<float>(i / kCount);
   // Every rank must agree that every rank passed.
   int32_t passed = ok ? 1 : 0;
   b.allreduce(&passed, 1, DType::kInt32, ReduceOp::kMin)->wait();
@@ -73,8 +74,9 @@ bool checkDdpParity(Accelerator& acc) {
   double worst = 0;
   auto got = model->parameters(), want = reference->parameters();
   for (size_t i = 0; i < got.size(); ++i) {
-    worst = std::max(worst, ((got[i] - want[i]).abs().max() /
-                             want[i].abs().max().clamp_min(1e-12)).item<double>());
+    worst = std::max(
+        worst,
+        ((got[i] - want[i]).abs().max() / want[i].abs().max().clamp_min(1e-12)).item<double>());
   }
   int32_t passed = worst < 1e-6 ? 1 : 0;
   acc.backend().allreduce(&passed, 1, DType::kInt32, ReduceOp::kMin)->wait();

@@ -22,9 +22,9 @@ Finished launch(const Args& flags, const std::string& program, const Args& args,
 
 TEST_CASE("Gloo collectives are exact for worlds of 1 to 4 processes", "[runtime][integration]") {
   for (int n = 1; n <= 4; ++n) {
-    auto r = launch({"--nproc_per_node", std::to_string(n)}, COLLECTIVES_BIN,
-                    {"--check", "--min_bytes", "4", "--max_bytes", "65536", "--iters", "2",
-                     "--warmup", "1"});
+    auto r = launch(
+        {"--nproc_per_node", std::to_string(n)}, COLLECTIVES_BIN,
+        {"--check", "--min_bytes", "4", "--max_bytes", "65536", "--iters", "2", "--warmup", "1"});
     INFO(r.out << r.err);
     REQUIRE(r.exit_code == 0);
     CHECK_THAT(r.out, Catch::Contains("# gloo, " + std::to_string(n) + " ranks"));
@@ -61,10 +61,10 @@ TEST_CASE("DDP over Gloo in real processes matches one process", "[runtime][inte
 
 TEST_CASE("The example trainer runs data-parallel with the launcher's settings",
           "[runtime][integration]") {
-  auto r = launch({"--nproc_per_node", "2"}, TRAIN_BIN,
-                  {"--model", "mlp", "--steps", "4", "--print_every", "2", "--batch_size", "4"},
-                  {{"CXXLAUNCH_GRADIENT_ACCUMULATION_STEPS", "2"},
-                   {"CXXLAUNCH_GRADIENT_CLIPPING", "1.0"}});
+  auto r = launch(
+      {"--nproc_per_node", "2"}, TRAIN_BIN,
+      {"--model", "mlp", "--steps", "4", "--print_every", "2", "--batch_size", "4"},
+      {{"CXXLAUNCH_GRADIENT_ACCUMULATION_STEPS", "2"}, {"CXXLAUNCH_GRADIENT_CLIPPING", "1.0"}});
   INFO(r.out << r.err);
   REQUIRE(r.exit_code == 0);
   CHECK_THAT(r.out, Catch::Contains("global batch 16 = 4 per process x 2 processes x 2 "

@@ -1,6 +1,8 @@
 // Collectives in closed form over the Fake backend (ranks as threads), and the 16-bit float
 // conversions the CPU backends reduce with.
 
+#include "runtime/backend.h"
+
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <thread>
@@ -8,7 +10,6 @@
 
 #include "rendezvous/error.h"
 #include "rendezvous/memory_store.h"
-#include "runtime/backend.h"
 #include "runtime/reduce.h"
 
 using namespace cxxlaunch::runtime;

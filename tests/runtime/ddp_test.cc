@@ -1,13 +1,14 @@
 // DDP and the Accelerator against a single process: ranks are threads over the Fake backend,
 // so these tests exercise everything above the backend with exact, deterministic collectives.
 
+#include "runtime/ddp.h"
+
 #include <torch/torch.h>
 
 #include <catch2/catch.hpp>
 #include <thread>
 
 #include "runtime/accelerator.h"
-#include "runtime/ddp.h"
 
 using namespace cxxlaunch::runtime;
 
@@ -119,7 +120,9 @@ TEST_CASE("DDP with world 2 matches one process on the whole batch", "[ddp]") {
     auto world = makeFakeWorld(2);
     onRanks(2, [&](int r) {
       Net& net = nets[static_cast<size_t>(r)];
-      DistributedDataParallel ddp(net.ptr(), makeFakeBackend(world, r));
+      DdpOptions options;
+      options.find_unused_parameters = true;  // the unused layer keeps no gradient, as in 1 process
+      DistributedDataParallel ddp(net.ptr(), makeFakeBackend(world, r), options);
       auto opt = makeOptimizer(net, kind);
       auto x = data.x.narrow(0, r * kBatch, kBatch), y = data.y.narrow(0, r * kBatch, kBatch);
       for (int64_t s = 0; s < kSteps; ++s) {
@@ -162,21 +165,51 @@ TEST_CASE("Small buckets give the same result as one bucket", "[ddp]") {
 }
 
 TEST_CASE("Parameters without a gradient on some rank do not hang the reduction", "[ddp]") {
+  for (bool find_unused : {false, true}) {
+    torch::set_num_threads(1);
+    const Data data = makeData(8);
+    std::vector<Net> nets = {makeNet(), makeNet()};
+    auto world = makeFakeWorld(2);
+    onRanks(2, [&](int r) {
+      Net& net = nets[static_cast<size_t>(r)];
+      DdpOptions options;
+      options.find_unused_parameters = find_unused;
+      DistributedDataParallel ddp(net.ptr(), makeFakeBackend(world, r), options);
+      // Only rank 1 uses the extra layer; rank 0 never produces its gradient.
+      torch::mse_loss(net->forward(data.x.narrow(0, r * 4, 4), r == 1), data.y.narrow(0, r * 4, 4))
+          .backward();
+      ddp.finishBackward();
+    });
+    // Rank 0's share of the unused layer is zero: both ranks hold half of rank 1's gradient.
+    CHECK(torch::equal(nets[0]->unused->weight.grad(), nets[1]->unused->weight.grad()));
+    CHECK(nets[0]->unused->weight.grad().abs().sum().item<double>() > 0);
+  }
+}
+
+TEST_CASE("find_unused_parameters leaves parameters no rank used without a gradient", "[ddp]") {
   torch::set_num_threads(1);
   const Data data = makeData(8);
-  std::vector<Net> nets = {makeNet(), makeNet()};
-  auto world = makeFakeWorld(2);
-  onRanks(2, [&](int r) {
-    Net& net = nets[static_cast<size_t>(r)];
-    DistributedDataParallel ddp(net.ptr(), makeFakeBackend(world, r));
-    // Only rank 1 uses the extra layer; rank 0 never produces its gradient.
-    torch::mse_loss(net->forward(data.x.narrow(0, r * 4, 4), r == 1), data.y.narrow(0, r * 4, 4))
-        .backward();
-    ddp.finishBackward();
-  });
-  // Rank 0's share of the unused layer is zero: both ranks hold half of rank 1's gradient.
-  CHECK(torch::equal(nets[0]->unused->weight.grad(), nets[1]->unused->weight.grad()));
-  CHECK(nets[0]->unused->weight.grad().abs().sum().item<double>() > 0);
+  for (bool find_unused : {false, true}) {
+    std::vector<Net> nets = {makeNet(), makeNet()};
+    auto world = makeFakeWorld(2);
+    onRanks(2, [&](int r) {
+      DdpOptions options;
+      options.find_unused_parameters = find_unused;
+      DistributedDataParallel ddp(nets[static_cast<size_t>(r)].ptr(), makeFakeBackend(world, r),
+                                  options);
+      torch::mse_loss(nets[static_cast<size_t>(r)]->forward(data.x.narrow(0, r * 4, 4)),
+                      data.y.narrow(0, r * 4, 4))
+          .backward();
+      ddp.finishBackward();
+    });
+    const auto& grad = nets[0]->unused->weight.grad();
+    if (find_unused) {
+      CHECK_FALSE(grad.defined());
+    } else {
+      CHECK(grad.defined());
+      CHECK(grad.abs().sum().item<double>() == 0);
+    }
+  }
 }
 
 TEST_CASE("Accumulation over k micro-steps equals one big step and no_sync defers the reduction",
@@ -200,6 +233,7 @@ TEST_CASE("Accumulation over k micro-steps equals one big step and no_sync defer
   onRanks(2, [&](int r) {
     Net& net = nets[static_cast<size_t>(r)];
     AcceleratorOptions options;
+    options.find_unused_parameters = true;
     Accelerator acc(fakeWorld(world, r, 2, kAccumulation), options);
     auto opt = makeOptimizer(net, "adamw");
     acc.prepare(net.ptr(), *opt);
@@ -246,8 +280,8 @@ TEST_CASE("Accelerator helpers: gather, clipping, memory report, batch descripti
     acc.mainProcessFirst([] {});
     acc.waitForEveryone();
   });
-  auto expected = torch::cat({torch::full({2, 2}, 0.f), torch::full({2, 2}, 1.f),
-                              torch::full({2, 2}, 2.f)});
+  auto expected =
+      torch::cat({torch::full({2, 2}, 0.f), torch::full({2, 2}, 1.f), torch::full({2, 2}, 2.f)});
   for (auto& g : gathered) CHECK(torch::equal(g, expected));
   CHECK(described[0] == "global batch 96 = 16 per process x 3 processes x 2 accumulation steps");
 
