@@ -398,6 +398,13 @@ std::string originName(const Origin& origin) {
 
 }  // namespace
 
+bool parseValue(const KeySpec& spec, const std::string& text, std::string& value,
+                std::string& why) {
+  why.clear();
+  value = canonical(spec, text, why);
+  return why.empty();
+}
+
 const std::vector<KeySpec>& configSchema() {
   static const std::vector<KeySpec> schema = buildSchema();
   return schema;
@@ -427,9 +434,10 @@ std::string Origin::describe() const {
 void Config::set(const std::string& key, const std::string& text, const Origin& origin) {
   const KeySpec* spec = findKey(key);
   if (spec == nullptr) throw ConfigError(originName(origin) + ": unknown key '" + key + "'");
-  std::string why;
-  std::string value = canonical(*spec, text, why);
-  if (!why.empty()) throw ConfigError(originName(origin) + ": " + key + ": " + why);
+  std::string value, why;
+  if (!parseValue(*spec, text, value, why)) {
+    throw ConfigError(originName(origin) + ": " + key + ": " + why);
+  }
   values_[key] = Setting{std::move(value), origin};
 }
 
@@ -750,7 +758,7 @@ std::string describeConfig(const Config& c, const std::map<std::string, std::str
   std::ostringstream out;
   size_t width = 0;
   for (const auto& spec : configSchema()) width = std::max(width, spec.key.size());
-  out << "setting" << std::string(width - 5, ' ') << "value  (source)\n";
+  out << "  setting" << std::string(width - 5, ' ') << "value  (source)\n";
   for (const auto& spec : configSchema()) {
     std::string value = c.text(spec.key);
     if (value.empty()) value = "(unset)";

@@ -43,6 +43,10 @@ struct KeySpec {
   std::string help;
 };
 
+// Parses `text` as `spec`'s type: true with its canonical text in `value`, or false with a
+// one-line reason in `why` ("'abc' is not a whole number from 1 to 65536").
+bool parseValue(const KeySpec& spec, const std::string& text, std::string& value, std::string& why);
+
 // The schema in file order; the writer, the wizard and docs/config.md follow it.
 const std::vector<KeySpec>& configSchema();
 const KeySpec* findKey(const std::string& key);
