@@ -198,7 +198,7 @@ std::string normalize(std::string_view name) {
 struct Parsed {
   LaunchOptions options;
   std::string nproc_text;
-  bool nproc_explicit = false;  // by --nproc_per_node or num_processes, not by the default
+  bool nproc_explicit = false;  // a number given by --nproc_per_node
   std::string config_file;
   std::vector<FlagValue> config_flags;
 };
@@ -467,8 +467,8 @@ void applyConfig(const Config& c, Parsed& p, const std::map<std::string, std::st
   const int machines = static_cast<int>(c.integer("num_machines"));
   o.rdzv.min_nodes = o.rdzv.max_nodes = machines;
   if (c.isSet("num_processes")) {
+    // Not "explicit": a --gpus flag is stronger than the file and sets the count instead.
     p.nproc_text = std::to_string(c.integer("num_processes") / machines);
-    p.nproc_explicit = true;
   }
   const bool cpu = c.flag("use_cpu") || c.text("distributed_type") == "MULTI_CPU";
   if (!cpu && c.text("gpu_ids") != "all") o.gpus = parseIntList("gpu_ids", c.text("gpu_ids"));
