@@ -236,6 +236,26 @@ std::string kindName(const KeySpec& spec) {
   return "text";
 }
 
+// Printable UTF-8: what a host name, a path or a class name can be, and what the writer can
+// write back unchanged.
+bool printableUtf8(const std::string& text) {
+  for (size_t i = 0; i < text.size();) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c < 0x80) {
+      if (c < 0x20 || c == 0x7f) return false;
+      ++i;
+      continue;
+    }
+    const size_t n = c >= 0xf0 && c < 0xf5 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 && c < 0xe0 ? 2 : 0;
+    if (n == 0 || i + n > text.size()) return false;
+    for (size_t k = 1; k < n; ++k) {
+      if ((static_cast<unsigned char>(text[i + k]) & 0xc0) != 0x80) return false;
+    }
+    i += n;
+  }
+  return true;
+}
+
 // Parses `text` as `spec`'s type; returns the canonical text or "" with `why` set.
 std::string canonical(const KeySpec& spec, const std::string& text, std::string& why) {
   switch (spec.type) {
@@ -306,7 +326,9 @@ std::string canonical(const KeySpec& spec, const std::string& text, std::string&
       break;
     }
     case KeyType::kText:
-      return text;
+      if (printableUtf8(text)) return text;
+      why = "the value has control characters or is not valid UTF-8";
+      return "";
   }
   why = "'" + text + "' is not " + kindName(spec);
   return "";

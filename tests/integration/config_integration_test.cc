@@ -191,7 +191,7 @@ TEST_CASE("Ctrl-C in a wizard menu ends it and gives the terminal back in line m
   REQUIRE_FALSE(fs::exists(file));
 }
 
-TEST_CASE("The wizard on a pipe: numbered prompts, re-asking, DeepSpeed options; it never "
+TEST_CASE("The wizard on a pipe: numbered prompts, re-asking, DeepSpeed options, and it never "
           "overwrites without --force",
           "[wizard]") {
   TempDir dir;
@@ -229,7 +229,7 @@ TEST_CASE("The wizard on a pipe: numbered prompts, re-asking, DeepSpeed options;
   REQUIRE(forced.exit_code == 0);
 }
 
-TEST_CASE("config default writes the default file once; run uses it without --config_file",
+TEST_CASE("config default writes the default file once, and run uses it without --config_file",
           "[config]") {
   TempDir dir;
   const Env env = isolated(dir);
@@ -346,7 +346,7 @@ TEST_CASE("cxxlaunch env prints versions, hardware and the config in use", "[con
   REQUIRE_THAT(none.out, Catch::Contains("- Config: not found"));
 }
 
-TEST_CASE("cxxlaunch estimate-memory prints the table; bad input is a usage error", "[estimate]") {
+TEST_CASE("cxxlaunch estimate-memory prints the table, and bad input is a usage error", "[estimate]") {
   auto result = run({CXXLAUNCH_BIN, "estimate-memory", "--params", "7.5e9", "--num_processes", "64"});
   REQUIRE(result.exit_code == 0);
   REQUIRE_THAT(result.out, Catch::Contains("bf16   zero1                         31.41"));

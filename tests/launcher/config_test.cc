@@ -263,7 +263,7 @@ TEST_CASE("A worker variable set in the launcher's environment wins over the fil
   REQUIRE(workerSettings(c, env).at("CXXLAUNCH_STRATEGY") == "zero3");
 }
 
-TEST_CASE("cxxlaunch run takes the config file; torchrun's flags win over it", "[config][cli]") {
+TEST_CASE("cxxlaunch run takes the config file, and torchrun's flags win over it", "[config][cli]") {
   TempDir dir;
   const std::string file = write(dir, "c.yaml",
                                  "distributed_type: MULTI_GPU\nmixed_precision: bf16\n"
