@@ -130,6 +130,8 @@ TEST_CASE("A value of the wrong type names the value's position and what fits", 
           "MULTI_CPU, MULTI_GPU, FSDP or DEEPSPEED");
   REQUIRE(errorOf("fsdp_config:\n  fsdp_offload_params: [1]\n") ==
           "c.yaml:2:24: fsdp_config.fsdp_offload_params must be true or false, not a list");
+  REQUIRE(errorOf("main_process_ip: \"a\\x01b\"\n") ==
+          "c.yaml:1:18: main_process_ip: the value has control characters or is not valid UTF-8");
   REQUIRE(errorOf("fsdp_config: 3\n") ==
           "c.yaml:1:14: fsdp_config must be a mapping of keys (or {})");
 }
@@ -375,4 +377,20 @@ TEST_CASE("estimate-memory reads a list of layer sizes", "[estimate]") {
                       "--dtypes: 'int3' is not fp32, bf16 or fp16");
   REQUIRE_THROWS_WITH(parseEstimateArgs({"--num_processes", "2"}),
                       "give the model size: --params 7e9, or --config layers.yaml");
+}
+
+TEST_CASE("docs/config.md names every key with its default, flag and variable", "[config][docs]") {
+  std::ifstream in(CONFIG_DOC);
+  REQUIRE(in.good());
+  const std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const auto& spec : configSchema()) {
+    INFO(spec.key);
+    std::string row = "| `" + spec.key + "` |";
+    const auto at = doc.find(row);
+    REQUIRE(at != std::string::npos);
+    const std::string line = doc.substr(at, doc.find('\n', at) - at);
+    if (!spec.default_value.empty()) REQUIRE_THAT(line, Catch::Contains("`" + spec.default_value + "`"));
+    if (!spec.flag.empty()) REQUIRE_THAT(line, Catch::Contains("`--" + spec.flag + "`"));
+    if (!spec.env.empty()) REQUIRE_THAT(line, Catch::Contains("`" + spec.env + "`"));
+  }
 }
