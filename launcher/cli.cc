@@ -239,7 +239,10 @@ std::vector<FlagSpec> configFlags() {
   for (const auto& spec : configSchema()) {
     if (spec.flag.empty()) continue;
     const bool is_switch = spec.key == "use_cpu" || spec.key == "debug";
-    std::string value_name = spec.type == KeyType::kBool ? "true|false" : "VALUE";
+    std::string value_name = spec.type == KeyType::kBool     ? "true|false"
+                             : spec.type == KeyType::kText   ? "TEXT"
+                             : spec.type == KeyType::kGpuIds ? "IDS|all"
+                                                             : "N";
     if (spec.type == KeyType::kChoice) {
       value_name.clear();
       for (const auto& choice : spec.choices) value_name += (value_name.empty() ? "" : "|") + choice;
@@ -487,7 +490,6 @@ void applyConfig(const Config& c, Parsed& p, const std::map<std::string, std::st
                           "choose a port that every machine can reach");
       }
       const std::string ip = c.text("main_process_ip");
-      o.master_addr = ip;
       o.rdzv.endpoint =
           parseEndpoint("main_process_ip", (ip.find(':') != std::string::npos ? "[" + ip + "]" : ip) +
                                                ":" + port);

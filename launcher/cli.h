@@ -1,7 +1,8 @@
 #pragma once
-// The `cxxlaunch run` command line: torchrun's flags (both --dash-form and --under_score form)
-// parsed and validated into LaunchOptions. Nothing here has side effects: a bad command line
-// throws UsageError before anything is spawned.
+// The `cxxlaunch run` command line: torchrun's flags and accelerate's (both --dash-form and
+// --under_score form) and the config file, parsed and validated into LaunchOptions. Nothing here
+// spawns or writes anything: a bad command line or config throws (UsageError, ConfigError)
+// before anything is spawned.
 
 #include <map>
 #include <string>

@@ -12,6 +12,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
+#include <set>
 #include <sstream>
 
 #include "launcher/config.h"
@@ -97,9 +99,11 @@ class Pty {
   size_t consumed_ = 0;
 };
 
-// The worker environment each rank printed (`/usr/bin/env` under cxxlaunch run), by rank.
-std::map<std::string, std::string> envOf(const std::string& text, int rank) {
-  const std::string prefix = "[rank " + std::to_string(rank) + "]: ";
+// The worker environment each rank printed (`/usr/bin/env` under cxxlaunch run), by rank; in a
+// multi-node job the console prefix also names the node.
+std::map<std::string, std::string> envOf(const std::string& text, int rank, int node = -1) {
+  const std::string prefix = "[rank " + (node >= 0 ? std::to_string(node) + ":" : "") +
+                             std::to_string(rank) + "]: ";
   std::map<std::string, std::string> vars;
   std::istringstream in(text);
   for (std::string line; std::getline(in, line);) {
@@ -298,6 +302,39 @@ TEST_CASE("run with a bad config: one message with file:line:column, exit code 2
     REQUIRE(std::count(result.err.begin(), result.err.end(), '\n') == 1);
     REQUIRE_FALSE(fs::exists(marker));
   }
+}
+
+TEST_CASE("Two machines from one accelerate file (differing only in machine_rank) form one world",
+          "[config][multinode]") {
+  TempDir dir;
+  const std::string port = std::to_string(freePort());
+  std::vector<std::unique_ptr<Subprocess>> machines;
+  for (int rank : {1, 0}) {
+    const std::string file =
+        write(dir, "node" + std::to_string(rank) + ".yaml",
+              "distributed_type: MULTI_CPU\nnum_machines: 2\nnum_processes: 4\nmachine_rank: " +
+                  std::to_string(rank) + "\nmain_process_ip: 127.0.0.1\nmain_process_port: " +
+                  port + "\nrdzv_backend: static\nsame_network: true\n");
+    machines.push_back(std::make_unique<Subprocess>(
+        Args{CXXLAUNCH_BIN, "run", "--config_file", file, "/usr/bin/env"}, isolated(dir)));
+  }
+  std::set<std::string> ranks;
+  for (size_t m = 0; m < machines.size(); ++m) {
+    auto finished = machines[m]->wait(60s);
+    REQUIRE(finished);
+    INFO(finished->out << finished->err);
+    REQUIRE(finished->exit_code == 0);
+    const int node = m == 0 ? 1 : 0;  // machine_rank decides the node rank, not arrival
+    for (int rank = 2 * node; rank < 2 * node + 2; ++rank) {
+      auto env = envOf(finished->out, rank, node);
+      ranks.insert(env["RANK"]);
+      REQUIRE(env["WORLD_SIZE"] == "4");
+      REQUIRE(env["LOCAL_WORLD_SIZE"] == "2");
+      REQUIRE(env["GROUP_RANK"] == std::to_string(node));
+      REQUIRE(env["TORCHELASTIC_RUN_ID"] == "accelerate-127-0-0-1-" + port);
+    }
+  }
+  REQUIRE(ranks == std::set<std::string>{"0", "1", "2", "3"});
 }
 
 TEST_CASE("cxxlaunch test runs the self-test worker with the config and gives a verdict",
