@@ -84,21 +84,6 @@ StreamSpec parseStreamSpec(const std::string& flag, const std::string& value) {
   return spec;
 }
 
-size_t editDistance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1] ? 1 : 0)});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
-
 void parseNnodes(RendezvousOptions& r, const std::string& flag, const std::string& value) {
   const std::string want = "a number of nodes >= 1, or MIN:MAX with 1 <= MIN <= MAX";
   auto colon = value.find(':');
@@ -170,17 +155,9 @@ void parseRdzvConf(RendezvousOptions& r, const std::string& flag, const std::str
     } else if (key == "tls_key") {
       r.tls_key = v;
     } else {
-      const std::vector<std::string> known = {
-          "join_timeout", "last_call_timeout", "close_timeout", "keep_alive_interval",
-          "keep_alive_max_misses", "is_host", "token_file", "tls_ca", "tls_cert", "tls_key"};
-      std::string best;
-      size_t best_distance = 4;
-      for (const auto& k : known) {
-        if (size_t d = editDistance(key, k); d < best_distance) {
-          best_distance = d;
-          best = k;
-        }
-      }
+      const std::string best = closestMatch(
+          key, {"join_timeout", "last_call_timeout", "close_timeout", "keep_alive_interval",
+                "keep_alive_max_misses", "is_host", "token_file", "tls_ca", "tls_cert", "tls_key"});
       throw UsageError("--" + flag + ": unknown key '" + key + "'" +
                        (best.empty() ? "" : "; did you mean " + best + "?"));
     }
@@ -368,17 +345,13 @@ const FlagSpec* findFlag(const std::string& name) {
 }
 
 [[noreturn]] void unknownFlag(const std::string& given, const std::string& name) {
-  std::string best;
-  size_t best_distance = 4;  // suggest only close matches
+  std::vector<std::string> long_names;
   for (const auto& spec : flagTable()) {
     for (const auto& candidate : spec.names) {
-      size_t d = editDistance(name, candidate);
-      if (candidate.size() > 1 && d < best_distance) {
-        best_distance = d;
-        best = candidate;
-      }
+      if (candidate.size() > 1) long_names.push_back(candidate);
     }
   }
+  const std::string best = closestMatch(name, long_names);
   std::string message = "unknown flag '" + given + "'";
   if (!best.empty()) message += "; did you mean --" + best + "?";
   throw UsageError(message + " (see cxxlaunch run --help)");

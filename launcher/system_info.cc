@@ -74,6 +74,17 @@ std::string self() {
 
 }  // namespace
 
+std::string parseEnvArgs(const std::vector<std::string>& args) {
+  if (args.empty()) return "";
+  for (const std::string flag : {"--config_file", "--config-file"}) {
+    if (args.size() == 2 && args[0] == flag && !args[1].empty()) return args[1];
+    if (args.size() == 1 && args[0].starts_with(flag + "=") && args[0].size() > flag.size() + 1) {
+      return args[0].substr(flag.size() + 1);
+    }
+  }
+  throw UsageError("usage: cxxlaunch env [--config_file FILE]");
+}
+
 std::string describeSystem(const std::string& version, const std::string& config_file,
                            const HostInfo& host) {
   std::ostringstream out;

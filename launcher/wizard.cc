@@ -4,6 +4,8 @@
 #include <termios.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -197,7 +199,7 @@ void askKey(Prompter& p, Config& config, const std::string& key, const std::stri
     if (!parseValue(spec, text, value, why)) return why;
     return extra ? extra(value) : std::string();
   });
-  config.set(key, answer, {Origin::kFile, ""});
+  config.set(key, answer, {Origin::kFile, "your answers"});
 }
 
 void chooseKey(Prompter& p, Config& config, const std::string& key, const std::string& question,
@@ -205,12 +207,12 @@ void chooseKey(Prompter& p, Config& config, const std::string& key, const std::s
   const auto it = std::find(options.begin(), options.end(), default_value);
   const size_t index =
       p.choose(question, options, it == options.end() ? 0 : static_cast<size_t>(it - options.begin()));
-  config.set(key, options[index], {Origin::kFile, ""});
+  config.set(key, options[index], {Origin::kFile, "your answers"});
 }
 
 void yesNoKey(Prompter& p, Config& config, const std::string& key, const std::string& question,
               bool default_yes) {
-  config.set(key, p.yesNo(question, default_yes) ? "true" : "false", {Origin::kFile, ""});
+  config.set(key, p.yesNo(question, default_yes) ? "true" : "false", {Origin::kFile, "your answers"});
 }
 
 }  // namespace
@@ -218,7 +220,7 @@ void yesNoKey(Prompter& p, Config& config, const std::string& key, const std::st
 Config askConfig(int in_fd, int out_fd, const HostInfo& host) {
   Prompter p(in_fd, out_fd);
   Config c;
-  const Origin answer{Origin::kFile, ""};
+  const Origin answer{Origin::kFile, "your answers"};
   c.set("compute_environment", "LOCAL_MACHINE", answer);
   const std::vector<std::string> types = {"NO", "MULTI_CPU", "MULTI_GPU"};
   const size_t type = p.choose("Which type of machine are you using?",

@@ -64,13 +64,7 @@ int main(int argc, char** argv) {
       return kExitOk;
     }
     if (command == "env") {
-      std::string file;
-      if (args.size() == 2 && (args[0] == "--config_file" || args[0] == "--config-file")) {
-        file = args[1];
-      } else if (!args.empty()) {
-        throw UsageError("usage: cxxlaunch env [--config_file FILE]");
-      }
-      std::cout << describeSystem(CXXLAUNCH_VERSION, file, HostInfo::detect());
+      std::cout << describeSystem(CXXLAUNCH_VERSION, parseEnvArgs(args), HostInfo::detect());
       return kExitOk;
     }
     if (command == "test") return runSelfTest(args, std::cout);
