@@ -1,6 +1,7 @@
 #include "launcher/config.h"
 
 #include <unistd.h>
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -516,6 +517,8 @@ Config parseConfigText(const std::string& text, const std::string& name) {
   YAML::Node root;
   try {
     root = YAML::Load(text);
+  } catch (const YAML::DeepRecursion& e) {
+    throw ConfigError(position(name, e.mark) + ": the YAML nests too deeply to be a config file");
   } catch (const YAML::Exception& e) {
     throw ConfigError(position(name, e.mark) + ": YAML syntax error: " + e.msg +
                       "; fix the file or write a new one with `cxxlaunch config`");

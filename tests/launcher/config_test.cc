@@ -117,6 +117,8 @@ TEST_CASE("A YAML syntax error names file:line:column", "[config][errors]") {
           "c.yaml:3:1: YAML syntax error: end of sequence flow not found; fix the file or write a "
           "new one with `cxxlaunch config`");
   REQUIRE_THAT(errorOf("- a\n- b\n"), Catch::StartsWith("c.yaml:1:1: a config file is a mapping"));
+  REQUIRE_THAT(errorOf("fp8_config: " + std::string(3000, '[')),
+               Catch::EndsWith(": the YAML nests too deeply to be a config file"));
 }
 
 TEST_CASE("A value of the wrong type names the value's position and what fits", "[config][errors]") {
