@@ -23,10 +23,10 @@ class UsageError : public InvalidArgument {
 struct HostInfo {
   int cpus = 1;
   int gpus = 0;
-  std::string path;  // $PATH, for finding the program
+  std::string path;                        // $PATH, for finding the program
   std::map<std::string, std::string> env;  // the CXXLAUNCH_* variables: the config's env layer
-  std::string default_config;  // used when it exists and no --config_file is given
-  int default_nproc = 1;       // workers per node when neither a flag nor the config says
+  std::string default_config;              // used when it exists and no --config_file is given
+  int default_nproc = 1;  // workers per node when neither a flag nor the config says
 
   static HostInfo detect();
 };

@@ -38,8 +38,8 @@ KeySpec boolKey(std::string key, std::string def, std::string flag, std::string 
 
 KeySpec rangeKey(std::string key, KeyType type, double min, double max, std::string def,
                  std::string flag, std::string env, std::string help) {
-  KeySpec s = boolKey(std::move(key), std::move(def), std::move(flag), std::move(env),
-                      std::move(help));
+  KeySpec s =
+      boolKey(std::move(key), std::move(def), std::move(flag), std::move(env), std::move(help));
   s.type = type;
   s.min = min;
   s.max = max;
@@ -48,8 +48,8 @@ KeySpec rangeKey(std::string key, KeyType type, double min, double max, std::str
 
 KeySpec choiceKey(std::string key, std::vector<std::string> choices, std::string def,
                   std::string flag, std::string env, std::string help) {
-  KeySpec s = boolKey(std::move(key), std::move(def), std::move(flag), std::move(env),
-                      std::move(help));
+  KeySpec s =
+      boolKey(std::move(key), std::move(def), std::move(flag), std::move(env), std::move(help));
   s.type = KeyType::kChoice;
   s.choices = std::move(choices);
   return s;
@@ -57,8 +57,8 @@ KeySpec choiceKey(std::string key, std::vector<std::string> choices, std::string
 
 KeySpec textKey(std::string key, KeyType type, std::string def, std::string flag, std::string env,
                 std::string help) {
-  KeySpec s = boolKey(std::move(key), std::move(def), std::move(flag), std::move(env),
-                      std::move(help));
+  KeySpec s =
+      boolKey(std::move(key), std::move(def), std::move(flag), std::move(env), std::move(help));
   s.type = type;
   return s;
 }
@@ -72,8 +72,8 @@ std::vector<KeySpec> buildSchema() {
   return {
       choiceKey("compute_environment", {"LOCAL_MACHINE", "AMAZON_SAGEMAKER"}, "LOCAL_MACHINE", "",
                 "", "where the job runs; cxxlaunch runs on this machine only"),
-      choiceKey("distributed_type", {"NO", "MULTI_CPU", "MULTI_GPU", "FSDP", "DEEPSPEED"}, "NO",
-                "", "CXXLAUNCH_DISTRIBUTED_TYPE",
+      choiceKey("distributed_type", {"NO", "MULTI_CPU", "MULTI_GPU", "FSDP", "DEEPSPEED"}, "NO", "",
+                "CXXLAUNCH_DISTRIBUTED_TYPE",
                 "NO and MULTI_* train with DDP; FSDP and DEEPSPEED shard (--multi_gpu, "
                 "--use_fsdp, --use_deepspeed)"),
       choiceKey("mixed_precision", {"no", "fp16", "bf16", "fp8"}, "no", "mixed_precision",
@@ -84,8 +84,7 @@ std::vector<KeySpec> buildSchema() {
               "check collectives' shapes across ranks (slower; catches hangs)"),
       rangeKey("num_machines", K::kInt, 1, 65536, "1", "num_machines", "CXXLAUNCH_NUM_MACHINES",
                "nodes in the job (--nnodes)"),
-      rangeKey("num_processes", K::kInt, 1, 1 << 24, "", "num_processes",
-               "CXXLAUNCH_NUM_PROCESSES",
+      rangeKey("num_processes", K::kInt, 1, 1 << 24, "", "num_processes", "CXXLAUNCH_NUM_PROCESSES",
                "workers in the whole job, across machines; per node: num_processes / "
                "num_machines (unset: --nproc_per_node, default 1)"),
       rangeKey("machine_rank", K::kInt, 0, 65535, "0", "machine_rank", "CXXLAUNCH_MACHINE_RANK",
@@ -137,8 +136,9 @@ std::vector<KeySpec> buildSchema() {
       rangeKey("fsdp_config.fsdp_min_num_params", K::kInt, 0, 1e15, "100000000",
                "fsdp_min_num_params", "CXXLAUNCH_FSDP_MIN_NUM_PARAMS",
                "FSDP: parameters per unit for SIZE_BASED_WRAP"),
-      choiceKey("fsdp_config.fsdp_backward_prefetch", {"BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"},
-                "BACKWARD_PRE", "fsdp_backward_prefetch", "CXXLAUNCH_FSDP_BACKWARD_PREFETCH",
+      choiceKey("fsdp_config.fsdp_backward_prefetch",
+                {"BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"}, "BACKWARD_PRE",
+                "fsdp_backward_prefetch", "CXXLAUNCH_FSDP_BACKWARD_PREFETCH",
                 "FSDP: when the next unit's parameters are gathered in backward"),
       boolKey("fsdp_config.fsdp_forward_prefetch", "false", "fsdp_forward_prefetch",
               "CXXLAUNCH_FSDP_FORWARD_PREFETCH", "FSDP: gather the next unit during forward"),
@@ -148,9 +148,8 @@ std::vector<KeySpec> buildSchema() {
                 "FSDP: checkpoints gathered on rank 0 (FULL) or one shard per rank"),
       boolKey("fsdp_config.fsdp_sync_module_states", "true", "fsdp_sync_module_states",
               "CXXLAUNCH_FSDP_SYNC_MODULE_STATES", "FSDP: broadcast rank 0's initial weights"),
-      boolKey("fsdp_config.fsdp_activation_checkpointing", "false",
-              "fsdp_activation_checkpointing", "CXXLAUNCH_FSDP_ACTIVATION_CHECKPOINTING",
-              "FSDP: recompute activations in backward"),
+      boolKey("fsdp_config.fsdp_activation_checkpointing", "false", "fsdp_activation_checkpointing",
+              "CXXLAUNCH_FSDP_ACTIVATION_CHECKPOINTING", "FSDP: recompute activations in backward"),
       rangeKey("cxxlaunch.join_timeout", K::kSeconds, 0.001, kDay, "600", "",
                "CXXLAUNCH_JOIN_TIMEOUT", "seconds to wait for all nodes (--rdzv_conf)"),
       rangeKey("cxxlaunch.last_call_timeout", K::kSeconds, 0, kDay, "30", "",
@@ -187,9 +186,10 @@ const std::set<std::string>& ignoredKeys() {
       "tpu_use_cluster", "tpu_use_sudo", "tpu_vm", "command_file", "commands", "use_mps_device",
       "dynamo_backend", "ec2_instance_type", "iam_role_name", "image_uri", "profile", "region",
       "base_job_name", "pytorch_version", "transformers_version", "py_version",
-      "sagemaker_inputs_file", "sagemaker_metrics_file", "additional_args", "num_cpu_threads_per_process",
-      "deepspeed_config.deepspeed_config_file", "deepspeed_config.offload_optimizer_nvme_path",
-      "deepspeed_config.offload_param_nvme_path", "deepspeed_config.deepspeed_moe_layer_cls_names",
+      "sagemaker_inputs_file", "sagemaker_metrics_file", "additional_args",
+      "num_cpu_threads_per_process", "deepspeed_config.deepspeed_config_file",
+      "deepspeed_config.offload_optimizer_nvme_path", "deepspeed_config.offload_param_nvme_path",
+      "deepspeed_config.deepspeed_moe_layer_cls_names",
       "deepspeed_config.deepspeed_multinode_launcher", "deepspeed_config.deepspeed_hostfile",
       "deepspeed_config.deepspeed_inclusion_filter", "deepspeed_config.deepspeed_exclusion_filter",
       "fsdp_config.fsdp_version", "fsdp_config.fsdp_use_orig_params",
@@ -376,8 +376,7 @@ class Loader {
                                 " is accelerate's and does not apply to cxxlaunch; ignored");
         continue;
       }
-      if (prefix.empty() &&
-          std::find(kSections.begin(), kSections.end(), key) != kSections.end()) {
+      if (prefix.empty() && std::find(kSections.begin(), kSections.end(), key) != kSections.end()) {
         if (value.IsNull()) continue;  // `fsdp_config:` with nothing under it
         if (!value.IsMap()) {
           throw ConfigError(position(name_, value_mark) + ": " + key +
@@ -387,7 +386,8 @@ class Loader {
         continue;
       }
       if (prefix.empty() && key == "fp16") {  // accelerate's legacy spelling
-        if (value.IsScalar() && lower(value.Scalar()) == "true" && !config_.isSet("mixed_precision")) {
+        if (value.IsScalar() && lower(value.Scalar()) == "true" &&
+            !config_.isSet("mixed_precision")) {
           config_.set("mixed_precision", "fp16", {Origin::kFile, position(name_, value_mark)});
         }
         config_.notes.push_back(position(name_, key_node.Mark()) +
@@ -403,8 +403,8 @@ class Loader {
       }
       if (value.IsNull()) continue;  // accelerate writes None as null: unset
       if (!value.IsScalar()) {
-        throw ConfigError(position(name_, value_mark) + ": " + key + " must be " +
-                          kindName(*spec) + ", not a " + (value.IsMap() ? "mapping" : "list"));
+        throw ConfigError(position(name_, value_mark) + ": " + key + " must be " + kindName(*spec) +
+                          ", not a " + (value.IsMap() ? "mapping" : "list"));
       }
       config_.set(key, value.Scalar(), {Origin::kFile, position(name_, value_mark)});
     }
@@ -526,8 +526,9 @@ Config parseConfigText(const std::string& text, const std::string& name) {
   Config config;
   if (root.IsNull()) return config;
   if (!root.IsMap()) {
-    throw ConfigError(position(name, root.Mark()) +
-                      ": a config file is a mapping of keys, such as `distributed_type: MULTI_GPU`");
+    throw ConfigError(
+        position(name, root.Mark()) +
+        ": a config file is a mapping of keys, such as `distributed_type: MULTI_GPU`");
   }
   try {
     Loader(config, name).loadMap(root, "");
@@ -540,7 +541,8 @@ Config parseConfigText(const std::string& text, const std::string& name) {
 Config loadConfigFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    throw ConfigError(path + ": cannot read the config file; check the path or write one with "
+    throw ConfigError(path +
+                      ": cannot read the config file; check the path or write one with "
                       "`cxxlaunch config`");
   }
   std::ostringstream text;
@@ -596,7 +598,8 @@ std::string writeConfigText(const Config& config) {
 void writeConfigFile(const Config& config, const std::string& path, bool overwrite) {
   std::error_code ec;
   if (!overwrite && fs::exists(path, ec)) {
-    throw ConfigError(path + " already exists; pass --force to replace it, or --config_file "
+    throw ConfigError(path +
+                      " already exists; pass --force to replace it, or --config_file "
                       "to write elsewhere");
   }
   const fs::path target(path);
@@ -673,22 +676,25 @@ void validateConfig(const Config& c) {
   const long long machines = c.integer("num_machines");
   if (c.isSet("num_processes") && c.integer("num_processes") % machines != 0) {
     fail("num_processes", "num_processes is the total across machines and must divide evenly: " +
-                              c.text("num_processes") + " processes on " + std::to_string(machines) +
-                              " machines (num_machines at " + at("num_machines") + ")");
+                              c.text("num_processes") + " processes on " +
+                              std::to_string(machines) + " machines (num_machines at " +
+                              at("num_machines") + ")");
   }
   if (c.integer("machine_rank") >= machines) {
     fail("machine_rank", "machine_rank " + c.text("machine_rank") + " is out of range for " +
                              std::to_string(machines) + " machine(s); use 0 to " +
                              std::to_string(machines - 1));
   }
-  if (machines > 1 && c.text("main_process_ip").empty() && c.text("cxxlaunch.rdzv_endpoint").empty()) {
+  if (machines > 1 && c.text("main_process_ip").empty() &&
+      c.text("cxxlaunch.rdzv_endpoint").empty()) {
     fail("num_machines",
          "a job on several machines needs main_process_ip: the address of the machine with "
          "machine_rank 0");
   }
-  for (const char* key : {"deepspeed_config.offload_optimizer_device",
-                          "deepspeed_config.offload_param_device"}) {
-    if (c.text(key) == "nvme") fail(key, "nvme offload is not supported by cxxlaunch; use cpu or none");
+  for (const char* key :
+       {"deepspeed_config.offload_optimizer_device", "deepspeed_config.offload_param_device"}) {
+    if (c.text(key) == "nvme")
+      fail(key, "nvme offload is not supported by cxxlaunch; use cpu or none");
   }
   if (const std::string gpu_ids = c.text("gpu_ids");
       gpu_ids != "all" && c.isSet("num_processes") && !cpu) {
@@ -743,12 +749,14 @@ std::map<std::string, std::string> workerSettings(const Config& c,
   const bool deepspeed = type == "DEEPSPEED", fsdp = type == "FSDP";
   put(env::kOffloadOptimizer,
       deepspeed ? c.text("deepspeed_config.offload_optimizer_device")
-                : fsdp && c.flag("fsdp_config.fsdp_offload_params") ? "cpu" : "none",
+      : fsdp && c.flag("fsdp_config.fsdp_offload_params") ? "cpu"
+                                                          : "none",
       {"distributed_type", "deepspeed_config.offload_optimizer_device",
        "fsdp_config.fsdp_offload_params"});
   put(env::kOffloadParams,
       deepspeed ? c.text("deepspeed_config.offload_param_device")
-                : fsdp && c.flag("fsdp_config.fsdp_offload_params") ? "cpu" : "none",
+      : fsdp && c.flag("fsdp_config.fsdp_offload_params") ? "cpu"
+                                                          : "none",
       {"distributed_type", "deepspeed_config.offload_param_device",
        "fsdp_config.fsdp_offload_params"});
   put(env::kStateDictType,
@@ -792,7 +800,8 @@ std::string describeConfig(const Config& c, const std::map<std::string, std::str
   }
   for (const auto& [key, text] : c.ignored) out << "  " << key << ": ignored\n";
   out << "\nworker environment:\n";
-  for (const auto& [name, value] : workerSettings(c, env)) out << "  " << name << "=" << value << "\n";
+  for (const auto& [name, value] : workerSettings(c, env))
+    out << "  " << name << "=" << value << "\n";
   return out.str();
 }
 

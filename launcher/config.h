@@ -123,8 +123,8 @@ struct FlagValue {
 
 // The layers in precedence order, lowest first after the defaults.
 struct ConfigLayers {
-  std::string file;                         // empty: no file
-  std::map<std::string, std::string> env;   // variable -> value
+  std::string file;                        // empty: no file
+  std::map<std::string, std::string> env;  // variable -> value
   std::vector<FlagValue> flags;
 };
 

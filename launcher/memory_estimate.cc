@@ -34,7 +34,8 @@ void loadLayers(const std::string& path, MemoryEstimateOptions& options) {
   }
   const YAML::Node layers = root.IsMap() ? root["layers"] : YAML::Node();
   if (!layers.IsSequence() || layers.size() == 0) {
-    throw UsageError(path + ": expected `layers:` with a list of parameter counts or of "
+    throw UsageError(path +
+                     ": expected `layers:` with a list of parameter counts or of "
                      "{name: ..., params: ...}");
   }
   options.params = 0;

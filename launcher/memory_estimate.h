@@ -11,9 +11,9 @@
 namespace cxxlaunch::launcher {
 
 struct MemoryEstimateOptions {
-  double params = 0;          // Ψ, the number of parameters
-  double largest_layer = 0;   // parameters of the largest layer, when known (--config)
-  int ranks = 1;              // N, data-parallel ranks (--num_processes)
+  double params = 0;         // Ψ, the number of parameters
+  double largest_layer = 0;  // parameters of the largest layer, when known (--config)
+  int ranks = 1;             // N, data-parallel ranks (--num_processes)
   std::vector<std::string> dtypes = {"fp32", "bf16", "fp16"};
 };
 

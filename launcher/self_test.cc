@@ -16,10 +16,10 @@ int runSelfTest(const std::vector<std::string>& args, std::ostream& out) {
   namespace fs = std::filesystem;
   const char* override_path = std::getenv("CXXLAUNCH_SELFTEST");  // NOLINT(concurrency-mt-unsafe)
   std::error_code ec;
-  const fs::path worker = override_path != nullptr
-                              ? fs::path(override_path)
-                              : fs::read_symlink("/proc/self/exe", ec).parent_path() /
-                                    "cxxlaunch_selftest";
+  const fs::path worker =
+      override_path != nullptr
+          ? fs::path(override_path)
+          : fs::read_symlink("/proc/self/exe", ec).parent_path() / "cxxlaunch_selftest";
   if (!fs::exists(worker, ec) || ::access(worker.c_str(), X_OK) != 0) {
     out << "cxxlaunch test: your setup is NOT ready: the self-test worker " << worker
         << " is missing; reinstall cxxlaunch (or build the cxxlaunch_selftest target)\n";

@@ -61,7 +61,8 @@ std::string gpus() {
   std::error_code ec;
   for (const auto& gpu : fs::directory_iterator("/proc/driver/nvidia/gpus", ec)) {
     std::string model = field(gpu.path() / "information", "Model");
-    list += "\n    " + gpu.path().filename().string() + ": " + (model.empty() ? "NVIDIA GPU" : model);
+    list +=
+        "\n    " + gpu.path().filename().string() + ": " + (model.empty() ? "NVIDIA GPU" : model);
   }
   return list.empty() ? "none" : list;
 }
@@ -117,7 +118,8 @@ std::string describeSystem(const std::string& version, const std::string& config
     for (const auto& [key, setting] : config.values()) {
       out << "    - " << key << ": " << setting.value << "\n";
     }
-    for (const auto& [key, text] : config.ignored) out << "    - " << key << ": " << text << " (ignored)\n";
+    for (const auto& [key, text] : config.ignored)
+      out << "    - " << key << ": " << text << " (ignored)\n";
   } catch (const ConfigError& e) {
     out << "    (does not load: " << e.what() << ")\n";
   }

@@ -205,14 +205,15 @@ void askKey(Prompter& p, Config& config, const std::string& key, const std::stri
 void chooseKey(Prompter& p, Config& config, const std::string& key, const std::string& question,
                std::vector<std::string> options, const std::string& default_value) {
   const auto it = std::find(options.begin(), options.end(), default_value);
-  const size_t index =
-      p.choose(question, options, it == options.end() ? 0 : static_cast<size_t>(it - options.begin()));
+  const size_t index = p.choose(
+      question, options, it == options.end() ? 0 : static_cast<size_t>(it - options.begin()));
   config.set(key, options[index], {Origin::kFile, "your answers"});
 }
 
 void yesNoKey(Prompter& p, Config& config, const std::string& key, const std::string& question,
               bool default_yes) {
-  config.set(key, p.yesNo(question, default_yes) ? "true" : "false", {Origin::kFile, "your answers"});
+  config.set(key, p.yesNo(question, default_yes) ? "true" : "false",
+             {Origin::kFile, "your answers"});
 }
 
 }  // namespace
@@ -223,9 +224,9 @@ Config askConfig(int in_fd, int out_fd, const HostInfo& host) {
   const Origin answer{Origin::kFile, "your answers"};
   c.set("compute_environment", "LOCAL_MACHINE", answer);
   const std::vector<std::string> types = {"NO", "MULTI_CPU", "MULTI_GPU"};
-  const size_t type = p.choose("Which type of machine are you using?",
-                               {"No distributed training", "multi-CPU", "multi-GPU"},
-                               host.gpus > 1 ? 2 : 0);
+  const size_t type =
+      p.choose("Which type of machine are you using?",
+               {"No distributed training", "multi-CPU", "multi-GPU"}, host.gpus > 1 ? 2 : 0);
   c.set("distributed_type", types[type], answer);
   const bool multi = type != 0;
   int machines = 1;
@@ -255,8 +256,8 @@ Config askConfig(int in_fd, int out_fd, const HostInfo& host) {
              });
       yesNoKey(p, c, "same_network", "Are all the machines on the same local network?", true);
       if (!c.flag("same_network")) {
-        chooseKey(p, c, "rdzv_backend", "What rendezvous backend will you use?",
-                  {"static", "c10d"}, "static");
+        chooseKey(p, c, "rdzv_backend", "What rendezvous backend will you use?", {"static", "c10d"},
+                  "static");
       }
     }
     yesNoKey(p, c, "debug",
@@ -313,8 +314,8 @@ Config askConfig(int in_fd, int out_fd, const HostInfo& host) {
     chooseKey(p, c, "fsdp_config.fsdp_state_dict_type",
               "What should be your FSDP's state dict type?",
               {"FULL_STATE_DICT", "SHARDED_STATE_DICT"}, "SHARDED_STATE_DICT");
-    yesNoKey(p, c, "fsdp_config.fsdp_forward_prefetch", "Do you want to enable FSDP's forward prefetch?",
-             false);
+    yesNoKey(p, c, "fsdp_config.fsdp_forward_prefetch",
+             "Do you want to enable FSDP's forward prefetch?", false);
     yesNoKey(p, c, "fsdp_config.fsdp_sync_module_states",
              "Do you want each rank to start from rank 0's weights (sync module states)?", true);
     yesNoKey(p, c, "fsdp_config.fsdp_activation_checkpointing",
@@ -326,10 +327,9 @@ Config askConfig(int in_fd, int out_fd, const HostInfo& host) {
            std::string(gpu ? "How many GPU(s)" : "How many processes") +
                " should be used in total, across all machines?",
            std::to_string(per_machine * machines), [&](const std::string& v) {
-             return std::stoll(v) % machines == 0
-                        ? std::string()
-                        : "the total must divide evenly among " + std::to_string(machines) +
-                              " machines";
+             return std::stoll(v) % machines == 0 ? std::string()
+                                                  : "the total must divide evenly among " +
+                                                        std::to_string(machines) + " machines";
            });
   }
   if (gpu) {
@@ -428,7 +428,8 @@ std::string runConfigCommand(const ConfigCommand& command, const HostInfo& host)
     if (!overwrite) return "kept " + path + "; nothing was written\n";
   }
   if (exists && !overwrite) {
-    throw ConfigError(path + " already exists; pass --force to replace it, or --config_file to "
+    throw ConfigError(path +
+                      " already exists; pass --force to replace it, or --config_file to "
                       "write elsewhere");
   }
   Config config = command.action == ConfigCommand::kDefault

@@ -25,7 +25,8 @@ constexpr const char* kUsage =
     "                       hardware; config --print: each setting and where it comes from)\n"
     "  env                  versions, hardware and config, for a bug report\n"
     "  test                 run the self-test through the launcher with your config\n"
-    "  estimate-memory      memory per rank: cxxlaunch estimate-memory --params 7e9 --num_processes 8\n"
+    "  estimate-memory      memory per rank: cxxlaunch estimate-memory --params 7e9 "
+    "--num_processes 8\n"
     "  --version            print the version\n"
     "Run 'cxxlaunch run --help' for the flags.\n";
 

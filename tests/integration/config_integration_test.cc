@@ -102,8 +102,8 @@ class Pty {
 // The worker environment each rank printed (`/usr/bin/env` under cxxlaunch run), by rank; in a
 // multi-node job the console prefix also names the node.
 std::map<std::string, std::string> envOf(const std::string& text, int rank, int node = -1) {
-  const std::string prefix = "[rank " + (node >= 0 ? std::to_string(node) + ":" : "") +
-                             std::to_string(rank) + "]: ";
+  const std::string prefix =
+      "[rank " + (node >= 0 ? std::to_string(node) + ":" : "") + std::to_string(rank) + "]: ";
   std::map<std::string, std::string> vars;
   std::istringstream in(text);
   for (std::string line; std::getline(in, line);) {
@@ -129,9 +129,10 @@ Env isolated(const TempDir& dir, Env env = {}) {
 
 }  // namespace
 
-TEST_CASE("The wizard on a terminal: arrow-key menus, a wrong answer asked again, and the file "
-          "it writes loads and launches",
-          "[wizard]") {
+TEST_CASE(
+    "The wizard on a terminal: arrow-key menus, a wrong answer asked again, and the file "
+    "it writes loads and launches",
+    "[wizard]") {
   TempDir dir;
   const std::string file = dir.path() + "/wizard.yaml";
   {
@@ -142,8 +143,9 @@ TEST_CASE("The wizard on a terminal: arrow-key menus, a wrong answer asked again
     REQUIRE(pty.expect(" > multi-CPU"));
     pty.send("\r");
     REQUIRE(pty.expect("-> multi-CPU"));
-    REQUIRE(pty.expect("How many different machines will you use (more than 1 for multi-node "
-                       "training)? [1]: "));
+    REQUIRE(
+        pty.expect("How many different machines will you use (more than 1 for multi-node "
+                   "training)? [1]: "));
     pty.send("two\n");
     REQUIRE(pty.expect("  'two' is not a whole number from 1 to 65536; try again."));
     REQUIRE(pty.expect("How many different machines"));
@@ -195,16 +197,17 @@ TEST_CASE("Ctrl-C in a wizard menu ends it and gives the terminal back in line m
   REQUIRE_FALSE(fs::exists(file));
 }
 
-TEST_CASE("The wizard on a pipe: numbered prompts, re-asking, DeepSpeed options, and it never "
-          "overwrites without --force",
-          "[wizard]") {
+TEST_CASE(
+    "The wizard on a pipe: numbered prompts, re-asking, DeepSpeed options, and it never "
+    "overwrites without --force",
+    "[wizard]") {
   TempDir dir;
   const std::string file = dir.path() + "/ds.yaml";
   // multi-GPU, 1 machine, no debug, DeepSpeed yes, stage 9 (wrong) then 3, optimizer and params
   // offloaded to cpu, 4 accumulation steps, clipping 0.5, 16-bit save yes, init flag default,
   // 2 processes, GPUs 0,1, bf16.
-  const std::string answers = write(dir, "answers",
-                                    "2\n1\n\nyes\n9\n3\n1\n1\n4\nyes\n0.5\nyes\n\n2\n0,1\n2\n");
+  const std::string answers =
+      write(dir, "answers", "2\n1\n\nyes\n9\n3\n1\n1\n4\nyes\n0.5\nyes\n\n2\n0,1\n2\n");
   const std::string command =
       std::string(CXXLAUNCH_BIN) + " config --config_file " + file + " < " + answers;
   auto result = run({"/bin/sh", "-c", command}, isolated(dir));
@@ -265,10 +268,10 @@ TEST_CASE("run: flag > environment > file reaches the workers", "[config]") {
       write(dir, "c.yaml",
             "distributed_type: MULTI_CPU\nnum_processes: 2\nmixed_precision: bf16\n"
             "deepspeed_config:\n  gradient_accumulation_steps: 3\n  gradient_clipping: 1.0\n");
-  auto result = run({CXXLAUNCH_BIN, "run", "--config_file", file, "--gradient_clipping", "0.25",
-                     "/usr/bin/env"},
-                    isolated(dir, {{"CXXLAUNCH_GRADIENT_ACCUMULATION_STEPS", "6"},
-                                   {"CXXLAUNCH_GRADIENT_CLIPPING", "9"}}));
+  auto result = run(
+      {CXXLAUNCH_BIN, "run", "--config_file", file, "--gradient_clipping", "0.25", "/usr/bin/env"},
+      isolated(dir, {{"CXXLAUNCH_GRADIENT_ACCUMULATION_STEPS", "6"},
+                     {"CXXLAUNCH_GRADIENT_CLIPPING", "9"}}));
   INFO(result.err);
   REQUIRE(result.exit_code == 0);
   for (int rank = 0; rank < 2; ++rank) {
@@ -280,9 +283,10 @@ TEST_CASE("run: flag > environment > file reaches the workers", "[config]") {
   }
 }
 
-TEST_CASE("run with a bad config: one message with file:line:column, exit code 2, nothing "
-          "spawned",
-          "[config]") {
+TEST_CASE(
+    "run with a bad config: one message with file:line:column, exit code 2, nothing "
+    "spawned",
+    "[config]") {
   TempDir dir;
   const std::string marker = dir.path() + "/spawned";
   const std::vector<std::pair<std::string, std::string>> cases = {
@@ -298,7 +302,8 @@ TEST_CASE("run with a bad config: one message with file:line:column, exit code 2
         run({CXXLAUNCH_BIN, "run", "--config_file", file, "/usr/bin/touch", marker}, isolated(dir));
     INFO(text);
     REQUIRE(result.exit_code == 2);
-    REQUIRE_THAT(result.err, Catch::StartsWith("cxxlaunch run: error: " + dir.path() + "/" + message));
+    REQUIRE_THAT(result.err,
+                 Catch::StartsWith("cxxlaunch run: error: " + dir.path() + "/" + message));
     REQUIRE(std::count(result.err.begin(), result.err.end(), '\n') == 1);
     REQUIRE_FALSE(fs::exists(marker));
   }
@@ -310,11 +315,11 @@ TEST_CASE("Two machines from one accelerate file (differing only in machine_rank
   const std::string port = std::to_string(freePort());
   std::vector<std::unique_ptr<Subprocess>> machines;
   for (int rank : {1, 0}) {
-    const std::string file =
-        write(dir, "node" + std::to_string(rank) + ".yaml",
-              "distributed_type: MULTI_CPU\nnum_machines: 2\nnum_processes: 4\nmachine_rank: " +
-                  std::to_string(rank) + "\nmain_process_ip: 127.0.0.1\nmain_process_port: " +
-                  port + "\nrdzv_backend: static\nsame_network: true\n");
+    const std::string file = write(
+        dir, "node" + std::to_string(rank) + ".yaml",
+        "distributed_type: MULTI_CPU\nnum_machines: 2\nnum_processes: 4\nmachine_rank: " +
+            std::to_string(rank) + "\nmain_process_ip: 127.0.0.1\nmain_process_port: " + port +
+            "\nrdzv_backend: static\nsame_network: true\n");
     machines.push_back(std::make_unique<Subprocess>(
         Args{CXXLAUNCH_BIN, "run", "--config_file", file, "/usr/bin/env"}, isolated(dir)));
   }
@@ -361,8 +366,8 @@ TEST_CASE("cxxlaunch test runs the self-test worker with the config and gives a 
   REQUIRE_THAT(failing.out, Catch::Contains("cxxlaunch test: your setup is NOT ready: the "
                                             "self-test failed with exit code 3"));
 
-  auto missing = run({CXXLAUNCH_BIN, "test"},
-                     isolated(dir, {{"CXXLAUNCH_SELFTEST", dir.path() + "/nope"}}));
+  auto missing =
+      run({CXXLAUNCH_BIN, "test"}, isolated(dir, {{"CXXLAUNCH_SELFTEST", dir.path() + "/nope"}}));
   REQUIRE(missing.exit_code == 1);
   REQUIRE_THAT(missing.out, Catch::Contains("your setup is NOT ready: the self-test worker"));
 }
@@ -374,8 +379,8 @@ TEST_CASE("cxxlaunch env prints versions, hardware and the config in use", "[con
   REQUIRE(result.exit_code == 0);
   for (const char* line : {"- cxxlaunch version: ", "- LibTorch version (build time): ",
                            "- NCCL version (build time): ", "- CUDA runtime version (build time): ",
-                           "- CUDA driver: ", "- gRPC version: 1.", "- CPU: ", "- RAM: ",
-                           "- GPUs: ", "    - distributed_type: MULTI_CPU\n",
+                           "- CUDA driver: ", "- gRPC version: 1.",
+                           "- CPU: ", "- RAM: ", "- GPUs: ", "    - distributed_type: MULTI_CPU\n",
                            "    - fp8_config: {} (ignored)\n"}) {
     REQUIRE_THAT(result.out, Catch::Contains(line));
   }
@@ -383,13 +388,16 @@ TEST_CASE("cxxlaunch env prints versions, hardware and the config in use", "[con
   REQUIRE_THAT(none.out, Catch::Contains("- Config: not found"));
 }
 
-TEST_CASE("cxxlaunch estimate-memory prints the table, and bad input is a usage error", "[estimate]") {
-  auto result = run({CXXLAUNCH_BIN, "estimate-memory", "--params", "7.5e9", "--num_processes", "64"});
+TEST_CASE("cxxlaunch estimate-memory prints the table, and bad input is a usage error",
+          "[estimate]") {
+  auto result =
+      run({CXXLAUNCH_BIN, "estimate-memory", "--params", "7.5e9", "--num_processes", "64"});
   REQUIRE(result.exit_code == 0);
   REQUIRE_THAT(result.out, Catch::Contains("bf16   zero1                         31.41"));
   REQUIRE_THAT(result.out, Catch::Contains("fp32   ddp                          120.00"));
   auto bad = run({CXXLAUNCH_BIN, "estimate-memory", "--params", "lots"});
   REQUIRE(bad.exit_code == 2);
-  REQUIRE(bad.err == "cxxlaunch estimate-memory: error: --params: 'lots' is not a positive number "
-                     "(e.g. 7e9)\n");
+  REQUIRE(bad.err ==
+          "cxxlaunch estimate-memory: error: --params: 'lots' is not a positive number "
+          "(e.g. 7e9)\n");
 }

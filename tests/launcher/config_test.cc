@@ -1,12 +1,13 @@
 // The config: every real file loads and round-trips, each error class names its position, the
 // layers resolve in order, and the result reaches LaunchOptions and the worker environment.
 
+#include "launcher/config.h"
+
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
 
 #include "launcher/cli.h"
-#include "launcher/config.h"
 #include "launcher/memory_estimate.h"
 #include "support/subprocess.h"
 
@@ -47,7 +48,8 @@ std::string errorOf(const std::string& text, const Env& env = {},
     resolveConfig(layers);
   } catch (const ConfigError& e) {
     std::string message = e.what();
-    for (auto at = message.find(dir.path()); at != std::string::npos; at = message.find(dir.path())) {
+    for (auto at = message.find(dir.path()); at != std::string::npos;
+         at = message.find(dir.path())) {
       message.erase(at, dir.path().size() + 1);
     }
     return message;
@@ -121,7 +123,8 @@ TEST_CASE("A YAML syntax error names file:line:column", "[config][errors]") {
                Catch::EndsWith(": the YAML nests too deeply to be a config file"));
 }
 
-TEST_CASE("A value of the wrong type names the value's position and what fits", "[config][errors]") {
+TEST_CASE("A value of the wrong type names the value's position and what fits",
+          "[config][errors]") {
   REQUIRE(errorOf("distributed_type: MULTI_GPU\nnum_processes: two\n") ==
           "c.yaml:2:16: num_processes: 'two' is not a whole number from 1 to 16777216");
   REQUIRE(errorOf("use_cpu: maybe\n") == "c.yaml:1:10: use_cpu: 'maybe' is not true or false");
@@ -267,7 +270,8 @@ TEST_CASE("A worker variable set in the launcher's environment wins over the fil
   REQUIRE(workerSettings(c, env).at("CXXLAUNCH_STRATEGY") == "zero3");
 }
 
-TEST_CASE("cxxlaunch run takes the config file, and torchrun's flags win over it", "[config][cli]") {
+TEST_CASE("cxxlaunch run takes the config file, and torchrun's flags win over it",
+          "[config][cli]") {
   TempDir dir;
   const std::string file = write(dir, "c.yaml",
                                  "distributed_type: MULTI_GPU\nmixed_precision: bf16\n"
@@ -291,8 +295,8 @@ TEST_CASE("cxxlaunch run takes the config file, and torchrun's flags win over it
   REQUIRE(flags.worker_env.at("CXXLAUNCH_MIXED_PRECISION") == "no");
   REQUIRE(flags.worker_env.at("CXXLAUNCH_STRATEGY") == "fsdp_full_shard");
 
-  auto cpu = parseRunArgs({"--config_file", file, "--cpu", "--num_processes", "2", "/bin/true"},
-                          host(4));
+  auto cpu =
+      parseRunArgs({"--config_file", file, "--cpu", "--num_processes", "2", "/bin/true"}, host(4));
   REQUIRE(cpu.nproc_per_node == 2);
   REQUIRE(cpu.gpus.empty());
   REQUIRE(cpu.worker_env.at("CXXLAUNCH_BACKEND") == "gloo");
@@ -325,7 +329,8 @@ TEST_CASE("A multi-machine config maps to the static rendezvous at main_process_
 TEST_CASE("The default config file is used when no --config_file is given", "[config][cli]") {
   TempDir dir;
   HostInfo h = host();
-  h.default_config = write(dir, "default_config.yaml", "distributed_type: MULTI_CPU\nnum_processes: 5\n");
+  h.default_config =
+      write(dir, "default_config.yaml", "distributed_type: MULTI_CPU\nnum_processes: 5\n");
   REQUIRE(parseRunArgs({"/bin/true"}, h).nproc_per_node == 5);
   h.default_config = dir.path() + "/missing.yaml";
   REQUIRE(parseRunArgs({"/bin/true"}, h).nproc_per_node == 1);
@@ -391,7 +396,8 @@ TEST_CASE("docs/config.md names every key with its default, flag and variable", 
     const auto at = doc.find(row);
     REQUIRE(at != std::string::npos);
     const std::string line = doc.substr(at, doc.find('\n', at) - at);
-    if (!spec.default_value.empty()) REQUIRE_THAT(line, Catch::Contains("`" + spec.default_value + "`"));
+    if (!spec.default_value.empty())
+      REQUIRE_THAT(line, Catch::Contains("`" + spec.default_value + "`"));
     if (!spec.flag.empty()) REQUIRE_THAT(line, Catch::Contains("`--" + spec.flag + "`"));
     if (!spec.env.empty()) REQUIRE_THAT(line, Catch::Contains("`" + spec.env + "`"));
   }
