@@ -7,10 +7,8 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <functional>
-#include <optional>
 
 namespace cxxlaunch::launcher {
 namespace {

@@ -236,6 +236,35 @@ TEST_CASE(
   REQUIRE(forced.exit_code == 0);
 }
 
+TEST_CASE("The wizard's questions for several machines", "[wizard]") {
+  TempDir dir;
+  const std::string file = dir.path() + "/node.yaml";
+  // multi-CPU, 2 machines, rank 1, the main IP, port 0 (refused) then the default, not the same
+  // network, c10d, no debug, 3 processes (refused: uneven) then 4, no mixed precision.
+  const std::string answers = write(dir, "answers", "1\n2\n1\n10.0.0.1\n0\n\nno\n1\n\n3\n4\n0\n");
+  auto result =
+      run({"/bin/sh", "-c",
+           std::string(CXXLAUNCH_BIN) + " config --config_file " + file + " < " + answers},
+          isolated(dir));
+  INFO(result.out << result.err);
+  REQUIRE(result.exit_code == 0);
+  REQUIRE_THAT(result.out,
+               Catch::Contains("What is the rank of this machine?\n  [0] 0\n  [1] 1\n"));
+  REQUIRE_THAT(result.out,
+               Catch::Contains("  several machines need a fixed port, not 0; try again."));
+  REQUIRE_THAT(result.out,
+               Catch::Contains("  the total must divide evenly among 2 machines; try again."));
+  const auto config = cxxlaunch::launcher::loadConfigFile(file);
+  REQUIRE(config.text("num_machines") == "2");
+  REQUIRE(config.text("machine_rank") == "1");
+  REQUIRE(config.text("main_process_ip") == "10.0.0.1");
+  REQUIRE(config.text("main_process_port") == "29500");
+  REQUIRE(config.text("same_network") == "false");
+  REQUIRE(config.text("rdzv_backend") == "c10d");
+  REQUIRE(config.text("num_processes") == "4");
+  REQUIRE(config.text("mixed_precision") == "no");
+}
+
 TEST_CASE("config default writes the default file once, and run uses it without --config_file",
           "[config]") {
   TempDir dir;
