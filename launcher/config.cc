@@ -5,6 +5,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -14,6 +15,7 @@
 #include <functional>
 #include <set>
 #include <sstream>
+#include <string_view>
 
 #include "runtime/env_names.h"
 
@@ -197,7 +199,8 @@ const std::set<std::string>& ignoredKeys() {
   return keys;
 }
 
-const std::vector<std::string> kSections = {"deepspeed_config", "fsdp_config", "cxxlaunch"};
+constexpr std::array<std::string_view, 3> kSections = {"deepspeed_config", "fsdp_config",
+                                                       "cxxlaunch"};
 
 std::string lower(std::string text) {
   std::transform(text.begin(), text.end(), text.begin(),
