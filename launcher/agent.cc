@@ -167,7 +167,10 @@ void Agent::setUpProcess() {
       env::kTlsCert,      env::kTlsKey,        env::kNodeAddr};
   for (auto& entry : currentEnvironment()) {
     const std::string name = entry.substr(0, entry.find('='));
-    if (std::find(ours.begin(), ours.end(), name) == ours.end()) base_env_.push_back(entry);
+    if (std::find(ours.begin(), ours.end(), name) == ours.end() &&
+        options_.worker_env.count(name) == 0) {
+      base_env_.push_back(entry);
+    }
   }
   const bool omp_set = std::any_of(base_env_.begin(), base_env_.end(), [](const auto& e) {
     return e.starts_with(std::string(env::kOmpNumThreads) + "=");
@@ -211,6 +214,7 @@ std::vector<std::string> Agent::workerEnvironment(const Worker& worker,
   if (!options_.gpus.empty()) {
     put(env::kDevice, std::to_string(options_.gpus[static_cast<size_t>(worker.local_rank)]));
   }
+  for (const auto& [name, value] : options_.worker_env) put(name.c_str(), value);
   return envv;
 }
 

@@ -1,5 +1,6 @@
 #include "launcher/cli.h"
 
+#include "launcher/config.h"
 #include "launcher/process.h"
 
 #include <sched.h>
@@ -8,6 +9,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -82,21 +84,6 @@ StreamSpec parseStreamSpec(const std::string& flag, const std::string& value) {
   return spec;
 }
 
-size_t editDistance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1] ? 1 : 0)});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
-
 void parseNnodes(RendezvousOptions& r, const std::string& flag, const std::string& value) {
   const std::string want = "a number of nodes >= 1, or MIN:MAX with 1 <= MIN <= MAX";
   auto colon = value.find(':');
@@ -168,17 +155,9 @@ void parseRdzvConf(RendezvousOptions& r, const std::string& flag, const std::str
     } else if (key == "tls_key") {
       r.tls_key = v;
     } else {
-      const std::vector<std::string> known = {
-          "join_timeout", "last_call_timeout", "close_timeout", "keep_alive_interval",
-          "keep_alive_max_misses", "is_host", "token_file", "tls_ca", "tls_cert", "tls_key"};
-      std::string best;
-      size_t best_distance = 4;
-      for (const auto& k : known) {
-        if (size_t d = editDistance(key, k); d < best_distance) {
-          best_distance = d;
-          best = k;
-        }
-      }
+      const std::string best = closestMatch(
+          key, {"join_timeout", "last_call_timeout", "close_timeout", "keep_alive_interval",
+                "keep_alive_max_misses", "is_host", "token_file", "tls_ca", "tls_cert", "tls_key"});
       throw UsageError("--" + flag + ": unknown key '" + key + "'" +
                        (best.empty() ? "" : "; did you mean " + best + "?"));
     }
@@ -195,7 +174,10 @@ std::string normalize(std::string_view name) {
 
 struct Parsed {
   LaunchOptions options;
-  std::string nproc_text = "1";
+  std::string nproc_text;
+  bool nproc_explicit = false;  // a number given by --nproc_per_node
+  std::string config_file;
+  std::vector<FlagValue> config_flags;
 };
 
 struct FlagSpec {
@@ -203,12 +185,61 @@ struct FlagSpec {
   std::string value_name;          // empty: a switch that takes no value
   std::string help;
   std::function<void(Parsed&, const std::string& flag, const std::string& value)> apply;
+  // Config flags (accelerate's) feed the config's flag layer and are read first; torchrun's
+  // flags are applied after the config, so they win over it.
+  bool config = false;
 };
+
+// accelerate's `launch` flags: one per config key that has one, plus its hardware and paradigm
+// switches.
+std::vector<FlagSpec> configFlags() {
+  auto setKey = [](std::string key, std::string value) {
+    return [key, value](Parsed& p, const std::string& flag, const std::string& given) {
+      p.config_flags.push_back({key, value.empty() ? given : value, "--" + flag});
+    };
+  };
+  std::vector<FlagSpec> flags = {
+      {{"config_file"}, "FILE",
+       "accelerate-style YAML (default: " + defaultConfigPath() + " when it exists)",
+       [](Parsed& p, const std::string& f, const std::string& v) {
+         if (v.empty()) fail(f, v, "a file name");
+         p.config_file = v;
+       },
+       true},
+      {{"cpu"}, "", "train on CPUs (use_cpu: true)", setKey("use_cpu", "true"), true},
+      {{"multi_gpu"}, "", "distributed_type: MULTI_GPU", setKey("distributed_type", "MULTI_GPU"),
+       true},
+      {{"use_deepspeed"}, "", "distributed_type: DEEPSPEED (ZeRO; see --zero_stage)",
+       setKey("distributed_type", "DEEPSPEED"), true},
+      {{"use_fsdp"}, "", "distributed_type: FSDP", setKey("distributed_type", "FSDP"), true},
+  };
+  for (const auto& spec : configSchema()) {
+    if (spec.flag.empty()) continue;
+    const bool is_switch = spec.key == "use_cpu" || spec.key == "debug";
+    std::string value_name = spec.type == KeyType::kBool     ? "true|false"
+                             : spec.type == KeyType::kText   ? "TEXT"
+                             : spec.type == KeyType::kGpuIds ? "IDS|all"
+                                                             : "N";
+    if (spec.type == KeyType::kChoice) {
+      value_name.clear();
+      for (const auto& choice : spec.choices) value_name += (value_name.empty() ? "" : "|") + choice;
+    }
+    flags.push_back({{spec.flag},
+                     is_switch ? "" : value_name,
+                     spec.help + " (config: " + spec.key + ")",
+                     setKey(spec.key, is_switch ? "true" : ""),
+                     true});
+  }
+  return flags;
+}
 
 const std::vector<FlagSpec>& flagTable() {
   static const std::vector<FlagSpec> table = {
       {{"nproc_per_node"}, "N|cpu|gpu|auto", "workers on this node (default 1)",
-       [](Parsed& p, const std::string&, const std::string& v) { p.nproc_text = v; }},
+       [](Parsed& p, const std::string&, const std::string& v) {
+         p.nproc_text = v;
+         p.nproc_explicit = v != "gpu" && v != "auto";
+       }},
       {{"gpus"}, "IDS", "GPU ids to use, e.g. 0,2: one worker per id",
        [](Parsed& p, const std::string& f, const std::string& v) {
          p.options.gpus = parseIntList(f, v);
@@ -298,7 +329,12 @@ const std::vector<FlagSpec>& flagTable() {
          p.options.rdzv.local_addr = v;
        }},
   };
-  return table;
+  static const std::vector<FlagSpec> all = [] {
+    std::vector<FlagSpec> both = table;
+    for (auto& flag : configFlags()) both.push_back(std::move(flag));
+    return both;
+  }();
+  return all;
 }
 
 const FlagSpec* findFlag(const std::string& name) {
@@ -309,17 +345,13 @@ const FlagSpec* findFlag(const std::string& name) {
 }
 
 [[noreturn]] void unknownFlag(const std::string& given, const std::string& name) {
-  std::string best;
-  size_t best_distance = 4;  // suggest only close matches
+  std::vector<std::string> long_names;
   for (const auto& spec : flagTable()) {
     for (const auto& candidate : spec.names) {
-      size_t d = editDistance(name, candidate);
-      if (candidate.size() > 1 && d < best_distance) {
-        best_distance = d;
-        best = candidate;
-      }
+      if (candidate.size() > 1) long_names.push_back(candidate);
     }
   }
+  const std::string best = closestMatch(name, long_names);
   std::string message = "unknown flag '" + given + "'";
   if (!best.empty()) message += "; did you mean --" + best + "?";
   throw UsageError(message + " (see cxxlaunch run --help)");
@@ -401,6 +433,93 @@ void validateRendezvous(LaunchOptions& o) {
   }
 }
 
+// The config's launch settings become the options torchrun's flags would set; the flags are
+// applied afterwards and win. See docs/config.md, "How the file maps to the launcher".
+void applyConfig(const Config& c, Parsed& p, const std::map<std::string, std::string>& env) {
+  LaunchOptions& o = p.options;
+  auto seconds = [&](const std::string& key, std::chrono::milliseconds& out) {
+    if (c.isSet(key)) out = std::chrono::milliseconds(std::llround(c.number(key) * 1000));
+  };
+  const int machines = static_cast<int>(c.integer("num_machines"));
+  o.rdzv.min_nodes = o.rdzv.max_nodes = machines;
+  if (c.isSet("num_processes")) {
+    // Not "explicit": a --gpus flag is stronger than the file and sets the count instead.
+    p.nproc_text = std::to_string(c.integer("num_processes") / machines);
+  }
+  const bool cpu = c.flag("use_cpu") || c.text("distributed_type") == "MULTI_CPU";
+  if (!cpu && c.text("gpu_ids") != "all") o.gpus = parseIntList("gpu_ids", c.text("gpu_ids"));
+  if (c.isSet("rdzv_backend") || machines > 1) o.rdzv.backend = c.text("rdzv_backend");
+  const std::string port = c.text("main_process_port");
+  if (machines > 1) {
+    // Both of accelerate's same_network modes meet at main_process_ip:main_process_port: the
+    // launcher on that machine hosts the rendezvous there.
+    o.rdzv.node_rank = static_cast<int>(c.integer("machine_rank"));
+    if (c.isSet("cxxlaunch.rdzv_endpoint")) {
+      o.rdzv.endpoint = parseEndpoint("cxxlaunch.rdzv_endpoint", c.text("cxxlaunch.rdzv_endpoint"));
+    } else {
+      if (port == "0") {
+        throw ConfigError(c.origin("main_process_port").where +
+                          ": main_process_port 0 (pick a free port) works on one machine only; "
+                          "choose a port that every machine can reach");
+      }
+      const std::string ip = c.text("main_process_ip");
+      o.rdzv.endpoint =
+          parseEndpoint("main_process_ip", (ip.find(':') != std::string::npos ? "[" + ip + "]" : ip) +
+                                               ":" + port);
+      // Every machine reads the same file, so an id derived from it is the same everywhere.
+      std::string id = "accelerate-" + ip + "-" + port;
+      std::replace_if(
+          id.begin(), id.end(), [](unsigned char ch) { return !std::isalnum(ch) && ch != '-'; },
+          '-');
+      o.run_id = id;
+      o.run_id_given = true;
+    }
+  } else if (c.isSet("main_process_port")) {
+    o.master_port = static_cast<int>(c.integer("main_process_port"));
+  }
+  if (c.isSet("cxxlaunch.rdzv_id")) {
+    o.run_id = c.text("cxxlaunch.rdzv_id");
+    o.run_id_given = true;
+  }
+  seconds("cxxlaunch.join_timeout", o.rdzv.join_timeout);
+  seconds("cxxlaunch.last_call_timeout", o.rdzv.last_call_timeout);
+  seconds("cxxlaunch.close_timeout", o.rdzv.close_timeout);
+  seconds("cxxlaunch.keep_alive_interval", o.rdzv.keep_alive_interval);
+  seconds("cxxlaunch.shutdown_grace", o.shutdown_grace);
+  o.rdzv.keep_alive_max_misses = static_cast<int>(c.integer("cxxlaunch.keep_alive_max_misses"));
+  o.max_restarts = static_cast<int>(c.integer("cxxlaunch.max_restarts"));
+  if (c.isSet("cxxlaunch.log_dir")) o.log_dir = c.text("cxxlaunch.log_dir");
+  if (c.isSet("cxxlaunch.token_file")) {
+    try {
+      o.rdzv.token = readTokenFile(c.text("cxxlaunch.token_file"));
+    } catch (const UsageError& e) {
+      throw ConfigError(c.origin("cxxlaunch.token_file").where + ": cxxlaunch.token_file: " +
+                        e.what());
+    }
+  }
+  o.worker_env = workerSettings(c, env);
+  if (c.flag("use_cpu")) o.worker_env["CUDA_VISIBLE_DEVICES"] = "";
+  o.config_notes = c.notes;
+  if (c.text("mixed_precision") == "fp8") {
+    o.config_notes.push_back(c.origin("mixed_precision").where +
+                             ": mixed_precision fp8 is not supported yet; training runs in bf16");
+  }
+}
+
+ConfigLayers configLayers(const std::string& file, const std::vector<FlagValue>& flags,
+                          const HostInfo& host) {
+  ConfigLayers layers;
+  layers.file = file;
+  std::error_code ec;
+  if (layers.file.empty() && !host.default_config.empty() &&
+      std::filesystem::exists(host.default_config, ec)) {
+    layers.file = host.default_config;
+  }
+  layers.env = host.env;
+  layers.flags = flags;
+  return layers;
+}
+
 }  // namespace
 
 HostInfo HostInfo::detect() {
@@ -423,11 +542,15 @@ HostInfo HostInfo::detect() {
   }
   const char* path = std::getenv("PATH");  // NOLINT(concurrency-mt-unsafe)
   host.path = path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin";
+  host.env = configEnvironment();
+  host.default_config = defaultConfigPath();
   return host;
 }
 
 LaunchOptions parseRunArgs(const std::vector<std::string>& args, const HostInfo& host) {
   Parsed parsed;
+  parsed.nproc_text = std::to_string(host.default_nproc);
+  std::vector<std::tuple<const FlagSpec*, std::string, std::string>> torchrun_flags;
   size_t i = 0;
   for (; i < args.size(); ++i) {
     const std::string& arg = args[i];
@@ -457,17 +580,22 @@ LaunchOptions parseRunArgs(const std::vector<std::string>& args, const HostInfo&
       }
       value = args[++i];
     }
-    spec->apply(parsed, canonical, value.value_or(""));
+    if (spec->config) {
+      spec->apply(parsed, canonical, value.value_or(""));
+    } else {
+      torchrun_flags.emplace_back(spec, canonical, value.value_or(""));
+    }
   }
   if (i >= args.size()) {
     throw UsageError("no program given: cxxlaunch run [flags] PROGRAM [ARGS...]");
   }
+  applyConfig(resolveConfig(configLayers(parsed.config_file, parsed.config_flags, host)), parsed,
+              host.env);
+  for (const auto& [spec, canonical, value] : torchrun_flags) spec->apply(parsed, canonical, value);
   LaunchOptions options = std::move(parsed.options);
   options.nproc_per_node = resolveNproc(parsed.nproc_text, options, host);
   if (!options.gpus.empty() && options.gpus.size() != static_cast<size_t>(options.nproc_per_node)) {
-    const bool explicit_count = parsed.nproc_text != "1" && parsed.nproc_text != "gpu" &&
-                                parsed.nproc_text != "auto";
-    if (explicit_count) {
+    if (parsed.nproc_explicit) {
       throw UsageError("--gpus names " + std::to_string(options.gpus.size()) +
                        " devices but --nproc_per_node is " + std::to_string(options.nproc_per_node) +
                        "; give one GPU id per worker");

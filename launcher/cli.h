@@ -1,8 +1,10 @@
 #pragma once
-// The `cxxlaunch run` command line: torchrun's flags (both --dash-form and --under_score form)
-// parsed and validated into LaunchOptions. Nothing here has side effects: a bad command line
-// throws UsageError before anything is spawned.
+// The `cxxlaunch run` command line: torchrun's flags and accelerate's (both --dash-form and
+// --under_score form) and the config file, parsed and validated into LaunchOptions. Nothing here
+// spawns or writes anything: a bad command line or config throws (UsageError, ConfigError)
+// before anything is spawned.
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -21,13 +23,18 @@ class UsageError : public InvalidArgument {
 struct HostInfo {
   int cpus = 1;
   int gpus = 0;
-  std::string path;  // $PATH, for finding the program
+  std::string path;                        // $PATH, for finding the program
+  std::map<std::string, std::string> env;  // the CXXLAUNCH_* variables: the config's env layer
+  std::string default_config;              // used when it exists and no --config_file is given
+  int default_nproc = 1;  // workers per node when neither a flag nor the config says
 
   static HostInfo detect();
 };
 
 // Parses the arguments after `cxxlaunch run`. The first non-flag argument is the program; it and
-// everything after it go to the workers verbatim.
+// everything after it go to the workers verbatim. accelerate's flags and config file
+// (--config_file, or the default file) are resolved first (launcher/config.h); torchrun's flags
+// win over them.
 LaunchOptions parseRunArgs(const std::vector<std::string>& args, const HostInfo& host);
 
 // `cxxlaunch status --rdzv_endpoint HOST:PORT --rdzv_id ID [--rdzv_conf token_file=...]`.

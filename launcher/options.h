@@ -60,6 +60,10 @@ struct LaunchOptions {
   RendezvousOptions rdzv;
   std::string program;  // resolved path of the worker executable
   std::vector<std::string> args;  // passed verbatim, ${local_rank} substituted
+  // Training settings resolved from the config (launcher/config.h), set in every worker's
+  // environment over anything inherited.
+  std::map<std::string, std::string> worker_env;
+  std::vector<std::string> config_notes;  // ignored keys and adjusted values, for the user
 
   // Whether local rank `r`'s `stream` (kOut or kErr) is echoed to the console.
   bool onConsole(int local_rank, int stream) const;

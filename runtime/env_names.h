@@ -51,6 +51,25 @@ inline constexpr const char kGradClipping[] = "CXXLAUNCH_GRADIENT_CLIPPING";  //
 inline constexpr const char kBackend[] = "CXXLAUNCH_BACKEND";  // auto (default) | gloo | nccl
 inline constexpr const char kOffloadOptimizer[] = "CXXLAUNCH_OFFLOAD_OPTIMIZER";  // none | cpu
 inline constexpr const char kOffloadParams[] = "CXXLAUNCH_OFFLOAD_PARAMS";        // none | cpu
-inline constexpr const char kStateDictType[] = "CXXLAUNCH_STATE_DICT_TYPE";       // full | sharded
+inline constexpr const char kStateDictType[] = "CXXLAUNCH_STATE_DICT_TYPE";  // full | sharded
+inline constexpr const char kDebug[] = "CXXLAUNCH_DEBUG";  // true: check collectives' shapes
+inline constexpr const char kZero3Save16BitModel[] =
+    "CXXLAUNCH_ZERO3_SAVE_16BIT_MODEL";  // true: ZeRO-3 saves a gathered 16-bit model
+inline constexpr const char kZero3InitFlag[] = "CXXLAUNCH_ZERO3_INIT_FLAG";  // true: build sharded
+// FSDP only (set when CXXLAUNCH_STRATEGY is fsdp_*), accelerate's values as in the file:
+inline constexpr const char kFsdpAutoWrapPolicy[] =
+    "CXXLAUNCH_FSDP_AUTO_WRAP_POLICY";  // TRANSFORMER_BASED_WRAP | SIZE_BASED_WRAP | NO_WRAP
+inline constexpr const char kFsdpTransformerLayerClsToWrap[] =
+    "CXXLAUNCH_FSDP_TRANSFORMER_LAYER_CLS_TO_WRAP";  // module names, comma-separated
+inline constexpr const char kFsdpMinNumParams[] =
+    "CXXLAUNCH_FSDP_MIN_NUM_PARAMS";  // parameters per unit, SIZE_BASED_WRAP
+inline constexpr const char kFsdpBackwardPrefetch[] =
+    "CXXLAUNCH_FSDP_BACKWARD_PREFETCH";  // BACKWARD_PRE | BACKWARD_POST | NO_PREFETCH
+inline constexpr const char kFsdpForwardPrefetch[] =
+    "CXXLAUNCH_FSDP_FORWARD_PREFETCH";  // true | false
+inline constexpr const char kFsdpSyncModuleStates[] =
+    "CXXLAUNCH_FSDP_SYNC_MODULE_STATES";  // true: broadcast rank 0's weights
+inline constexpr const char kFsdpActivationCheckpointing[] =
+    "CXXLAUNCH_FSDP_ACTIVATION_CHECKPOINTING";  // true | false
 
 }  // namespace cxxlaunch::env

@@ -9,7 +9,11 @@
 
 #include "launcher/agent.h"
 #include "launcher/cli.h"
+#include "launcher/memory_estimate.h"
+#include "launcher/self_test.h"
 #include "launcher/status.h"
+#include "launcher/system_info.h"
+#include "launcher/wizard.h"
 
 namespace {
 
@@ -18,6 +22,12 @@ constexpr const char* kUsage =
     "commands:\n"
     "  run (alias launch)   start workers: cxxlaunch run --nproc_per_node=N PROGRAM [ARGS...]\n"
     "  status               a run's rendezvous: cxxlaunch status --rdzv_endpoint H:P --rdzv_id ID\n"
+    "  config               write a config file by answering questions (config default: from the\n"
+    "                       hardware; config --print: each setting and where it comes from)\n"
+    "  env                  versions, hardware and config, for a bug report\n"
+    "  test                 run the self-test through the launcher with your config\n"
+    "  estimate-memory      memory per rank: cxxlaunch estimate-memory --params 7e9 "
+    "--num_processes 8\n"
     "  --version            print the version\n"
     "Run 'cxxlaunch run --help' for the flags.\n";
 
@@ -28,6 +38,7 @@ int run(const std::vector<std::string>& args) {
     return kExitOk;
   }
   LaunchOptions options = parseRunArgs(args, HostInfo::detect());
+  for (const auto& note : options.config_notes) std::cerr << "cxxlaunch: note: " << note << "\n";
   blockAgentSignals();  // before the rendezvous starts any thread
   auto rendezvous = makeNodeRendezvous(options);
   const int exit_code = runAgent(options, *rendezvous);
@@ -55,6 +66,19 @@ int main(int argc, char** argv) {
   args.erase(args.begin());
   try {
     if (command == "run" || command == "launch") return run(args);
+    if (command == "config") {
+      std::cout << runConfigCommand(parseConfigArgs(args), HostInfo::detect());
+      return kExitOk;
+    }
+    if (command == "env") {
+      std::cout << describeSystem(CXXLAUNCH_VERSION, parseEnvArgs(args), HostInfo::detect());
+      return kExitOk;
+    }
+    if (command == "test") return runSelfTest(args, std::cout);
+    if (command == "estimate-memory" || command == "estimate_memory") {
+      std::cout << formatEstimate(parseEstimateArgs(args));
+      return kExitOk;
+    }
     if (command == "status") {
       std::cout << describeRun(parseStatusArgs(args));
       return kExitOk;

@@ -1,0 +1,154 @@
+#include "launcher/memory_estimate.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+
+#include "launcher/cli.h"
+
+namespace cxxlaunch::launcher {
+namespace {
+
+double parseCount(const std::string& what, const std::string& text) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || !(v > 0) || !std::isfinite(v)) {
+    throw UsageError(what + ": '" + text + "' is not a positive number (e.g. 7e9)");
+  }
+  return v;
+}
+
+void loadLayers(const std::string& path, MemoryEstimateOptions& options) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::BadFile&) {
+    throw UsageError("--config: cannot read '" + path + "'");
+  } catch (const YAML::Exception& e) {
+    throw UsageError(path + ":" + std::to_string(e.mark.line + 1) + ":" +
+                     std::to_string(e.mark.column + 1) + ": YAML syntax error: " + e.msg);
+  }
+  const YAML::Node layers = root.IsMap() ? root["layers"] : YAML::Node();
+  if (!layers.IsSequence() || layers.size() == 0) {
+    throw UsageError(path +
+                     ": expected `layers:` with a list of parameter counts or of "
+                     "{name: ..., params: ...}");
+  }
+  options.params = 0;
+  for (const auto& layer : layers) {
+    const YAML::Node count = layer.IsMap() ? layer["params"] : layer;
+    const std::string where = path + ":" + std::to_string(layer.Mark().line + 1) + ":" +
+                              std::to_string(layer.Mark().column + 1);
+    if (!count.IsScalar()) throw UsageError(where + ": a layer needs a parameter count");
+    const double n = parseCount(where, count.Scalar());
+    options.params += n;
+    options.largest_layer = std::max(options.largest_layer, n);
+  }
+}
+
+std::string gb(double bytes) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.2f", bytes / 1e9);
+  return text;
+}
+
+}  // namespace
+
+std::vector<MemoryRow> estimateMemory(const MemoryEstimateOptions& o) {
+  std::vector<MemoryRow> rows;
+  const double psi = o.params, n = o.ranks;
+  for (const auto& dtype : o.dtypes) {
+    const bool fp32 = dtype == "fp32";
+    const double p = fp32 ? 4 : 2, g = fp32 ? 4 : 2, k = fp32 ? 8 : 12;
+    auto add = [&](const char* strategy, double gpu, double cpu) {
+      rows.push_back({dtype, strategy, gpu * psi, cpu * psi});
+    };
+    add("ddp", p + g + k, 0);
+    add("zero1", p + g + k / n, 0);
+    add("zero2", p + (g + k) / n, 0);
+    add("zero3", (p + g + k) / n, 0);
+    add("zero2+offload", p + g / n, k / n);
+    add("zero3+offload", (p + g) / n, k / n);
+    add("zero3+offload+params", g / n, (p + k) / n);
+  }
+  return rows;
+}
+
+MemoryEstimateOptions parseEstimateArgs(const std::vector<std::string>& args) {
+  MemoryEstimateOptions options;
+  bool have_size = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string flag = args[i], value;
+    if (auto eq = flag.find('='); eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+    } else if (i + 1 < args.size()) {
+      value = args[++i];
+    } else {
+      throw UsageError(flag + " needs a value");
+    }
+    std::replace(flag.begin(), flag.end(), '-', '_');
+    if (flag == "__params") {
+      options.params = parseCount("--params", value);
+      have_size = true;
+    } else if (flag == "__config") {
+      loadLayers(value, options);
+      have_size = true;
+    } else if (flag == "__num_processes") {
+      options.ranks = static_cast<int>(parseCount("--num_processes", value));
+      if (options.ranks != parseCount("--num_processes", value)) {
+        throw UsageError("--num_processes: '" + value + "' is not a whole number");
+      }
+    } else if (flag == "__dtypes") {
+      options.dtypes.clear();
+      std::istringstream in(value);
+      std::string dtype;
+      while (std::getline(in, dtype, ',')) {
+        if (dtype == "float32") dtype = "fp32";
+        if (dtype == "bfloat16") dtype = "bf16";
+        if (dtype == "float16") dtype = "fp16";
+        if (dtype != "fp32" && dtype != "bf16" && dtype != "fp16") {
+          throw UsageError("--dtypes: '" + dtype + "' is not fp32, bf16 or fp16");
+        }
+        options.dtypes.push_back(dtype);
+      }
+      if (options.dtypes.empty()) throw UsageError("--dtypes: give at least one of fp32,bf16,fp16");
+    } else {
+      throw UsageError("unknown flag '" + args[i] +
+                       "'; usage: cxxlaunch estimate-memory --params 7e9 | --config layers.yaml "
+                       "[--num_processes N] [--dtypes fp32,bf16,fp16]");
+    }
+  }
+  if (!have_size) {
+    throw UsageError("give the model size: --params 7e9, or --config layers.yaml");
+  }
+  return options;
+}
+
+std::string formatEstimate(const MemoryEstimateOptions& options) {
+  std::ostringstream out;
+  char line[160];
+  std::snprintf(line, sizeof(line), "Model states per rank for %.4g parameters on %d rank(s)",
+                options.params, options.ranks);
+  out << line;
+  if (options.largest_layer > 0) {
+    std::snprintf(line, sizeof(line), " (largest layer %.4g)", options.largest_layer);
+    out << line;
+  }
+  out << ", Adam, in GB (1e9 bytes);\nactivations and temporary buffers come on top.\n\n";
+  std::snprintf(line, sizeof(line), "%-6s %-22s %12s %12s\n", "dtype", "strategy", "GPU GB",
+                "CPU GB");
+  out << line;
+  for (const auto& row : estimateMemory(options)) {
+    std::snprintf(line, sizeof(line), "%-6s %-22s %12s %12s\n", row.dtype.c_str(),
+                  row.strategy.c_str(), gb(row.gpu_bytes).c_str(), gb(row.cpu_bytes).c_str());
+    out << line;
+  }
+  return out.str();
+}
+
+}  // namespace cxxlaunch::launcher
