@@ -27,17 +27,21 @@ size_t bytesOf(const torch::Tensor& t) {
   return t.defined() ? static_cast<size_t>(t.numel()) * t.element_size() : 0;
 }
 
-std::string mib(size_t bytes) {
+std::string humanBytes(size_t bytes) {
   char text[32];
-  std::snprintf(text, sizeof(text), "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  if (bytes < (1u << 20)) {
+    std::snprintf(text, sizeof(text), "%.1f KiB", static_cast<double>(bytes) / 1024);
+  } else {
+    std::snprintf(text, sizeof(text), "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  }
   return text;
 }
 
 }  // namespace
 
 std::string MemoryReport::str() const {
-  return "parameters " + mib(parameters) + ", gradients " + mib(gradients) + ", optimizer state " +
-         mib(optimizer_state) + ", total " + mib(total());
+  return "parameters " + humanBytes(parameters) + ", gradients " + humanBytes(gradients) + ", optimizer state " +
+         humanBytes(optimizer_state) + ", total " + humanBytes(total());
 }
 
 Accelerator::Accelerator(AcceleratorOptions options)

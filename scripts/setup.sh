@@ -23,5 +23,7 @@ if ((${#missing[@]})); then
     "${missing[@]}" >/dev/null
 fi
 
+# ccache keys on paths relative to the checkout, so a fresh clone elsewhere (CI) reuses the cache.
+export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
 [ -f build/build.ninja ] || cmake --preset default >/dev/null
 cmake --build --preset default
