@@ -12,16 +12,6 @@
 namespace cxxlaunch::rendezvous {
 namespace {
 
-std::string readFile(const std::string& path, const char* what) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  if (!in || text.str().empty()) {
-    throw InvalidArgument(std::string("cannot read the TLS ") + what + " file '" + path + "'");
-  }
-  return text.str();
-}
-
 // Every call: the token, and a deadline.
 void prepare(grpc::ClientContext& ctx, const ClientOptions& options, Millis timeout) {
   if (!options.token.empty()) ctx.AddMetadata(wire::kTokenHeader, options.token);
@@ -35,10 +25,10 @@ std::shared_ptr<grpc::Channel> makeChannel(const ClientOptions& options) {
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   if (!options.tls_ca_file.empty()) {
     grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = readFile(options.tls_ca_file, "CA");
+    ssl.pem_root_certs = wire::readTlsFile(options.tls_ca_file, "CA");
     if (!options.tls_cert_file.empty()) {
-      ssl.pem_cert_chain = readFile(options.tls_cert_file, "certificate");
-      ssl.pem_private_key = readFile(options.tls_key_file, "key");
+      ssl.pem_cert_chain = wire::readTlsFile(options.tls_cert_file, "certificate");
+      ssl.pem_private_key = wire::readTlsFile(options.tls_key_file, "key");
     }
     credentials = grpc::SslCredentials(ssl);
   } else {
@@ -210,7 +200,8 @@ struct RendezvousClient::Impl {
     grpc::ClientContext ctx;
     prepare(ctx, options, options.call_timeout);
     Response resp;
-    wire::throwIfError(rpc(ctx, resp), std::string("rendezvous ") + what + " at " + options.endpoint);
+    wire::throwIfError(rpc(ctx, resp),
+                       std::string("rendezvous ") + what + " at " + options.endpoint);
     return resp;
   }
 };
@@ -270,8 +261,9 @@ Verdict RendezvousClient::keepAlive(const std::string& node_id, int64_t round) {
   req.set_node_id(node_id);
   req.set_round(round);
   return wire::fromProto(impl_->unary<rdzv::KeepAliveResponse>(
-      "keep-alive",
-      [&](grpc::ClientContext& ctx, auto& resp) { return impl_->stub->KeepAlive(&ctx, req, &resp); }));
+      "keep-alive", [&](grpc::ClientContext& ctx, auto& resp) {
+        return impl_->stub->KeepAlive(&ctx, req, &resp);
+      }));
 }
 
 Verdict RendezvousClient::requestRestart(const std::string& node_id, int64_t round,

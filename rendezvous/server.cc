@@ -61,10 +61,10 @@ void finishAll(Ready& ready) {
 }
 
 void validateRunId(const std::string& id) {
-  const bool ok = !id.empty() && id.size() <= 128 &&
-                  std::all_of(id.begin(), id.end(), [](unsigned char c) {
-                    return std::isalnum(c) || c == '-' || c == '_' || c == '.';
-                  });
+  const bool ok =
+      !id.empty() && id.size() <= 128 && std::all_of(id.begin(), id.end(), [](unsigned char c) {
+        return std::isalnum(c) || c == '-' || c == '_' || c == '.';
+      });
   if (!ok) throw InvalidArgument("run id must have 1-128 letters, digits, '-', '_' or '.'");
 }
 
@@ -351,8 +351,8 @@ class StoreService final : public rdzv::Store::CallbackService {
     const Millis wait = safeWait(req->timeout_ms());
     return core_.park(
         ctx, req->scope().run_id(), /*join=*/false,
-        [&] { return prepare(req->scope(), req->timeout_ms()); },
-        wait, [this, req, resp, wait](bool expired) -> std::optional<grpc::Status> {
+        [&] { return prepare(req->scope(), req->timeout_ms()); }, wait,
+        [this, req, resp, wait](bool expired) -> std::optional<grpc::Status> {
           MemoryStore& store = core_.storeOf(req->scope());
           if (store.check({req->key()})) {
             resp->set_value(store.get(req->key(), Millis(0)));
@@ -378,9 +378,8 @@ class StoreService final : public rdzv::Store::CallbackService {
                                        const rdzv::CompareSetRequest* req,
                                        rdzv::CompareSetResponse* resp) override {
     return core_.answer(ctx, req->scope().run_id(), [&] {
-      resp->set_value(
-          core_.storeOf(req->scope(), /*write=*/true)
-              .compareSet(req->key(), req->expected(), req->desired()));
+      resp->set_value(core_.storeOf(req->scope(), /*write=*/true)
+                          .compareSet(req->key(), req->expected(), req->desired()));
       return grpc::Status::OK;
     });
   }
@@ -398,8 +397,7 @@ class StoreService final : public rdzv::Store::CallbackService {
     });
   }
 
-  grpc::ServerUnaryReactor* Delete(grpc::CallbackServerContext* ctx,
-                                   const rdzv::DeleteRequest* req,
+  grpc::ServerUnaryReactor* Delete(grpc::CallbackServerContext* ctx, const rdzv::DeleteRequest* req,
                                    rdzv::DeleteResponse* resp) override {
     return core_.answer(ctx, req->scope().run_id(), [&] {
       resp->set_existed(core_.storeOf(req->scope(), /*write=*/true).deleteKey(req->key()));
@@ -416,8 +414,7 @@ class StoreService final : public rdzv::Store::CallbackService {
     });
   }
 
-  grpc::ServerUnaryReactor* MultiGet(grpc::CallbackServerContext* ctx,
-                                     const rdzv::KeysRequest* req,
+  grpc::ServerUnaryReactor* MultiGet(grpc::CallbackServerContext* ctx, const rdzv::KeysRequest* req,
                                      rdzv::MultiGetResponse* resp) override {
     return waitForKeys(ctx, req, [req, resp](MemoryStore& store) {
       resp->clear_values();
@@ -457,8 +454,8 @@ class StoreService final : public rdzv::Store::CallbackService {
     const Millis wait = safeWait(req->timeout_ms());
     return core_.park(
         ctx, req->scope().run_id(), /*join=*/false,
-        [&] { return prepare(req->scope(), req->timeout_ms()); },
-        wait, [this, req, wait, fill](bool expired) -> std::optional<grpc::Status> {
+        [&] { return prepare(req->scope(), req->timeout_ms()); }, wait,
+        [this, req, wait, fill](bool expired) -> std::optional<grpc::Status> {
           MemoryStore& store = core_.storeOf(req->scope());
           const auto keys = keysOf(*req);
           if (store.check(keys)) {
@@ -550,8 +547,7 @@ class RendezvousService final : public rdzv::Rendezvous::CallbackService {
     });
   }
 
-  grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* ctx,
-                                   const rdzv::StatusRequest* req,
+  grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* ctx, const rdzv::StatusRequest* req,
                                    rdzv::StatusResponse* resp) override {
     return core_.answer(ctx, req->run_id(), [&] {
       Run& run = core_.runOf(req->run_id());
@@ -563,16 +559,6 @@ class RendezvousService final : public rdzv::Rendezvous::CallbackService {
  private:
   Core& core_;
 };
-
-std::string readPem(const std::string& path, const char* what) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  if (!in || text.str().empty()) {
-    throw InvalidArgument(std::string("cannot read the TLS ") + what + " file '" + path + "'");
-  }
-  return text.str();
-}
 
 std::string hostPort(const std::string& host, int port) {
   const bool ipv6 = host.find(':') != std::string::npos;
@@ -598,10 +584,10 @@ RendezvousServer::RendezvousServer(const ServerOptions& options)
   std::shared_ptr<grpc::ServerCredentials> credentials;
   if (!options.tls_cert_file.empty() || !options.tls_key_file.empty()) {
     grpc::SslServerCredentialsOptions ssl;
-    ssl.pem_key_cert_pairs.push_back(
-        {readPem(options.tls_key_file, "key"), readPem(options.tls_cert_file, "certificate")});
+    ssl.pem_key_cert_pairs.push_back({wire::readTlsFile(options.tls_key_file, "key"),
+                                      wire::readTlsFile(options.tls_cert_file, "certificate")});
     if (!options.tls_ca_file.empty()) {
-      ssl.pem_root_certs = readPem(options.tls_ca_file, "CA");
+      ssl.pem_root_certs = wire::readTlsFile(options.tls_ca_file, "CA");
       ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
     }
     credentials = grpc::SslServerCredentials(ssl);
@@ -627,13 +613,16 @@ RendezvousServer::~RendezvousServer() { shutdown(); }
 
 int RendezvousServer::port() const { return impl_->port; }
 
-std::string RendezvousServer::endpoint() const { return hostPort(impl_->options.host, impl_->port); }
+std::string RendezvousServer::endpoint() const {
+  return hostPort(impl_->options.host, impl_->port);
+}
 
 std::shared_ptr<grpc::Channel> RendezvousServer::inProcessChannel() {
   return impl_->server->InProcessChannel(grpc::ChannelArguments());
 }
 
-bool RendezvousServer::waitUntilSettled(const std::string& run_id, std::chrono::milliseconds timeout) {
+bool RendezvousServer::waitUntilSettled(const std::string& run_id,
+                                        std::chrono::milliseconds timeout) {
   return impl_->core.waitUntilSettled(run_id, timeout);
 }
 

@@ -3,7 +3,9 @@
 #include <grpc/support/log.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <mutex>
+#include <sstream>
 
 namespace cxxlaunch::rendezvous::wire {
 
@@ -83,10 +85,18 @@ void toProto(const FailureReport& f, rdzv::Failure* p) {
 Verdict fromProto(const rdzv::KeepAliveResponse& p) {
   Verdict v;
   switch (p.action()) {
-    case rdzv::RESTART: v.action = Action::kRestart; break;
-    case rdzv::FAIL: v.action = Action::kFail; break;
-    case rdzv::CLOSED: v.action = Action::kClosed; break;
-    default: v.action = Action::kContinue; break;
+    case rdzv::RESTART:
+      v.action = Action::kRestart;
+      break;
+    case rdzv::FAIL:
+      v.action = Action::kFail;
+      break;
+    case rdzv::CLOSED:
+      v.action = Action::kClosed;
+      break;
+    default:
+      v.action = Action::kContinue;
+      break;
   }
   v.reason = p.reason();
   if (p.has_root_cause()) v.root_cause = fromProto(p.root_cause());
@@ -95,10 +105,18 @@ Verdict fromProto(const rdzv::KeepAliveResponse& p) {
 
 void toProto(const Verdict& v, rdzv::KeepAliveResponse* p) {
   switch (v.action) {
-    case Action::kContinue: p->set_action(rdzv::CONTINUE); break;
-    case Action::kRestart: p->set_action(rdzv::RESTART); break;
-    case Action::kFail: p->set_action(rdzv::FAIL); break;
-    case Action::kClosed: p->set_action(rdzv::CLOSED); break;
+    case Action::kContinue:
+      p->set_action(rdzv::CONTINUE);
+      break;
+    case Action::kRestart:
+      p->set_action(rdzv::RESTART);
+      break;
+    case Action::kFail:
+      p->set_action(rdzv::FAIL);
+      break;
+    case Action::kClosed:
+      p->set_action(rdzv::CLOSED);
+      break;
   }
   p->set_reason(v.reason);
   if (v.root_cause) toProto(*v.root_cause, p->mutable_root_cause());
@@ -146,6 +164,16 @@ void toProto(const RunStatus& s, rdzv::StatusResponse* p) {
   toProto(s.settings, p->mutable_settings());
 }
 
+std::string readTlsFile(const std::string& path, const char* what) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in || text.str().empty()) {
+    throw InvalidArgument(std::string("cannot read the TLS ") + what + " file '" + path + "'");
+  }
+  return text.str();
+}
+
 void quietGrpcLogs() {
   static std::once_flag once;
   std::call_once(once, [] {
@@ -161,9 +189,12 @@ void throwIfError(const grpc::Status& status, const std::string& what) {
   switch (status.error_code()) {
     case grpc::StatusCode::INVALID_ARGUMENT:
     case grpc::StatusCode::UNAUTHENTICATED:  // a wrong token is the user's to fix, not to retry
-    case grpc::StatusCode::PERMISSION_DENIED: throw InvalidArgument(message);
-    case grpc::StatusCode::FAILED_PRECONDITION: throw StaleError(message);
-    case grpc::StatusCode::DEADLINE_EXCEEDED: throw TimeoutError(message);
+    case grpc::StatusCode::PERMISSION_DENIED:
+      throw InvalidArgument(message);
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      throw StaleError(message);
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      throw TimeoutError(message);
     default:
       throw CommunicationError(message + " (gRPC status " +
                                std::to_string(static_cast<int>(status.error_code())) + ")");

@@ -48,6 +48,10 @@ grpc::Status guarded(Body&& body) {
   }
 }
 
+// The contents of a TLS file (`what`: "certificate", "key", "CA"); InvalidArgument naming the
+// file when it cannot be read or is empty.
+std::string readTlsFile(const std::string& path, const char* what);
+
 // gRPC's own log lines ("Handshake failed ...", "No address added ...") would reach users next to
 // our clear errors; they are dropped unless CXXLAUNCH_GRPC_LOG is set. Idempotent.
 void quietGrpcLogs();
