@@ -39,9 +39,10 @@ struct Daemon {
   std::string endpoint;
 };
 
-// Fast timeouts for tests: keep-alives every 200 ms, eviction after 600 ms.
+// Fast timeouts for tests: keep-alives every 300 ms, eviction after 2.1 s (a busy CI machine
+// must not evict a live node).
 const std::string kFastConf =
-    "keep_alive_interval=0.2,keep_alive_max_misses=3,last_call_timeout=1,join_timeout=60";
+    "keep_alive_interval=0.3,keep_alive_max_misses=7,last_call_timeout=1,join_timeout=60";
 
 Args node(const std::string& endpoint, const std::string& run_id, const Args& flags,
           const Args& steps) {
