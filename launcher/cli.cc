@@ -1,8 +1,5 @@
 #include "launcher/cli.h"
 
-#include "launcher/config.h"
-#include "launcher/process.h"
-
 #include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -16,6 +13,9 @@
 #include <functional>
 #include <sstream>
 #include <string_view>
+
+#include "launcher/config.h"
+#include "launcher/process.h"
 
 namespace cxxlaunch::launcher {
 namespace {
@@ -100,7 +100,7 @@ std::string parseEndpoint(const std::string& flag, const std::string& value) {
   const std::string want = "HOST or HOST:PORT with a port 1-65535";
   if (value.empty()) fail(flag, value, want);
   std::string host = value, port = "29400";  // torchrun's c10d default port
-  if (value.front() == '[') {  // [ipv6]:port
+  if (value.front() == '[') {                // [ipv6]:port
     auto close = value.find(']');
     if (close == std::string::npos) fail(flag, value, want);
     host = value.substr(0, close + 1);
@@ -199,7 +199,8 @@ std::vector<FlagSpec> configFlags() {
     };
   };
   std::vector<FlagSpec> flags = {
-      {{"config_file"}, "FILE",
+      {{"config_file"},
+       "FILE",
        "accelerate-style YAML (default: " + defaultConfigPath() + " when it exists)",
        [](Parsed& p, const std::string& f, const std::string& v) {
          if (v.empty()) fail(f, v, "a file name");
@@ -207,10 +208,16 @@ std::vector<FlagSpec> configFlags() {
        },
        true},
       {{"cpu"}, "", "train on CPUs (use_cpu: true)", setKey("use_cpu", "true"), true},
-      {{"multi_gpu"}, "", "distributed_type: MULTI_GPU", setKey("distributed_type", "MULTI_GPU"),
+      {{"multi_gpu"},
+       "",
+       "distributed_type: MULTI_GPU",
+       setKey("distributed_type", "MULTI_GPU"),
        true},
-      {{"use_deepspeed"}, "", "distributed_type: DEEPSPEED (ZeRO; see --zero_stage)",
-       setKey("distributed_type", "DEEPSPEED"), true},
+      {{"use_deepspeed"},
+       "",
+       "distributed_type: DEEPSPEED (ZeRO; see --zero_stage)",
+       setKey("distributed_type", "DEEPSPEED"),
+       true},
       {{"use_fsdp"}, "", "distributed_type: FSDP", setKey("distributed_type", "FSDP"), true},
   };
   for (const auto& spec : configSchema()) {
@@ -222,7 +229,8 @@ std::vector<FlagSpec> configFlags() {
                                                              : "N";
     if (spec.type == KeyType::kChoice) {
       value_name.clear();
-      for (const auto& choice : spec.choices) value_name += (value_name.empty() ? "" : "|") + choice;
+      for (const auto& choice : spec.choices)
+        value_name += (value_name.empty() ? "" : "|") + choice;
     }
     flags.push_back({{spec.flag},
                      is_switch ? "" : value_name,
@@ -235,63 +243,90 @@ std::vector<FlagSpec> configFlags() {
 
 const std::vector<FlagSpec>& flagTable() {
   static const std::vector<FlagSpec> table = {
-      {{"nproc_per_node"}, "N|cpu|gpu|auto", "workers on this node (default 1)",
+      {{"nproc_per_node"},
+       "N|cpu|gpu|auto",
+       "workers on this node (default 1)",
        [](Parsed& p, const std::string&, const std::string& v) {
          p.nproc_text = v;
          p.nproc_explicit = v != "gpu" && v != "auto";
        }},
-      {{"gpus"}, "IDS", "GPU ids to use, e.g. 0,2: one worker per id",
+      {{"gpus"},
+       "IDS",
+       "GPU ids to use, e.g. 0,2: one worker per id",
        [](Parsed& p, const std::string& f, const std::string& v) {
          p.options.gpus = parseIntList(f, v);
        }},
-      {{"standalone"}, "", "single-node job with a private rendezvous (the default here)",
+      {{"standalone"},
+       "",
+       "single-node job with a private rendezvous (the default here)",
        [](Parsed& p, const std::string&, const std::string&) { p.options.standalone = true; }},
-      {{"max_restarts"}, "N", "restarts of the worker group before failing (default 0)",
+      {{"max_restarts"},
+       "N",
+       "restarts of the worker group before failing (default 0)",
        [](Parsed& p, const std::string& f, const std::string& v) {
          p.options.max_restarts = parseInt(f, v, 0, 1'000'000, "a number >= 0");
        }},
-      {{"monitor_interval"}, "SECONDS",
+      {{"monitor_interval"},
+       "SECONDS",
        "accepted for torchrun compatibility; cxxlaunch reacts to exits at once",
        [](Parsed& p, const std::string& f, const std::string& v) {
          p.options.monitor_interval = parseSeconds(f, v, false);
        }},
-      {{"shutdown_grace"}, "SECONDS", "SIGTERM to SIGKILL grace when stopping workers (default 30)",
+      {{"shutdown_grace"},
+       "SECONDS",
+       "SIGTERM to SIGKILL grace when stopping workers (default 30)",
        [](Parsed& p, const std::string& f, const std::string& v) {
          p.options.shutdown_grace = parseSeconds(f, v, true);
        }},
-      {{"role"}, "NAME", "worker role: ROLE_NAME (default 'default')",
+      {{"role"},
+       "NAME",
+       "worker role: ROLE_NAME (default 'default')",
        [](Parsed& p, const std::string& f, const std::string& v) {
          if (v.empty()) fail(f, v, "a non-empty name");
          p.options.role = v;
        }},
-      {{"log_dir"}, "DIR", "where per-attempt, per-rank logs go (default $TMPDIR/cxxlaunch)",
+      {{"log_dir"},
+       "DIR",
+       "where per-attempt, per-rank logs go (default $TMPDIR/cxxlaunch)",
        [](Parsed& p, const std::string& f, const std::string& v) {
          if (v.empty()) fail(f, v, "a directory");
          p.options.log_dir = v;
        }},
-      {{"redirects", "r"}, "SPEC", "streams kept off the console (files only): 0-3 or 0:3,1:1",
+      {{"redirects", "r"},
+       "SPEC",
+       "streams kept off the console (files only): 0-3 or 0:3,1:1",
        [](Parsed& p, const std::string& f, const std::string& v) {
          p.options.redirects = parseStreamSpec(f, v);
        }},
-      {{"tee", "t"}, "SPEC", "streams echoed to the console as well (the default for all)",
+      {{"tee", "t"},
+       "SPEC",
+       "streams echoed to the console as well (the default for all)",
        [](Parsed& p, const std::string& f, const std::string& v) {
          p.options.tee = parseStreamSpec(f, v);
        }},
-      {{"local_ranks_filter"}, "RANKS", "only these local ranks reach the console, e.g. 0",
+      {{"local_ranks_filter"},
+       "RANKS",
+       "only these local ranks reach the console, e.g. 0",
        [](Parsed& p, const std::string& f, const std::string& v) {
          auto list = parseIntList(f, v);
          p.options.local_ranks_filter = std::set<int>(list.begin(), list.end());
        }},
-      {{"master_addr"}, "HOST", "MASTER_ADDR given to workers (default 127.0.0.1)",
+      {{"master_addr"},
+       "HOST",
+       "MASTER_ADDR given to workers (default 127.0.0.1)",
        [](Parsed& p, const std::string& f, const std::string& v) {
          if (v.empty()) fail(f, v, "a host name or address");
          p.options.master_addr = v;
        }},
-      {{"master_port"}, "PORT", "MASTER_PORT (default: a free port; 0 picks one too)",
+      {{"master_port"},
+       "PORT",
+       "MASTER_PORT (default: a free port; 0 picks one too)",
        [](Parsed& p, const std::string& f, const std::string& v) {
          p.options.master_port = parseInt(f, v, 0, 65535, "a port number 0-65535");
        }},
-      {{"run_id", "rdzv_id"}, "ID", "job id: TORCHELASTIC_RUN_ID and the log folder (default random)",
+      {{"run_id", "rdzv_id"},
+       "ID",
+       "job id: TORCHELASTIC_RUN_ID and the log folder (default random)",
        [](Parsed& p, const std::string& f, const std::string& v) {
          const bool ok = !v.empty() && v.size() <= 128 && v != "." && v != ".." &&
                          std::all_of(v.begin(), v.end(), [](unsigned char c) {
@@ -301,29 +336,45 @@ const std::vector<FlagSpec>& flagTable() {
          p.options.run_id = v;
          p.options.run_id_given = true;
        }},
-      {{"no_python"}, "", "accepted: cxxlaunch always executes the program itself",
+      {{"no_python"},
+       "",
+       "accepted: cxxlaunch always executes the program itself",
        [](Parsed&, const std::string&, const std::string&) {}},
-      {{"nnodes"}, "N|MIN:MAX", "nodes in the job; MIN:MAX for an elastic job (default 1)",
-       [](Parsed& p, const std::string& f, const std::string& v) { parseNnodes(p.options.rdzv, f, v); }},
-      {{"node_rank"}, "N", "this node's rank (static rendezvous backend)",
+      {{"nnodes"},
+       "N|MIN:MAX",
+       "nodes in the job; MIN:MAX for an elastic job (default 1)",
+       [](Parsed& p, const std::string& f, const std::string& v) {
+         parseNnodes(p.options.rdzv, f, v);
+       }},
+      {{"node_rank"},
+       "N",
+       "this node's rank (static rendezvous backend)",
        [](Parsed& p, const std::string& f, const std::string& v) {
          p.options.rdzv.node_rank = parseInt(f, v, 0, 65535, "a node rank >= 0");
        }},
-      {{"rdzv_backend"}, "c10d|static", "c10d: ranks by node id (default); static: by --node_rank",
+      {{"rdzv_backend"},
+       "c10d|static",
+       "c10d: ranks by node id (default); static: by --node_rank",
        [](Parsed& p, const std::string& f, const std::string& v) {
          if (v != "c10d" && v != "static") fail(f, v, "c10d or static");
          p.options.rdzv.backend = v;
        }},
-      {{"rdzv_endpoint"}, "HOST[:PORT]",
+      {{"rdzv_endpoint"},
+       "HOST[:PORT]",
        "the rendezvous server (default port 29400); a launcher on that host hosts it",
        [](Parsed& p, const std::string& f, const std::string& v) {
          p.options.rdzv.endpoint = parseEndpoint(f, v);
        }},
-      {{"rdzv_conf"}, "K=V,...",
+      {{"rdzv_conf"},
+       "K=V,...",
        "join_timeout, last_call_timeout, close_timeout, keep_alive_interval (seconds), "
        "keep_alive_max_misses, is_host, token_file, tls_ca, tls_cert, tls_key",
-       [](Parsed& p, const std::string& f, const std::string& v) { parseRdzvConf(p.options.rdzv, f, v); }},
-      {{"local_addr"}, "ADDR", "address other nodes reach this node at (default: detected)",
+       [](Parsed& p, const std::string& f, const std::string& v) {
+         parseRdzvConf(p.options.rdzv, f, v);
+       }},
+      {{"local_addr"},
+       "ADDR",
+       "address other nodes reach this node at (default: detected)",
        [](Parsed& p, const std::string& f, const std::string& v) {
          if (v.empty()) fail(f, v, "an address");
          p.options.rdzv.local_addr = v;
@@ -464,8 +515,8 @@ void applyConfig(const Config& c, Parsed& p, const std::map<std::string, std::st
       }
       const std::string ip = c.text("main_process_ip");
       o.rdzv.endpoint =
-          parseEndpoint("main_process_ip", (ip.find(':') != std::string::npos ? "[" + ip + "]" : ip) +
-                                               ":" + port);
+          parseEndpoint("main_process_ip",
+                        (ip.find(':') != std::string::npos ? "[" + ip + "]" : ip) + ":" + port);
       // Every machine reads the same file, so an id derived from it is the same everywhere.
       std::string id = "accelerate-" + ip + "-" + port;
       std::replace_if(
@@ -493,8 +544,8 @@ void applyConfig(const Config& c, Parsed& p, const std::map<std::string, std::st
     try {
       o.rdzv.token = readTokenFile(c.text("cxxlaunch.token_file"));
     } catch (const UsageError& e) {
-      throw ConfigError(c.origin("cxxlaunch.token_file").where + ": cxxlaunch.token_file: " +
-                        e.what());
+      throw ConfigError(c.origin("cxxlaunch.token_file").where +
+                        ": cxxlaunch.token_file: " + e.what());
     }
   }
   o.worker_env = workerSettings(c, env);
@@ -526,8 +577,9 @@ HostInfo HostInfo::detect() {
   HostInfo host;
   cpu_set_t set;
   CPU_ZERO(&set);
-  host.cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set)
-                                                           : static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  host.cpus = sched_getaffinity(0, sizeof(set), &set) == 0
+                  ? CPU_COUNT(&set)
+                  : static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   // Count NVIDIA devices without loading CUDA: the launcher must start in milliseconds.
   const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");  // NOLINT(concurrency-mt-unsafe)
   if (visible != nullptr) {
@@ -597,8 +649,8 @@ LaunchOptions parseRunArgs(const std::vector<std::string>& args, const HostInfo&
   if (!options.gpus.empty() && options.gpus.size() != static_cast<size_t>(options.nproc_per_node)) {
     if (parsed.nproc_explicit) {
       throw UsageError("--gpus names " + std::to_string(options.gpus.size()) +
-                       " devices but --nproc_per_node is " + std::to_string(options.nproc_per_node) +
-                       "; give one GPU id per worker");
+                       " devices but --nproc_per_node is " +
+                       std::to_string(options.nproc_per_node) + "; give one GPU id per worker");
     }
     options.nproc_per_node = static_cast<int>(options.gpus.size());
   }
@@ -609,19 +661,29 @@ LaunchOptions parseRunArgs(const std::vector<std::string>& args, const HostInfo&
   return options;
 }
 
+FlagArg nextFlagArg(const std::vector<std::string>& args, size_t& i) {
+  FlagArg f;
+  f.given = args[i];
+  std::string flag = args[i];
+  if (auto eq = flag.find('='); eq != std::string::npos) {
+    f.value = flag.substr(eq + 1);
+    flag = flag.substr(0, eq);
+    f.given = flag;
+  } else if (i + 1 < args.size()) {
+    f.value = args[++i];
+  } else {
+    throw UsageError(flag + " needs a value");
+  }
+  size_t dashes = 0;
+  while (dashes < flag.size() && dashes < 2 && flag[dashes] == '-') ++dashes;
+  f.name = normalize(flag.substr(dashes));
+  return f;
+}
+
 StatusOptions parseStatusArgs(const std::vector<std::string>& args) {
   StatusOptions status;
   for (size_t i = 0; i < args.size(); ++i) {
-    std::string flag = args[i], value;
-    if (auto eq = flag.find('='); eq != std::string::npos) {
-      value = flag.substr(eq + 1);
-      flag = flag.substr(0, eq);
-    } else if (i + 1 < args.size()) {
-      value = args[++i];
-    } else {
-      throw UsageError(flag + " needs a value");
-    }
-    const std::string name = normalize(flag.starts_with("--") ? flag.substr(2) : flag);
+    const auto [flag, name, value] = nextFlagArg(args, i);
     if (name == "rdzv_endpoint") {
       status.rdzv.endpoint = parseEndpoint(name, value);
     } else if (name == "rdzv_id" || name == "run_id") {
@@ -655,8 +717,8 @@ std::string runHelp() {
       names += (names.empty() ? "" : ", ") + std::string(name.size() == 1 ? "-" : "--") + name;
     }
     if (!spec.value_name.empty()) names += " " + spec.value_name;
-    out << "  " << names << std::string(names.size() < 36 ? 36 - names.size() : 1, ' ')
-        << spec.help << "\n";
+    out << "  " << names << std::string(names.size() < 36 ? 36 - names.size() : 1, ' ') << spec.help
+        << "\n";
   }
   return out.str();
 }

@@ -37,6 +37,16 @@ struct HostInfo {
 // win over them.
 LaunchOptions parseRunArgs(const std::vector<std::string>& args, const HostInfo& host);
 
+// For the small commands (status, estimate-memory): the flag at args[i] and its value, from
+// "--flag VALUE" or "--flag=VALUE"; advances `i` past what it used. `name` is the flag without
+// its dashes, in under_score form. Throws UsageError when the value is missing.
+struct FlagArg {
+  std::string given;  // as typed, for messages
+  std::string name;
+  std::string value;
+};
+FlagArg nextFlagArg(const std::vector<std::string>& args, size_t& i);
+
 // `cxxlaunch status --rdzv_endpoint HOST:PORT --rdzv_id ID [--rdzv_conf token_file=...]`.
 struct StatusOptions {
   std::string run_id;

@@ -82,28 +82,19 @@ MemoryEstimateOptions parseEstimateArgs(const std::vector<std::string>& args) {
   MemoryEstimateOptions options;
   bool have_size = false;
   for (size_t i = 0; i < args.size(); ++i) {
-    std::string flag = args[i], value;
-    if (auto eq = flag.find('='); eq != std::string::npos) {
-      value = flag.substr(eq + 1);
-      flag = flag.substr(0, eq);
-    } else if (i + 1 < args.size()) {
-      value = args[++i];
-    } else {
-      throw UsageError(flag + " needs a value");
-    }
-    std::replace(flag.begin(), flag.end(), '-', '_');
-    if (flag == "__params") {
+    const auto [given, flag, value] = nextFlagArg(args, i);
+    if (flag == "params") {
       options.params = parseCount("--params", value);
       have_size = true;
-    } else if (flag == "__config") {
+    } else if (flag == "config") {
       loadLayers(value, options);
       have_size = true;
-    } else if (flag == "__num_processes") {
+    } else if (flag == "num_processes") {
       options.ranks = static_cast<int>(parseCount("--num_processes", value));
       if (options.ranks != parseCount("--num_processes", value)) {
         throw UsageError("--num_processes: '" + value + "' is not a whole number");
       }
-    } else if (flag == "__dtypes") {
+    } else if (flag == "dtypes") {
       options.dtypes.clear();
       std::istringstream in(value);
       std::string dtype;
@@ -118,7 +109,7 @@ MemoryEstimateOptions parseEstimateArgs(const std::vector<std::string>& args) {
       }
       if (options.dtypes.empty()) throw UsageError("--dtypes: give at least one of fp32,bf16,fp16");
     } else {
-      throw UsageError("unknown flag '" + args[i] +
+      throw UsageError("unknown flag '" + given +
                        "'; usage: cxxlaunch estimate-memory --params 7e9 | --config layers.yaml "
                        "[--num_processes N] [--dtypes fp32,bf16,fp16]");
     }
