@@ -76,14 +76,14 @@ class Accelerator {
   void prepare(std::shared_ptr<torch::nn::Module> model, torch::optim::Optimizer& optimizer,
                LrScheduler* scheduler = nullptr);
 
-  // A data loader over this rank's share of `dataset` (a distributed sampler from
-  // torch::data::samplers): `batch_size` examples per process per micro-step.
+  // A data loader over this rank's share of `dataset` (torch::data::samplers'
+  // DistributedRandomSampler: shuffled, disjoint across ranks): `batch_size` examples per process
+  // per micro-step.
   template <typename Dataset>
-  auto prepareDataLoader(Dataset dataset, size_t batch_size, bool shuffle = true) {
+  auto prepareDataLoader(Dataset dataset, size_t batch_size) {
     torch::data::samplers::DistributedRandomSampler sampler(
         dataset.size().value(), static_cast<size_t>(worldSize()), static_cast<size_t>(rank()),
         /*allow_duplicates=*/true);
-    (void)shuffle;  // the distributed sampler always shuffles; use a sequential dataset order
     return torch::data::make_data_loader(std::move(dataset), std::move(sampler),
                                          torch::data::DataLoaderOptions(batch_size));
   }
