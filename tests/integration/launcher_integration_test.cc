@@ -101,8 +101,8 @@ TEST_CASE("Every rank gets the torchrun environment contract", "[launcher][integ
 
 TEST_CASE("A user's OMP_NUM_THREADS, --master_port and --gpus reach the workers",
           "[launcher][integration]") {
-  auto r = run(launch({"--gpus", "3,5", "--master_port", "29877"}, {"env"}),
-               {{"OMP_NUM_THREADS", "7"}});
+  auto r =
+      run(launch({"--gpus", "3,5", "--master_port", "29877"}, {"env"}), {{"OMP_NUM_THREADS", "7"}});
   REQUIRE(r.exit_code == 0);
   for (int rank = 0; rank < 2; ++rank) {
     auto vars = envOf(r.out, rank);
@@ -117,10 +117,9 @@ TEST_CASE("Arguments pass verbatim with ${local_rank} substituted", "[launcher][
                       {"argv", "--nproc_per_node=5", "shard-${local_rank}.bin", "a b", "--"}));
   REQUIRE(r.exit_code == 0);
   for (int rank = 0; rank < 2; ++rank) {
-    REQUIRE(linesOf(r.out, rank) == std::vector<std::string>{"--nproc_per_node=5",
-                                                              "shard-" + std::to_string(rank) +
-                                                                  ".bin",
-                                                              "a b", "--"});
+    REQUIRE(linesOf(r.out, rank) ==
+            std::vector<std::string>{"--nproc_per_node=5", "shard-" + std::to_string(rank) + ".bin",
+                                     "a b", "--"});
   }
 }
 
@@ -144,9 +143,9 @@ TEST_CASE("A failing group restarts with the restart count incremented",
 TEST_CASE("max_restarts bounds the restarts and then the root cause's code is the exit code",
           "[launcher][integration]") {
   TempDir logs;
-  auto r = run(launch({"--nproc_per_node=2", "--max_restarts=1", "--log_dir", logs.path(),
-                       "--run_id", "bounded"},
-                      {"env", "rank", "1", "exit", "3"}));
+  auto r = run(launch(
+      {"--nproc_per_node=2", "--max_restarts=1", "--log_dir", logs.path(), "--run_id", "bounded"},
+      {"env", "rank", "1", "exit", "3"}));
   REQUIRE(r.exit_code == 3);
   REQUIRE(linesOf(r.out, 1).size() >= 2);  // two attempts printed their env
   REQUIRE_THAT(r.out, Catch::Contains("TORCHELASTIC_RESTART_COUNT=1"));
@@ -236,11 +235,12 @@ TEST_CASE("SIGKILL of the launcher leaves no worker alive", "[launcher][integrat
 }
 
 TEST_CASE("A worker that ignores SIGTERM is killed after the grace", "[launcher][integration]") {
+  // Rank 1 fails only once rank 0 has started ignoring SIGTERM (its pid file comes after that).
   TempDir pids;
   auto start = std::chrono::steady_clock::now();
   Subprocess launcher(launch({"--nproc_per_node=2", "--shutdown_grace=1"},
-                             {"ignore-term", "pidfile", pids.path(), "rank", "1", "exit", "5",
-                              "rank", "all", "wait"}));
+                             {"ignore-term", "pidfile", pids.path(), "rank", "1", "wait-file",
+                              pids.path() + "/rank0.pid", "exit", "5", "rank", "all", "wait"}));
   auto workers = waitForPids(pids.path(), 2);
   auto r = launcher.wait(20s);
   REQUIRE(r);
@@ -252,21 +252,21 @@ TEST_CASE("A worker that ignores SIGTERM is killed after the grace", "[launcher]
 TEST_CASE("Logs go to per-attempt per-rank files and the console gets whole prefixed lines",
           "[launcher][integration]") {
   TempDir logs;
-  auto r = run(launch({"--nproc_per_node=2", "--log_dir", logs.path(), "--run_id", "logs",
-                       "--max_restarts=1"},
-                      {"print", "out line", "eprint", "err line", "partial", "no newline", "rank",
-                       "1", "attempt-below", "1", "sleep", "0.5", "exit", "1"}));
+  auto r = run(launch(
+      {"--nproc_per_node=2", "--log_dir", logs.path(), "--run_id", "logs", "--max_restarts=1"},
+      {"print", "out line", "eprint", "err line", "partial", "no newline", "rank", "1",
+       "attempt-below", "1", "sleep", "0.5", "exit", "1"}));
   REQUIRE(r.exit_code == 0);
   for (int attempt = 0; attempt < 2; ++attempt) {
     for (int rank = 0; rank < 2; ++rank) {
-      const std::string dir = logs.path() + "/logs/attempt_" + std::to_string(attempt) + "/" +
-                              std::to_string(rank);
+      const std::string dir =
+          logs.path() + "/logs/attempt_" + std::to_string(attempt) + "/" + std::to_string(rank);
       CHECK(readFile(dir + "/stdout.log") == "out line\nno newline");
       CHECK(readFile(dir + "/stderr.log") == "err line\n");
     }
   }
-  CHECK(linesOf(r.out, 1) == std::vector<std::string>{"out line", "no newline", "out line",
-                                                       "no newline"});
+  CHECK(linesOf(r.out, 1) ==
+        std::vector<std::string>{"out line", "no newline", "out line", "no newline"});
   CHECK(linesOf(r.err, 0) == std::vector<std::string>{"err line", "err line"});
   auto summary = nlohmann::json::parse(readFile(logs.path() + "/logs/run-summary.json"));
   CHECK(summary["status"] == "succeeded");
@@ -276,9 +276,9 @@ TEST_CASE("Logs go to per-attempt per-rank files and the console gets whole pref
 TEST_CASE("The rank filter and redirects keep lines off the console but not out of the logs",
           "[launcher][integration]") {
   TempDir logs;
-  auto filtered = run(launch({"--nproc_per_node=2", "--local_ranks_filter=1", "--log_dir",
-                              logs.path(), "--run_id", "f"},
-                             {"print", "hi"}));
+  auto filtered = run(launch(
+      {"--nproc_per_node=2", "--local_ranks_filter=1", "--log_dir", logs.path(), "--run_id", "f"},
+      {"print", "hi"}));
   REQUIRE(filtered.exit_code == 0);
   CHECK(linesOf(filtered.out, 0).empty());
   CHECK(linesOf(filtered.out, 1) == std::vector<std::string>{"hi"});
@@ -292,7 +292,8 @@ TEST_CASE("The rank filter and redirects keep lines off the console but not out 
   CHECK(linesOf(redirected.err, 0) == std::vector<std::string>{"to console"});
 }
 
-TEST_CASE("Bad input gets one clear line and exit code 2 with nothing spawned", "[launcher][integration]") {
+TEST_CASE("Bad input gets one clear line and exit code 2 with nothing spawned",
+          "[launcher][integration]") {
   TempDir pids;
   TempDir dir;
   const std::string not_executable = dir.path() + "/data.txt";
