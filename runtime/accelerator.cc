@@ -9,6 +9,7 @@
 #include <cstdio>
 
 #include "rendezvous/error.h"
+#include "runtime/host_memory.h"
 #include "runtime/tensor_ops.h"
 
 namespace cxxlaunch::runtime {
@@ -62,6 +63,7 @@ Accelerator::Accelerator(World world, AcceleratorOptions options)
     throw InvalidArgument("mixed precision '" + world_.env.mixed_precision +
                           "' is not available in this build yet; use no");
   }
+  keepFreedHostMemory();
   accumulation_steps_ = world_.env.gradient_accumulation_steps;
   clipping_ = world_.env.gradient_clipping;
   if (!world_.backend) {

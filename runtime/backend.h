@@ -51,6 +51,9 @@ struct BackendOptions {
   std::string address = "127.0.0.1";  // this rank's address, reachable by the others (Gloo)
   int device = -1;                    // CUDA device (NCCL); -1: the local rank's
   std::chrono::milliseconds timeout = std::chrono::minutes(5);  // per collective
+  // Gloo: when every rank runs on this host, allreduce and reduce-scatter go through shared
+  // memory instead of TCP loopback (runtime/shm_collectives.h).
+  bool shared_memory = true;
 };
 
 class Backend {
@@ -59,6 +62,8 @@ class Backend {
   virtual int rank() const = 0;
   virtual int worldSize() const = 0;
   virtual std::string name() const = 0;
+  // How the data travels, for tables and logs: "tcp", "shared memory and tcp", "nvlink/ib"...
+  virtual std::string transport() const = 0;
 
   // In place: every rank ends with op(data of all ranks).
   virtual WorkPtr allreduce(void* data, size_t count, DType dtype, ReduceOp op) = 0;

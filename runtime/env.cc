@@ -78,6 +78,9 @@ WorkerEnv readWorkerEnv() {
               "fsdp_hybrid_shard", "fsdp_no_shard"});
   readChoice(env::kMixedPrecision, e.mixed_precision, {"no", "fp16", "bf16"});
   readChoice(env::kBackend, e.backend, {"auto", "gloo", "nccl"});
+  std::string shared_memory = "on";
+  readChoice(env::kSharedMemory, shared_memory, {"on", "off"});
+  e.shared_memory = shared_memory == "on";
   readInt(env::kGradAccumSteps, e.gradient_accumulation_steps);
   if (e.gradient_accumulation_steps < 1) {
     throw InvalidArgument(std::string(env::kGradAccumSteps) + " must be >= 1");

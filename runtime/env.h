@@ -36,6 +36,7 @@ struct WorkerEnv {
   int gradient_accumulation_steps = 1;
   double gradient_clipping = 0;  // max norm; 0: no clipping
   std::string backend = "auto";
+  bool shared_memory = true;  // Gloo: allreduce through shared memory when all ranks are local
 
   bool launched() const { return !run_id.empty(); }
 };

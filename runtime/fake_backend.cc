@@ -61,6 +61,7 @@ class FakeBackend final : public Backend {
   int rank() const override { return rank_; }
   int worldSize() const override { return world_->size(); }
   std::string name() const override { return "fake"; }
+  std::string transport() const override { return "threads"; }
 
   WorkPtr allreduce(void* data, size_t count, DType dtype, ReduceOp op) override {
     return run(data, data, [=, n = worldSize()](const std::vector<void*>& all) {

@@ -22,6 +22,7 @@
 #include "runtime/backend.h"
 #include "runtime/comm_thread.h"
 #include "runtime/reduce.h"
+#include "runtime/shm_collectives.h"
 
 namespace cxxlaunch::runtime {
 namespace {
@@ -72,6 +73,14 @@ class GlooBackend final : public Backend {
           timeout_);
       context->connectFullMesh(store, device);
       context_ = std::move(context);
+      if (options.shared_memory) {
+        rendezvous::PrefixStore shm_store(options.prefix + "/shm", options.store);
+        shm_ = ShmCollectives::connect(shm_store, {.rank = rank_,
+                                                   .world_size = size_,
+                                                   .timeout = timeout_,
+                                                   .slot_bytes = 0,
+                                                   .host_key = {}});
+      }
     } catch (const TimeoutError& e) {
       throw TimeoutError("gloo: ranks did not meet" + where_ + ": " + e.what());
     } catch (const gloo::Exception& e) {
@@ -82,6 +91,10 @@ class GlooBackend final : public Backend {
   int rank() const override { return rank_; }
   int worldSize() const override { return size_; }
   std::string name() const override { return "gloo"; }
+  std::string transport() const override {
+    // Shared memory carries allreduce and reduce-scatter; TCP the other collectives.
+    return shm_ ? "shared memory and tcp" : "tcp";
+  }
 
   WorkPtr allreduce(void* data, size_t count, DType dtype, ReduceOp op) override {
     return submit("allreduce",
@@ -90,8 +103,9 @@ class GlooBackend final : public Backend {
 
   WorkPtr reduceScatter(const void* input, void* output, size_t count, DType dtype,
                         ReduceOp op) override {
-    // Gloo has no reduce-scatter in its new API: reduce everything, keep this rank's chunk.
     return submit("reduce_scatter", [=, this](uint32_t tag) {
+      if (shm_) return shm_->reduceScatter(input, output, count, dtype, op);
+      // Gloo has no reduce-scatter in its new API: reduce everything, keep this rank's chunk.
       const size_t bytes = count * dtypeSize(dtype);
       std::vector<char> all(bytes * static_cast<size_t>(size_));
       std::memcpy(all.data(), input, all.size());
@@ -138,6 +152,7 @@ class GlooBackend final : public Backend {
  private:
   void allreduceNow(void* data, size_t count, DType dtype, ReduceOp op, uint32_t tag) {
     if (size_ == 1) return;  // a world of one: sum, max, min and average of one value is itself
+    if (shm_) return shm_->allreduce(data, count, dtype, op);
     gloo::AllreduceOptions opts(context_);
     // Typed, so that Gloo cuts the buffer between elements and counts elements, not bytes.
     switch (dtype) {
@@ -202,6 +217,14 @@ class GlooBackend final : public Backend {
         broken_ = true;
         broken_reason_ = e.what();
         throw CommunicationError(std::string("gloo ") + what + where_ + ": " + e.what());
+      } catch (const PeerLost& e) {  // from shared memory
+        broken_ = true;
+        broken_reason_ = e.what();
+        throw PeerLost(std::string("gloo ") + what + where_ + ": " + e.what());
+      } catch (const TimeoutError& e) {
+        broken_ = true;
+        broken_reason_ = e.what();
+        throw TimeoutError(std::string("gloo ") + what + where_ + ": " + e.what());
       }
     });
   }
@@ -211,6 +234,7 @@ class GlooBackend final : public Backend {
   const std::chrono::milliseconds timeout_;
   std::string where_;
   std::shared_ptr<gloo::Context> context_;
+  std::unique_ptr<ShmCollectives> shm_;  // all ranks on this host: allreduce, reduce-scatter
   std::atomic<uint32_t> next_tag_{1};
   bool broken_ = false;  // touched on the communication thread only
   std::string broken_reason_;

@@ -147,6 +147,7 @@ class NcclBackend final : public Backend {
   int rank() const override { return rank_; }
   int worldSize() const override { return size_; }
   std::string name() const override { return "nccl"; }
+  std::string transport() const override { return "nccl"; }
 
   WorkPtr allreduce(void* data, size_t count, DType dtype, ReduceOp op) override {
     return enqueue([&] {

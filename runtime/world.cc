@@ -33,6 +33,7 @@ std::shared_ptr<Backend> backendFromEnv(const WorkerEnv& env,
   options.store = std::move(store);
   options.address = env.node_addr;
   options.device = env.device.value_or(env.local_rank);
+  options.shared_memory = env.shared_memory;
   const bool nccl = env.backend == "nccl" ||
                     (env.backend == "auto" && ncclCompiledIn() && (use_gpu || env.device));
   if (nccl) return makeNcclBackend(options);

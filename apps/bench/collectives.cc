@@ -176,8 +176,9 @@ int main(int argc, char** argv) {
     auto backend = backendFromEnv(env, store);
     const int n = backend->worldSize();
     if (backend->rank() == 0) {
-      std::printf("# %s, %d ranks, float32, %d iterations%s\n", backend->name().c_str(), n,
-                  flags.iters, flags.check ? ", every element checked" : "");
+      std::printf("# %s, %d ranks, float32, %d iterations%s, over %s\n", backend->name().c_str(), n,
+                  flags.iters, flags.check ? ", every element checked" : "",
+                  backend->transport().c_str());
       std::printf("%-15s %12s %12s %12s %12s %8s\n", "collective", "bytes", "time us", "algbw GB/s",
                   "busbw GB/s", "wrong");
     }

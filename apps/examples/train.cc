@@ -103,6 +103,13 @@ Flags parse(int argc, char** argv) {
 
 // ---- the models -------------------------------------------------------------------------------
 
+// LibTorch 1.13's LinearImpl::forward runs a 3-D input as matmul plus an in-place bias add (two
+// kernels and a slower backward); torch::linear folds it into one addmm, as Python's nn.Linear
+// does.
+torch::Tensor linear(const torch::nn::Linear& layer, const torch::Tensor& x) {
+  return torch::linear(x, layer->weight, layer->bias);
+}
+
 struct MlpImpl : torch::nn::Module {
   MlpImpl(int64_t in, int64_t hidden, int64_t out)
       : fc1(register_module("fc1", torch::nn::Linear(in, hidden))),
@@ -127,13 +134,13 @@ struct BlockImpl : torch::nn::Module {
 
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& causal) {
     const auto b = x.size(0), t = x.size(1), d = x.size(2), hd = d / heads_;
-    auto q_k_v = qkv(ln1(x)).view({b, t, 3, heads_, hd}).permute({2, 0, 3, 1, 4});
+    auto q_k_v = linear(qkv, ln1(x)).view({b, t, 3, heads_, hd}).permute({2, 0, 3, 1, 4});
     auto q = q_k_v[0], k = q_k_v[1], v = q_k_v[2];
     auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
     scores = scores.masked_fill(causal, -std::numeric_limits<float>::infinity());
     auto attended = torch::matmul(torch::softmax(scores, -1), v);
-    auto h = x + proj(attended.permute({0, 2, 1, 3}).reshape({b, t, d}));
-    return h + down(torch::gelu(up(ln2(h))));
+    auto h = x + linear(proj, attended.permute({0, 2, 1, 3}).reshape({b, t, d}));
+    return h + linear(down, torch::gelu(linear(up, ln2(h))));
   }
 
   int64_t heads_;
@@ -160,7 +167,7 @@ struct GptImpl : torch::nn::Module {
     auto causal = torch::ones({t, t}, torch::kBool).triu(1);
     auto x = tokens(idx) + positions(torch::arange(t, torch::kLong));
     for (auto& block : blocks) x = block->forward(x, causal);
-    return head(ln(x));
+    return linear(head, ln(x));
   }
 
   torch::nn::Embedding tokens, positions;

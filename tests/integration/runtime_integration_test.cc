@@ -33,6 +33,20 @@ TEST_CASE("Gloo collectives are exact for worlds of 1 to 4 processes", "[runtime
   }
 }
 
+TEST_CASE("Gloo collectives over TCP alone are exact too", "[runtime][integration]") {
+  // CXXLAUNCH_SHARED_MEMORY=off: what ranks on different hosts use, here on one.
+  for (int n : {2, 3}) {
+    auto r = launch(
+        {"--nproc_per_node", std::to_string(n)}, COLLECTIVES_BIN,
+        {"--check", "--min_bytes", "4", "--max_bytes", "262144", "--iters", "2", "--warmup", "1"},
+        {{"CXXLAUNCH_SHARED_MEMORY", "off"}});
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_code == 0);
+    CHECK_THAT(r.out, Catch::Contains("over tcp"));
+    CHECK_THAT(r.out, Catch::Contains("every element checked"));
+  }
+}
+
 TEST_CASE("A killed peer makes the others fail with a clear error instead of hanging",
           "[runtime][integration]") {
   const auto start = std::chrono::steady_clock::now();
@@ -46,6 +60,7 @@ TEST_CASE("A killed peer makes the others fail with a clear error instead of han
                                "[rank 2]: rank 2: gloo allreduce on rank 2 of 3"}) {
     CHECK_THAT(r.err, Catch::Contains(survivor));
   }
+  CHECK_THAT(r.err, Catch::Contains("rank 1 (pid"));  // named by the shared-memory watch
 }
 
 TEST_CASE("DDP over Gloo in real processes matches one process", "[runtime][integration]") {

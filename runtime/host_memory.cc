@@ -1,0 +1,41 @@
+#include "runtime/host_memory.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
+namespace cxxlaunch::runtime {
+namespace {
+
+bool userTunesMalloc() {
+  const char* tunables = std::getenv("GLIBC_TUNABLES");
+  if (tunables != nullptr && std::strstr(tunables, "glibc.malloc.") != nullptr) return true;
+  for (const char* name : {"MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_"}) {
+    if (std::getenv(name) != nullptr) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+bool keepFreedHostMemory() {
+#if defined(__GLIBC__)
+  if (userTunesMalloc()) return false;
+  // 32 MiB is the largest mmap threshold glibc accepts on 64-bit; tensors below it come from the
+  // heap and are reused. A fixed threshold also stops glibc's own adaptive one.
+  constexpr int kMmapThreshold = 32 << 20;
+  // Keep up to 1 GiB of freed memory at the top of the heap instead of trimming it, and grow
+  // the heap 16 MiB at a time.
+  constexpr int kTrimThreshold = 1 << 30;
+  constexpr int kTopPad = 16 << 20;
+  return mallopt(M_MMAP_THRESHOLD, kMmapThreshold) == 1 &&
+         mallopt(M_TRIM_THRESHOLD, kTrimThreshold) == 1 && mallopt(M_TOP_PAD, kTopPad) == 1;
+#else
+  return false;
+#endif
+}
+
+}  // namespace cxxlaunch::runtime

@@ -1,0 +1,16 @@
+#pragma once
+// Training allocates and frees the same CPU tensors every step. With glibc's defaults, blocks of
+// 128 KiB and more go back to the kernel when freed (munmap, heap trimming), so every step
+// page-faults them in again: on a small model that is a quarter of the step time. PyTorch's CPU
+// performance advice is a caching allocator (jemalloc, tcmalloc); keeping glibc's freed memory
+// gets most of that without one.
+
+namespace cxxlaunch::runtime {
+
+// Raises glibc's mmap and trim thresholds so that freed tensor memory stays in the process for
+// the next step. Does nothing when the user tunes malloc through the environment
+// (GLIBC_TUNABLES with glibc.malloc.*, or MALLOC_TRIM_THRESHOLD_ / MALLOC_MMAP_THRESHOLD_ /
+// MALLOC_TOP_PAD_) or on a C library other than glibc. Returns whether it changed anything.
+bool keepFreedHostMemory();
+
+}  // namespace cxxlaunch::runtime

@@ -1,0 +1,317 @@
+#include "runtime/shm_collectives.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <fstream>
+#include <new>
+#include <random>
+#include <utility>
+
+#include "rendezvous/error.h"
+#include "runtime/reduce.h"
+
+namespace cxxlaunch::runtime {
+
+// At the start of the segment; slots and the result area follow, page-aligned.
+struct ShmCollectives::Header {
+  uint64_t nonce;  // rank 0's random number: proves the others opened the same segment
+  alignas(64) uint32_t arrived;  // barrier: ranks arrived in this generation
+  alignas(64) uint32_t release;  // barrier generation; the futex the waiters sleep on
+};
+
+namespace {
+
+constexpr size_t kPage = 4096;
+constexpr size_t kHeaderBytes = kPage;
+// How long a rank spins before it sleeps: about what a peer needs to copy a chunk in. Short,
+// because the waiting thread may share its core with the trainer's (DDP overlaps backward).
+constexpr auto kSpin = std::chrono::microseconds(30);
+// How often a sleeping rank looks whether its peers are still alive.
+constexpr auto kPeerCheck = std::chrono::milliseconds(50);
+
+size_t defaultSlotBytes(int size) {
+  // About 32 MiB for the whole segment, 256 KiB to 4 MiB a rank: large chunks keep the two
+  // barriers per chunk rare, a small segment fits a container's default 64 MiB /dev/shm.
+  const size_t share = (size_t{32} << 20) / static_cast<size_t>(size + 1);
+  return std::clamp(share / kPage * kPage, size_t{256} << 10, size_t{4} << 20);
+}
+
+size_t segmentBytes(int size, size_t slot_bytes) {
+  return kHeaderBytes + (static_cast<size_t>(size) + 1) * slot_bytes;
+}
+
+long futex(uint32_t* word, int op, uint32_t value, const timespec* timeout) {
+  // Not FUTEX_PRIVATE_FLAG: the word is shared between processes.
+  return ::syscall(SYS_futex, word, op, value, timeout, nullptr, 0);
+}
+
+void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+int pidfdOpen(int pid) {
+#ifdef SYS_pidfd_open
+  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+#else
+  (void)pid;
+  return -1;
+#endif
+}
+
+std::string readFirstLine(const char* path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+struct Mapping {
+  void* base = MAP_FAILED;
+  size_t bytes = 0;
+  ~Mapping() {
+    if (base != MAP_FAILED) ::munmap(base, bytes);
+  }
+  void* release() { return std::exchange(base, MAP_FAILED); }
+};
+
+// Opens (or with `create`, makes and reserves) the segment `name` and maps it.
+bool mapSegment(const std::string& name, size_t bytes, bool create, Mapping& mapping) {
+  const int fd = create ? ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600)
+                        : ::shm_open(name.c_str(), O_RDWR, 0);
+  if (fd < 0) return false;
+  bool ok = true;
+  if (create) {
+    // Reserve the pages now: a full /dev/shm then fails here, not as SIGBUS mid-collective.
+    ok = ::ftruncate(fd, static_cast<off_t>(bytes)) == 0 &&
+         ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)) == 0;
+  } else {
+    struct stat st {};
+    ok = ::fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) == bytes;
+  }
+  if (ok) {
+    mapping.base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    mapping.bytes = bytes;
+    ok = mapping.base != MAP_FAILED;
+  }
+  ::close(fd);
+  if (!ok && create) ::shm_unlink(name.c_str());
+  return ok;
+}
+
+}  // namespace
+
+std::string ShmCollectives::thisHostKey() {
+  // Same boot: same machine (hostnames repeat across containers and clusters). Same PID
+  // namespace: the peers' pids mean what they say.
+  struct stat ns {};
+  const bool have_ns = ::stat("/proc/self/ns/pid", &ns) == 0;
+  return readFirstLine("/proc/sys/kernel/random/boot_id") + "/" +
+         (have_ns ? std::to_string(ns.st_ino) : std::string("?"));
+}
+
+std::unique_ptr<ShmCollectives> ShmCollectives::connect(rendezvous::Store& store,
+                                                        const ShmOptions& options) {
+  const int rank = options.rank, size = options.world_size;
+  if (size < 2) return nullptr;
+  const auto timeout = options.timeout;
+  const std::string key = options.host_key.empty() ? thisHostKey() : options.host_key;
+  const size_t slot_bytes = options.slot_bytes ? options.slot_bytes : defaultSlotBytes(size);
+  const size_t bytes = segmentBytes(size, slot_bytes);
+
+  // 1. Are we all on one host? Every rank reads every key, so all decide alike.
+  std::vector<std::string> host_keys, ok_keys;
+  for (int r = 0; r < size; ++r) {
+    host_keys.push_back("host/" + std::to_string(r));
+    ok_keys.push_back("ok/" + std::to_string(r));
+  }
+  store.set(host_keys[static_cast<size_t>(rank)], key);
+  for (const auto& other : store.multiGet(host_keys, timeout)) {
+    if (other != key) return nullptr;
+  }
+
+  // 2. Rank 0 makes the segment; the others open it and check its nonce.
+  Mapping mapping;
+  if (rank == 0) {
+    std::random_device random;
+    const uint64_t nonce = (static_cast<uint64_t>(random()) << 32) ^ random();
+    const std::string name =
+        "/cxxlaunch-" + std::to_string(::getpid()) + "-" + std::to_string(nonce % 1000000007);
+    std::string published;  // empty: no segment, everybody stays on TCP
+    if (mapSegment(name, bytes, /*create=*/true, mapping)) {
+      auto* header = new (mapping.base) Header{};
+      header->nonce = nonce;
+      published = name + " " + std::to_string(nonce);
+    }
+    store.set("segment", published);
+    if (published.empty()) return nullptr;
+    // 3. Once everybody answered, the name can go: the mappings keep the memory.
+    store.set(ok_keys[0], std::to_string(::getpid()));
+    const auto answers = store.multiGet(ok_keys, timeout);
+    ::shm_unlink(name.c_str());
+    std::vector<int> pids;
+    for (const auto& answer : answers) {
+      if (answer == "-") return nullptr;
+      pids.push_back(std::stoi(answer));
+    }
+    return std::unique_ptr<ShmCollectives>(
+        new ShmCollectives(options, mapping.release(), bytes, std::move(pids)));
+  }
+  const std::string published = store.get("segment", timeout);
+  bool ok = false;
+  if (const auto space = published.find(' '); space != std::string::npos) {
+    ok = mapSegment(published.substr(0, space), bytes, /*create=*/false, mapping) &&
+         std::to_string(static_cast<Header*>(mapping.base)->nonce) == published.substr(space + 1);
+  }
+  if (published.empty()) return nullptr;
+  store.set(ok_keys[static_cast<size_t>(rank)], ok ? std::to_string(::getpid()) : "-");
+  std::vector<int> pids;
+  for (const auto& answer : store.multiGet(ok_keys, timeout)) {
+    if (answer == "-") return nullptr;
+    pids.push_back(std::stoi(answer));
+  }
+  return std::unique_ptr<ShmCollectives>(
+      new ShmCollectives(options, mapping.release(), bytes, std::move(pids)));
+}
+
+ShmCollectives::ShmCollectives(const ShmOptions& options, void* base, size_t bytes,
+                               std::vector<int> pids)
+    : rank_(options.rank),
+      size_(options.world_size),
+      timeout_(options.timeout),
+      slot_bytes_(options.slot_bytes ? options.slot_bytes : defaultSlotBytes(options.world_size)),
+      base_(base),
+      bytes_(bytes),
+      header_(static_cast<Header*>(base)),
+      pids_(std::move(pids)) {
+  static_assert(sizeof(Header) <= kHeaderBytes);
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_) pidfds_.push_back(pidfdOpen(pids_[static_cast<size_t>(r)]));
+  }
+}
+
+ShmCollectives::~ShmCollectives() {
+  for (int fd : pidfds_) {
+    if (fd >= 0) ::close(fd);
+  }
+  ::munmap(base_, bytes_);
+}
+
+char* ShmCollectives::slot(int rank) const {
+  return static_cast<char*>(base_) + kHeaderBytes + static_cast<size_t>(rank) * slot_bytes_;
+}
+
+char* ShmCollectives::result() const { return slot(size_); }
+
+void ShmCollectives::checkPeers() const {
+  size_t fd_index = 0;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    const int fd = pidfds_[fd_index++];
+    const int pid = pids_[static_cast<size_t>(r)];
+    bool gone = false;
+    if (fd >= 0) {
+      pollfd p{fd, POLLIN, 0};
+      gone = ::poll(&p, 1, 0) == 1;  // a pidfd turns readable when its process exits
+    } else {
+      gone = ::kill(pid, 0) != 0 && errno == ESRCH;
+    }
+    if (gone) {
+      throw PeerLost("rank " + std::to_string(r) + " (pid " + std::to_string(pid) +
+                     ") on this host exited in the middle of a collective (a peer closed its "
+                     "connection: did it die?)");
+    }
+  }
+}
+
+// A central barrier: the last rank to arrive opens the next generation and wakes the sleepers.
+void ShmCollectives::barrier() {
+  std::atomic_ref<uint32_t> arrived(header_->arrived);
+  std::atomic_ref<uint32_t> release(header_->release);
+  const uint32_t generation = release.load(std::memory_order_acquire);
+  if (arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(size_)) {
+    arrived.store(0, std::memory_order_relaxed);
+    release.fetch_add(1, std::memory_order_release);
+    futex(&header_->release, FUTEX_WAKE, INT_MAX, nullptr);
+    return;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - start < kSpin) {
+    for (int i = 0; i < 64; ++i) {
+      if (release.load(std::memory_order_acquire) != generation) return;
+      cpuRelax();
+    }
+  }
+  const auto deadline = start + timeout_;
+  const timespec slice{0, std::chrono::nanoseconds(kPeerCheck).count()};
+  while (release.load(std::memory_order_acquire) == generation) {
+    futex(&header_->release, FUTEX_WAIT, generation, &slice);
+    if (release.load(std::memory_order_acquire) != generation) return;
+    checkPeers();
+    if (std::chrono::steady_clock::now() > deadline) {
+      throw TimeoutError("shared memory: ranks did not all arrive within " +
+                         std::to_string(timeout_.count()) + " ms");
+    }
+  }
+}
+
+void ShmCollectives::allreduce(void* data, size_t count, DType dtype, ReduceOp op) {
+  const size_t elem = dtypeSize(dtype);
+  const size_t chunk = slot_bytes_ / elem;
+  auto* bytes = static_cast<char*>(data);
+  for (size_t done = 0; done < count; done += chunk) {
+    const size_t n = std::min(chunk, count - done);
+    std::memcpy(slot(rank_), bytes + done * elem, n * elem);
+    barrier();
+    // This rank's share of the chunk, reduced from every slot in rank order.
+    const size_t lo = n * static_cast<size_t>(rank_) / static_cast<size_t>(size_);
+    const size_t hi = n * static_cast<size_t>(rank_ + 1) / static_cast<size_t>(size_);
+    char* mine = result() + lo * elem;
+    std::memcpy(mine, slot(0) + lo * elem, (hi - lo) * elem);
+    for (int r = 1; r < size_; ++r) reduceInto(mine, slot(r) + lo * elem, hi - lo, dtype, op);
+    if (op == ReduceOp::kAvg) divideBy(mine, hi - lo, dtype, size_);
+    barrier();
+    // Nobody writes the result again before everyone has passed the next chunk's first barrier.
+    std::memcpy(bytes + done * elem, result(), n * elem);
+  }
+}
+
+void ShmCollectives::reduceScatter(const void* input, void* output, size_t count, DType dtype,
+                                   ReduceOp op) {
+  const size_t elem = dtypeSize(dtype);
+  const auto size = static_cast<size_t>(size_);
+  const size_t piece = std::max<size_t>(1, slot_bytes_ / elem / size);  // of each rank's chunk
+  const auto* in = static_cast<const char*>(input);
+  auto* out = static_cast<char*>(output);
+  for (size_t done = 0; done < count; done += piece) {
+    const size_t n = std::min(piece, count - done);
+    // Slot layout: world_size rows of `n` elements, row r for rank r's output.
+    for (size_t r = 0; r < size; ++r) {
+      std::memcpy(slot(rank_) + r * n * elem, in + (r * count + done) * elem, n * elem);
+    }
+    barrier();
+    char* mine = out + done * elem;
+    const size_t row = static_cast<size_t>(rank_) * n * elem;
+    std::memcpy(mine, slot(0) + row, n * elem);
+    for (int r = 1; r < size_; ++r) reduceInto(mine, slot(r) + row, n, dtype, op);
+    if (op == ReduceOp::kAvg) divideBy(mine, n, dtype, size_);
+    barrier();  // the slots are read: they may be filled again
+  }
+}
+
+}  // namespace cxxlaunch::runtime

@@ -1,0 +1,160 @@
+// Shared-memory collectives with ranks as threads, each with its own mapping of the segment:
+// closed-form results across chunk boundaries, bitwise agreement between ranks, the fallback
+// when ranks are not on one host, nothing left in /dev/shm, and a timeout instead of a hang.
+// (A peer process that dies is tested with real processes in runtime_integration_test.)
+
+#include "runtime/shm_collectives.h"
+
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "rendezvous/error.h"
+#include "rendezvous/memory_store.h"
+#include "runtime/reduce.h"
+
+using namespace cxxlaunch;
+using namespace cxxlaunch::runtime;
+
+namespace {
+
+constexpr size_t kSlotBytes = 4096;  // small, so that a few thousand elements span many chunks
+
+template <typename Body>
+void onRanks(int world, Body body) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) threads.emplace_back(body, r);
+  for (auto& t : threads) t.join();
+}
+
+ShmOptions options(int rank, int world) {
+  ShmOptions o;
+  o.rank = rank;
+  o.world_size = world;
+  o.slot_bytes = kSlotBytes;
+  o.timeout = std::chrono::seconds(10);
+  return o;
+}
+
+std::vector<std::string> ourSegments() {
+  std::vector<std::string> found;
+  const std::string mine = "cxxlaunch-" + std::to_string(::getpid()) + "-";
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+    if (entry.path().filename().string().starts_with(mine)) found.push_back(entry.path());
+  }
+  return found;
+}
+
+}  // namespace
+
+TEST_CASE("Shared-memory allreduce and reduce-scatter are exact across chunks", "[shm]") {
+  for (int n = 2; n <= 4; ++n) {
+    INFO("world " << n);
+    rendezvous::MemoryStore store;
+    const size_t count = 3001;  // floats: several 1024-element chunks and an uneven last one
+    std::vector<std::vector<float>> sums(n), avgs(n), maxes(n), scattered(n);
+    std::vector<std::vector<int32_t>> ints(n);
+    std::vector<std::vector<uint16_t>> bf16(n);
+    onRanks(n, [&](int r) {
+      auto shm = ShmCollectives::connect(store, options(r, n));
+      REQUIRE(shm != nullptr);
+      sums[r].resize(count);
+      for (size_t i = 0; i < count; ++i) sums[r][i] = static_cast<float>(r + 1) * i;
+      shm->allreduce(sums[r].data(), count, DType::kFloat32, ReduceOp::kSum);
+      avgs[r].assign(count, static_cast<float>(2 * (r + 1)));
+      shm->allreduce(avgs[r].data(), count, DType::kFloat32, ReduceOp::kAvg);
+      maxes[r].assign(count, static_cast<float>(r));
+      shm->allreduce(maxes[r].data(), count, DType::kFloat32, ReduceOp::kMax);
+      ints[r].assign(count, r - 1);
+      shm->allreduce(ints[r].data(), count, DType::kInt32, ReduceOp::kMin);
+      bf16[r].assign(count, floatToBfloat16(static_cast<float>(r + 1)));
+      shm->allreduce(bf16[r].data(), count, DType::kBFloat16, ReduceOp::kSum);
+      std::vector<float> chunks(count * static_cast<size_t>(n));
+      for (size_t i = 0; i < chunks.size(); ++i) chunks[i] = static_cast<float>(i);
+      scattered[r].resize(count);
+      shm->reduceScatter(chunks.data(), scattered[r].data(), count, DType::kFloat32,
+                         ReduceOp::kSum);
+    });
+    const float triangle = static_cast<float>(n * (n + 1) / 2);
+    for (int r = 0; r < n; ++r) {
+      for (size_t i = 0; i < count; ++i) {
+        CHECK(sums[r][i] == triangle * i);
+        CHECK(avgs[r][i] == static_cast<float>(n + 1));
+        CHECK(maxes[r][i] == static_cast<float>(n - 1));
+        CHECK(ints[r][i] == -1);
+        CHECK(bfloat16ToFloat(bf16[r][i]) == triangle);
+        CHECK(scattered[r][i] == static_cast<float>(n) * (r * count + i));
+      }
+    }
+  }
+}
+
+TEST_CASE("Every rank gets bitwise the same sum of inexact floats", "[shm]") {
+  const int n = 3;
+  rendezvous::MemoryStore store;
+  const size_t count = 5000;
+  std::vector<std::vector<float>> data(n);
+  onRanks(n, [&](int r) {
+    std::mt19937 random(static_cast<unsigned>(r));
+    std::normal_distribution<float> normal;
+    data[r].resize(count);
+    for (auto& x : data[r]) x = normal(random) * 1e3f;
+    auto shm = ShmCollectives::connect(store, options(r, n));
+    REQUIRE(shm != nullptr);
+    shm->allreduce(data[r].data(), count, DType::kFloat32, ReduceOp::kSum);
+  });
+  CHECK(data[1] == data[0]);
+  CHECK(data[2] == data[0]);
+}
+
+TEST_CASE("The segment is gone from /dev/shm once every rank holds it", "[shm]") {
+  rendezvous::MemoryStore store;
+  std::vector<std::unique_ptr<ShmCollectives>> held(2);
+  onRanks(2, [&](int r) { held[r] = ShmCollectives::connect(store, options(r, 2)); });
+  REQUIRE(held[0] != nullptr);
+  REQUIRE(held[1] != nullptr);
+  CHECK(ourSegments().empty());
+  std::vector<float> x(10, 1.0f), y(10, 2.0f);
+  onRanks(2, [&](int r) {
+    held[r]->allreduce(r == 0 ? x.data() : y.data(), 10, DType::kFloat32, ReduceOp::kSum);
+  });
+  CHECK(x == std::vector<float>(10, 3.0f));
+  CHECK(y == x);
+}
+
+TEST_CASE("Ranks on different hosts all fall back to TCP", "[shm]") {
+  rendezvous::MemoryStore store;
+  std::vector<int> connected(3, -1);
+  onRanks(3, [&](int r) {
+    auto o = options(r, 3);
+    o.host_key = r == 2 ? "another-host" : "this-host";
+    connected[r] = ShmCollectives::connect(store, o) != nullptr;
+  });
+  CHECK(connected == std::vector<int>{0, 0, 0});
+  CHECK(ourSegments().empty());
+}
+
+TEST_CASE("A world of one needs no segment", "[shm]") {
+  rendezvous::MemoryStore store;
+  CHECK(ShmCollectives::connect(store, options(0, 1)) == nullptr);
+}
+
+TEST_CASE("A rank that never arrives ends the others' wait with a timeout", "[shm]") {
+  rendezvous::MemoryStore store;
+  std::vector<std::unique_ptr<ShmCollectives>> held(2);
+  onRanks(2, [&](int r) {
+    auto o = options(r, 2);
+    o.timeout = std::chrono::milliseconds(300);
+    held[r] = ShmCollectives::connect(store, o);
+  });
+  REQUIRE(held[0] != nullptr);
+  std::vector<float> x(10, 1.0f);
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_AS(held[0]->allreduce(x.data(), x.size(), DType::kFloat32, ReduceOp::kSum),
+                  TimeoutError);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+}
