@@ -17,6 +17,7 @@
 
 #include "rendezvous/error.h"
 #include "runtime/accelerator.h"
+#include "runtime/fused_adamw.h"
 
 using namespace cxxlaunch;
 using namespace cxxlaunch::runtime;
@@ -47,7 +48,8 @@ Flags parse(int argc, char** argv) {
     const std::string flag = argv[i];
     if (flag == "--help" || flag == "-h") {
       std::cout << "usage: train [--model gpt|mlp] [--steps N] [--batch_size B] [--lr X]\n"
-                   "             [--optimizer adamw|sgd] [--schedule constant|linear|cosine]\n"
+                   "             [--optimizer adamw|torch_adamw|sgd]\n"
+                   "             [--schedule constant|linear|cosine]\n"
                    "             [--warmup N] [--seq_len N] [--vocab N] [--d_model N]\n"
                    "             [--layers N] [--heads N] [--hidden N] [--print_every N]\n"
                    "             [--seed N]\n";
@@ -90,8 +92,8 @@ Flags parse(int argc, char** argv) {
       throw InvalidArgument("unknown flag '" + flag + "' (see --help)");
   }
   if (f.model != "gpt" && f.model != "mlp") throw InvalidArgument("--model must be gpt or mlp");
-  if (f.optimizer != "adamw" && f.optimizer != "sgd") {
-    throw InvalidArgument("--optimizer must be adamw or sgd");
+  if (f.optimizer != "adamw" && f.optimizer != "torch_adamw" && f.optimizer != "sgd") {
+    throw InvalidArgument("--optimizer must be adamw, torch_adamw or sgd");
   }
   if (f.steps < 1 || f.batch_size < 1 || f.d_model % f.heads != 0 || f.warmup > f.steps) {
     throw InvalidArgument(
@@ -222,6 +224,9 @@ int train(const Flags& f, Accelerator& acc, Dataset dataset, Model model, LossFn
           int64_t tokens_per_example) {
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   if (f.optimizer == "adamw") {
+    optimizer = std::make_unique<FusedAdamW>(model->parameters(),
+                                             torch::optim::AdamWOptions(f.lr).weight_decay(0.01));
+  } else if (f.optimizer == "torch_adamw") {
     optimizer = std::make_unique<torch::optim::AdamW>(
         model->parameters(), torch::optim::AdamWOptions(f.lr).weight_decay(0.01));
   } else {

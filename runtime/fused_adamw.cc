@@ -1,0 +1,96 @@
+#include "runtime/fused_adamw.h"
+
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <sstream>
+#include <type_traits>
+
+#include "runtime/adamw_kernel.h"
+
+namespace cxxlaunch::runtime {
+namespace {
+
+// Optimizer::state_ is keyed by the parameter's TensorImpl: as a string in LibTorch 1.13
+// (c10::guts::to_string of the pointer), as the pointer itself in later releases.
+template <typename State>
+typename State::key_type stateKey(const State&, const torch::Tensor& param) {
+  if constexpr (std::is_same_v<typename State::key_type, std::string>) {
+    std::ostringstream key;
+    key << param.unsafeGetTensorImpl();
+    return key.str();
+  } else {
+    return param.unsafeGetTensorImpl();
+  }
+}
+
+}  // namespace
+
+bool FusedAdamW::fusable() const {
+  for (const auto& group : param_groups()) {
+    if (static_cast<const torch::optim::AdamWOptions&>(group.options()).amsgrad()) return false;
+    for (const auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      for (const auto* t : {&p, &p.grad()}) {
+        if (t->device().type() != at::kCPU || t->scalar_type() != at::kFloat ||
+            !t->is_contiguous() || t->is_sparse()) {
+          return false;
+        }
+      }
+    }
+  }
+  return true;
+}
+
+torch::optim::AdamWParamState& FusedAdamW::stateFor(const torch::Tensor& param) {
+  auto& slot = state_[stateKey(state_, param)];
+  if (!slot) {
+    auto fresh = std::make_unique<torch::optim::AdamWParamState>();
+    fresh->step(0);
+    fresh->exp_avg(torch::zeros_like(param, at::MemoryFormat::Contiguous));
+    fresh->exp_avg_sq(torch::zeros_like(param, at::MemoryFormat::Contiguous));
+    slot = std::move(fresh);
+  }
+  return static_cast<torch::optim::AdamWParamState&>(*slot);
+}
+
+torch::Tensor FusedAdamW::step(LossClosure closure) {
+  if (!fusable()) return torch::optim::AdamW::step(std::move(closure));
+  torch::NoGradGuard no_grad;
+  torch::Tensor loss;
+  if (closure) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  for (auto& group : param_groups()) {
+    const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
+    const double beta1 = std::get<0>(options.betas()), beta2 = std::get<1>(options.betas());
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      auto& state = stateFor(p);
+      state.step(state.step() + 1);
+      const auto t = static_cast<double>(state.step());
+      const double bias_correction1 = 1 - std::pow(beta1, t);
+      const double bias_correction2 = 1 - std::pow(beta2, t);
+      const AdamWScalars s{.decay = static_cast<float>(1 - options.lr() * options.weight_decay()),
+                           .beta1 = static_cast<float>(beta1),
+                           .beta2 = static_cast<float>(beta2),
+                           .one_minus_beta1 = static_cast<float>(1 - beta1),
+                           .one_minus_beta2 = static_cast<float>(1 - beta2),
+                           .bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2)),
+                           .eps = static_cast<float>(options.eps()),
+                           .step_size = static_cast<float>(options.lr() / bias_correction1)};
+      float* param = p.data_ptr<float>();
+      const float* grad = p.grad().data_ptr<float>();
+      float* exp_avg = state.exp_avg().data_ptr<float>();
+      float* exp_avg_sq = state.exp_avg_sq().data_ptr<float>();
+      // Chunks of 32K elements: big enough to amortise a task, small enough to share out.
+      at::parallel_for(0, p.numel(), 32768, [&](int64_t begin, int64_t end) {
+        adamwUpdate(param, grad, exp_avg, exp_avg_sq, begin, end, s);
+      });
+    }
+  }
+  return loss;
+}
+
+}  // namespace cxxlaunch::runtime
