@@ -75,8 +75,8 @@ enum class Outcome { kSucceeded, kFailed, kInterrupted, kNews };
 struct AttemptResult {
   Outcome outcome = Outcome::kSucceeded;
   std::vector<Failure> failures;
-  int signal = 0;   // for kInterrupted
-  Decision news;    // for kNews: what the rendezvous said
+  int signal = 0;  // for kInterrupted
+  Decision news;   // for kNews: what the rendezvous said
 };
 
 class Agent {
@@ -159,12 +159,12 @@ void Agent::setUpProcess() {
   }
   // The contract's variables are ours to set; everything else the workers inherit.
   const std::vector<std::string> ours = {
-      env::kRank,         env::kLocalRank,     env::kWorldSize,     env::kLocalWorldSize,
-      env::kGroupRank,    env::kGroupWorldSize, env::kRoleName,     env::kRoleRank,
-      env::kRoleWorldSize, env::kMasterAddr,   env::kMasterPort,    env::kRestartCount,
-      env::kMaxRestarts,  env::kRunId,         env::kErrorFile,     env::kStoreEndpoint,
-      env::kStorePrefix,  env::kToken,         env::kDevice,        env::kTlsCa,
-      env::kTlsCert,      env::kTlsKey,        env::kNodeAddr};
+      env::kRank,          env::kLocalRank,      env::kWorldSize,  env::kLocalWorldSize,
+      env::kGroupRank,     env::kGroupWorldSize, env::kRoleName,   env::kRoleRank,
+      env::kRoleWorldSize, env::kMasterAddr,     env::kMasterPort, env::kRestartCount,
+      env::kMaxRestarts,   env::kRunId,          env::kErrorFile,  env::kStoreEndpoint,
+      env::kStorePrefix,   env::kToken,          env::kDevice,     env::kTlsCa,
+      env::kTlsCert,       env::kTlsKey,         env::kNodeAddr};
   for (auto& entry : currentEnvironment()) {
     const std::string name = entry.substr(0, entry.find('='));
     if (std::find(ours.begin(), ours.end(), name) == ours.end() &&
@@ -231,21 +231,23 @@ void Agent::spawnWorkers(int attempt, const WorldAssignment& world) {
     const fs::path dir = attempt_dir / std::to_string(w.local_rank);
     fs::create_directories(dir);
     w.error_file = (dir / "error.json").string();
-    const std::string prefix = world.num_nodes > 1 ? "[rank " + std::to_string(world.node_rank) +
-                                                         ":" + std::to_string(w.global_rank) + "]: "
-                                                   : "[rank " + std::to_string(w.global_rank) + "]: ";
+    const std::string prefix = world.num_nodes > 1
+                                   ? "[rank " + std::to_string(world.node_rank) + ":" +
+                                         std::to_string(w.global_rank) + "]: "
+                                   : "[rank " + std::to_string(w.global_rank) + "]: ";
     const std::array<const char*, 2> names = {"stdout.log", "stderr.log"};
     for (int s = 0; s < 2; ++s) {
       const int stream = s == 0 ? StreamSpec::kOut : StreamSpec::kErr;
       const int console = options_.onConsole(w.local_rank, stream) ? (s == 0 ? 1 : 2) : -1;
-      w.sinks[static_cast<size_t>(s)] = std::make_unique<StreamSink>(
-          (dir / names[static_cast<size_t>(s)]).string(), console, prefix,
-          s == 1 ? kStderrTailLines : 0);
+      w.sinks[static_cast<size_t>(s)] =
+          std::make_unique<StreamSink>((dir / names[static_cast<size_t>(s)]).string(), console,
+                                       prefix, s == 1 ? kStderrTailLines : 0);
     }
     SpawnSpec spec;
     spec.program = options_.program;
     spec.argv.push_back(options_.program);
-    for (const auto& arg : options_.args) spec.argv.push_back(substituteLocalRank(arg, w.local_rank));
+    for (const auto& arg : options_.args)
+      spec.argv.push_back(substituteLocalRank(arg, w.local_rank));
     spec.env = workerEnvironment(w, world);
     SpawnedProcess process = spawnProcess(spec);
     w.pid = process.pid;
@@ -255,7 +257,8 @@ void Agent::spawnWorkers(int attempt, const WorldAssignment& world) {
       epoll_event event{};
       event.events = EPOLLIN;
       event.data.u64 = i * 2 + static_cast<uint64_t>(s);
-      CXXLAUNCH_SYSCALL(::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, w.fds[static_cast<size_t>(s)], &event));
+      CXXLAUNCH_SYSCALL(
+          ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, w.fds[static_cast<size_t>(s)], &event));
     }
   }
 }
@@ -314,6 +317,26 @@ void Agent::closeStream(Worker& worker, int stream) {
   worker.sinks[static_cast<size_t>(stream)]->finish();
 }
 
+namespace {
+
+// A worker killed while it set up shared-memory collectives may leave the segment's name in
+// /dev/shm (the runtime unlinks it once every rank has it mapped); the name carries its pid.
+void removeSharedMemoryOf(pid_t pid) {
+  const std::string prefix = std::string(env::kShmNamePrefix) + std::to_string(pid) + "-";
+  try {
+    for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+      if (entry.path().filename().string().starts_with(prefix)) {
+        std::error_code ignored;
+        std::filesystem::remove(entry.path(), ignored);
+      }
+    }
+  } catch (const std::filesystem::filesystem_error&) {
+    // No /dev/shm: nothing can have been left there.
+  }
+}
+
+}  // namespace
+
 void Agent::reap(std::vector<Failure>& failures) {
   // Collect every exit first: exits seen together count as failures together, before the stop.
   struct Exit {
@@ -329,6 +352,7 @@ void Agent::reap(std::vector<Failure>& failures) {
       if (w.running && w.pid == pid) {
         w.running = false;
         exits.push_back({&w, status});
+        if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) removeSharedMemoryOf(pid);
       }
     }  // anything else is an orphaned grandchild, reaped as subreaper
   }
@@ -370,8 +394,8 @@ void Agent::onSignal(std::vector<Failure>& failures, AttemptResult& result) {
       reap(failures);
     } else if (stopsJob(sig)) {
       if (result.signal == 0) {
-        std::cerr << "cxxlaunch: received " << signalName(sig) << ", stopping "
-                  << running() << " workers\n";
+        std::cerr << "cxxlaunch: received " << signalName(sig) << ", stopping " << running()
+                  << " workers\n";
       }
       result.signal = sig;
       beginStop(sig);
@@ -507,7 +531,9 @@ std::optional<Decision> Agent::waitForPeers(int& signal) {
   if (signal != 0) return std::nullopt;
   if (!news) {
     return Decision{Decision::Kind::kDone,
-                    "other nodes did not finish within the exit barrier; leaving", {}, {}};
+                    "other nodes did not finish within the exit barrier; leaving",
+                    {},
+                    {}};
   }
   return rendezvous_.news();
 }

@@ -74,4 +74,9 @@ inline constexpr const char kFsdpSyncModuleStates[] =
 inline constexpr const char kFsdpActivationCheckpointing[] =
     "CXXLAUNCH_FSDP_ACTIVATION_CHECKPOINTING";  // true | false
 
+// Not a variable: the names of the runtime's shared-memory segments in /dev/shm start with this
+// and the creating worker's pid ("cxxlaunch-<pid>-..."), so that the launcher can remove what a
+// worker killed mid-setup left behind (runtime/shm_collectives.h).
+inline constexpr const char kShmNamePrefix[] = "cxxlaunch-";
+
 }  // namespace cxxlaunch::env

@@ -73,14 +73,14 @@ class GlooBackend final : public Backend {
           timeout_);
       context->connectFullMesh(store, device);
       context_ = std::move(context);
-      if (options.shared_memory) {
-        rendezvous::PrefixStore shm_store(options.prefix + "/shm", options.store);
-        shm_ = ShmCollectives::connect(shm_store, {.rank = rank_,
-                                                   .world_size = size_,
-                                                   .timeout = timeout_,
-                                                   .slot_bytes = 0,
-                                                   .host_key = {}});
-      }
+      // Every rank takes part, so that one with shared memory off keeps all of them on TCP.
+      rendezvous::PrefixStore shm_store(options.prefix + "/shm", options.store);
+      shm_ = ShmCollectives::connect(shm_store, {.rank = rank_,
+                                                 .world_size = size_,
+                                                 .timeout = timeout_,
+                                                 .slot_bytes = 0,
+                                                 .host_key = {},
+                                                 .enabled = options.shared_memory});
     } catch (const TimeoutError& e) {
       throw TimeoutError("gloo: ranks did not meet" + where_ + ": " + e.what());
     } catch (const gloo::Exception& e) {

@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "rendezvous/error.h"
+#include "runtime/env_names.h"
 #include "runtime/reduce.h"
 
 namespace cxxlaunch::runtime {
@@ -130,7 +131,9 @@ std::unique_ptr<ShmCollectives> ShmCollectives::connect(rendezvous::Store& store
   const int rank = options.rank, size = options.world_size;
   if (size < 2) return nullptr;
   const auto timeout = options.timeout;
-  const std::string key = options.host_key.empty() ? thisHostKey() : options.host_key;
+  const std::string key = !options.enabled           ? "declined by rank " + std::to_string(rank)
+                          : options.host_key.empty() ? thisHostKey()
+                                                     : options.host_key;
   const size_t slot_bytes = options.slot_bytes ? options.slot_bytes : defaultSlotBytes(size);
   const size_t bytes = segmentBytes(size, slot_bytes);
 
@@ -150,20 +153,25 @@ std::unique_ptr<ShmCollectives> ShmCollectives::connect(rendezvous::Store& store
   if (rank == 0) {
     std::random_device random;
     const uint64_t nonce = (static_cast<uint64_t>(random()) << 32) ^ random();
-    const std::string name =
-        "/cxxlaunch-" + std::to_string(::getpid()) + "-" + std::to_string(nonce % 1000000007);
+    const std::string name = "/" + std::string(env::kShmNamePrefix) + std::to_string(::getpid()) +
+                             "-" + std::to_string(nonce % 1000000007);
     std::string published;  // empty: no segment, everybody stays on TCP
     if (mapSegment(name, bytes, /*create=*/true, mapping)) {
       auto* header = new (mapping.base) Header{};
       header->nonce = nonce;
       published = name + " " + std::to_string(nonce);
     }
+    // 3. Once everybody answered (or on any error), the name goes: the mappings keep the memory.
+    struct Unlink {
+      std::string name;
+      ~Unlink() {
+        if (!name.empty()) ::shm_unlink(name.c_str());
+      }
+    } unlink_when_done{published.empty() ? std::string() : name};
     store.set("segment", published);
     if (published.empty()) return nullptr;
-    // 3. Once everybody answered, the name can go: the mappings keep the memory.
     store.set(ok_keys[0], std::to_string(::getpid()));
     const auto answers = store.multiGet(ok_keys, timeout);
-    ::shm_unlink(name.c_str());
     std::vector<int> pids;
     for (const auto& answer : answers) {
       if (answer == "-") return nullptr;

@@ -28,14 +28,16 @@ struct ShmOptions {
   std::chrono::milliseconds timeout = std::chrono::minutes(5);  // per barrier
   size_t slot_bytes = 0;  // per rank and chunk; 0: chosen from the world size
   std::string host_key;   // ranks share memory only if equal; empty: this host's (boot, pid ns)
+  bool enabled = true;    // false: declines, and so every rank stays on TCP (no rank waits)
 };
 
 class ShmCollectives {
  public:
-  // Collective: every rank calls it with the same store. Returns nullptr on every rank alike when
-  // the ranks are not all on one host or the segment cannot be made (no /dev/shm, no space), so
-  // the caller keeps to TCP. The segment is unlinked once all ranks hold it: nothing is left
-  // behind in /dev/shm, even after a crash.
+  // Collective: every rank calls it with the same store, even one that has shared memory turned
+  // off. Returns nullptr on every rank alike when a rank declines, the ranks are not all on one
+  // host or the segment cannot be made (no /dev/shm, no space), so the caller keeps to TCP. The
+  // segment is unlinked once all ranks hold it: nothing is left behind in /dev/shm, even after a
+  // crash.
   static std::unique_ptr<ShmCollectives> connect(rendezvous::Store& store,
                                                  const ShmOptions& options);
   ~ShmCollectives();

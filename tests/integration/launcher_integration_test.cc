@@ -123,6 +123,17 @@ TEST_CASE("Arguments pass verbatim with ${local_rank} substituted", "[launcher][
   }
 }
 
+TEST_CASE("A failed worker's shared-memory segment is removed from /dev/shm",
+          "[launcher][integration]") {
+  // As if the worker died while setting up shared-memory collectives.
+  auto r = run({CXXLAUNCH_BIN, "run", "--nproc_per_node=1", "/bin/sh", "-c",
+                "touch /dev/shm/cxxlaunch-$$-42 && echo $$ && exit 3"});
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 3);
+  const auto pid = linesOf(r.out, 0).at(0);
+  CHECK_FALSE(fs::exists("/dev/shm/cxxlaunch-" + pid + "-42"));
+}
+
 TEST_CASE("A failing group restarts with the restart count incremented",
           "[launcher][integration]") {
   // Rank 1 fails in attempts 0 and 1 (after rank 0 has printed), then everyone succeeds.

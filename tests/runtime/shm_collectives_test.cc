@@ -138,6 +138,17 @@ TEST_CASE("Ranks on different hosts all fall back to TCP", "[shm]") {
   CHECK(ourSegments().empty());
 }
 
+TEST_CASE("One rank with shared memory off keeps every rank on TCP", "[shm]") {
+  rendezvous::MemoryStore store;
+  std::vector<int> connected(2, -1);
+  onRanks(2, [&](int r) {
+    auto o = options(r, 2);
+    o.enabled = r == 0;
+    connected[r] = ShmCollectives::connect(store, o) != nullptr;
+  });
+  CHECK(connected == std::vector<int>{0, 0});
+}
+
 TEST_CASE("A world of one needs no segment", "[shm]") {
   rendezvous::MemoryStore store;
   CHECK(ShmCollectives::connect(store, options(0, 1)) == nullptr);
