@@ -31,6 +31,7 @@ TEST_CASE("Without the launcher a program is a world of one", "[env]") {
   REQUIRE_FALSE(e.launched());
   REQUIRE_FALSE(e.device.has_value());
   REQUIRE(e.store_endpoint.empty());
+  REQUIRE(e.shared_memory);
 }
 
 TEST_CASE("The launcher's contract is read into the struct", "[env]") {
@@ -73,5 +74,14 @@ TEST_CASE("A malformed variable is named in the error", "[env]") {
   {
     ScopedEnv vars({{env::kRank, "4"}, {env::kWorldSize, "4"}});
     REQUIRE_THROWS_AS(runtime::readWorkerEnv(), InvalidArgument);
+  }
+  {
+    ScopedEnv vars({{env::kSharedMemory, "no"}});
+    REQUIRE_THROWS_WITH(runtime::readWorkerEnv(),
+                        Catch::Contains("CXXLAUNCH_SHARED_MEMORY='no' is not one of: on, off"));
+  }
+  {
+    ScopedEnv vars({{env::kSharedMemory, "off"}});
+    REQUIRE_FALSE(runtime::readWorkerEnv().shared_memory);
   }
 }
