@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """DDP step time: apps/examples/train (cxxlaunch runtime, C++) against PyTorch's Python DDP on
-Gloo (bench/ddp_peer.py, Debian's python3-torch), same GPT, data shape, optimizer, world and
-batch, both launched by cxxlaunch in this run. Prints each mean step time (first two steps
-excluded) and the ratio. Target (issue 4): ours >= 1.2x faster.
+Gloo (bench/ddp_peer.py, Debian's python3-torch), same GPT, data shape, optimizer (AdamW; ours
+is the runtime's FusedAdamW), world and batch, both launched by cxxlaunch in this run.
+CXXLAUNCH_SHARED_MEMORY=off keeps our side on Gloo's TCP, as between hosts. Prints each mean
+step time (first two steps excluded) and the ratio. Target (issue 4): ours >= 1.2x faster.
 
 usage: bench/ddp_step.py [--nproc 2] [--steps 40] [--batch_size 8] [--repeat 3]
 """
@@ -47,7 +48,8 @@ def main():
         peer.append(step_ms(peer_cmd))
     o, q = statistics.median(ours), statistics.median(peer)
     print(f"world {a.nproc}, GPT d_model {a.d_model} x 2 layers, batch {a.batch_size} x seq {a.seq_len} per "
-          f"process, AdamW, Gloo, median of {a.repeat}")
+          f"process, AdamW (ours: FusedAdamW), Gloo ({os.environ.get('CXXLAUNCH_SHARED_MEMORY', 'on')} "
+          f"shared memory), median of {a.repeat}")
     print(f"cxxlaunch runtime (C++ DDP):  {o:8.2f} ms/step")
     print(f"PyTorch DDP (Python):         {q:8.2f} ms/step")
     print(f"speed-up: {q / o:.2f}x (target >= 1.2x: {'met' if q / o >= 1.2 else 'MISSED'})")

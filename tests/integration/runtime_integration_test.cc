@@ -33,6 +33,17 @@ TEST_CASE("Gloo collectives are exact for worlds of 1 to 4 processes", "[runtime
   }
 }
 
+TEST_CASE("Collectives larger than a shared-memory chunk are exact", "[runtime][integration]") {
+  // 3 ranks: 4 MiB slots, so 16 MiB is four chunks, each cut unevenly between the ranks.
+  auto r = launch({"--nproc_per_node", "3"}, COLLECTIVES_BIN,
+                  {"--check", "--min_bytes", "16777216", "--max_bytes", "16777216", "--iters", "1",
+                   "--warmup", "0"});
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.out, Catch::Contains("over shared memory and tcp"));
+  CHECK_THAT(r.out, Catch::Contains("every element checked"));
+}
+
 TEST_CASE("Gloo collectives over TCP alone are exact too", "[runtime][integration]") {
   // CXXLAUNCH_SHARED_MEMORY=off: what ranks on different hosts use, here on one.
   for (int n : {2, 3}) {
