@@ -1,8 +1,9 @@
+#include "runtime/env.h"
+
 #include <catch2/catch.hpp>
 #include <cstdlib>
 
 #include "rendezvous/error.h"
-#include "runtime/env.h"
 #include "runtime/env_names.h"
 
 using namespace cxxlaunch;
