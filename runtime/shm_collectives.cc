@@ -148,8 +148,21 @@ std::unique_ptr<ShmCollectives> ShmCollectives::connect(rendezvous::Store& store
     if (other != key) return nullptr;
   }
 
-  // 2. Rank 0 makes the segment; the others open it and check its nonce.
+  // 3. (below) Every rank says whether it mapped the segment (its pid) or not ("-"): one "-"
+  // and every rank stays on TCP.
   Mapping mapping;
+  auto agree = [&](const std::string& mine) -> std::unique_ptr<ShmCollectives> {
+    store.set(ok_keys[static_cast<size_t>(rank)], mine);
+    std::vector<int> pids;
+    for (const auto& answer : store.multiGet(ok_keys, timeout)) {
+      if (answer == "-") return nullptr;
+      pids.push_back(std::stoi(answer));
+    }
+    return std::unique_ptr<ShmCollectives>(
+        new ShmCollectives(options, mapping.release(), bytes, std::move(pids)));
+  };
+
+  // 2. Rank 0 makes the segment; the others open it and check its nonce.
   if (rank == 0) {
     std::random_device random;
     const uint64_t nonce = (static_cast<uint64_t>(random()) << 32) ^ random();
@@ -161,7 +174,7 @@ std::unique_ptr<ShmCollectives> ShmCollectives::connect(rendezvous::Store& store
       header->nonce = nonce;
       published = name + " " + std::to_string(nonce);
     }
-    // 3. Once everybody answered (or on any error), the name goes: the mappings keep the memory.
+    // Once everybody answered (or on any error), the name goes: the mappings keep the memory.
     struct Unlink {
       std::string name;
       ~Unlink() {
@@ -170,31 +183,15 @@ std::unique_ptr<ShmCollectives> ShmCollectives::connect(rendezvous::Store& store
     } unlink_when_done{published.empty() ? std::string() : name};
     store.set("segment", published);
     if (published.empty()) return nullptr;
-    store.set(ok_keys[0], std::to_string(::getpid()));
-    const auto answers = store.multiGet(ok_keys, timeout);
-    std::vector<int> pids;
-    for (const auto& answer : answers) {
-      if (answer == "-") return nullptr;
-      pids.push_back(std::stoi(answer));
-    }
-    return std::unique_ptr<ShmCollectives>(
-        new ShmCollectives(options, mapping.release(), bytes, std::move(pids)));
+    return agree(std::to_string(::getpid()));
   }
   const std::string published = store.get("segment", timeout);
-  bool ok = false;
-  if (const auto space = published.find(' '); space != std::string::npos) {
-    ok = mapSegment(published.substr(0, space), bytes, /*create=*/false, mapping) &&
-         std::to_string(static_cast<Header*>(mapping.base)->nonce) == published.substr(space + 1);
-  }
-  if (published.empty()) return nullptr;
-  store.set(ok_keys[static_cast<size_t>(rank)], ok ? std::to_string(::getpid()) : "-");
-  std::vector<int> pids;
-  for (const auto& answer : store.multiGet(ok_keys, timeout)) {
-    if (answer == "-") return nullptr;
-    pids.push_back(std::stoi(answer));
-  }
-  return std::unique_ptr<ShmCollectives>(
-      new ShmCollectives(options, mapping.release(), bytes, std::move(pids)));
+  const auto space = published.find(' ');
+  if (space == std::string::npos) return nullptr;  // rank 0 could not make it
+  const bool ok =
+      mapSegment(published.substr(0, space), bytes, /*create=*/false, mapping) &&
+      std::to_string(static_cast<Header*>(mapping.base)->nonce) == published.substr(space + 1);
+  return agree(ok ? std::to_string(::getpid()) : "-");
 }
 
 ShmCollectives::ShmCollectives(const ShmOptions& options, void* base, size_t bytes,
