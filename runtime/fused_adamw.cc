@@ -5,6 +5,7 @@
 #include <cmath>
 #include <sstream>
 #include <type_traits>
+#include <vector>
 
 #include "runtime/adamw_kernel.h"
 
@@ -31,7 +32,14 @@ bool FusedAdamW::fusable() const {
     if (static_cast<const torch::optim::AdamWOptions&>(group.options()).amsgrad()) return false;
     for (const auto& p : group.params()) {
       if (!p.grad().defined()) continue;
-      for (const auto* t : {&p, &p.grad()}) {
+      std::vector<const torch::Tensor*> tensors = {&p, &p.grad()};
+      if (auto it = state_.find(stateKey(state_, p)); it != state_.end()) {
+        // Moments loaded from a checkpoint may come in another layout.
+        const auto& moments = static_cast<const torch::optim::AdamWParamState&>(*it->second);
+        tensors.push_back(&moments.exp_avg());
+        tensors.push_back(&moments.exp_avg_sq());
+      }
+      for (const auto* t : tensors) {
         if (t->device().type() != at::kCPU || t->scalar_type() != at::kFloat ||
             !t->is_contiguous() || t->is_sparse()) {
           return false;

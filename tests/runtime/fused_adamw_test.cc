@@ -92,6 +92,31 @@ TEST_CASE("Where it cannot fuse, FusedAdamW is AdamW exactly", "[fused_adamw]") 
     const auto reference = train<torch::optim::AdamW>(options, 5);
     CHECK(relativeDifference(fused, reference) == 0);
   }
+  SECTION("moments in another layout, as a checkpoint may bring them") {
+    const auto options = torch::optim::AdamWOptions(1e-2);
+    auto params = makeParams();
+    auto copy = makeParams();
+    FusedAdamW fused(params, options);
+    torch::optim::AdamW plain(copy, options);
+    setGrads(params, 0);
+    setGrads(copy, 0);
+    fused.step();
+    plain.step();
+    for (auto& [key, state] : fused.state()) {
+      auto& moments = static_cast<torch::optim::AdamWParamState&>(*state);
+      if (moments.exp_avg().dim() == 2) {  // the same values, column-major
+        moments.exp_avg(moments.exp_avg().t().contiguous().t());
+        REQUIRE_FALSE(moments.exp_avg().is_contiguous());
+      }
+    }
+    for (int s = 1; s < 4; ++s) {
+      setGrads(params, s);
+      setGrads(copy, s);
+      fused.step();
+      plain.step();
+    }
+    CHECK(relativeDifference(params, copy) < 1e-6);
+  }
   SECTION("float64 parameters") {
     const auto options = torch::optim::AdamWOptions(1e-2);
     const auto fused = train<FusedAdamW>(options, 5, torch::kDouble);
