@@ -2,10 +2,31 @@
 
 #include <torch/torch.h>
 
+#include <functional>
+
 #include "rendezvous/error.h"
 #include "runtime/tensor_ops.h"
 
 namespace cxxlaunch::runtime {
+namespace {
+
+// An autograd post-hook on a parameter's gradient accumulator: runs once the gradient of this
+// backward has been added to param.grad(), which is where DDP's bucket must read it.
+class AfterAccumulation final : public torch::autograd::FunctionPostHook {
+ public:
+  explicit AfterAccumulation(std::function<void()> ready) : ready_(std::move(ready)) {}
+  torch::autograd::variable_list operator()(
+      const torch::autograd::variable_list& outputs,
+      const torch::autograd::variable_list& /*inputs*/) override {
+    ready_();
+    return outputs;
+  }
+
+ private:
+  std::function<void()> ready_;
+};
+
+}  // namespace
 
 DType dtypeOf(const at::Tensor& tensor) {
   switch (tensor.scalar_type()) {
@@ -67,7 +88,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     Bucket& bucket = buckets_.back();
     int64_t offset = 0;
     for (size_t s : bucket.slots) offset += slots_[s].param.numel();
-    slots_.push_back({param, buckets_.size() - 1, offset});
+    slots_.push_back({.param = param, .bucket = buckets_.size() - 1, .offset = offset});
     bucket.slots.push_back(slots_.size() - 1);
     bucket_bytes += bytes;
   }
@@ -75,18 +96,28 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     const auto& first = slots_[bucket.slots.front()].param;
     int64_t numel = 0;
     for (size_t s : bucket.slots) numel += slots_[s].param.numel();
-    bucket.flat = torch::empty({numel}, first.options());
+    bucket.flat = torch::zeros({numel}, first.options());
+    bucket.pending = bucket.slots.size();
+    for (size_t s : bucket.slots) {
+      Slot& slot = slots_[s];
+      // A tensor over the bucket's memory, not an autograd view of it: optimizers may detach_()
+      // and zero_() a gradient in place. The deleter keeps the bucket alive.
+      slot.place = torch::from_blob(
+          static_cast<char*>(bucket.flat.data_ptr()) + slot.offset * bucket.flat.element_size(),
+          slot.param.sizes(), [keep = bucket.flat](void*) {}, bucket.flat.options());
+    }
   }
-  for (auto& bucket : buckets_) bucket.pending = bucket.slots.size();
   used_ = torch::zeros({static_cast<int64_t>(slots_.size())}, torch::kInt);
   for (size_t i = 0; i < slots_.size(); ++i) {
-    slots_[i].hook = slots_[i].param.register_hook(
-        [this, i](const torch::Tensor& grad) { onGradient(i, grad); });
+    Slot& slot = slots_[i];
+    slot.accumulator = torch::autograd::impl::grad_accumulator(slot.param);
+    slot.hook = slot.accumulator->add_post_hook(
+        std::make_unique<AfterAccumulation>([this, i] { onGradientReady(i); }));
   }
 }
 
 DistributedDataParallel::~DistributedDataParallel() {
-  for (auto& slot : slots_) slot.param.remove_hook(slot.hook);
+  for (auto& slot : slots_) slot.accumulator->del_post_hook(slot.hook);
   for (auto& bucket : buckets_) {
     if (bucket.work) {
       try {
@@ -108,36 +139,39 @@ void DistributedDataParallel::broadcastState(int root) {
   for (auto& w : works) w->wait();
 }
 
-// The bucket gets the gradient accumulated so far (from noSync steps) plus the new one, so that
-// what is reduced is exactly what autograd will leave in param.grad().
-void DistributedDataParallel::fill(Slot& slot, const torch::Tensor* grad) {
-  torch::NoGradGuard no_grad;
-  auto view = buckets_[slot.bucket].flat.narrow(0, slot.offset, slot.param.numel());
-  const auto& accumulated = slot.param.grad();
-  if (grad != nullptr) {
-    slot.used = true;
-    view.copy_(grad->reshape({-1}));
-    if (accumulated.defined()) view.add_(accumulated.reshape({-1}));
-  } else if (accumulated.defined()) {
-    view.copy_(accumulated.reshape({-1}));
-  } else {
-    view.zero_();  // unused in this forward: contributes nothing
-  }
-  slot.ready = true;
-  --buckets_[slot.bucket].pending;
+bool DistributedDataParallel::livesInBucket(const Slot& slot) {
+  const auto& grad = slot.param.grad();
+  return grad.defined() && grad.data_ptr() == slot.place.data_ptr();
 }
 
-void DistributedDataParallel::onGradient(size_t index, const torch::Tensor& grad) {
+void DistributedDataParallel::moveIntoBucket(Slot& slot) {
+  if (livesInBucket(slot)) return;
+  torch::NoGradGuard no_grad;
+  auto& grad = slot.param.mutable_grad();
+  if (grad.defined()) {
+    slot.place.copy_(grad);
+  } else {
+    slot.place.zero_();  // unused in this forward: contributes nothing
+  }
+}
+
+// Runs after autograd accumulated this backward's gradient into param.grad().
+void DistributedDataParallel::onGradientReady(size_t index) {
   if (!sync_) return;
   std::lock_guard<std::mutex> lock(mu_);
   Slot& slot = slots_[index];
   if (slot.ready) {
-    // A parameter used twice in one forward gets two gradient calls: add the second.
-    torch::NoGradGuard no_grad;
-    buckets_[slot.bucket].flat.narrow(0, slot.offset, slot.param.numel()).add_(grad.reshape({-1}));
-    return;
+    // Its bucket may be on the wire already: a second gradient now would be lost or torn.
+    throw InvalidArgument(
+        "DDP: a parameter got a second gradient before the gradients were synchronised (two "
+        "backward passes in one step, or reentrant checkpointing); run one backward per step, "
+        "or the others inside noSync()");
   }
-  fill(slot, &grad);
+  moveIntoBucket(slot);
+  slot.param.mutable_grad() = slot.place;  // from now on autograd accumulates in the bucket
+  slot.used = true;
+  slot.ready = true;
+  --buckets_[slot.bucket].pending;
   launchReadyBuckets();
 }
 
@@ -156,7 +190,10 @@ void DistributedDataParallel::finishBackward() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& slot : slots_) {
-      if (!slot.ready) fill(slot, nullptr);
+      if (slot.ready) continue;
+      moveIntoBucket(slot);  // accumulated in noSync steps, or zero
+      slot.ready = true;
+      --buckets_[slot.bucket].pending;
     }
     launchReadyBuckets();
     for (auto& bucket : buckets_) works.push_back(bucket.work);
@@ -167,22 +204,14 @@ void DistributedDataParallel::finishBackward() {
     if (find_unused_) works.push_back(allreduce(*backend_, used_, ReduceOp::kMax));
   }
   for (auto& work : works) work->wait();
-  torch::NoGradGuard no_grad;
   std::lock_guard<std::mutex> lock(mu_);
   auto used_anywhere = used_.accessor<int32_t, 1>();
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& slot = slots_[i];
     slot.ready = false;
     slot.used = false;
-    if (used_anywhere[static_cast<int64_t>(i)] == 0) continue;  // no rank used it: untouched
-    auto averaged =
-        buckets_[slot.bucket].flat.narrow(0, slot.offset, slot.param.numel()).view_as(slot.param);
-    auto& grad = slot.param.mutable_grad();
-    if (grad.defined()) {
-      grad.copy_(averaged);
-    } else {
-      grad = averaged.clone();
-    }
+    // The average is in place; a parameter no rank used keeps its gradient as it was.
+    if (used_anywhere[static_cast<int64_t>(i)] != 0) slot.param.mutable_grad() = slot.place;
   }
   for (auto& bucket : buckets_) {
     bucket.pending = bucket.slots.size();

@@ -4,12 +4,15 @@
 //   1. At construction, rank 0's parameters and buffers are broadcast to every rank.
 //   2. Parameters are grouped into buckets of about 25 MB, in reverse registration order (the
 //      order backward produces gradients), each bucket one flat buffer.
-//   3. A hook on each parameter copies its gradient into its bucket as autograd produces it;
-//      when a bucket is full it is all-reduced (averaged) asynchronously, in bucket order, while
-//      the backward goes on.
+//   3. Gradients live in the buckets (PyTorch's gradient_as_bucket_view): after the first step,
+//      param.grad() is a tensor over the parameter's place in its bucket, and autograd
+//      accumulates into it. A hook after each parameter's gradient accumulation marks it ready
+//      (copying it in only when it lives elsewhere: the first step, or after grads were set to
+//      none); when a bucket is complete it is all-reduced (averaged) in place, asynchronously, in
+//      bucket order, while the backward goes on. No second copy of the gradients exists.
 //   4. finishBackward() (after loss.backward()) fills buckets whose parameters got no gradient
-//      (unused in this forward: their share is zero, so no rank waits forever), waits for every
-//      bucket and writes the averaged gradients into param.grad(). With find_unused_parameters
+//      (unused in this forward: their share is zero, so no rank waits forever) and waits for
+//      every bucket: param.grad() then holds the averaged gradient. With find_unused_parameters
 //      one more small all-reduce tells which parameters no rank used: their gradients stay as
 //      they were (undefined), as in PyTorch, so optimizers skip them; without it (the default,
 //      one collective fewer per step) they get a zero gradient.
@@ -18,6 +21,7 @@
 //
 // Thread-safety: one training thread; autograd may call the hooks from its own threads.
 
+#include <torch/csrc/autograd/function.h>
 #include <torch/nn/module.h>
 
 #include <memory>
@@ -70,10 +74,12 @@ class DistributedDataParallel {
   struct Slot {
     torch::Tensor param;
     size_t bucket;
-    int64_t offset;  // in the bucket's flat buffer
+    int64_t offset;         // in the bucket's flat buffer
+    torch::Tensor place{};  // that part of the bucket, shaped like param: its gradient's home
     bool ready = false;
     bool used = false;  // got a gradient on this rank in this backward
-    unsigned hook = 0;  // register_hook's index, for remove_hook
+    std::shared_ptr<torch::autograd::Node> accumulator{};  // kept alive: it carries our hook
+    uintptr_t hook = 0;                                    // add_post_hook's key
   };
   struct Bucket {
     torch::Tensor flat;
@@ -82,9 +88,10 @@ class DistributedDataParallel {
     WorkPtr work;
   };
 
-  void onGradient(size_t slot, const torch::Tensor& grad);
-  void fill(Slot& slot, const torch::Tensor* grad);
-  void launchReadyBuckets();  // under mu_
+  void onGradientReady(size_t slot);
+  static bool livesInBucket(const Slot& slot);
+  static void moveIntoBucket(Slot& slot);  // param.grad() (or zeros) to its place in the bucket
+  void launchReadyBuckets();               // under mu_
 
   std::shared_ptr<torch::nn::Module> module_;
   std::shared_ptr<Backend> backend_;

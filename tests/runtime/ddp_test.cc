@@ -102,12 +102,19 @@ TEST_CASE("DDP with world 2 matches one process on the whole batch", "[ddp]") {
   torch::set_num_threads(1);
   constexpr int64_t kBatch = 8, kSteps = 5;
   const Data data = makeData(2 * kBatch);
-  for (const std::string kind : {"sgd", "adamw"}) {
-    INFO("optimizer " << kind);
+  // set_to_none: gradients reset to undefined between steps, as LibTorch 2's zero_grad() does,
+  // so that DDP has to bring them back into its buckets every step.
+  for (const auto& [kind, set_to_none] : std::vector<std::pair<std::string, bool>>{
+           {"sgd", false}, {"adamw", false}, {"adamw", true}}) {
+    INFO("optimizer " << kind << (set_to_none ? ", gradients set to none" : ""));
+    auto clearGrads = [set_to_none = set_to_none](Net& net, torch::optim::Optimizer& opt) {
+      if (!set_to_none) return opt.zero_grad();
+      for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();
+    };
     Net reference = makeNet();
     auto ref_opt = makeOptimizer(reference, kind);
     for (int64_t s = 0; s < kSteps; ++s) {
-      ref_opt->zero_grad();
+      clearGrads(reference, *ref_opt);
       torch::mse_loss(reference->forward(data.x), data.y).backward();
       ref_opt->step();
     }
@@ -126,7 +133,7 @@ TEST_CASE("DDP with world 2 matches one process on the whole batch", "[ddp]") {
       auto opt = makeOptimizer(net, kind);
       auto x = data.x.narrow(0, r * kBatch, kBatch), y = data.y.narrow(0, r * kBatch, kBatch);
       for (int64_t s = 0; s < kSteps; ++s) {
-        opt->zero_grad();
+        clearGrads(net, *opt);
         torch::mse_loss(net->forward(x), y).backward();
         ddp.finishBackward();
         opt->step();
@@ -135,6 +142,43 @@ TEST_CASE("DDP with world 2 matches one process on the whole batch", "[ddp]") {
     CHECK(maxRelativeDifference(nets[0], reference) < 1e-6);
     CHECK(maxRelativeDifference(nets[1], reference) < 1e-6);
   }
+}
+
+TEST_CASE("Gradients live in the buckets: no second copy, the same memory every step", "[ddp]") {
+  torch::set_num_threads(1);
+  const Data data = makeData(8);
+  Net net = makeNet();
+  DistributedDataParallel ddp(net.ptr(), makeFakeBackend(makeFakeWorld(1), 0));
+  auto opt = makeOptimizer(net, "adamw");
+  std::vector<const void*> first;
+  for (int step = 0; step < 3; ++step) {
+    opt->zero_grad();
+    torch::mse_loss(net->forward(data.x, /*branch=*/true), data.y).backward();
+    ddp.finishBackward();
+    opt->step();
+    std::vector<const void*> now;
+    for (auto& p : net->parameters()) now.push_back(p.grad().data_ptr());
+    if (step == 0) first = now;
+    CHECK(now == first);
+  }
+  // One bucket in reverse registration order: each gradient ends where the one before starts.
+  auto params = net->parameters();
+  for (size_t i = 0; i + 1 < params.size(); ++i) {
+    CHECK(static_cast<const float*>(params[i + 1].grad().data_ptr()) + params[i + 1].numel() ==
+          params[i].grad().data_ptr());
+  }
+}
+
+TEST_CASE("A second backward before the gradients are synchronised is refused", "[ddp]") {
+  torch::set_num_threads(1);
+  const Data data = makeData(8);
+  Net net = makeNet();
+  DistributedDataParallel ddp(net.ptr(), makeFakeBackend(makeFakeWorld(1), 0));
+  auto loss = torch::mse_loss(net->forward(data.x), data.y);
+  loss.backward({}, /*retain_graph=*/true);
+  CHECK_THROWS_WITH(
+      loss.backward(),
+      Catch::Contains("got a second gradient before the gradients were synchronised"));
 }
 
 TEST_CASE("Small buckets give the same result as one bucket", "[ddp]") {
