@@ -28,7 +28,8 @@ if ((${#missing[@]})); then
     "${missing[@]}" >/dev/null
 fi
 
-# ccache keys on paths relative to the checkout, so a fresh clone elsewhere (CI) reuses the cache.
-export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
+# ccache keys on paths relative to the checkout, so a fresh clone elsewhere (CI) reuses the cache;
+# the sloppiness lets it cache the LibTorch sources built with a precompiled header.
+export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1 CCACHE_SLOPPINESS=pch_defines,time_macros
 [ -f build/build.ninja ] || cmake --preset default >/dev/null
 cmake --build --preset default
