@@ -38,6 +38,17 @@ double relativeDifference(const std::vector<torch::Tensor>& a,
   return worst;
 }
 
+// Steps [from, to) of both optimizers, with the same gradients.
+void stepBoth(torch::optim::Optimizer& a, std::vector<torch::Tensor>& a_params,
+              torch::optim::Optimizer& b, std::vector<torch::Tensor>& b_params, int from, int to) {
+  for (int s = from; s < to; ++s) {
+    setGrads(a_params, s);
+    setGrads(b_params, s);
+    a.step();
+    b.step();
+  }
+}
+
 template <typename Optimizer>
 std::vector<torch::Tensor> train(torch::optim::AdamWOptions options, int steps,
                                  torch::Dtype dtype = torch::kFloat) {
@@ -76,12 +87,7 @@ TEST_CASE("A FusedAdamW checkpoint loads into AdamW and training goes on alike",
   torch::optim::AdamW plain(copy, options);
   torch::load(plain, checkpoint);
   REQUIRE(plain.state().size() == params.size());
-  for (int s = 3; s < 6; ++s) {
-    setGrads(params, s);
-    setGrads(copy, s);
-    fused.step();
-    plain.step();
-  }
+  stepBoth(fused, params, plain, copy, 3, 6);
   CHECK(relativeDifference(params, copy) < 1e-6);
 }
 
@@ -98,10 +104,7 @@ TEST_CASE("Where it cannot fuse, FusedAdamW is AdamW exactly", "[fused_adamw]") 
     auto copy = makeParams();
     FusedAdamW fused(params, options);
     torch::optim::AdamW plain(copy, options);
-    setGrads(params, 0);
-    setGrads(copy, 0);
-    fused.step();
-    plain.step();
+    stepBoth(fused, params, plain, copy, 0, 1);
     for (auto& [key, state] : fused.state()) {
       auto& moments = static_cast<torch::optim::AdamWParamState&>(*state);
       if (moments.exp_avg().dim() == 2) {  // the same values, column-major
@@ -109,12 +112,7 @@ TEST_CASE("Where it cannot fuse, FusedAdamW is AdamW exactly", "[fused_adamw]") 
         REQUIRE_FALSE(moments.exp_avg().is_contiguous());
       }
     }
-    for (int s = 1; s < 4; ++s) {
-      setGrads(params, s);
-      setGrads(copy, s);
-      fused.step();
-      plain.step();
-    }
+    stepBoth(fused, params, plain, copy, 1, 4);
     CHECK(relativeDifference(params, copy) < 1e-6);
   }
   SECTION("float64 parameters") {
