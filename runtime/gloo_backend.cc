@@ -202,29 +202,27 @@ class GlooBackend final : public Backend {
         throw CommunicationError(std::string("gloo ") + what + where_ +
                                  ": an earlier collective failed: " + broken_reason_);
       }
+      // Any failure breaks the backend for good; the message names the collective and rank.
+      auto broke = [&](const std::exception& e) {
+        broken_ = true;
+        broken_reason_ = e.what();
+        return std::string("gloo ") + what + where_ + ": " + e.what();
+      };
       try {
         op(tag);
       } catch (const gloo::IoException& e) {
-        broken_ = true;
-        broken_reason_ = e.what();
-        const std::string message = std::string("gloo ") + what + where_ + ": " + e.what();
+        const std::string message = broke(e);
         if (std::string(e.what()).find("Timed out") != std::string::npos) {
           throw TimeoutError(message + " (a peer did not answer within " +
                              std::to_string(timeout_.count()) + " ms)");
         }
         throw PeerLost(message + " (a peer closed its connection: did it die?)");
       } catch (const gloo::Exception& e) {
-        broken_ = true;
-        broken_reason_ = e.what();
-        throw CommunicationError(std::string("gloo ") + what + where_ + ": " + e.what());
+        throw CommunicationError(broke(e));
       } catch (const PeerLost& e) {  // from shared memory
-        broken_ = true;
-        broken_reason_ = e.what();
-        throw PeerLost(std::string("gloo ") + what + where_ + ": " + e.what());
-      } catch (const TimeoutError& e) {
-        broken_ = true;
-        broken_reason_ = e.what();
-        throw TimeoutError(std::string("gloo ") + what + where_ + ": " + e.what());
+        throw PeerLost(broke(e));
+      } catch (const TimeoutError& e) {  // from shared memory
+        throw TimeoutError(broke(e));
       }
     });
   }
