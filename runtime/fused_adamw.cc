@@ -7,7 +7,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "runtime/adamw_kernel.h"
+#include "runtime/kernels/cpu/optimizers.h"
 
 namespace cxxlaunch::runtime {
 namespace {
@@ -80,8 +80,10 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
       const auto t = static_cast<double>(state.step());
       const double bias_correction1 = 1 - std::pow(beta1, t);
       const double bias_correction2 = 1 - std::pow(beta2, t);
-      const AdamWScalars s{.decay = static_cast<float>(1 - options.lr() * options.weight_decay()),
-                           .beta1 = static_cast<float>(beta1),
+      const kernels::AdamScalars s{
+          .decay = static_cast<float>(1 - options.lr() * options.weight_decay()),
+          .l2 = 0,
+          .beta1 = static_cast<float>(beta1),
                            .beta2 = static_cast<float>(beta2),
                            .one_minus_beta1 = static_cast<float>(1 - beta1),
                            .one_minus_beta2 = static_cast<float>(1 - beta2),
@@ -94,7 +96,8 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
       float* exp_avg_sq = state.exp_avg_sq().data_ptr<float>();
       // Chunks of 32K elements: big enough to amortise a task, small enough to share out.
       at::parallel_for(0, p.numel(), 32768, [&](int64_t begin, int64_t end) {
-        adamwUpdate(param, grad, exp_avg, exp_avg_sq, begin, end, s);
+        kernels::adamStep(param + begin, grad + begin, exp_avg + begin, exp_avg_sq + begin,
+                          end - begin, s);
       });
     }
   }
