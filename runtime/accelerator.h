@@ -28,7 +28,7 @@
 #include <sstream>
 #include <string>
 
-#include "runtime/ddp.h"
+#include "runtime/strategy/ddp.h"
 #include "runtime/scheduler.h"
 #include "runtime/world.h"
 

@@ -1,7 +1,7 @@
 // DDP and the Accelerator against a single process: ranks are threads over the Fake backend,
 // so these tests exercise everything above the backend with exact, deterministic collectives.
 
-#include "runtime/ddp.h"
+#include "runtime/strategy/ddp.h"
 
 #include <torch/torch.h>
 

@@ -1,4 +1,4 @@
-#include "runtime/ddp.h"
+#include "runtime/strategy/ddp.h"
 
 #include <torch/torch.h>
 
