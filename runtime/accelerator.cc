@@ -1,9 +1,5 @@
 #include "runtime/accelerator.h"
 
-#include <torch/nn/utils/clip_grad.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/sgd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -24,26 +20,7 @@ WorkerEnv withOverrides(WorkerEnv env, const AcceleratorOptions& options) {
   return env;
 }
 
-size_t bytesOf(const torch::Tensor& t) {
-  return t.defined() ? static_cast<size_t>(t.numel()) * t.element_size() : 0;
-}
-
-std::string humanBytes(size_t bytes) {
-  char text[32];
-  if (bytes < (1u << 20)) {
-    std::snprintf(text, sizeof(text), "%.1f KiB", static_cast<double>(bytes) / 1024);
-  } else {
-    std::snprintf(text, sizeof(text), "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
-  }
-  return text;
-}
-
 }  // namespace
-
-std::string MemoryReport::str() const {
-  return "parameters " + humanBytes(parameters) + ", gradients " + humanBytes(gradients) + ", optimizer state " +
-         humanBytes(optimizer_state) + ", total " + humanBytes(total());
-}
 
 Accelerator::Accelerator(AcceleratorOptions options)
     : Accelerator(World{withOverrides(readWorkerEnv(), options), nullptr, nullptr}, options) {}
@@ -54,10 +31,6 @@ Accelerator::Accelerator(World world, AcceleratorOptions options)
       find_unused_(options.find_unused_parameters) {
   if (world_.env.gradient_accumulation_steps < 1) {
     throw InvalidArgument("gradient accumulation steps must be >= 1");
-  }
-  if (world_.env.strategy != "ddp") {
-    throw InvalidArgument("strategy '" + world_.env.strategy +
-                          "' is not available in this build yet; use ddp");
   }
   if (world_.env.mixed_precision != "no") {
     throw InvalidArgument("mixed precision '" + world_.env.mixed_precision +
@@ -74,38 +47,50 @@ Accelerator::Accelerator(World world, AcceleratorOptions options)
 
 Accelerator::~Accelerator() = default;
 
+torch::Device Accelerator::device() const {
+  if (world_.backend->name() == "nccl") {
+    return {torch::kCUDA, static_cast<c10::DeviceIndex>(world_.env.device.value_or(localRank()))};
+  }
+  return torch::kCPU;
+}
+
+void Accelerator::wrap(const torch::nn::Module& unit) {
+  if (strategy_) throw InvalidArgument("Accelerator::wrap after prepare: mark units before it");
+  wrapped_.push_back(&unit);
+}
+
 void Accelerator::prepare(std::shared_ptr<torch::nn::Module> model,
                           torch::optim::Optimizer& optimizer, LrScheduler* scheduler) {
+  StrategyOptions options;
+  options.bucket_bytes = bucket_bytes_;
+  options.find_unused_parameters = find_unused_;
+  options.wrapped = wrapped_;
+  strategy_ = makeStrategy(world_.env, world_.backend, model, optimizer, options);
   model_ = std::move(model);
   optimizer_ = &optimizer;
   scheduler_ = scheduler;
-  DdpOptions ddp_options;
-  ddp_options.bucket_bytes = bucket_bytes_;
-  ddp_options.find_unused_parameters = find_unused_;
-  ddp_ = std::make_unique<DistributedDataParallel>(model_, world_.backend, ddp_options);
 }
 
 bool Accelerator::syncGradients() const { return (micro_step_ + 1) % accumulation_steps_ == 0; }
 
 void Accelerator::backward(const torch::Tensor& loss) {
-  if (!ddp_) throw InvalidArgument("Accelerator::backward before prepare(model, optimizer)");
+  if (!strategy_) throw InvalidArgument("Accelerator::backward before prepare(model, optimizer)");
   const bool sync = syncGradients();
-  if (!sync && !no_sync_) no_sync_ = std::make_unique<DistributedDataParallel::NoSync>(*ddp_);
-  if (sync) no_sync_.reset();
+  strategy_->beforeBackward(sync);
   const torch::Tensor scaled = accumulation_steps_ > 1 ? loss / accumulation_steps_ : loss;
   scaled.backward();
-  if (sync) ddp_->finishBackward();
+  strategy_->afterBackward(sync);
 }
 
 bool Accelerator::step() {
-  if (!optimizer_) throw InvalidArgument("Accelerator::step before prepare(model, optimizer)");
+  if (!strategy_) throw InvalidArgument("Accelerator::step before prepare(model, optimizer)");
   const bool sync = syncGradients();
   ++micro_step_;
   if (!sync) return false;
   if (clipping_ > 0) clipGradNorm(clipping_);
-  optimizer_->step();
+  strategy_->step();
   if (scheduler_ != nullptr) scheduler_->step();
-  optimizer_->zero_grad();
+  strategy_->zeroGrad();
   ++optimizer_steps_;
   return true;
 }
@@ -116,12 +101,8 @@ bool Accelerator::accumulate(const std::function<torch::Tensor()>& micro_step) {
 }
 
 double Accelerator::clipGradNorm(double max_norm) {
-  // After DDP's all-reduce every rank holds the same full gradients: the local norm is global.
-  std::vector<torch::Tensor> params;
-  for (auto& p : model_->parameters()) {
-    if (p.grad().defined()) params.push_back(p);
-  }
-  return torch::nn::utils::clip_grad_norm_(params, max_norm);
+  if (!strategy_) throw InvalidArgument("Accelerator::clipGradNorm before prepare");
+  return strategy_->clipGradNorm(max_norm);
 }
 
 void Accelerator::waitForEveryone() { world_.backend->barrier()->wait(); }
@@ -146,27 +127,17 @@ torch::Tensor Accelerator::gather(const torch::Tensor& tensor) {
 }
 
 MemoryReport Accelerator::memoryReport() const {
-  MemoryReport report;
-  if (model_) {
-    for (const auto& p : model_->parameters()) {
-      report.parameters += bytesOf(p);
-      report.gradients += bytesOf(p.grad());
-    }
-  }
-  if (optimizer_ != nullptr) {
-    for (const auto& [key, state] : optimizer_->state()) {
-      if (auto* adamw = dynamic_cast<torch::optim::AdamWParamState*>(state.get())) {
-        report.optimizer_state += bytesOf(adamw->exp_avg()) + bytesOf(adamw->exp_avg_sq()) +
-                                  bytesOf(adamw->max_exp_avg_sq());
-      } else if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(state.get())) {
-        report.optimizer_state += bytesOf(adam->exp_avg()) + bytesOf(adam->exp_avg_sq()) +
-                                  bytesOf(adam->max_exp_avg_sq());
-      } else if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(state.get())) {
-        report.optimizer_state += bytesOf(sgd->momentum_buffer());
-      }
-    }
-  }
-  return report;
+  if (strategy_) return strategy_->memoryReport();
+  return {};
+}
+
+std::string Accelerator::describeStrategy() const {
+  return strategy_ ? strategy_->describe() : world_.env.strategy + " (not prepared)";
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> Accelerator::fullParameters() {
+  if (!strategy_) throw InvalidArgument("Accelerator::fullParameters before prepare");
+  return strategy_->fullParameters();
 }
 
 std::string Accelerator::describeBatch(size_t per_process_batch) const {

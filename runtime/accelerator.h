@@ -13,6 +13,9 @@
 //
 // Settings (strategy, gradient accumulation, clipping, mixed precision, backend) come from the
 // environment the launcher sets (runtime/env_names.h); AcceleratorOptions can override them.
+// The strategy (DDP, ZeRO-1/2/3, FSDP: strategy/strategy.h) is the launch's choice; the only
+// thing a trainer does for it is to run its big repeated blocks through unitForward
+// (strategy/unit.h), which is a plain forward call unless parameters are sharded at rest.
 // Rank-0 helpers (print, isMainProcess, mainProcessFirst) make rank-0 I/O the easy path.
 //
 // Thread-safety: one training thread.
@@ -28,7 +31,8 @@
 #include <sstream>
 #include <string>
 
-#include "runtime/strategy/ddp.h"
+#include "runtime/strategy/strategy.h"
+#include "runtime/strategy/unit.h"
 #include "runtime/scheduler.h"
 #include "runtime/world.h"
 
@@ -42,15 +46,6 @@ struct AcceleratorOptions {
   // PyTorch's find_unused_parameters: exact optimizer semantics for parameters no rank used,
   // for one more small collective per step.
   bool find_unused_parameters = false;
-};
-
-// Bytes this rank holds (memoryReport()).
-struct MemoryReport {
-  size_t parameters = 0;
-  size_t gradients = 0;
-  size_t optimizer_state = 0;
-  size_t total() const { return parameters + gradients + optimizer_state; }
-  std::string str() const;
 };
 
 class Accelerator {
@@ -69,10 +64,17 @@ class Accelerator {
   int gradientAccumulationSteps() const { return accumulation_steps_; }
   const WorkerEnv& env() const { return world_.env; }
   Backend& backend() { return *world_.backend; }
-  torch::Device device() const { return torch::kCPU; }
+  // Where this worker trains: its GPU when the backend is NCCL, the CPU otherwise.
+  torch::Device device() const;
 
-  // Makes `model` data-parallel (strategy ddp) and remembers the optimizer and scheduler that
-  // step() drives. Throws InvalidArgument for a strategy this build cannot run yet.
+  // Marks `unit` as a shard unit (before prepare), whatever the config's wrap policy: under
+  // ZeRO-3 / FULL_SHARD its parameters are gathered only around its unitForward calls. A no-op
+  // under the other strategies.
+  void wrap(const torch::nn::Module& unit);
+
+  // Makes `model` data-parallel with the configured strategy and remembers the optimizer and
+  // scheduler that step() drives (a sharded strategy runs the optimizer's update on its shards).
+  // Throws InvalidArgument for what this build cannot run, saying what to change.
   void prepare(std::shared_ptr<torch::nn::Module> model, torch::optim::Optimizer& optimizer,
                LrScheduler* scheduler = nullptr);
 
@@ -122,7 +124,12 @@ class Accelerator {
     std::cout << line.str() << std::endl;
   }
 
+  // Model-state bytes this rank holds now (parameters, gradients, optimizer state).
   MemoryReport memoryReport() const;
+  // "zero3: 3 unit(s) (2 module(s), 1 bucket(s)), AdamW on 1/2 shards"
+  std::string describeStrategy() const;
+  // A collective: every trainable parameter, whole, by name (gathered from shards).
+  std::vector<std::pair<std::string, torch::Tensor>> fullParameters();
 
   // "global batch 64 = 16 per process x 2 processes x 2 accumulation steps"
   std::string describeBatch(size_t per_process_batch) const;
@@ -138,8 +145,8 @@ class Accelerator {
   std::shared_ptr<torch::nn::Module> model_;
   torch::optim::Optimizer* optimizer_ = nullptr;
   LrScheduler* scheduler_ = nullptr;
-  std::unique_ptr<DistributedDataParallel> ddp_;
-  std::unique_ptr<DistributedDataParallel::NoSync> no_sync_;
+  std::vector<const torch::nn::Module*> wrapped_;
+  std::unique_ptr<Strategy> strategy_;
   int64_t micro_step_ = 0;
   int64_t optimizer_steps_ = 0;
 };

@@ -15,10 +15,11 @@ std::optional<std::string> lookup(const char* name) {
   return std::string(value);
 }
 
-void readInt(const char* name, int& out) {
+template <typename Int>
+void readInt(const char* name, Int& out) {
   auto text = lookup(name);
   if (!text) return;
-  int value = 0;
+  Int value = 0;
   auto [end, ec] = std::from_chars(text->data(), text->data() + text->size(), value);
   if (ec != std::errc() || end != text->data() + text->size()) {
     throw InvalidArgument(std::string("environment variable ") + name + "='" + *text +
@@ -44,6 +45,34 @@ void readChoice(const char* name, std::string& out, std::initializer_list<const 
   for (const char* choice : choices) list += (list.empty() ? "" : ", ") + std::string(choice);
   throw InvalidArgument(std::string("environment variable ") + name + "='" + *text +
                         "' is not one of: " + list);
+}
+
+void readBool(const char* name, bool& out) {
+  auto text = lookup(name);
+  if (!text || text->empty()) return;
+  if (*text == "true" || *text == "1") {
+    out = true;
+  } else if (*text == "false" || *text == "0") {
+    out = false;
+  } else {
+    throw InvalidArgument(std::string("environment variable ") + name + "='" + *text +
+                          "' is not true or false");
+  }
+}
+
+std::vector<std::string> splitNames(const std::string& text) {
+  std::vector<std::string> names;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find(',', start);
+    if (end == std::string::npos) end = text.size();
+    std::string name = text.substr(start, end - start);
+    name.erase(0, name.find_first_not_of(" \t"));
+    name.erase(name.find_last_not_of(" \t") + 1);
+    if (!name.empty()) names.push_back(name);
+    start = end + 1;
+  }
+  return names;
 }
 
 }  // namespace
@@ -81,6 +110,22 @@ WorkerEnv readWorkerEnv() {
   std::string shared_memory = "on";
   readChoice(env::kSharedMemory, shared_memory, {"on", "off"});
   e.shared_memory = shared_memory == "on";
+  readChoice(env::kOffloadOptimizer, e.offload_optimizer, {"none", "cpu"});
+  readChoice(env::kOffloadParams, e.offload_params, {"none", "cpu"});
+  readChoice(env::kFsdpAutoWrapPolicy, e.fsdp_auto_wrap_policy,
+             {"TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"});
+  if (auto names = lookup(env::kFsdpTransformerLayerClsToWrap)) {
+    e.fsdp_transformer_layer_cls = splitNames(*names);
+  }
+  readInt(env::kFsdpMinNumParams, e.fsdp_min_num_params);
+  if (e.fsdp_min_num_params < 0) {
+    throw InvalidArgument(std::string(env::kFsdpMinNumParams) + " must be >= 0");
+  }
+  readChoice(env::kFsdpBackwardPrefetch, e.fsdp_backward_prefetch,
+             {"BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"});
+  readBool(env::kFsdpForwardPrefetch, e.fsdp_forward_prefetch);
+  readBool(env::kFsdpSyncModuleStates, e.fsdp_sync_module_states);
+  readBool(env::kFsdpActivationCheckpointing, e.fsdp_activation_checkpointing);
   readInt(env::kGradAccumSteps, e.gradient_accumulation_steps);
   if (e.gradient_accumulation_steps < 1) {
     throw InvalidArgument(std::string(env::kGradAccumSteps) + " must be >= 1");

@@ -5,6 +5,7 @@
 #include <functional>
 
 #include "rendezvous/error.h"
+#include "runtime/strategy/model_state.h"
 #include "runtime/tensor_ops.h"
 
 namespace cxxlaunch::runtime {
@@ -130,13 +131,7 @@ DistributedDataParallel::~DistributedDataParallel() {
 }
 
 void DistributedDataParallel::broadcastState(int root) {
-  torch::NoGradGuard no_grad;
-  std::vector<WorkPtr> works;
-  std::vector<torch::Tensor> tensors;
-  for (auto& p : module_->parameters()) tensors.push_back(p);
-  for (auto& b : module_->buffers()) tensors.push_back(b);
-  for (auto& t : tensors) works.push_back(broadcast(*backend_, t, root));
-  for (auto& w : works) w->wait();
+  broadcastModuleState(*backend_, *module_, root);
 }
 
 bool DistributedDataParallel::livesInBucket(const Slot& slot) {

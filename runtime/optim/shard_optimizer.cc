@@ -1,0 +1,152 @@
+#include "runtime/optim/shard_optimizer.h"
+
+#include <ATen/Parallel.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include <cmath>
+
+#include "rendezvous/error.h"
+#include "runtime/kernels/cpu/optimizers.h"
+
+namespace cxxlaunch::runtime {
+namespace {
+
+constexpr int64_t kGrain = 32768;  // elements per task: amortises a task, still shares out
+
+template <typename Options>
+const Options* optionsAs(const torch::optim::OptimizerParamGroup& group) {
+  return dynamic_cast<const Options*>(&group.options());
+}
+
+kernels::AdamScalars adamScalars(double lr, std::tuple<double, double> betas, double eps,
+                                 double weight_decay, bool decoupled, int64_t step) {
+  const double beta1 = std::get<0>(betas), beta2 = std::get<1>(betas);
+  const auto t = static_cast<double>(step);
+  return {.decay = static_cast<float>(decoupled ? 1 - lr * weight_decay : 1),
+          .l2 = static_cast<float>(decoupled ? 0 : weight_decay),
+          .beta1 = static_cast<float>(beta1),
+          .beta2 = static_cast<float>(beta2),
+          .one_minus_beta1 = static_cast<float>(1 - beta1),
+          .one_minus_beta2 = static_cast<float>(1 - beta2),
+          .bias_correction2_sqrt = static_cast<float>(std::sqrt(1 - std::pow(beta2, t))),
+          .eps = static_cast<float>(eps),
+          .step_size = static_cast<float>(lr / (1 - std::pow(beta1, t)))};
+}
+
+}  // namespace
+
+ShardOptimizer::ShardOptimizer(torch::optim::Optimizer& optimizer) : optimizer_(optimizer) {
+  const auto& groups = optimizer.param_groups();
+  if (groups.empty()) throw InvalidArgument("the optimizer has no parameter groups");
+  const auto& first = groups.front();
+  if (optionsAs<torch::optim::AdamWOptions>(first) != nullptr) {
+    kind_ = Kind::kAdamW;
+  } else if (optionsAs<torch::optim::AdamOptions>(first) != nullptr) {
+    kind_ = Kind::kAdam;
+  } else if (optionsAs<torch::optim::SGDOptions>(first) != nullptr) {
+    kind_ = Kind::kSgd;
+  } else {
+    throw InvalidArgument(
+        "sharded strategies run the optimizer on flat shards and can do so for "
+        "torch::optim::AdamW, Adam and SGD (and cxxlaunch::runtime::FusedAdamW); build one of "
+        "those, or train with strategy ddp");
+  }
+  for (const auto& group : groups) {
+    if (const auto* o = optionsAs<torch::optim::AdamWOptions>(group); o && o->amsgrad()) {
+      throw InvalidArgument("amsgrad cannot run on shards yet; turn it off or use strategy ddp");
+    }
+    if (const auto* o = optionsAs<torch::optim::AdamOptions>(group); o && o->amsgrad()) {
+      throw InvalidArgument("amsgrad cannot run on shards yet; turn it off or use strategy ddp");
+    }
+  }
+}
+
+const char* ShardOptimizer::name() const {
+  switch (kind_) {
+    case Kind::kAdamW:
+      return "AdamW";
+    case Kind::kAdam:
+      return "Adam";
+    case Kind::kSgd:
+      return "SGD";
+  }
+  return "?";
+}
+
+size_t ShardOptimizer::groupOf(const torch::Tensor& param) const {
+  const auto& groups = optimizer_.param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (const auto& p : groups[g].params()) {
+      if (p.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return g;
+    }
+  }
+  throw InvalidArgument(
+      "a trainable parameter of the model is in no parameter group of the optimizer; build the "
+      "optimizer over model->parameters(), or freeze the parameter (requires_grad false)");
+}
+
+size_t ShardOptimizer::addShard(int64_t numel, std::vector<Segment> segments) {
+  Shard shard{numel, std::move(segments), {}};
+  const auto zeros = [&] { return torch::zeros({numel}, torch::kFloat); };
+  if (kind_ == Kind::kSgd) {
+    bool momentum = false;
+    for (const auto& group : optimizer_.param_groups()) {
+      momentum |= optionsAs<torch::optim::SGDOptions>(group)->momentum() != 0;
+    }
+    if (momentum) shard.state.push_back(zeros());
+  } else {
+    shard.state.push_back(zeros());
+    shard.state.push_back(zeros());
+  }
+  shards_.push_back(std::move(shard));
+  return shards_.size() - 1;
+}
+
+void ShardOptimizer::step(size_t index, float* param, const float* grad) {
+  Shard& shard = shards_[index];
+  const auto& groups = optimizer_.param_groups();
+  for (const Segment& seg : shard.segments) {
+    const auto& group = groups[seg.group];
+    float* p = param + seg.begin;
+    const float* g = grad + seg.begin;
+    if (kind_ == Kind::kSgd) {
+      const auto& o = *optionsAs<torch::optim::SGDOptions>(group);
+      const kernels::SgdScalars s{.lr = static_cast<float>(o.lr()),
+                                  .momentum = static_cast<float>(o.momentum()),
+                                  .dampening = static_cast<float>(o.dampening()),
+                                  .weight_decay = static_cast<float>(o.weight_decay()),
+                                  .nesterov = o.nesterov(),
+                                  .first_step = steps_ == 1};
+      float* buf = o.momentum() != 0 ? shard.state[0].data_ptr<float>() + seg.begin : nullptr;
+      at::parallel_for(0, seg.end - seg.begin, kGrain, [&](int64_t b, int64_t e) {
+        kernels::sgdStep(p + b, g + b, buf == nullptr ? nullptr : buf + b, e - b, s);
+      });
+      continue;
+    }
+    kernels::AdamScalars s;
+    if (kind_ == Kind::kAdamW) {
+      const auto& o = *optionsAs<torch::optim::AdamWOptions>(group);
+      s = adamScalars(o.lr(), o.betas(), o.eps(), o.weight_decay(), true, steps_);
+    } else {
+      const auto& o = *optionsAs<torch::optim::AdamOptions>(group);
+      s = adamScalars(o.lr(), o.betas(), o.eps(), o.weight_decay(), false, steps_);
+    }
+    float* m = shard.state[0].data_ptr<float>() + seg.begin;
+    float* v = shard.state[1].data_ptr<float>() + seg.begin;
+    at::parallel_for(0, seg.end - seg.begin, kGrain, [&](int64_t b, int64_t e) {
+      kernels::adamStep(p + b, g + b, m + b, v + b, e - b, s);
+    });
+  }
+}
+
+size_t ShardOptimizer::stateBytes() const {
+  size_t bytes = 0;
+  for (const auto& shard : shards_) {
+    for (const auto& t : shard.state) bytes += static_cast<size_t>(t.numel()) * t.element_size();
+  }
+  return bytes;
+}
+
+}  // namespace cxxlaunch::runtime

@@ -1,0 +1,66 @@
+#pragma once
+// ShardOptimizer: the optimizer a trainer built (torch::optim::AdamW, Adam or SGD, FusedAdamW
+// too), run as fused one-pass kernels (kernels/cpu/optimizers.h) on the flat float32 shards a
+// sharded strategy owns. Hyperparameters and parameter groups come from the trainer's optimizer
+// and are read again at every step, so an LR scheduler driving it keeps working; the trainer's
+// optimizer itself never steps and holds no state.
+//
+// A shard mixes the elements of several parameters, so it is cut into segments of one parameter
+// group each. Elementwise optimizers give the same result on any cut of the parameters; one that
+// needs a whole parameter (LAMB, second-order methods) cannot be sharded and is refused.
+//
+// Thread-safety: one thread; step() splits its loops across LibTorch's intra-op threads.
+
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace cxxlaunch::runtime {
+
+class ShardOptimizer {
+ public:
+  enum class Kind { kAdamW, kAdam, kSgd };
+
+  // Elements [begin, end) of a shard whose parameters belong to param group `group`.
+  struct Segment {
+    int64_t begin;
+    int64_t end;
+    size_t group;
+  };
+
+  // Throws InvalidArgument, naming the optimizers it can shard, for any other (or for amsgrad).
+  explicit ShardOptimizer(torch::optim::Optimizer& optimizer);
+
+  // The param group holding `param` (the same tensor the optimizer was built with); throws
+  // InvalidArgument for a trainable parameter the optimizer does not know.
+  size_t groupOf(const torch::Tensor& param) const;
+
+  // Registers a shard of `numel` float32 elements; its state (zeros) is allocated here.
+  // Returns its index for step().
+  size_t addShard(int64_t numel, std::vector<Segment> segments);
+
+  // Counts one optimizer step; call once before stepping the shards.
+  void beginStep() { ++steps_; }
+  // Updates `param` (numel of addShard's) in place from `grad`.
+  void step(size_t shard, float* param, const float* grad);
+
+  Kind kind() const { return kind_; }
+  const char* name() const;
+  int64_t steps() const { return steps_; }
+  size_t stateBytes() const;
+
+ private:
+  struct Shard {
+    int64_t numel;
+    std::vector<Segment> segments;
+    std::vector<torch::Tensor> state;  // Adam: exp_avg, exp_avg_sq; SGD with momentum: buffer
+  };
+  torch::optim::Optimizer& optimizer_;
+  Kind kind_;
+  int64_t steps_ = 0;
+  std::vector<Shard> shards_;
+};
+
+}  // namespace cxxlaunch::runtime

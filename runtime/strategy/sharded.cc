@@ -1,0 +1,533 @@
+#include "runtime/strategy/sharded.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "rendezvous/error.h"
+#include "runtime/kernels/cpu/optimizers.h"
+#include "runtime/strategy/model_state.h"
+
+namespace cxxlaunch::runtime {
+namespace {
+
+constexpr size_t kNone = static_cast<size_t>(-1);
+constexpr size_t kMaxReductionsInFlight = 2;
+
+// An autograd post-hook on a parameter's gradient accumulator: this backward's gradient of the
+// parameter is complete in param.grad().
+class AfterAccumulation final : public torch::autograd::FunctionPostHook {
+ public:
+  explicit AfterAccumulation(std::function<void()> ready) : ready_(std::move(ready)) {}
+  torch::autograd::variable_list operator()(
+      const torch::autograd::variable_list& outputs,
+      const torch::autograd::variable_list& /*inputs*/) override {
+    ready_();
+    return outputs;
+  }
+
+ private:
+  std::function<void()> ready_;
+};
+
+// "BlockImpl" for "(anonymous namespace)::BlockImpl": what a config names.
+std::string shortTypeName(const torch::nn::Module& module) {
+  const std::string& full = module.name();
+  const size_t colon = full.rfind("::");
+  return colon == std::string::npos ? full : full.substr(colon + 2);
+}
+
+bool typeMatches(const torch::nn::Module& module, const std::string& wanted) {
+  const std::string name = shortTypeName(module);
+  return name == wanted || name == wanted + "Impl";
+}
+
+size_t bytesOf(const torch::Tensor& t) {
+  return t.defined() ? static_cast<size_t>(t.numel()) * t.element_size() : 0;
+}
+
+}  // namespace
+
+ShardedStrategy::ShardedStrategy(std::shared_ptr<Backend> backend,
+                                 std::shared_ptr<torch::nn::Module> model,
+                                 torch::optim::Optimizer& optimizer, ShardingOptions options)
+    : backend_(std::move(backend)),
+      model_(std::move(model)),
+      options_(std::move(options)),
+      optimizer_(optimizer) {
+  if (options_.stage < 1 || options_.stage > 3) {
+    throw InvalidArgument("ZeRO stage must be 1, 2 or 3");
+  }
+  if (options_.sync_module_states) broadcastModuleState(*backend_, *model_, 0);
+  buildUnits();
+}
+
+ShardedStrategy::~ShardedStrategy() {
+  for (auto& p : params_) p.accumulator->del_post_hook(p.hook);
+  for (auto& u : units_) {
+    if (u.module != nullptr) detail::unregisterUnit(u.module);
+    for (auto* work : {&u.reduce, &u.gather}) {
+      try {
+        if (*work) (*work)->wait();
+      } catch (...) {
+        // Destruction must not throw; the error was or will be reported where it was waited on.
+      }
+    }
+  }
+}
+
+void ShardedStrategy::buildUnits() {
+  const int world = backend_->worldSize(), rank = backend_->rank();
+  std::map<const c10::TensorImpl*, std::string> name_of;
+  for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
+    name_of[item.value().unsafeGetTensorImpl()] = item.key();
+  }
+
+  // 1. Which modules are units: pre-order (registration order), the model itself never.
+  std::vector<std::string> paths;
+  std::vector<const torch::nn::Module*> modules;
+  for (const auto& item : model_->named_modules("", /*include_self=*/true)) {
+    paths.push_back(item.key());
+    modules.push_back(item.value().get());
+  }
+  std::set<std::string> unmatched(options_.unit_types.begin(), options_.unit_types.end());
+  const bool by_type = options_.wrap_policy == "TRANSFORMER_BASED_WRAP";
+  const bool by_size = options_.wrap_policy == "SIZE_BASED_WRAP";
+  std::set<const torch::nn::Module*> is_unit;
+  for (const auto* m : options_.wrapped) is_unit.insert(m);
+  for (size_t i = 1; i < modules.size(); ++i) {
+    const auto& module = *modules[i];
+    for (const auto& wanted : options_.unit_types) {
+      if (typeMatches(module, wanted)) {
+        unmatched.erase(wanted);
+        if (by_type) is_unit.insert(&module);
+      }
+    }
+  }
+  if (by_type && !unmatched.empty()) {
+    std::set<std::string> names;
+    for (const auto* m : modules) names.insert(shortTypeName(*m));
+    std::string list;
+    for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+    throw InvalidArgument("fsdp_transformer_layer_cls_to_wrap names '" + *unmatched.begin() +
+                          "', which is no module type of this model; its module types are: " +
+                          list);
+  }
+
+  // 2. Each unit takes the trainable parameters under it not taken by a unit inside it:
+  //    reverse pre-order visits every module after all of its descendants.
+  std::set<const c10::TensorImpl*> taken;
+  std::map<const torch::nn::Module*, std::vector<torch::Tensor>> unit_params;
+  for (size_t i = modules.size(); i-- > 1;) {
+    const auto& module = *modules[i];
+    std::vector<torch::Tensor> mine;
+    int64_t numel = 0;
+    for (const auto& p : module.parameters(/*recurse=*/true)) {
+      if (!p.requires_grad() || taken.count(p.unsafeGetTensorImpl()) != 0) continue;
+      mine.push_back(p);
+      numel += p.numel();
+    }
+    const bool unit = is_unit.count(&module) != 0 || (by_size && numel >= options_.min_num_params);
+    if (!unit || mine.empty()) continue;
+    for (const auto& p : mine) taken.insert(p.unsafeGetTensorImpl());
+    unit_params[&module] = std::move(mine);
+  }
+
+  auto addUnit = [&](std::string name, const torch::nn::Module* module,
+                     std::vector<torch::Tensor> params) {
+    std::vector<std::string> names;
+    for (const auto& p : params) names.push_back(name_of.at(p.unsafeGetTensorImpl()));
+    Unit u;
+    u.name = std::move(name);
+    u.module = module;
+    u.flat = FlatParameter(std::move(params), std::move(names), world, rank);
+    units_.push_back(std::move(u));
+  };
+  for (size_t i = 1; i < modules.size(); ++i) {
+    auto it = unit_params.find(modules[i]);
+    if (it != unit_params.end()) addUnit(paths[i], it->first, std::move(it->second));
+  }
+  const size_t module_units = units_.size();
+
+  // 3. The remaining parameters: buckets in reverse registration order (backward's order).
+  std::vector<torch::Tensor> rest;
+  for (const auto& p : model_->parameters(/*recurse=*/true)) {
+    if (!p.requires_grad()) {
+      frozen_.push_back(p);
+    } else if (taken.count(p.unsafeGetTensorImpl()) == 0) {
+      rest.push_back(p);
+    }
+  }
+  std::reverse(rest.begin(), rest.end());
+  std::vector<torch::Tensor> bucket;
+  size_t bucket_bytes = 0;
+  auto closeBucket = [&] {
+    if (bucket.empty()) return;
+    addUnit("bucket " + std::to_string(units_.size() - module_units), nullptr, std::move(bucket));
+    bucket.clear();
+    bucket_bytes = 0;
+  };
+  for (const auto& p : rest) {
+    const size_t bytes = static_cast<size_t>(p.numel()) * p.element_size();
+    if (!bucket.empty() && (bucket_bytes + bytes > options_.bucket_bytes ||
+                            p.scalar_type() != bucket.front().scalar_type())) {
+      closeBucket();
+    }
+    bucket.push_back(p);
+    bucket_bytes += bytes;
+  }
+  closeBucket();
+
+  // 4. Reductions: module units in reverse registration order, then the buckets.
+  for (size_t i = module_units; i-- > 0;) reduce_order_.push_back(i);
+  for (size_t i = module_units; i < units_.size(); ++i) reduce_order_.push_back(i);
+
+  // 5. Per unit: the master shard, gradient buffers, the optimizer's shard; per parameter: hooks.
+  for (size_t ui = 0; ui < units_.size(); ++ui) {
+    Unit& u = units_[ui];
+    if (u.flat.params().front().scalar_type() != torch::kFloat) {
+      throw InvalidArgument("sharded strategies train float32 parameters ('" +
+                            u.flat.names().front() + "' is " +
+                            std::string(c10::toString(u.flat.params().front().scalar_type())) +
+                            "); mixed precision comes from the config's mixed_precision");
+    }
+    const int64_t sb = u.flat.shardBegin(), sn = u.flat.shardNumel();
+    u.master = options_.stage == 3 ? u.flat.shard().clone() : u.flat.shard();
+    if (options_.stage == 1) {
+      u.grad_full = torch::zeros({u.flat.padded()}, torch::kFloat);
+      u.grad_shard = u.grad_full.narrow(0, sb, sn);
+      for (size_t i = 0; i < u.flat.params().size(); ++i) {
+        const auto& p = u.flat.params()[i];
+        // A tensor over the buffer, not an autograd view: optimizers may detach_() a gradient.
+        u.grad_places.push_back(torch::from_blob(
+            u.grad_full.data_ptr<float>() + u.flat.offset(i), p.sizes(),
+            [keep = u.grad_full](void*) {}, u.grad_full.options()));
+      }
+    } else {
+      u.grad_shard = torch::zeros({sn}, torch::kFloat);
+    }
+    std::vector<ShardOptimizer::Segment> segments;
+    for (size_t i = 0; i < u.flat.params().size(); ++i) {
+      const int64_t begin = std::max(u.flat.offset(i), sb);
+      const int64_t end = std::min(u.flat.offset(i) + u.flat.params()[i].numel(), sb + sn);
+      const size_t group = optimizer_.groupOf(u.flat.params()[i]);
+      if (begin >= end) continue;
+      if (!segments.empty() && segments.back().group == group && segments.back().end == begin - sb) {
+        segments.back().end = end - sb;
+      } else {
+        segments.push_back({begin - sb, end - sb, group});
+      }
+    }
+    u.optimizer_shard = optimizer_.addShard(sn, std::move(segments));
+    u.pending = u.flat.params().size();
+    for (size_t i = 0; i < u.flat.params().size(); ++i) {
+      Param param{ui, i};
+      param.accumulator = torch::autograd::impl::grad_accumulator(u.flat.params()[i]);
+      const size_t index = params_.size();
+      param.hook = param.accumulator->add_post_hook(
+          std::make_unique<AfterAccumulation>([this, index] { onGradientReady(index); }));
+      params_.push_back(std::move(param));
+    }
+    if (u.module != nullptr) {
+      unit_of_module_[u.module] = ui;
+      detail::registerUnit(u.module, this);
+    }
+  }
+}
+
+std::string ShardedStrategy::describe() const {
+  size_t modules = 0;
+  for (const auto& u : units_) modules += u.module != nullptr;
+  return options_.name + ": " + std::to_string(units_.size()) + " unit(s) (" +
+         std::to_string(modules) + " module(s), " + std::to_string(units_.size() - modules) +
+         " bucket(s)), " + optimizer_.name() + " on 1/" + std::to_string(backend_->worldSize()) +
+         " shards";
+}
+
+std::vector<std::pair<std::string, int64_t>> ShardedStrategy::units() const {
+  std::vector<std::pair<std::string, int64_t>> out;
+  for (const auto& u : units_) out.emplace_back(u.name, u.flat.numel());
+  return out;
+}
+
+size_t ShardedStrategy::unitOf(const torch::nn::Module& module) const {
+  auto it = unit_of_module_.find(&module);
+  if (it == unit_of_module_.end()) throw InvalidArgument("module is no shard unit");
+  return it->second;
+}
+
+// ---- forward ------------------------------------------------------------------------------------
+
+void ShardedStrategy::beforeForward(const torch::nn::Module& module) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const size_t i = unitOf(module);
+  if (!in_forward_) {
+    in_forward_ = true;
+    last_forward_order_ = std::move(forward_order_);
+    forward_order_.clear();
+  }
+  forward_order_.push_back(i);
+  gatherNow(i);
+  if (options_.forward_prefetch && options_.stage == 3) {
+    // The unit that followed this one in the previous forward (a static graph's order).
+    auto it = std::find(last_forward_order_.begin(), last_forward_order_.end(), i);
+    if (it != last_forward_order_.end() && it + 1 != last_forward_order_.end()) prefetch(*(it + 1));
+  }
+}
+
+torch::Tensor ShardedStrategy::afterForward(const torch::nn::Module& module,
+                                            torch::Tensor output) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const size_t i = unitOf(module);
+  units_[i].routed = true;
+  if (options_.stage == 3) release(i);
+  if (output.requires_grad()) {
+    output.register_hook([this, i](const torch::Tensor&) { preBackward(i); });
+  }
+  return output;
+}
+
+void ShardedStrategy::preBackward(size_t i) {
+  std::lock_guard<std::mutex> lock(mu_);
+  gatherNow(i);
+  if (options_.backward_prefetch == "BACKWARD_PRE") {
+    const size_t next = neighbourInForward(i, -1);
+    if (next != kNone) prefetch(next);
+  }
+}
+
+size_t ShardedStrategy::neighbourInForward(size_t unit, int direction) const {
+  auto it = std::find(forward_order_.begin(), forward_order_.end(), unit);
+  if (it == forward_order_.end()) return kNone;
+  if (direction < 0) return it == forward_order_.begin() ? kNone : *(it - 1);
+  return it + 1 == forward_order_.end() ? kNone : *(it + 1);
+}
+
+void ShardedStrategy::prefetch(size_t i) {
+  Unit& u = units_[i];
+  if (u.gather || u.flat.resident()) return;
+  u.flat.restore();
+  u.gather = backend_->allGather(u.master.data_ptr(), u.flat.full().data_ptr(),
+                                 static_cast<size_t>(u.flat.shardNumel()), DType::kFloat32);
+}
+
+void ShardedStrategy::gatherNow(size_t i) {
+  Unit& u = units_[i];
+  prefetch(i);
+  if (u.gather) {
+    u.gather->wait();
+    u.gather.reset();
+  }
+}
+
+void ShardedStrategy::release(size_t i) {
+  Unit& u = units_[i];
+  if (options_.stage != 3 || !u.routed) return;
+  if (u.gather) {  // never free memory a collective is still writing
+    u.gather->wait();
+    u.gather.reset();
+  }
+  u.flat.release();
+}
+
+// ---- backward -----------------------------------------------------------------------------------
+
+void ShardedStrategy::beforeBackward(bool sync) {
+  std::lock_guard<std::mutex> lock(mu_);
+  sync_ = sync;
+}
+
+void ShardedStrategy::onGradientReady(size_t index) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (options_.stage == 1 && !sync_) return;  // accumulates in param.grad() until the sync
+  markReady(index);
+}
+
+void ShardedStrategy::markReady(size_t index) {
+  Param& p = params_[index];
+  if (p.ready) {
+    throw InvalidArgument(
+        "a parameter got a second gradient before the gradients were reduced (two backward "
+        "passes in one micro-step, or a parameter used by two units); run one backward per "
+        "micro-step");
+  }
+  Unit& u = units_[p.unit];
+  torch::NoGradGuard no_grad;
+  const torch::Tensor& param = u.flat.params()[p.index];
+  torch::Tensor& grad = param.mutable_grad();
+  if (options_.stage == 1) {
+    torch::Tensor& place = u.grad_places[p.index];
+    if (!grad.defined() || grad.data_ptr() != place.data_ptr()) {
+      if (grad.defined()) {
+        place.copy_(grad);
+      } else {
+        place.zero_();
+      }
+      grad = place;  // from now on autograd accumulates in the unit's buffer
+    }
+  } else {
+    if (!u.grad_full.defined()) u.grad_full = torch::zeros({u.flat.padded()}, torch::kFloat);
+    if (grad.defined()) {
+      u.grad_full.narrow(0, u.flat.offset(p.index), param.numel()).view_as(param).copy_(grad);
+    }
+    grad = torch::Tensor();  // the full gradient lives on only in the unit's buffer
+  }
+  p.ready = true;
+  if (--u.pending == 0) unitGradientsDone(p.unit);
+  launchReady();
+}
+
+void ShardedStrategy::unitGradientsDone(size_t i) {
+  // Every gradient of the unit is computed: backward reads its parameters no more.
+  release(i);
+  if (options_.backward_prefetch == "BACKWARD_POST") {
+    const size_t next = neighbourInForward(i, -1);
+    if (next != kNone) prefetch(next);
+  }
+}
+
+void ShardedStrategy::launchReady() {
+  while (next_reduce_ < reduce_order_.size() && units_[reduce_order_[next_reduce_]].pending == 0) {
+    const size_t i = reduce_order_[next_reduce_++];
+    Unit& u = units_[i];
+    if (options_.stage == 1) {
+      u.reduce = backend_->allreduce(u.grad_full.data_ptr(), static_cast<size_t>(u.flat.padded()),
+                                     DType::kFloat32, ReduceOp::kAvg);
+      continue;
+    }
+    u.grad_incoming = torch::empty({u.flat.shardNumel()}, torch::kFloat);
+    u.reduce = backend_->reduceScatter(u.grad_full.data_ptr(), u.grad_incoming.data_ptr(),
+                                       static_cast<size_t>(u.flat.shardNumel()), DType::kFloat32,
+                                       ReduceOp::kAvg);
+    in_flight_.push_back(i);
+    while (in_flight_.size() > kMaxReductionsInFlight) completeOldestReduction();
+  }
+}
+
+void ShardedStrategy::completeOldestReduction() {
+  Unit& u = units_[in_flight_.front()];
+  in_flight_.pop_front();
+  u.reduce->wait();
+  u.reduce.reset();
+  u.grad_shard.add_(u.grad_incoming);  // accumulation across micro-steps happens in the shard
+  u.grad_incoming = torch::Tensor();
+  u.grad_full = torch::Tensor();
+}
+
+void ShardedStrategy::afterBackward(bool sync) {
+  std::lock_guard<std::mutex> lock(mu_);
+  in_forward_ = false;
+  if (options_.stage == 1 && !sync) return;
+  // Parameters this backward did not reach (unused in this forward) contribute zeros, so that no
+  // rank waits for a reduction another rank never starts.
+  for (size_t k = 0; k < params_.size(); ++k) {
+    if (!params_[k].ready) markReady(k);
+  }
+  if (options_.stage == 1) {
+    for (auto& u : units_) {
+      u.reduce->wait();
+      u.reduce.reset();
+    }
+  }
+  while (!in_flight_.empty()) completeOldestReduction();
+  for (auto& p : params_) p.ready = false;
+  for (size_t i = 0; i < units_.size(); ++i) {
+    units_[i].pending = units_[i].flat.params().size();
+    release(i);  // a unit prefetched but not used
+  }
+  next_reduce_ = 0;
+}
+
+// ---- optimizer step -----------------------------------------------------------------------------
+
+double ShardedStrategy::clipGradNorm(double max_norm) {
+  double squares = 0;
+  for (const auto& u : units_) {
+    squares += kernels::sumOfSquares(u.grad_shard.data_ptr<float>(), u.flat.shardNumel());
+  }
+  backend_->allreduce(&squares, 1, DType::kFloat64, ReduceOp::kSum)->wait();
+  const double norm = std::sqrt(squares);
+  const double coefficient = max_norm / (norm + 1e-6);
+  if (max_norm > 0 && coefficient < 1) {
+    for (auto& u : units_) {
+      kernels::scaleInPlace(u.grad_shard.data_ptr<float>(), u.flat.shardNumel(),
+                            static_cast<float>(coefficient));
+    }
+  }
+  return norm;
+}
+
+void ShardedStrategy::step() {
+  torch::NoGradGuard no_grad;
+  optimizer_.beginStep();
+  for (auto& u : units_) {
+    optimizer_.step(u.optimizer_shard, u.master.data_ptr<float>(), u.grad_shard.data_ptr<float>());
+  }
+  // Parameters up to date everywhere: gathered now, or (stage 3 units run through unitForward)
+  // at their next forward.
+  std::vector<WorkPtr> gathers;
+  for (auto& u : units_) {
+    if (options_.stage == 3 && u.routed) continue;
+    gathers.push_back(backend_->allGather(u.master.data_ptr(), u.flat.full().data_ptr(),
+                                          static_cast<size_t>(u.flat.shardNumel()),
+                                          DType::kFloat32));
+  }
+  for (auto& w : gathers) w->wait();
+}
+
+void ShardedStrategy::zeroGrad() {
+  for (auto& u : units_) {
+    if (options_.stage == 1) {
+      u.grad_full.zero_();
+    } else {
+      u.grad_shard.zero_();
+    }
+  }
+}
+
+MemoryReport ShardedStrategy::memoryReport() const {
+  MemoryReport report;
+  for (const auto& u : units_) {
+    report.parameters += u.flat.residentBytes() + (options_.stage == 3 ? bytesOf(u.master) : 0);
+    report.gradients += bytesOf(u.grad_full) + bytesOf(u.grad_incoming) +
+                        (options_.stage == 1 ? 0 : bytesOf(u.grad_shard));
+  }
+  for (const auto& p : frozen_) report.parameters += bytesOf(p);
+  report.optimizer_state = optimizer_.stateBytes();
+  return report;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> ShardedStrategy::fullParameters() {
+  std::lock_guard<std::mutex> lock(mu_);
+  torch::NoGradGuard no_grad;
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (auto& u : units_) {
+    torch::Tensor full;
+    if (u.gather) {
+      u.gather->wait();
+      u.gather.reset();
+    }
+    if (u.flat.resident()) {
+      full = u.flat.full();
+    } else {
+      full = torch::empty({u.flat.padded()}, torch::kFloat);
+      backend_
+          ->allGather(u.master.data_ptr(), full.data_ptr(),
+                      static_cast<size_t>(u.flat.shardNumel()), DType::kFloat32)
+          ->wait();
+    }
+    for (size_t i = 0; i < u.flat.params().size(); ++i) {
+      const auto& p = u.flat.params()[i];
+      out.emplace_back(u.flat.names()[i],
+                       full.narrow(0, u.flat.offset(i), p.numel()).view(p.sizes()).clone());
+    }
+  }
+  for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
+    if (!item.value().requires_grad()) out.emplace_back(item.key(), item.value().detach().clone());
+  }
+  return out;
+}
+
+}  // namespace cxxlaunch::runtime

@@ -1,0 +1,137 @@
+#pragma once
+// ShardedStrategy: ZeRO stages 1-3 and FSDP's FULL_SHARD / SHARD_GRAD_OP as one engine with one
+// sharding algebra, so every mode reduces with the same numerics:
+//
+//   stage 1 (zero1)                      optimizer state sharded. Gradients all-reduced (as DDP,
+//                                        noSync while accumulating); each rank steps its shard of
+//                                        every unit; parameters all-gathered after the step.
+//   stage 2 (zero2, fsdp_shard_grad_op)  + gradients sharded: a unit's gradient is
+//                                        reduce-scattered as soon as backward completes it (every
+//                                        micro-step, into an accumulating shard) and the full
+//                                        gradient freed; at most two reductions in flight.
+//   stage 3 (zero3, fsdp_full_shard)     + parameters sharded at rest. A unit run through
+//                                        unitForward (strategy/unit.h) is gathered just before
+//                                        its forward, freed after it, gathered again by a hook on
+//                                        its output before its backward (the next unit in
+//                                        backward order prefetched), freed when its gradients
+//                                        are complete. Parameters outside such units stay whole,
+//                                        as FSDP's root unit.
+//
+// Units: the modules the wrap policy names (TRANSFORMER_BASED_WRAP: module type names;
+// SIZE_BASED_WRAP: at least min_num_params parameters of their own) or that the trainer marked
+// with Accelerator::wrap; the remaining parameters form buckets of bucket_bytes. Each unit is one
+// FlatParameter (flat/flat_param.h) and one shard of the optimizer (optim/shard_optimizer.h).
+//
+// Collectives run in one order on every rank: gradient reductions in a fixed unit order (a unit
+// that completes early waits for the ones before it), gathers in forward order and in the
+// reverse of it in backward.
+//
+// Thread-safety: one training thread; hooks from autograd's threads are serialised.
+
+#include <torch/csrc/autograd/function.h>
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "runtime/flat/flat_param.h"
+#include "runtime/optim/shard_optimizer.h"
+#include "runtime/strategy/strategy.h"
+#include "runtime/strategy/unit.h"
+
+namespace cxxlaunch::runtime {
+
+struct ShardingOptions {
+  int stage = 3;  // 1, 2 or 3
+  std::string name = "zero3";
+  std::string wrap_policy;              // "", TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP, NO_WRAP
+  std::vector<std::string> unit_types;  // TRANSFORMER_BASED_WRAP's module type names
+  int64_t min_num_params = 100000000;   // SIZE_BASED_WRAP
+  std::vector<const torch::nn::Module*> wrapped;  // units whatever the policy
+  std::string backward_prefetch = "BACKWARD_PRE";  // BACKWARD_POST, NO_PREFETCH
+  bool forward_prefetch = false;
+  bool sync_module_states = true;
+  size_t bucket_bytes = 25u << 20;
+};
+
+class ShardedStrategy final : public Strategy, public UnitHooks {
+ public:
+  ShardedStrategy(std::shared_ptr<Backend> backend, std::shared_ptr<torch::nn::Module> model,
+                  torch::optim::Optimizer& optimizer, ShardingOptions options);
+  ~ShardedStrategy() override;
+  ShardedStrategy(const ShardedStrategy&) = delete;
+  ShardedStrategy& operator=(const ShardedStrategy&) = delete;
+
+  std::string describe() const override;
+  void beforeBackward(bool sync) override;
+  void afterBackward(bool sync) override;
+  double clipGradNorm(double max_norm) override;
+  void step() override;
+  void zeroGrad() override;
+  MemoryReport memoryReport() const override;
+  std::vector<std::pair<std::string, torch::Tensor>> fullParameters() override;
+
+  void beforeForward(const torch::nn::Module& unit) override;
+  torch::Tensor afterForward(const torch::nn::Module& unit, torch::Tensor output) override;
+
+  // The units, for tests and logs: name and number of parameter elements.
+  std::vector<std::pair<std::string, int64_t>> units() const;
+
+ private:
+  struct Unit {
+    std::string name;                           // module path, or "bucket N"
+    const torch::nn::Module* module = nullptr;  // null for buckets
+    FlatParameter flat;
+    torch::Tensor master;         // fp32 shard the optimizer steps (stage 3: its own memory)
+    torch::Tensor grad_full;      // padded gradient (stage 1: always; 2-3: during backward)
+    torch::Tensor grad_shard;     // this rank's gradient (stage 1: a view into grad_full)
+    torch::Tensor grad_incoming;  // stage 2-3: a reduce-scatter's output until it is added
+    std::vector<torch::Tensor> grad_places;  // stage 1: each parameter's place in grad_full
+    size_t optimizer_shard = 0;
+    size_t pending = 0;   // parameters whose gradient this backward has not produced yet
+    WorkPtr reduce;       // the gradient reduction in flight
+    WorkPtr gather;       // stage 3: a parameter gather in flight
+    bool routed = false;  // went through unitForward: released between uses (stage 3)
+  };
+  struct Param {
+    size_t unit;
+    size_t index;  // in the unit's FlatParameter
+    bool ready = false;
+    std::shared_ptr<torch::autograd::Node> accumulator{};
+    uintptr_t hook = 0;
+  };
+
+  void buildUnits();
+  void onGradientReady(size_t param);       // autograd's hook
+  void markReady(size_t param);             // under mu_
+  void preBackward(size_t unit);            // hook on a unit's output gradient
+  void launchReady();                       // reductions, in order
+  void completeOldestReduction();           // stage 2-3
+  void unitGradientsDone(size_t unit);      // stage 3: release, BACKWARD_POST prefetch
+  void gatherNow(size_t unit);              // waits
+  void prefetch(size_t unit);               // returns at once
+  void release(size_t unit);                // stage 3, routed units only
+  size_t unitOf(const torch::nn::Module& module) const;
+  size_t neighbourInForward(size_t unit, int direction) const;  // or npos
+
+  std::shared_ptr<Backend> backend_;
+  std::shared_ptr<torch::nn::Module> model_;
+  ShardingOptions options_;
+  ShardOptimizer optimizer_;
+  std::vector<Unit> units_;
+  std::vector<Param> params_;
+  std::vector<size_t> reduce_order_;  // unit indices, the order reductions launch in
+  size_t next_reduce_ = 0;
+  std::deque<size_t> in_flight_;  // stage 2-3 reductions not yet added to the shards
+  std::map<const torch::nn::Module*, size_t> unit_of_module_;
+  std::vector<size_t> forward_order_, last_forward_order_;
+  bool in_forward_ = false;
+  bool sync_ = true;
+  std::vector<torch::Tensor> frozen_;  // parameters without gradients: whole, never sharded
+  std::mutex mu_;
+};
+
+}  // namespace cxxlaunch::runtime

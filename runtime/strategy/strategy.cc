@@ -1,0 +1,157 @@
+#include "runtime/strategy/strategy.h"
+
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+
+#include "rendezvous/error.h"
+#include "runtime/strategy/ddp.h"
+#include "runtime/strategy/model_state.h"
+#include "runtime/strategy/sharded.h"
+
+namespace cxxlaunch::runtime {
+namespace {
+
+size_t bytesOf(const torch::Tensor& t) {
+  return t.defined() ? static_cast<size_t>(t.numel()) * t.element_size() : 0;
+}
+
+std::string humanBytes(size_t bytes) {
+  char text[32];
+  if (bytes < (1u << 20)) {
+    std::snprintf(text, sizeof(text), "%.1f KiB", static_cast<double>(bytes) / 1024);
+  } else {
+    std::snprintf(text, sizeof(text), "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  }
+  return text;
+}
+
+// DDP (and FSDP's NO_SHARD): the trainer's own optimizer on whole, all-reduced gradients.
+class DdpStrategy final : public Strategy {
+ public:
+  DdpStrategy(std::shared_ptr<Backend> backend, std::shared_ptr<torch::nn::Module> model,
+              torch::optim::Optimizer& optimizer, const StrategyOptions& options, std::string name)
+      : model_(model),
+        optimizer_(optimizer),
+        name_(std::move(name)),
+        ddp_(model, std::move(backend),
+             DdpOptions{.bucket_bytes = options.bucket_bytes,
+                        .find_unused_parameters = options.find_unused_parameters}) {}
+
+  std::string describe() const override {
+    return name_ + ": " + std::to_string(ddp_.numBuckets()) + " gradient bucket(s)";
+  }
+  void beforeBackward(bool sync) override {
+    if (!sync && !no_sync_) no_sync_ = std::make_unique<DistributedDataParallel::NoSync>(ddp_);
+    if (sync) no_sync_.reset();
+  }
+  void afterBackward(bool sync) override {
+    if (sync) ddp_.finishBackward();
+  }
+  double clipGradNorm(double max_norm) override {
+    // After the all-reduce every rank holds the same whole gradients: the local norm is global.
+    std::vector<torch::Tensor> params;
+    for (auto& p : model_->parameters()) {
+      if (p.grad().defined()) params.push_back(p);
+    }
+    if (max_norm <= 0) {
+      double squares = 0;
+      for (auto& p : params) squares += p.grad().pow(2).sum().item<double>();
+      return std::sqrt(squares);
+    }
+    return torch::nn::utils::clip_grad_norm_(params, max_norm);
+  }
+  void step() override { optimizer_.step(); }
+  void zeroGrad() override { optimizer_.zero_grad(); }
+  MemoryReport memoryReport() const override {
+    MemoryReport report;
+    for (const auto& p : model_->parameters()) {
+      report.parameters += bytesOf(p);
+      report.gradients += bytesOf(p.grad());
+    }
+    for (const auto& [key, state] : optimizer_.state()) {
+      if (auto* adamw = dynamic_cast<torch::optim::AdamWParamState*>(state.get())) {
+        report.optimizer_state += bytesOf(adamw->exp_avg()) + bytesOf(adamw->exp_avg_sq()) +
+                                  bytesOf(adamw->max_exp_avg_sq());
+      } else if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(state.get())) {
+        report.optimizer_state += bytesOf(adam->exp_avg()) + bytesOf(adam->exp_avg_sq()) +
+                                  bytesOf(adam->max_exp_avg_sq());
+      } else if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(state.get())) {
+        report.optimizer_state += bytesOf(sgd->momentum_buffer());
+      }
+    }
+    return report;
+  }
+  std::vector<std::pair<std::string, torch::Tensor>> fullParameters() override {
+    std::vector<std::pair<std::string, torch::Tensor>> out;
+    for (const auto& item : model_->named_parameters()) {
+      out.emplace_back(item.key(), item.value().detach().clone());
+    }
+    return out;
+  }
+
+ private:
+  std::shared_ptr<torch::nn::Module> model_;
+  torch::optim::Optimizer& optimizer_;
+  std::string name_;
+  DistributedDataParallel ddp_;
+  std::unique_ptr<DistributedDataParallel::NoSync> no_sync_;
+};
+
+}  // namespace
+
+std::string MemoryReport::str() const {
+  return "parameters " + humanBytes(parameters) + ", gradients " + humanBytes(gradients) +
+         ", optimizer state " + humanBytes(optimizer_state) + ", total " + humanBytes(total());
+}
+
+std::unique_ptr<Strategy> makeStrategy(const WorkerEnv& env, std::shared_ptr<Backend> backend,
+                                       std::shared_ptr<torch::nn::Module> model,
+                                       torch::optim::Optimizer& optimizer,
+                                       const StrategyOptions& options) {
+  const std::string& name = env.strategy;
+  if (name == "fsdp_hybrid_shard") {
+    throw InvalidArgument(
+        "strategy 'fsdp_hybrid_shard' is not available in this build yet; use FULL_SHARD "
+        "(fsdp_full_shard) or SHARD_GRAD_OP");
+  }
+  if (env.fsdp_activation_checkpointing) {
+    throw InvalidArgument(
+        "fsdp_activation_checkpointing is not available in this build yet; set it to false");
+  }
+  if ((env.offload_optimizer == "cpu" || env.offload_params == "cpu") && env.rank == 0 &&
+      backend->name() != "nccl") {
+    std::cerr << "cxxlaunch: offload to cpu: this is a CPU run, parameters and optimizer state "
+                 "already live in host memory; nothing to offload\n";
+  }
+  checkSameModel(*backend, *model);
+  if (name == "ddp" || name == "fsdp_no_shard") {
+    return std::make_unique<DdpStrategy>(std::move(backend), std::move(model), optimizer, options,
+                                         name);
+  }
+  ShardingOptions sharding;
+  sharding.name = name;
+  sharding.stage = name == "zero1"                                 ? 1
+                   : name == "zero2" || name == "fsdp_shard_grad_op" ? 2
+                                                                     : 3;
+  sharding.wrap_policy = env.fsdp_auto_wrap_policy;
+  sharding.unit_types = env.fsdp_transformer_layer_cls;
+  if (sharding.wrap_policy.empty() && !sharding.unit_types.empty()) {
+    sharding.wrap_policy = "TRANSFORMER_BASED_WRAP";
+  }
+  sharding.min_num_params = env.fsdp_min_num_params;
+  sharding.wrapped = options.wrapped;
+  sharding.backward_prefetch = env.fsdp_backward_prefetch;
+  sharding.forward_prefetch = env.fsdp_forward_prefetch;
+  sharding.sync_module_states = env.fsdp_sync_module_states;
+  sharding.bucket_bytes = options.bucket_bytes;
+  return std::make_unique<ShardedStrategy>(std::move(backend), std::move(model), optimizer,
+                                           std::move(sharding));
+}
+
+}  // namespace cxxlaunch::runtime

@@ -1,0 +1,84 @@
+#pragma once
+// Strategy: how the ranks of a job share one model's training. The Accelerator drives exactly
+// one; which one comes from the launcher's settings (CXXLAUNCH_STRATEGY), never from the trainer,
+// so one trainer binary runs every mode:
+//
+//   ddp                    every rank holds everything; gradients all-reduced (strategy/ddp.h)
+//   zero1                  + optimizer state sharded: each rank steps its 1/N of the parameters
+//   zero2, fsdp_shard_grad_op
+//                          + gradients reduce-scattered as backward produces them
+//   zero3, fsdp_full_shard + parameters sharded at rest, gathered just in time (strategy/unit.h)
+//   fsdp_no_shard          DDP by another name
+//
+// A micro-step is beforeBackward(sync), loss.backward(), afterBackward(sync); an optimizer step
+// is clipGradNorm (optional), step(), zeroGrad(). `sync` is false for the micro-steps of an
+// accumulation cycle but its last.
+//
+// Thread-safety: one training thread; autograd may run a strategy's hooks on its own threads.
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/backend.h"
+#include "runtime/env.h"
+
+namespace cxxlaunch::runtime {
+
+// Bytes of model state this rank holds now (Accelerator::memoryReport()).
+struct MemoryReport {
+  size_t parameters = 0;       // every parameter copy: compute copies and fp32 master shards
+  size_t gradients = 0;        // full gradient buffers alive now, and gradient shards
+  size_t optimizer_state = 0;  // moments / momentum buffers
+  size_t total() const { return parameters + gradients + optimizer_state; }
+  std::string str() const;
+};
+
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+  // "zero3: 5 units, 2 ranks", for the trainer's first line.
+  virtual std::string describe() const = 0;
+
+  virtual void beforeBackward(bool sync) = 0;
+  // After loss.backward(): this micro-step's gradient communication is complete on return.
+  virtual void afterBackward(bool sync) = 0;
+
+  // The L2 norm of the whole model's gradient, over every rank's share (a collective when
+  // gradients are sharded). With max_norm > 0 gradients are scaled by max_norm / (norm + 1e-6)
+  // when that is below 1, as torch::nn::utils::clip_grad_norm_ does. Returns the norm before.
+  virtual double clipGradNorm(double max_norm) = 0;
+  // The optimizer step on what this rank owns; parameters are up to date everywhere after it
+  // (gathered again, or left sharded to be gathered at their next forward).
+  virtual void step() = 0;
+  virtual void zeroGrad() = 0;
+
+  virtual MemoryReport memoryReport() const = 0;
+
+  // Checkpoint hooks. A collective: every rank gets every trainable parameter, whole, by its
+  // name in the module (gathered from the shards where they are sharded), as fresh tensors.
+  virtual std::vector<std::pair<std::string, torch::Tensor>> fullParameters() = 0;
+};
+
+// What makeStrategy needs beyond the environment.
+struct StrategyOptions {
+  size_t bucket_bytes = 25u << 20;  // DDP buckets; ZeRO-1/2 units when no module is a unit
+  bool find_unused_parameters = false;
+  // Modules the trainer marked with Accelerator::wrap(): shard units whatever the wrap policy.
+  std::vector<const torch::nn::Module*> wrapped;
+};
+
+// The strategy `env.strategy` names, over `model` (made equal on every rank first) and the
+// optimizer the trainer built. Throws InvalidArgument for what cannot run (an optimizer a
+// sharded strategy cannot shard, a unit name that matches no module, models that differ
+// across ranks), naming what to change.
+std::unique_ptr<Strategy> makeStrategy(const WorkerEnv& env, std::shared_ptr<Backend> backend,
+                                       std::shared_ptr<torch::nn::Module> model,
+                                       torch::optim::Optimizer& optimizer,
+                                       const StrategyOptions& options);
+
+}  // namespace cxxlaunch::runtime

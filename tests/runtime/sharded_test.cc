@@ -1,0 +1,296 @@
+// The sharded strategies (ZeRO-1/2/3, FSDP FULL_SHARD / SHARD_GRAD_OP / NO_SHARD) against DDP:
+// ranks are threads over the Fake backend, each mode trains the same model on the same data, and
+// the whole parameters (gathered from the shards) must end where DDP's do. DDP itself is checked
+// against one process on the whole batch in ddp_test.cc.
+
+#include "runtime/strategy/sharded.h"
+
+#include <torch/torch.h>
+
+#include <catch2/catch.hpp>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "runtime/accelerator.h"
+#include "runtime/strategy/unit.h"
+
+using namespace cxxlaunch::runtime;
+
+namespace {
+
+struct BlockImpl : torch::nn::Module {
+  explicit BlockImpl(int64_t d)
+      : ln(register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})))),
+        fc(register_module("fc", torch::nn::Linear(d, d))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return x + torch::tanh(fc(ln(x))); }
+  torch::nn::LayerNorm ln;
+  torch::nn::Linear fc;
+};
+TORCH_MODULE(Block);
+
+// Input and output layers around `layers` residual blocks run through unitForward. d = 11 makes
+// every unit's size odd, so shards need padding at worlds 2 and 4.
+struct TowerImpl : torch::nn::Module {
+  TowerImpl(int64_t d, int64_t layers)
+      : in(register_module("in", torch::nn::Linear(6, d))),
+        out(register_module("out", torch::nn::Linear(d, 3))) {
+    for (int64_t i = 0; i < layers; ++i) {
+      blocks.push_back(register_module("block" + std::to_string(i), Block(d)));
+    }
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = in(x);
+    for (auto& block : blocks) h = unitForward(block, h);
+    return out(h);
+  }
+  torch::nn::Linear in, out;
+  std::vector<Block> blocks;
+};
+TORCH_MODULE(Tower);
+
+struct Run {
+  std::string strategy = "ddp";
+  int world = 2;
+  std::string optimizer = "adamw";
+  int accumulation = 1;
+  double clipping = 0;
+  std::string wrap_policy = "TRANSFORMER_BASED_WRAP";
+  std::vector<std::string> unit_types = {"Block"};
+  std::string backward_prefetch = "BACKWARD_PRE";
+  bool forward_prefetch = false;
+  int64_t d = 11, layers = 3;
+  int64_t steps = 4;
+};
+
+struct Result {
+  std::map<std::string, torch::Tensor> params;  // rank 0's whole parameters
+  std::vector<MemoryReport> memory;             // per rank, after the last step
+  std::string description;
+};
+
+std::unique_ptr<torch::optim::Optimizer> makeOptimizer(Tower& net, const std::string& kind) {
+  if (kind == "sgd") {
+    return std::make_unique<torch::optim::SGD>(
+        net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9).nesterov(true));
+  }
+  if (kind == "adam") {
+    return std::make_unique<torch::optim::Adam>(
+        net->parameters(), torch::optim::AdamOptions(0.01).weight_decay(0.01));
+  }
+  if (kind == "rmsprop") {
+    return std::make_unique<torch::optim::RMSprop>(net->parameters(),
+                                                   torch::optim::RMSpropOptions(0.01));
+  }
+  return std::make_unique<torch::optim::AdamW>(net->parameters(),
+                                               torch::optim::AdamWOptions(0.01).weight_decay(0.1));
+}
+
+// Runs `body(rank)` on `world` threads and rethrows the first failure.
+template <typename Body>
+void onRanks(int world, Body body) {
+  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        body(r);
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+Result train(const Run& run) {
+  constexpr int64_t kBatch = 4;
+  auto gen = at::detail::createCPUGenerator(7);
+  const int64_t micro_steps = run.steps * run.accumulation;
+  const auto x = torch::randn({micro_steps * run.world * kBatch, 6}, gen);
+  const auto y = torch::randn({micro_steps * run.world * kBatch, 3}, gen);
+  auto fake = makeFakeWorld(run.world);
+  Result result;
+  result.memory.resize(static_cast<size_t>(run.world));
+  std::vector<std::map<std::string, torch::Tensor>> params(static_cast<size_t>(run.world));
+  std::mutex construction;  // one global generator: seed and build one model at a time
+  onRanks(run.world, [&](int r) {
+    Tower net = [&] {
+      std::lock_guard<std::mutex> lock(construction);
+      torch::manual_seed(42);
+      return Tower(run.d, run.layers);
+    }();
+    if (r != 0) {  // other weights elsewhere: the strategy must start from rank 0's
+      torch::NoGradGuard no_grad;
+      for (auto& p : net->parameters()) p.add_(0.5);
+    }
+    auto optimizer = makeOptimizer(net, run.optimizer);
+    World world;
+    world.env.rank = r;
+    world.env.world_size = run.world;
+    world.env.strategy = run.strategy;
+    world.env.gradient_accumulation_steps = run.accumulation;
+    world.env.gradient_clipping = run.clipping;
+    world.env.fsdp_auto_wrap_policy = run.wrap_policy;
+    world.env.fsdp_transformer_layer_cls = run.unit_types;
+    world.env.fsdp_backward_prefetch = run.backward_prefetch;
+    world.env.fsdp_forward_prefetch = run.forward_prefetch;
+    world.backend = makeFakeBackend(fake, r);
+    Accelerator acc(std::move(world), {});
+    acc.prepare(net.ptr(), *optimizer);
+    for (int64_t m = 0; m < micro_steps; ++m) {
+      const int64_t at = (m * run.world + r) * kBatch;
+      acc.backward(torch::mse_loss(net->forward(x.narrow(0, at, kBatch)), y.narrow(0, at, kBatch)));
+      acc.step();
+    }
+    for (auto& [name, tensor] : acc.fullParameters()) params[static_cast<size_t>(r)][name] = tensor;
+    result.memory[static_cast<size_t>(r)] = acc.memoryReport();
+    if (r == 0) result.description = acc.describeStrategy();
+  });
+  for (int r = 1; r < run.world; ++r) {  // every rank holds the same model
+    for (auto& [name, tensor] : params[0]) {
+      REQUIRE(torch::equal(tensor, params[static_cast<size_t>(r)].at(name)));
+    }
+  }
+  result.params = params[0];
+  return result;
+}
+
+double maxRelativeDifference(const Result& a, const Result& b) {
+  REQUIRE(a.params.size() == b.params.size());
+  double worst = 0;
+  for (const auto& [name, ta] : a.params) {
+    const auto& tb = b.params.at(name);
+    const double diff = (ta - tb).abs().max().item<double>();
+    worst = std::max(worst, diff / std::max(tb.abs().max().item<double>(), 1e-12));
+  }
+  return worst;
+}
+
+const std::vector<std::string> kShardedStrategies = {
+    "zero1", "zero2", "zero3", "fsdp_full_shard", "fsdp_shard_grad_op", "fsdp_no_shard"};
+
+}  // namespace
+
+TEST_CASE("Every sharded strategy ends with DDP's parameters", "[sharded]") {
+  torch::set_num_threads(1);
+  for (int world : {2, 4}) {
+    for (const std::string optimizer : {"adamw", "sgd"}) {
+      for (const auto& [accumulation, clipping] :
+           std::vector<std::pair<int, double>>{{1, 0.0}, {2, 0.0}, {1, 0.05}, {2, 0.05}}) {
+        Run run{.world = world, .optimizer = optimizer, .accumulation = accumulation,
+                .clipping = clipping};
+        const Result ddp = train(run);
+        for (const auto& strategy : kShardedStrategies) {
+          run.strategy = strategy;
+          INFO(strategy << " world " << world << " " << optimizer << " accumulation "
+                        << accumulation << " clipping " << clipping);
+          const Result sharded = train(run);
+          CHECK(maxRelativeDifference(sharded, ddp) < 1e-5);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("Adam, prefetch settings and wrap policies do not change the result", "[sharded]") {
+  torch::set_num_threads(1);
+  Run base{.world = 2, .optimizer = "adam"};
+  const Result ddp = train(base);
+  std::vector<Run> variants;
+  for (const std::string prefetch : {"BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"}) {
+    for (bool forward : {false, true}) {
+      Run r = base;
+      r.strategy = "zero3";
+      r.backward_prefetch = prefetch;
+      r.forward_prefetch = forward;
+      variants.push_back(r);
+    }
+  }
+  Run by_size = base;
+  by_size.strategy = "fsdp_full_shard";
+  by_size.wrap_policy = "SIZE_BASED_WRAP";
+  by_size.unit_types = {};
+  variants.push_back(by_size);
+  Run no_wrap = by_size;
+  no_wrap.wrap_policy = "NO_WRAP";
+  variants.push_back(no_wrap);
+  for (const auto& run : variants) {
+    INFO(run.strategy << " " << run.wrap_policy << " " << run.backward_prefetch << " forward "
+                      << run.forward_prefetch);
+    CHECK(maxRelativeDifference(train(run), ddp) < 1e-5);
+  }
+}
+
+TEST_CASE("Units follow the wrap policy", "[sharded]") {
+  torch::set_num_threads(1);
+  Run run{.strategy = "zero3", .world = 2, .steps = 1};
+  CHECK_THAT(train(run).description, Catch::Contains("3 module(s), 1 bucket(s)"));
+  run.wrap_policy = "NO_WRAP";
+  CHECK_THAT(train(run).description, Catch::Contains("0 module(s), 1 bucket(s)"));
+  run.wrap_policy = "SIZE_BASED_WRAP";  // fsdp_min_num_params defaults to 1e8: nothing that big
+  run.unit_types = {};
+  CHECK_THAT(train(run).description, Catch::Contains("0 module(s)"));
+}
+
+TEST_CASE("Model state per rank follows the ZeRO formulas", "[sharded]") {
+  torch::set_num_threads(1);
+  for (int world : {2, 4}) {
+    // Blocks hold ~96% of the parameters; the rest stays whole under ZeRO-3, as FSDP's root.
+    Run run{.world = world, .d = 64, .layers = 4, .steps = 2};
+    const Result ddp = train(run);
+    const double psi = static_cast<double>(ddp.memory[0].parameters) / 4;  // float32 elements
+    CHECK(ddp.memory[0].total() == static_cast<size_t>(16 * psi));         // 4 + 4 + 8 bytes
+    const double n = world;
+    const std::map<std::string, double> expected = {
+        {"zero1", (4 + 4 + 8 / n) * psi},
+        {"zero2", (4 + 12 / n) * psi},
+        {"fsdp_shard_grad_op", (4 + 12 / n) * psi}};
+    for (const auto& [strategy, bytes] : expected) {
+      run.strategy = strategy;
+      const Result r = train(run);
+      INFO(strategy << " world " << world << ": " << r.memory[0].str());
+      CHECK(std::abs(static_cast<double>(r.memory[0].total()) / bytes - 1) < 0.05);
+    }
+    for (const std::string strategy : {"zero3", "fsdp_full_shard"}) {
+      run.strategy = strategy;
+      const Result r = train(run);
+      for (const auto& report : r.memory) {
+        INFO(strategy << " world " << world << ": " << report.str());
+        CHECK(static_cast<double>(report.total()) <=
+              (1 / n + 0.05) * static_cast<double>(ddp.memory[0].total()));
+      }
+    }
+  }
+}
+
+TEST_CASE("Bad input: unit names, optimizers, models that differ across ranks", "[sharded]") {
+  torch::set_num_threads(1);
+  Run run{.strategy = "fsdp_full_shard", .world = 2, .steps = 1};
+  run.unit_types = {"Blok"};
+  CHECK_THROWS_WITH(train(run), Catch::Contains("'Blok', which is no module type of this model") &&
+                                    Catch::Contains("BlockImpl") && Catch::Contains("TowerImpl"));
+  run.unit_types = {"Block"};
+  run.optimizer = "rmsprop";
+  CHECK_THROWS_WITH(train(run), Catch::Contains("AdamW, Adam and SGD"));
+
+  auto fake = makeFakeWorld(2);
+  CHECK_THROWS_WITH(onRanks(2,
+                            [&](int r) {
+                              Tower net(11, r == 0 ? 3 : 2);
+                              auto optimizer = makeOptimizer(net, "adamw");
+                              World world;
+                              world.env.rank = r;
+                              world.env.world_size = 2;
+                              world.env.strategy = "zero2";
+                              world.backend = makeFakeBackend(fake, r);
+                              Accelerator acc(std::move(world), {});
+                              acc.prepare(net.ptr(), *optimizer);
+                            }),
+                    Catch::Contains("the model differs across ranks: rank 0 has 16 parameter "
+                                    "tensors (575 elements), rank 1 has 12") &&
+                        Catch::Contains("every rank must build the same model"));
+}
