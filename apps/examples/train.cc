@@ -11,7 +11,9 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <iostream>
 #include <string>
 
@@ -40,6 +42,7 @@ struct Flags {
   int64_t hidden = 256;  // mlp width
   int64_t print_every = 5;
   uint64_t seed = 1234;
+  std::string dump_params;  // rank 0 writes the final parameters here (float32, by name)
 };
 
 Flags parse(int argc, char** argv) {
@@ -52,7 +55,7 @@ Flags parse(int argc, char** argv) {
                    "             [--schedule constant|linear|cosine]\n"
                    "             [--warmup N] [--seq_len N] [--vocab N] [--d_model N]\n"
                    "             [--layers N] [--heads N] [--hidden N] [--print_every N]\n"
-                   "             [--seed N]\n";
+                   "             [--seed N] [--dump_params FILE]\n";
       std::exit(0);
     }
     if (i + 1 >= argc) throw InvalidArgument(flag + " needs a value");
@@ -88,6 +91,8 @@ Flags parse(int argc, char** argv) {
       f.print_every = integer();
     else if (flag == "--seed")
       f.seed = static_cast<uint64_t>(integer());
+    else if (flag == "--dump_params")
+      f.dump_params = v;
     else
       throw InvalidArgument("unknown flag '" + flag + "' (see --help)");
   }
@@ -168,7 +173,9 @@ struct GptImpl : torch::nn::Module {
     const auto t = idx.size(1);
     auto causal = torch::ones({t, t}, torch::kBool).triu(1);
     auto x = tokens(idx) + positions(torch::arange(t, torch::kLong));
-    for (auto& block : blocks) x = block->forward(x, causal);
+    // Through unitForward: under ZeRO-3 / FULL_SHARD each block's parameters are gathered just
+    // in time; under every other strategy it is block->forward(x, causal).
+    for (auto& block : blocks) x = unitForward(block, x, causal);
     return linear(head, ln(x));
   }
 
@@ -219,6 +226,22 @@ struct Regression : torch::data::datasets::Dataset<Regression> {
   torch::Tensor inputs, targets;
 };
 
+// The whole parameters (gathered from the shards where they are sharded), in name order, as raw
+// float32: what the parity tests compare across strategies.
+void dumpParameters(Accelerator& acc, const std::string& path) {
+  auto params = acc.fullParameters();  // a collective: every rank takes part
+  if (!acc.isMainProcess()) return;
+  std::sort(params.begin(), params.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::ofstream out(path, std::ios::binary);
+  for (const auto& [name, tensor] : params) {
+    auto t = tensor.to(torch::kFloat).contiguous();
+    out.write(static_cast<const char*>(t.data_ptr()),
+              static_cast<std::streamsize>(t.numel() * t.element_size()));
+  }
+  if (!out.flush()) throw std::runtime_error("cannot write " + path);
+}
+
 template <typename Dataset, typename Model, typename LossFn>
 int train(const Flags& f, Accelerator& acc, Dataset dataset, Model model, LossFn loss_fn,
           int64_t tokens_per_example) {
@@ -234,13 +257,17 @@ int train(const Flags& f, Accelerator& acc, Dataset dataset, Model model, LossFn
                                                     torch::optim::SGDOptions(f.lr).momentum(0.9));
   }
   LrScheduler schedule(*optimizer, LrScheduler::parse(f.schedule), f.warmup, f.steps);
+  // The transformer blocks are the shard units (a no-op unless parameters are sharded at rest).
+  if constexpr (requires { model->blocks; }) {
+    for (auto& block : model->blocks) acc.wrap(*block);
+  }
   acc.prepare(model.ptr(), *optimizer, &schedule);
   auto loader = acc.prepareDataLoader(std::move(dataset), static_cast<size_t>(f.batch_size));
   acc.print("training ", f.model, " (", acc.memoryReport().parameters / 1024,
             " KiB of "
             "parameters) on ",
             acc.worldSize(), " process(es), ",
-            acc.describeBatch(static_cast<size_t>(f.batch_size)));
+            acc.describeBatch(static_cast<size_t>(f.batch_size)), "; ", acc.describeStrategy());
 
   // The mean step time leaves out the first two steps (allocations, first buckets).
   constexpr int64_t kUntimedSteps = 2;
@@ -294,6 +321,7 @@ int train(const Flags& f, Accelerator& acc, Dataset dataset, Model model, LossFn
   acc.print("done: ", f.steps, " steps, mean step time ",
             static_cast<long long>(timed / static_cast<double>(timed_steps) * 1e6) / 1000.0,
             " ms; ", acc.memoryReport().str());
+  if (!f.dump_params.empty()) dumpParameters(acc, f.dump_params);
   return 0;
 }
 

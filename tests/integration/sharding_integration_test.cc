@@ -1,0 +1,128 @@
+// The sharded strategies in real processes: the example trainer under `cxxlaunch run`, over Gloo
+// (shared memory, and TCP alone), chosen by the launch's settings and a config file only. Every
+// mode must end with the parameters DDP ends with (the trainer dumps them gathered, in name
+// order, as float32).
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+
+#include "support/subprocess.h"
+
+using namespace cxxlaunch::testing;
+using namespace std::chrono_literals;
+using Args = std::vector<std::string>;
+using Env = std::map<std::string, std::string>;
+
+namespace {
+
+struct Trained {
+  Finished finished;
+  std::vector<float> params;
+};
+
+Trained train(const TempDir& dir, int nproc, const Args& trainer_args, const Env& env,
+              const Args& launch_flags = {}) {
+  static int runs = 0;
+  const std::string dump = dir.path() + "/params" + std::to_string(runs++) + ".bin";
+  Args argv = {CXXLAUNCH_BIN, "run", "--nproc_per_node", std::to_string(nproc)};
+  argv.insert(argv.end(), launch_flags.begin(), launch_flags.end());
+  argv.push_back(TRAIN_BIN);
+  argv.insert(argv.end(), trainer_args.begin(), trainer_args.end());
+  argv.insert(argv.end(), {"--dump_params", dump});
+  Trained t{run(argv, env, 240s), {}};
+  const std::string bytes = readFile(dump);
+  t.params.resize(bytes.size() / sizeof(float));
+  std::memcpy(t.params.data(), bytes.data(), t.params.size() * sizeof(float));
+  return t;
+}
+
+// max |a - b| / max |b|: one relative tolerance for the whole model.
+double relativeDifference(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  REQUIRE(!a.empty());
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, static_cast<double>(std::abs(a[i] - b[i])));
+    scale = std::max(scale, static_cast<double>(std::abs(b[i])));
+  }
+  return diff / scale;
+}
+
+const Args kGpt = {"--model", "gpt", "--steps", "6", "--batch_size", "4", "--seq_len", "16",
+                   "--d_model", "32", "--layers", "3", "--heads", "2", "--print_every", "3"};
+
+}  // namespace
+
+TEST_CASE("Every strategy ends where DDP ends, in real processes", "[sharding][integration]") {
+  TempDir dir;
+  for (int nproc : {2, 4}) {
+    for (const Args& optimizer : {Args{"--optimizer", "adamw"}, Args{"--optimizer", "sgd"}}) {
+      Args args = kGpt;
+      args.insert(args.end(), optimizer.begin(), optimizer.end());
+      // Accumulation and clipping on: the sharded paths of both are exercised.
+      const Env settings = {{"CXXLAUNCH_GRADIENT_ACCUMULATION_STEPS", "2"},
+                            {"CXXLAUNCH_GRADIENT_CLIPPING", "0.5"}};
+      Env ddp_env = settings;
+      ddp_env["CXXLAUNCH_STRATEGY"] = "ddp";
+      const Trained ddp = train(dir, nproc, args, ddp_env);
+      INFO(ddp.finished.out << ddp.finished.err);
+      REQUIRE(ddp.finished.exit_code == 0);
+      const std::vector<std::string> strategies =
+          nproc == 2 ? std::vector<std::string>{"zero1", "zero2", "zero3", "fsdp_full_shard",
+                                                "fsdp_shard_grad_op", "fsdp_no_shard"}
+                     : std::vector<std::string>{"zero1", "zero2", "zero3"};
+      for (const auto& strategy : strategies) {
+        Env env = settings;
+        env["CXXLAUNCH_STRATEGY"] = strategy;
+        const Trained sharded = train(dir, nproc, args, env);
+        INFO(strategy << " on " << nproc << " processes, " << optimizer[1] << "\n"
+                      << sharded.finished.out << sharded.finished.err);
+        REQUIRE(sharded.finished.exit_code == 0);
+        CHECK_THAT(sharded.finished.out, Catch::Contains(strategy + ": "));
+        CHECK(relativeDifference(sharded.params, ddp.params) < 1e-5);
+      }
+    }
+  }
+}
+
+TEST_CASE("ZeRO-3 over TCP alone, and FULL_SHARD from an accelerate config file",
+          "[sharding][integration]") {
+  TempDir dir;
+  const Trained ddp = train(dir, 2, kGpt, {{"CXXLAUNCH_STRATEGY", "ddp"}});
+  REQUIRE(ddp.finished.exit_code == 0);
+
+  const Trained tcp = train(dir, 2, kGpt,
+                            {{"CXXLAUNCH_STRATEGY", "zero3"}, {"CXXLAUNCH_SHARED_MEMORY", "off"}});
+  INFO(tcp.finished.out << tcp.finished.err);
+  REQUIRE(tcp.finished.exit_code == 0);
+  CHECK(relativeDifference(tcp.params, ddp.params) < 1e-5);
+
+  const std::string config = dir.path() + "/fsdp.yaml";
+  std::ofstream(config) << "compute_environment: LOCAL_MACHINE\n"
+                           "distributed_type: FSDP\n"
+                           "use_cpu: true\n"
+                           "num_machines: 1\n"
+                           "num_processes: 2\n"
+                           "fsdp_config:\n"
+                           "  fsdp_sharding_strategy: FULL_SHARD\n"
+                           "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
+                           "  fsdp_transformer_layer_cls_to_wrap: Block\n"
+                           "  fsdp_backward_prefetch: BACKWARD_PRE\n"
+                           "  fsdp_sync_module_states: true\n";
+  const Trained fsdp = train(dir, 2, kGpt, {}, {"--config_file", config});
+  INFO(fsdp.finished.out << fsdp.finished.err);
+  REQUIRE(fsdp.finished.exit_code == 0);
+  CHECK_THAT(fsdp.finished.out, Catch::Contains("fsdp_full_shard: 4 unit(s) (3 module(s)"));
+  CHECK(relativeDifference(fsdp.params, ddp.params) < 1e-5);
+
+  // A unit name that matches nothing: one clear line naming the model's module types, exit 2.
+  const Trained bad = train(dir, 2, kGpt,
+                            {{"CXXLAUNCH_STRATEGY", "fsdp_full_shard"},
+                             {"CXXLAUNCH_FSDP_AUTO_WRAP_POLICY", "TRANSFORMER_BASED_WRAP"},
+                             {"CXXLAUNCH_FSDP_TRANSFORMER_LAYER_CLS_TO_WRAP", "Blocks"}});
+  CHECK(bad.finished.exit_code == 2);
+  CHECK_THAT(bad.finished.err, Catch::Contains("'Blocks', which is no module type of this model") &&
+                                   Catch::Contains("BlockImpl, EmbeddingImpl, GptImpl"));
+}
