@@ -180,7 +180,7 @@ TEST_CASE("scaleInPlace multiplies every element", "[kernels][cpu]") {
   for (size_t i = 0; i < x.size(); ++i) REQUIRE(x[i] == x0[i] / 4);
 }
 
-TEST_CASE("allFinite: inf, -inf and NaN anywhere; max and denormals are finite", "[kernels][cpu]") {
+TEST_CASE("allFinite: inf, -inf and NaN anywhere, max and denormals finite", "[kernels][cpu]") {
   const float inf = std::numeric_limits<float>::infinity();
   const float nan = std::numeric_limits<float>::quiet_NaN();
   std::vector<float> x = values(37, -1, 1, 8);
@@ -303,7 +303,7 @@ TEST_CASE("castFloatToHalf: round to nearest even, overflow, underflow, NaN, inf
   }
 }
 
-TEST_CASE("castHalfToFloat is exact; half to float and back is the identity but for NaN",
+TEST_CASE("castHalfToFloat is exact, and half to float and back is the identity but for NaN",
           "[kernels][cpu]") {
   std::vector<uint16_t> all(65536);
   for (uint32_t h = 0; h < 65536; ++h) all[h] = static_cast<uint16_t>(h);
