@@ -85,6 +85,48 @@ CXXLAUNCH_HOST_DEVICE float bfloat16ToFloat(uint16_t b) {
   return bitsFloat(static_cast<uint32_t>(b) << 16);
 }
 
+// IEEE binary16, as c10::Half converts on the CPU (fp16_ieee_from_fp32_value): round to nearest
+// even, overflow to infinity, gradual underflow to the half denormals, NaN becomes the quiet NaN
+// 0x7e00 with its sign kept. Integer arithmetic only, so the GPU gives the same bits without
+// depending on its float rounding modes or on flush-to-zero.
+CXXLAUNCH_HOST_DEVICE uint16_t floatToHalf(float f) {
+  const uint32_t u = floatBits(f);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
+  if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520: infinity
+  if (a >= 0x38800000u) {  // a normal half: rebias the exponent, round off 13 mantissa bits
+    const uint32_t rounded = a + 0xfffu + ((a >> 13) & 1u);
+    return static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
+  }
+  if (a < 0x33000000u) return static_cast<uint16_t>(sign);  // below half of 2^-24: zero
+  // A half denormal counts units of 2^-24: shift the full 24-bit significand right by 126 - e
+  // (14..24) and round to nearest even on the bits shifted out. A carry into bit 10 yields the
+  // smallest normal, which is the right encoding.
+  const uint32_t shift = 126u - (a >> 23);
+  const uint32_t significand = (a & 0x7fffffu) | 0x800000u;
+  const uint32_t halfway = 1u << (shift - 1);
+  const uint32_t rest = significand & ((1u << shift) - 1);
+  uint32_t h = significand >> shift;
+  if (rest > halfway || (rest == halfway && (h & 1u) != 0)) ++h;
+  return static_cast<uint16_t>(sign | h);
+}
+// Exact (every half is a float). A NaN keeps its sign and payload and comes out quiet, as
+// c10::Half's conversion (float arithmetic on the CPU) leaves it.
+CXXLAUNCH_HOST_DEVICE float halfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1fu;
+  const uint32_t mantissa = h & 0x3ffu;
+  if (exponent == 0x1f) {
+    if (mantissa == 0) return bitsFloat(sign | 0x7f800000u);  // infinity
+    return bitsFloat(sign | 0x7fc00000u | (mantissa << 13));  // NaN, quieted
+  }
+  if (exponent != 0) return bitsFloat(sign | ((exponent + 112) << 23) | (mantissa << 13));
+  // Zero or a denormal: mantissa * 2^-24, exact in float (no rounding, no flush: a float normal).
+  const float magnitude = static_cast<float>(mantissa) * 5.9604644775390625e-8f;
+  return sign != 0 ? -magnitude : magnitude;
+}
+
 // True when f is neither infinite nor NaN (the loss scaler's overflow test).
 CXXLAUNCH_HOST_DEVICE bool isFiniteFloat(float f) {
   return (floatBits(f) & 0x7f800000u) != 0x7f800000u;

@@ -55,4 +55,14 @@ void castBFloat16ToFloat(const uint16_t* __restrict from, float* __restrict to, 
   for (int64_t i = 0; i < n; ++i) to[i] = bfloat16ToFloat(from[i]);
 }
 
+CXXLAUNCH_CPU_CLONES
+void castFloatToHalf(const float* __restrict from, uint16_t* __restrict to, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) to[i] = floatToHalf(from[i]);
+}
+
+CXXLAUNCH_CPU_CLONES
+void castHalfToFloat(const uint16_t* __restrict from, float* __restrict to, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) to[i] = halfToFloat(from[i]);
+}
+
 }  // namespace cxxlaunch::runtime::kernels

@@ -27,8 +27,13 @@ void scaleInPlace(float* x, int64_t n, float factor);
 // Whether no element is inf or NaN (the fp16 loss scaler's overflow check).
 bool allFinite(const float* x, int64_t n);
 
-// Cast-copies between the float32 master weights and bfloat16 compute copies (raw bits).
+// Cast-copies between the float32 master weights and bfloat16 compute copies (raw bits), rounded
+// to nearest even as LibTorch's .to(kBFloat16).
 void castFloatToBFloat16(const float* from, uint16_t* to, int64_t n);
 void castBFloat16ToFloat(const uint16_t* from, float* to, int64_t n);
+
+// The same for IEEE half (fp16) compute copies (raw bits).
+void castFloatToHalf(const float* from, uint16_t* to, int64_t n);
+void castHalfToFloat(const uint16_t* from, float* to, int64_t n);
 
 }  // namespace cxxlaunch::runtime::kernels
