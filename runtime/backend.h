@@ -51,8 +51,8 @@ struct BackendOptions {
   std::string address = "127.0.0.1";  // this rank's address, reachable by the others (Gloo)
   int device = -1;                    // CUDA device (NCCL); -1: the local rank's
   std::chrono::milliseconds timeout = std::chrono::minutes(5);  // per collective
-  // Gloo: when every rank runs on this host, allreduce and reduce-scatter go through shared
-  // memory instead of TCP loopback (runtime/shm_collectives.h).
+  // Gloo: when every rank runs on this host, allreduce, reduce-scatter and all-gather go
+  // through shared memory instead of TCP loopback (runtime/shm_collectives.h).
   bool shared_memory = true;
 };
 

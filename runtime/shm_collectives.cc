@@ -319,4 +319,20 @@ void ShmCollectives::reduceScatter(const void* input, void* output, size_t count
   }
 }
 
+void ShmCollectives::allGather(const void* input, void* output, size_t count, DType dtype) {
+  const size_t elem = dtypeSize(dtype);
+  const size_t chunk = slot_bytes_ / elem;
+  const auto* in = static_cast<const char*>(input);
+  auto* out = static_cast<char*>(output);
+  for (size_t done = 0; done < count; done += chunk) {
+    const size_t n = std::min(chunk, count - done);
+    std::memcpy(slot(rank_), in + done * elem, n * elem);
+    barrier();
+    for (int r = 0; r < size_; ++r) {
+      std::memcpy(out + (static_cast<size_t>(r) * count + done) * elem, slot(r), n * elem);
+    }
+    barrier();  // the slots are read: they may be filled again
+  }
+}
+
 }  // namespace cxxlaunch::runtime

@@ -1,5 +1,5 @@
 #pragma once
-// ShmCollectives: allreduce and reduce-scatter through one shared-memory segment, for worlds
+// ShmCollectives: allreduce, reduce-scatter and all-gather through one shared-memory segment, for worlds
 // whose ranks all run on this host. Each rank copies its data into its slot, every rank reduces
 // its share of the chunk from all slots in rank order, and everyone copies the result out: two
 // barriers per chunk, memory bandwidth instead of TCP loopback and Gloo's per-segment
@@ -48,6 +48,9 @@ class ShmCollectives {
   void allreduce(void* data, size_t count, DType dtype, ReduceOp op);
   // `input` holds world_size chunks of `count`; rank r's `output` gets op over all chunks r.
   void reduceScatter(const void* input, void* output, size_t count, DType dtype, ReduceOp op);
+  // `output` (world_size * count) gets every rank's `input` (count) in rank order. `input` may be
+  // this rank's place in `output` (each chunk is copied in before any result is written).
+  void allGather(const void* input, void* output, size_t count, DType dtype);
 
   // This host as the ranks compare it: boot id and PID namespace (peers are watched by pid).
   static std::string thisHostKey();

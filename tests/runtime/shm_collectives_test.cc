@@ -93,6 +93,36 @@ TEST_CASE("Shared-memory allreduce and reduce-scatter are exact across chunks", 
   }
 }
 
+TEST_CASE("Shared-memory all-gather is exact across chunks, in place too", "[shm]") {
+  for (int n = 2; n <= 4; ++n) {
+    INFO("world " << n);
+    rendezvous::MemoryStore store;
+    const size_t count = 2501;  // several 1024-float chunks and an uneven last one
+    std::vector<std::vector<float>> gathered(n), in_place(n);
+    onRanks(n, [&](int r) {
+      auto shm = ShmCollectives::connect(store, options(r, n));
+      REQUIRE(shm != nullptr);
+      std::vector<float> mine(count);
+      for (size_t i = 0; i < count; ++i) mine[i] = static_cast<float>(r * 10000 + i);
+      gathered[r].resize(count * static_cast<size_t>(n));
+      shm->allGather(mine.data(), gathered[r].data(), count, DType::kFloat32);
+      // The input is this rank's place in the output, as ZeRO gathers an updated shard.
+      in_place[r].assign(count * static_cast<size_t>(n), -1.f);
+      std::copy(mine.begin(), mine.end(), in_place[r].begin() + static_cast<ptrdiff_t>(r * count));
+      shm->allGather(in_place[r].data() + r * count, in_place[r].data(), count, DType::kFloat32);
+    });
+    for (int r = 0; r < n; ++r) {
+      for (int from = 0; from < n; ++from) {
+        for (size_t i = 0; i < count; ++i) {
+          const float expected = static_cast<float>(from * 10000 + i);
+          CHECK(gathered[r][from * count + i] == expected);
+          CHECK(in_place[r][from * count + i] == expected);
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("Every rank gets bitwise the same sum of inexact floats", "[shm]") {
   const int n = 3;
   rendezvous::MemoryStore store;
