@@ -129,7 +129,9 @@ void ShardedStrategy::buildUnits() {
       mine.push_back(p);
       numel += p.numel();
     }
-    const bool unit = is_unit.count(&module) != 0 || (by_size && numel >= options_.min_num_params);
+    // Below stage 3 nothing is gathered per module: buckets need the fewest collectives.
+    const bool unit = options_.stage == 3 && (is_unit.count(&module) != 0 ||
+                                              (by_size && numel >= options_.min_num_params));
     if (!unit || mine.empty()) continue;
     for (const auto& p : mine) taken.insert(p.unsafeGetTensorImpl());
     unit_params[&module] = std::move(mine);

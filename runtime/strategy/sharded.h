@@ -17,9 +17,10 @@
 //                                        are complete. Parameters outside such units stay whole,
 //                                        as FSDP's root unit.
 //
-// Units: the modules the wrap policy names (TRANSFORMER_BASED_WRAP: module type names;
+// Units (stage 3): the modules the wrap policy names (TRANSFORMER_BASED_WRAP: module type names;
 // SIZE_BASED_WRAP: at least min_num_params parameters of their own) or that the trainer marked
-// with Accelerator::wrap; the remaining parameters form buckets of bucket_bytes. Each unit is one
+// with Accelerator::wrap; the remaining parameters (below stage 3: all of them) form buckets of
+// bucket_bytes, in reverse registration order as DDP's. Each unit is one
 // FlatParameter (flat/flat_param.h) and one shard of the optimizer (optim/shard_optimizer.h).
 //
 // Collectives run in one order on every rank: gradient reductions in a fixed unit order (a unit

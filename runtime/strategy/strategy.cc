@@ -147,7 +147,9 @@ std::unique_ptr<Strategy> makeStrategy(const WorkerEnv& env, std::shared_ptr<Bac
   sharding.min_num_params = env.fsdp_min_num_params;
   sharding.wrapped = options.wrapped;
   sharding.backward_prefetch = env.fsdp_backward_prefetch;
-  sharding.forward_prefetch = env.fsdp_forward_prefetch;
+  // DeepSpeed's ZeRO-3 prefetches in forward too (its trace of the previous step); FSDP only
+  // when asked.
+  sharding.forward_prefetch = name == "zero3" || env.fsdp_forward_prefetch;
   sharding.sync_module_states = env.fsdp_sync_module_states;
   sharding.bucket_bytes = options.bucket_bytes;
   return std::make_unique<ShardedStrategy>(std::move(backend), std::move(model), optimizer,
