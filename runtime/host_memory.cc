@@ -38,4 +38,10 @@ bool keepFreedHostMemory() {
 #endif
 }
 
+void releaseFreedHostMemory() {
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
+}
+
 }  // namespace cxxlaunch::runtime

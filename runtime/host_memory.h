@@ -13,4 +13,8 @@ namespace cxxlaunch::runtime {
 // MALLOC_TOP_PAD_) or on a C library other than glibc. Returns whether it changed anything.
 bool keepFreedHostMemory();
 
+// Gives freed heap memory back to the kernel once (malloc_trim), after a one-off release such as
+// a model's parameters moving into flat buffers: kept, they would stay resident for the whole run.
+void releaseFreedHostMemory();
+
 }  // namespace cxxlaunch::runtime

@@ -5,29 +5,11 @@
 #include <functional>
 
 #include "rendezvous/error.h"
+#include "runtime/strategy/grad_hooks.h"
 #include "runtime/strategy/model_state.h"
 #include "runtime/tensor_ops.h"
 
 namespace cxxlaunch::runtime {
-namespace {
-
-// An autograd post-hook on a parameter's gradient accumulator: runs once the gradient of this
-// backward has been added to param.grad(), which is where DDP's bucket must read it.
-class AfterAccumulation final : public torch::autograd::FunctionPostHook {
- public:
-  explicit AfterAccumulation(std::function<void()> ready) : ready_(std::move(ready)) {}
-  torch::autograd::variable_list operator()(
-      const torch::autograd::variable_list& outputs,
-      const torch::autograd::variable_list& /*inputs*/) override {
-    ready_();
-    return outputs;
-  }
-
- private:
-  std::function<void()> ready_;
-};
-
-}  // namespace
 
 DType dtypeOf(const at::Tensor& tensor) {
   switch (tensor.scalar_type()) {

@@ -7,7 +7,9 @@
 #include <set>
 
 #include "rendezvous/error.h"
+#include "runtime/host_memory.h"
 #include "runtime/kernels/cpu/optimizers.h"
+#include "runtime/strategy/grad_hooks.h"
 #include "runtime/strategy/model_state.h"
 
 namespace cxxlaunch::runtime {
@@ -15,22 +17,6 @@ namespace {
 
 constexpr size_t kNone = static_cast<size_t>(-1);
 constexpr size_t kMaxReductionsInFlight = 2;
-
-// An autograd post-hook on a parameter's gradient accumulator: this backward's gradient of the
-// parameter is complete in param.grad().
-class AfterAccumulation final : public torch::autograd::FunctionPostHook {
- public:
-  explicit AfterAccumulation(std::function<void()> ready) : ready_(std::move(ready)) {}
-  torch::autograd::variable_list operator()(
-      const torch::autograd::variable_list& outputs,
-      const torch::autograd::variable_list& /*inputs*/) override {
-    ready_();
-    return outputs;
-  }
-
- private:
-  std::function<void()> ready_;
-};
 
 // "BlockImpl" for "(anonymous namespace)::BlockImpl": what a config names.
 std::string shortTypeName(const torch::nn::Module& module) {
@@ -62,6 +48,7 @@ ShardedStrategy::ShardedStrategy(std::shared_ptr<Backend> backend,
   }
   if (options_.sync_module_states) broadcastModuleState(*backend_, *model_, 0);
   buildUnits();
+  releaseFreedHostMemory();  // the parameters' old storage, now that they live in flat buffers
 }
 
 ShardedStrategy::~ShardedStrategy() {

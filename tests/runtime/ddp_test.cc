@@ -8,9 +8,11 @@
 #include <catch2/catch.hpp>
 #include <thread>
 
+#include "ranks.h"
 #include "runtime/accelerator.h"
 
 using namespace cxxlaunch::runtime;
+using cxxlaunch::runtime::testing::onRanks;
 
 namespace {
 
@@ -65,26 +67,6 @@ double maxRelativeDifference(Net& a, Net& b) {
     worst = std::max(worst, diff / scale);
   }
   return worst;
-}
-
-// Runs `body(rank)` on `world` threads and rethrows the first failure.
-template <typename Body>
-void onRanks(int world, Body body) {
-  std::vector<std::thread> threads;
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        body(r);
-      } catch (...) {
-        errors[static_cast<size_t>(r)] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
 }
 
 World fakeWorld(std::shared_ptr<FakeWorld> world, int rank, int size, int accumulation = 1) {

@@ -12,10 +12,12 @@
 #include <mutex>
 #include <thread>
 
+#include "ranks.h"
 #include "runtime/accelerator.h"
 #include "runtime/strategy/unit.h"
 
 using namespace cxxlaunch::runtime;
+using cxxlaunch::runtime::testing::onRanks;
 
 namespace {
 
@@ -84,26 +86,6 @@ std::unique_ptr<torch::optim::Optimizer> makeOptimizer(Tower& net, const std::st
   }
   return std::make_unique<torch::optim::AdamW>(net->parameters(),
                                                torch::optim::AdamWOptions(0.01).weight_decay(0.1));
-}
-
-// Runs `body(rank)` on `world` threads and rethrows the first failure.
-template <typename Body>
-void onRanks(int world, Body body) {
-  std::vector<std::thread> threads;
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        body(r);
-      } catch (...) {
-        errors[static_cast<size_t>(r)] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
 }
 
 Result train(const Run& run) {
