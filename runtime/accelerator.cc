@@ -1,6 +1,5 @@
 #include "runtime/accelerator.h"
 
-
 #include <cmath>
 #include <cstdio>
 
@@ -65,9 +64,7 @@ void Accelerator::prepare(std::shared_ptr<torch::nn::Module> model,
   options.bucket_bytes = bucket_bytes_;
   options.find_unused_parameters = find_unused_;
   options.wrapped = wrapped_;
-  strategy_ = makeStrategy(world_.env, world_.backend, model, optimizer, options);
-  model_ = std::move(model);
-  optimizer_ = &optimizer;
+  strategy_ = makeStrategy(world_.env, world_.backend, std::move(model), optimizer, options);
   scheduler_ = scheduler;
 }
 

@@ -142,8 +142,6 @@ class Accelerator {
   double clipping_ = 0;
   size_t bucket_bytes_;
   bool find_unused_;
-  std::shared_ptr<torch::nn::Module> model_;
-  torch::optim::Optimizer* optimizer_ = nullptr;
   LrScheduler* scheduler_ = nullptr;
   std::vector<const torch::nn::Module*> wrapped_;
   std::unique_ptr<Strategy> strategy_;
