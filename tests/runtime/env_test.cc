@@ -86,3 +86,35 @@ TEST_CASE("A malformed variable is named in the error", "[env]") {
     REQUIRE_FALSE(runtime::readWorkerEnv().shared_memory);
   }
 }
+
+TEST_CASE("The sharding settings are read, and malformed ones named", "[env]") {
+  {
+    ScopedEnv vars({{env::kStrategy, "fsdp_full_shard"},
+                    {env::kFsdpAutoWrapPolicy, "TRANSFORMER_BASED_WRAP"},
+                    {env::kFsdpTransformerLayerClsToWrap, "Block, Decoder ,"},
+                    {env::kFsdpMinNumParams, "200000000000"},
+                    {env::kFsdpBackwardPrefetch, "BACKWARD_POST"},
+                    {env::kFsdpForwardPrefetch, "true"},
+                    {env::kFsdpSyncModuleStates, "false"},
+                    {env::kOffloadOptimizer, "cpu"}});
+    const auto e = runtime::readWorkerEnv();
+    CHECK(e.strategy == "fsdp_full_shard");
+    CHECK(e.fsdp_auto_wrap_policy == "TRANSFORMER_BASED_WRAP");
+    CHECK(e.fsdp_transformer_layer_cls == std::vector<std::string>{"Block", "Decoder"});
+    CHECK(e.fsdp_min_num_params == 200000000000LL);
+    CHECK(e.fsdp_backward_prefetch == "BACKWARD_POST");
+    CHECK(e.fsdp_forward_prefetch);
+    CHECK_FALSE(e.fsdp_sync_module_states);
+    CHECK(e.offload_optimizer == "cpu");
+    CHECK(e.offload_params == "none");
+  }
+  {
+    ScopedEnv vars({{env::kFsdpForwardPrefetch, "yes"}});
+    CHECK_THROWS_WITH(runtime::readWorkerEnv(),
+                      Catch::Contains("CXXLAUNCH_FSDP_FORWARD_PREFETCH='yes' is not true or false"));
+  }
+  {
+    ScopedEnv vars({{env::kFsdpBackwardPrefetch, "PRE"}});
+    CHECK_THROWS_WITH(runtime::readWorkerEnv(), Catch::Contains("BACKWARD_PRE, BACKWARD_POST"));
+  }
+}
