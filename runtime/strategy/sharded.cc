@@ -252,12 +252,16 @@ size_t ShardedStrategy::unitOf(const torch::nn::Module& module) const {
 void ShardedStrategy::beforeForward(const torch::nn::Module& module) {
   std::lock_guard<std::mutex> lock(mu_);
   const size_t i = unitOf(module);
-  if (!in_forward_) {
-    in_forward_ = true;
-    last_forward_order_ = std::move(forward_order_);
-    forward_order_.clear();
+  // The order is recorded for the backward's prefetch: passes without autograd (evaluation)
+  // have no backward and are not recorded.
+  if (torch::GradMode::is_enabled()) {
+    if (!in_forward_) {
+      in_forward_ = true;
+      last_forward_order_ = std::move(forward_order_);
+      forward_order_.clear();
+    }
+    forward_order_.push_back(i);
   }
-  forward_order_.push_back(i);
   gatherNow(i);
   if (options_.forward_prefetch && options_.stage == 3) {
     // The unit that followed this one in the previous forward (a static graph's order).
@@ -282,16 +286,14 @@ void ShardedStrategy::preBackward(size_t i) {
   std::lock_guard<std::mutex> lock(mu_);
   gatherNow(i);
   if (options_.backward_prefetch == "BACKWARD_PRE") {
-    const size_t next = neighbourInForward(i, -1);
+    const size_t next = previousInForward(i);
     if (next != kNone) prefetch(next);
   }
 }
 
-size_t ShardedStrategy::neighbourInForward(size_t unit, int direction) const {
+size_t ShardedStrategy::previousInForward(size_t unit) const {
   auto it = std::find(forward_order_.begin(), forward_order_.end(), unit);
-  if (it == forward_order_.end()) return kNone;
-  if (direction < 0) return it == forward_order_.begin() ? kNone : *(it - 1);
-  return it + 1 == forward_order_.end() ? kNone : *(it + 1);
+  return it == forward_order_.end() || it == forward_order_.begin() ? kNone : *(it - 1);
 }
 
 void ShardedStrategy::prefetch(size_t i) {
@@ -372,7 +374,7 @@ void ShardedStrategy::unitGradientsDone(size_t i) {
   // Every gradient of the unit is computed: backward reads its parameters no more.
   release(i);
   if (options_.backward_prefetch == "BACKWARD_POST") {
-    const size_t next = neighbourInForward(i, -1);
+    const size_t next = previousInForward(i);
     if (next != kNone) prefetch(next);
   }
 }

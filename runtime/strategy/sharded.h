@@ -116,7 +116,7 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   void prefetch(size_t unit);               // returns at once
   void release(size_t unit);                // stage 3, routed units only
   size_t unitOf(const torch::nn::Module& module) const;
-  size_t neighbourInForward(size_t unit, int direction) const;  // or npos
+  size_t previousInForward(size_t unit) const;  // next in backward order, or kNone
 
   std::shared_ptr<Backend> backend_;
   std::shared_ptr<torch::nn::Module> model_;

@@ -63,6 +63,7 @@ struct Run {
   bool forward_prefetch = false;
   int64_t d = 11, layers = 3;
   int64_t steps = 4;
+  bool evaluate = false;  // a forward without autograd after every step (an evaluation pass)
 };
 
 struct Result {
@@ -126,7 +127,10 @@ Result train(const Run& run) {
     for (int64_t m = 0; m < micro_steps; ++m) {
       const int64_t at = (m * run.world + r) * kBatch;
       acc.backward(torch::mse_loss(net->forward(x.narrow(0, at, kBatch)), y.narrow(0, at, kBatch)));
-      acc.step();
+      if (acc.step() && run.evaluate) {
+        torch::NoGradGuard no_grad;
+        (void)net->forward(x.narrow(0, 0, kBatch));
+      }
     }
     for (auto& [name, tensor] : acc.fullParameters()) params[static_cast<size_t>(r)][name] = tensor;
     result.memory[static_cast<size_t>(r)] = acc.memoryReport();
@@ -178,7 +182,8 @@ TEST_CASE("Every sharded strategy ends with DDP's parameters", "[sharded]") {
   }
 }
 
-TEST_CASE("Adam, prefetch settings and wrap policies do not change the result", "[sharded]") {
+TEST_CASE("Adam, prefetch, evaluation passes and wrap policies do not change the result",
+          "[sharded]") {
   torch::set_num_threads(1);
   Run base{.world = 2, .optimizer = "adam"};
   const Result ddp = train(base);
@@ -192,6 +197,10 @@ TEST_CASE("Adam, prefetch settings and wrap policies do not change the result", 
       variants.push_back(r);
     }
   }
+  Run evaluating = base;
+  evaluating.strategy = "zero3";
+  evaluating.evaluate = true;
+  variants.push_back(evaluating);
   Run by_size = base;
   by_size.strategy = "fsdp_full_shard";
   by_size.wrap_policy = "SIZE_BASED_WRAP";
@@ -202,7 +211,7 @@ TEST_CASE("Adam, prefetch settings and wrap policies do not change the result", 
   variants.push_back(no_wrap);
   for (const auto& run : variants) {
     INFO(run.strategy << " " << run.wrap_policy << " " << run.backward_prefetch << " forward "
-                      << run.forward_prefetch);
+                      << run.forward_prefetch << (run.evaluate ? " evaluating" : ""));
     CHECK(maxRelativeDifference(train(run), ddp) < 1e-5);
   }
 }
