@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "rendezvous/error.h"
+#include "runtime/kernels/element_math.h"
 
 namespace cxxlaunch::runtime {
 namespace {
@@ -51,70 +52,12 @@ void divide16(void* data, size_t count, int n) {
 
 }  // namespace
 
-float halfToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
-  uint32_t exponent = (h >> 10) & 0x1f;
-  uint32_t mantissa = h & 0x3ff;
-  uint32_t bits;
-  if (exponent == 0x1f) {
-    bits = sign | 0x7f800000 | (mantissa << 13);  // inf, nan
-  } else if (exponent != 0) {
-    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-  } else if (mantissa == 0) {
-    bits = sign;
-  } else {  // subnormal: normalise
-    exponent = 113;
-    while ((mantissa & 0x400) == 0) {
-      mantissa <<= 1;
-      --exponent;
-    }
-    bits = sign | (exponent << 23) | ((mantissa & 0x3ff) << 13);
-  }
-  float value;
-  std::memcpy(&value, &bits, sizeof(value));
-  return value;
-}
-
-uint16_t floatToHalf(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof(bits));
-  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000);
-  const int32_t exponent = static_cast<int32_t>((bits >> 23) & 0xff) - 127 + 15;
-  uint32_t mantissa = bits & 0x7fffff;
-  if (((bits >> 23) & 0xff) == 0xff) {  // inf, nan
-    return static_cast<uint16_t>(sign | 0x7c00 | (mantissa != 0 ? 0x200 : 0));
-  }
-  if (exponent >= 0x1f) return static_cast<uint16_t>(sign | 0x7c00);  // overflow to inf
-  if (exponent <= 0) {                                                // subnormal or zero
-    if (exponent < -10) return sign;
-    mantissa |= 0x800000;
-    const int shift = 14 - exponent;
-    uint32_t half = mantissa >> shift;
-    const uint32_t rest = mantissa & ((1u << shift) - 1);
-    const uint32_t halfway = 1u << (shift - 1);
-    if (rest > halfway || (rest == halfway && (half & 1) != 0)) ++half;
-    return static_cast<uint16_t>(sign | half);
-  }
-  uint32_t half = (static_cast<uint32_t>(exponent) << 10) | (mantissa >> 13);
-  const uint32_t rest = mantissa & 0x1fff;
-  if (rest > 0x1000 || (rest == 0x1000 && (half & 1) != 0)) ++half;  // may carry into inf: fine
-  return static_cast<uint16_t>(sign | half);
-}
-
-float bfloat16ToFloat(uint16_t bf16) {
-  const uint32_t bits = static_cast<uint32_t>(bf16) << 16;
-  float value;
-  std::memcpy(&value, &bits, sizeof(value));
-  return value;
-}
-
-uint16_t floatToBfloat16(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof(bits));
-  if ((bits & 0x7fffffff) > 0x7f800000) return static_cast<uint16_t>((bits >> 16) | 0x40);  // nan
-  const uint32_t rounding = 0x7fff + ((bits >> 16) & 1);
-  return static_cast<uint16_t>((bits + rounding) >> 16);
-}
+// One conversion for the whole runtime: kernels/element_math.h's, which the CUDA kernels share
+// and the kernel tests check against LibTorch's c10::Half / c10::BFloat16.
+float halfToFloat(uint16_t half) { return kernels::halfToFloat(half); }
+uint16_t floatToHalf(float value) { return kernels::floatToHalf(value); }
+float bfloat16ToFloat(uint16_t bf16) { return kernels::bfloat16ToFloat(bf16); }
+uint16_t floatToBfloat16(float value) { return kernels::floatToBFloat16(value); }
 
 void reduceInto(void* acc, const void* in, size_t count, DType dtype, ReduceOp op) {
   switch (dtype) {
