@@ -34,12 +34,12 @@ def run_mode(a, mode):
     out = subprocess.run(argv, capture_output=True, text=True, env=env)
     step = re.search(r"mean step time ([0-9.]+) ms", out.stdout)
     total = re.search(r"total ([0-9.]+) (KiB|MiB)", out.stdout)
-    params = re.search(r"training gpt \(([0-9]+) KiB of parameters\)", out.stdout)
+    params = re.search(r"training gpt \(([0-9]+) parameters\)", out.stdout)
     rss = [int(k) * 1024 for k in re.findall(r"peak_rss_kib ([0-9]+)", out.stdout + out.stderr)]
     if out.returncode != 0 or not step or not total or len(rss) != a.nproc:
         sys.exit(f"{mode} failed:\n{out.stdout}\n{out.stderr}")
     return float(step.group(1)), float(total.group(1)) * UNIT[total.group(2)], max(rss), \
-        int(params.group(1)) * 1024
+        int(params.group(1))
 
 
 def main():
@@ -62,7 +62,7 @@ def main():
             results[m].append(run_mode(a, m))
     med = {m: [statistics.median(r[i] for r in results[m]) for i in range(4)] for m in modes}
     ddp_ms, ddp_state = med["ddp"][0], med["ddp"][1]
-    print(f"GPT d_model {a.d_model} x {a.layers} layers ({med['ddp'][3] / 4 / 1e6:.1f}M parameters), "
+    print(f"GPT d_model {a.d_model} x {a.layers} layers ({med['ddp'][3] / 1e6:.1f}M parameters), "
           f"batch {a.batch_size} x seq {a.seq_len} per process, AdamW, world {a.nproc}, Gloo "
           f"({os.environ.get('CXXLAUNCH_SHARED_MEMORY', 'on')} shared memory), median of {a.repeat}")
     print(f"{'mode':20s} {'ms/step':>9s} {'x DDP':>6s} {'state MiB':>10s} {'x DDP':>6s} {'peak RSS MiB':>13s}")

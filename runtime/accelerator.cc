@@ -16,6 +16,7 @@ WorkerEnv withOverrides(WorkerEnv env, const AcceleratorOptions& options) {
   }
   if (options.gradient_clipping) env.gradient_clipping = *options.gradient_clipping;
   if (options.backend) env.backend = *options.backend;
+  if (options.mixed_precision) env.mixed_precision = *options.mixed_precision;
   return env;
 }
 
@@ -31,16 +32,16 @@ Accelerator::Accelerator(World world, AcceleratorOptions options)
   if (world_.env.gradient_accumulation_steps < 1) {
     throw InvalidArgument("gradient accumulation steps must be >= 1");
   }
-  if (world_.env.mixed_precision != "no") {
-    throw InvalidArgument("mixed precision '" + world_.env.mixed_precision +
-                          "' is not available in this build yet; use no");
-  }
   keepFreedHostMemory();
   accumulation_steps_ = world_.env.gradient_accumulation_steps;
   clipping_ = world_.env.gradient_clipping;
   if (!world_.backend) {
     if (!world_.store) world_.store = storeFromEnv(world_.env);
     world_.backend = backendFromEnv(world_.env, world_.store);
+  }
+  precision_ = precisionPolicy(world_.env.mixed_precision, device().type());
+  if (precision_.scalesLoss() || options.loss_scaling) {
+    scaler_.emplace(options.loss_scaling.value_or(LossScalerOptions{}));
   }
 }
 
@@ -64,8 +65,12 @@ void Accelerator::prepare(std::shared_ptr<torch::nn::Module> model,
   options.bucket_bytes = bucket_bytes_;
   options.find_unused_parameters = find_unused_;
   options.wrapped = wrapped_;
+  options.precision = precision_;
   strategy_ = makeStrategy(world_.env, world_.backend, std::move(model), optimizer, options);
   scheduler_ = scheduler;
+  if (precision_.mixed()) {
+    autocast_ = std::make_unique<AutocastScope>(device().type(), precision_.compute, true);
+  }
 }
 
 bool Accelerator::syncGradients() const { return (micro_step_ + 1) % accumulation_steps_ == 0; }
@@ -74,8 +79,14 @@ void Accelerator::backward(const torch::Tensor& loss) {
   if (!strategy_) throw InvalidArgument("Accelerator::backward before prepare(model, optimizer)");
   const bool sync = syncGradients();
   strategy_->beforeBackward(sync);
-  const torch::Tensor scaled = accumulation_steps_ > 1 ? loss / accumulation_steps_ : loss;
-  scaled.backward();
+  torch::Tensor scaled = accumulation_steps_ > 1 ? loss / accumulation_steps_ : loss;
+  if (scaler_) scaled = scaled * scaler_->scale();
+  {
+    // Backward runs the dtypes its forward chose; autocast is for forward passes only.
+    std::optional<AutocastScope> no_autocast;
+    if (autocast_) no_autocast.emplace(device().type(), precision_.compute, false);
+    scaled.backward();
+  }
   strategy_->afterBackward(sync);
 }
 
@@ -84,6 +95,15 @@ bool Accelerator::step() {
   const bool sync = syncGradients();
   ++micro_step_;
   if (!sync) return false;
+  if (scaler_) {
+    const bool finite = strategy_->unscaleGradients(1.0 / scaler_->scale());
+    scaler_->update(!finite);
+    step_was_skipped_ = !finite;
+    if (!finite) {
+      strategy_->zeroGrad();
+      return true;
+    }
+  }
   if (clipping_ > 0) clipGradNorm(clipping_);
   strategy_->step();
   if (scheduler_ != nullptr) scheduler_->step();

@@ -31,9 +31,11 @@
 #include <sstream>
 #include <string>
 
+#include "runtime/precision/loss_scaler.h"
+#include "runtime/precision/policy.h"
+#include "runtime/scheduler.h"
 #include "runtime/strategy/strategy.h"
 #include "runtime/strategy/unit.h"
-#include "runtime/scheduler.h"
 #include "runtime/world.h"
 
 namespace cxxlaunch::runtime {
@@ -42,6 +44,10 @@ struct AcceleratorOptions {
   std::optional<int> gradient_accumulation_steps;  // default: CXXLAUNCH_GRADIENT_ACCUMULATION_STEPS
   std::optional<double> gradient_clipping;         // default: CXXLAUNCH_GRADIENT_CLIPPING
   std::optional<std::string> backend;              // default: CXXLAUNCH_BACKEND
+  std::optional<std::string> mixed_precision;      // default: CXXLAUNCH_MIXED_PRECISION
+  // Dynamic loss scaling: always on for fp16 (with these settings, or the defaults); given for
+  // another precision, its loss is scaled too.
+  std::optional<LossScalerOptions> loss_scaling;
   size_t bucket_bytes = 25u << 20;
   // PyTorch's find_unused_parameters: exact optimizer semantics for parameters no rank used,
   // for one more small collective per step.
@@ -74,7 +80,9 @@ class Accelerator {
 
   // Makes `model` data-parallel with the configured strategy and remembers the optimizer and
   // scheduler that step() drives (a sharded strategy runs the optimizer's update on its shards).
-  // Throws InvalidArgument for what this build cannot run, saying what to change.
+  // With mixed precision, the calling thread's forward passes run under autocast from here on
+  // (precision/policy.h). Throws InvalidArgument for what this build cannot run, saying what to
+  // change.
   void prepare(std::shared_ptr<torch::nn::Module> model, torch::optim::Optimizer& optimizer,
                LrScheduler* scheduler = nullptr);
 
@@ -99,7 +107,13 @@ class Accelerator {
 
   // At the end of an accumulation cycle: clip (if configured), optimizer step, scheduler step,
   // zero the gradients, and return true. Otherwise only count the micro-step; return false.
+  // With loss scaling, a cycle whose gradients overflowed (on any rank) skips the optimizer and
+  // scheduler steps on every rank, still returning true; stepWasSkipped() tells.
   bool step();
+  bool stepWasSkipped() const { return step_was_skipped_; }
+  // The current loss scale; 1 without loss scaling.
+  double lossScale() const { return scaler_ ? scaler_->scale() : 1.0; }
+  const PrecisionPolicy& precision() const { return precision_; }
 
   // accelerate's accumulate(): runs one micro-step (`micro_step` returns the loss), then step().
   bool accumulate(const std::function<torch::Tensor()>& micro_step);
@@ -144,6 +158,10 @@ class Accelerator {
   bool find_unused_;
   LrScheduler* scheduler_ = nullptr;
   std::vector<const torch::nn::Module*> wrapped_;
+  PrecisionPolicy precision_;
+  std::optional<LossScaler> scaler_;
+  std::unique_ptr<AutocastScope> autocast_;  // from prepare on, with mixed precision
+  bool step_was_skipped_ = false;
   std::unique_ptr<Strategy> strategy_;
   int64_t micro_step_ = 0;
   int64_t optimizer_steps_ = 0;

@@ -261,12 +261,12 @@ int train(const Flags& f, Accelerator& acc, Dataset dataset, Model model, LossFn
   if constexpr (requires { model->blocks; }) {
     for (auto& block : model->blocks) acc.wrap(*block);
   }
+  int64_t numel = 0;  // counted before prepare: strategies shard and re-type the parameters
+  for (const auto& p : model->parameters()) numel += p.numel();
   acc.prepare(model.ptr(), *optimizer, &schedule);
   auto loader = acc.prepareDataLoader(std::move(dataset), static_cast<size_t>(f.batch_size));
-  acc.print("training ", f.model, " (", acc.memoryReport().parameters / 1024,
-            " KiB of "
-            "parameters) on ",
-            acc.worldSize(), " process(es), ",
+  acc.print("training ", f.model, " (", numel, " parameters) on ", acc.worldSize(),
+            " process(es), ",
             acc.describeBatch(static_cast<size_t>(f.batch_size)), "; ", acc.describeStrategy());
 
   // The mean step time leaves out the first two steps (allocations, first buckets).

@@ -26,12 +26,23 @@ FlatParameter::FlatParameter(std::vector<torch::Tensor> params, std::vector<std:
   shard_numel_ = padded_ / world;
   shard_begin_ = shard_numel_ * rank;
   full_ = torch::zeros({padded_}, options);
+  pointParamsIntoBuffer();
+}
+
+void FlatParameter::pointParamsIntoBuffer() {
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i) {
     auto view = full_.narrow(0, offsets_[i], params_[i].numel()).view(params_[i].sizes());
     view.copy_(params_[i]);
     params_[i].set_data(view);
   }
+}
+
+void FlatParameter::convert(torch::ScalarType dtype) {
+  if (!resident_) throw InvalidArgument("a released flat parameter cannot change its dtype");
+  if (full_.scalar_type() == dtype) return;
+  full_ = torch::zeros({padded_}, full_.options().dtype(dtype));
+  pointParamsIntoBuffer();  // copy_ converts, rounding to nearest even
 }
 
 void FlatParameter::release() {

@@ -43,10 +43,15 @@ class FlatParameter {
   // restore()). restore() allocates it again; the content is undefined until written.
   void release();
   void restore();
+  // Re-creates the buffer in `dtype` (values converted) and re-points the parameters into it:
+  // mixed precision's compute copies.
+  void convert(torch::ScalarType dtype);
   bool resident() const { return resident_; }
   size_t residentBytes() const;
 
  private:
+  void pointParamsIntoBuffer();  // copies each parameter into its place, then set_data
+
   std::vector<torch::Tensor> params_;
   std::vector<std::string> names_;
   std::vector<int64_t> offsets_;

@@ -49,16 +49,16 @@ ShardOptimizer::ShardOptimizer(torch::optim::Optimizer& optimizer) : optimizer_(
     kind_ = Kind::kSgd;
   } else {
     throw InvalidArgument(
-        "sharded strategies run the optimizer on flat shards and can do so for "
-        "torch::optim::AdamW, Adam and SGD (and cxxlaunch::runtime::FusedAdamW); build one of "
-        "those, or train with strategy ddp");
+        "sharded strategies and mixed precision run the optimizer on flat fp32 shards and can "
+        "do so for torch::optim::AdamW, Adam and SGD (and cxxlaunch::runtime::FusedAdamW); "
+        "build one of those, or train with strategy ddp in fp32 (mixed_precision no)");
   }
   for (const auto& group : groups) {
     if (const auto* o = optionsAs<torch::optim::AdamWOptions>(group); o && o->amsgrad()) {
-      throw InvalidArgument("amsgrad cannot run on shards yet; turn it off or use strategy ddp");
+      throw InvalidArgument("amsgrad cannot run on shards yet; turn it off or use strategy ddp in fp32");
     }
     if (const auto* o = optionsAs<torch::optim::AdamOptions>(group); o && o->amsgrad()) {
-      throw InvalidArgument("amsgrad cannot run on shards yet; turn it off or use strategy ddp");
+      throw InvalidArgument("amsgrad cannot run on shards yet; turn it off or use strategy ddp in fp32");
     }
   }
 }

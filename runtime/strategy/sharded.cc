@@ -11,6 +11,7 @@
 #include "runtime/kernels/cpu/optimizers.h"
 #include "runtime/strategy/grad_hooks.h"
 #include "runtime/strategy/model_state.h"
+#include "runtime/tensor_ops.h"
 
 namespace cxxlaunch::runtime {
 namespace {
@@ -43,8 +44,8 @@ ShardedStrategy::ShardedStrategy(std::shared_ptr<Backend> backend,
       model_(std::move(model)),
       options_(std::move(options)),
       optimizer_(optimizer) {
-  if (options_.stage < 1 || options_.stage > 3) {
-    throw InvalidArgument("ZeRO stage must be 1, 2 or 3");
+  if (options_.stage < 0 || options_.stage > 3) {
+    throw InvalidArgument("ZeRO stage must be 0, 1, 2 or 3");
   }
   if (options_.sync_module_states) broadcastModuleState(*backend_, *model_, 0);
   buildUnits();
@@ -131,7 +132,9 @@ void ShardedStrategy::buildUnits() {
     Unit u;
     u.name = std::move(name);
     u.module = module;
-    u.flat = FlatParameter(std::move(params), std::move(names), world, rank);
+    // Stage 0 replicates: one "shard" of everything on every rank.
+    u.flat = options_.stage == 0 ? FlatParameter(std::move(params), std::move(names), 1, 0)
+                                 : FlatParameter(std::move(params), std::move(names), world, rank);
     units_.push_back(std::move(u));
   };
   for (size_t i = 1; i < modules.size(); ++i) {
@@ -183,15 +186,19 @@ void ShardedStrategy::buildUnits() {
                             "); mixed precision comes from the config's mixed_precision");
     }
     const int64_t sb = u.flat.shardBegin(), sn = u.flat.shardNumel();
-    u.master = options_.stage == 3 ? u.flat.shard().clone() : u.flat.shard();
-    if (options_.stage == 1) {
-      u.grad_full = torch::zeros({u.flat.padded()}, torch::kFloat);
-      u.grad_shard = u.grad_full.narrow(0, sb, sn);
+    const bool own_master = options_.stage == 3 || mixed();
+    u.master = own_master ? u.flat.shard().clone() : u.flat.shard();
+    // Before the gradient accumulators exist: they take the parameters' dtype.
+    u.flat.convert(options_.compute_dtype);
+    if (options_.stage <= 1) {
+      u.grad_full = torch::zeros({u.flat.padded()}, options_.compute_dtype);
+      u.grad_shard = mixed() ? torch::zeros({sn}, torch::kFloat) : u.grad_full.narrow(0, sb, sn);
+      auto* base = static_cast<char*>(u.grad_full.data_ptr());
       for (size_t i = 0; i < u.flat.params().size(); ++i) {
         const auto& p = u.flat.params()[i];
         // A tensor over the buffer, not an autograd view: optimizers may detach_() a gradient.
         u.grad_places.push_back(torch::from_blob(
-            u.grad_full.data_ptr<float>() + u.flat.offset(i), p.sizes(),
+            base + u.flat.offset(i) * u.grad_full.element_size(), p.sizes(),
             [keep = u.grad_full](void*) {}, u.grad_full.options()));
       }
     } else {
@@ -231,8 +238,10 @@ std::string ShardedStrategy::describe() const {
   for (const auto& u : units_) modules += u.module != nullptr;
   return options_.name + ": " + std::to_string(units_.size()) + " unit(s) (" +
          std::to_string(modules) + " module(s), " + std::to_string(units_.size() - modules) +
-         " bucket(s)), " + optimizer_.name() + " on 1/" + std::to_string(backend_->worldSize()) +
-         " shards";
+         " bucket(s)), " + optimizer_.name() +
+         (options_.stage == 0 ? " on fp32 master weights"
+                              : " on 1/" + std::to_string(backend_->worldSize()) + " shards") +
+         (mixed() ? ", compute in " + std::string(c10::toString(options_.compute_dtype)) : "");
 }
 
 std::vector<std::pair<std::string, int64_t>> ShardedStrategy::units() const {
@@ -300,26 +309,29 @@ void ShardedStrategy::prefetch(size_t i) {
   Unit& u = units_[i];
   if (u.gather || u.flat.resident()) return;
   u.flat.restore();
-  u.gather = backend_->allGather(u.master.data_ptr(), u.flat.full().data_ptr(),
-                                 static_cast<size_t>(u.flat.shardNumel()), DType::kFloat32);
+  // In the compute dtype: a bf16 gather moves half the bytes.
+  u.gather_input = mixed() ? u.master.to(options_.compute_dtype) : u.master;
+  u.gather = backend_->allGather(u.gather_input.data_ptr(), u.flat.full().data_ptr(),
+                                 static_cast<size_t>(u.flat.shardNumel()),
+                                 dtypeOf(u.flat.full()));
+}
+
+void ShardedStrategy::waitGather(Unit& u) {
+  if (!u.gather) return;
+  u.gather->wait();
+  u.gather.reset();
+  u.gather_input = torch::Tensor();
 }
 
 void ShardedStrategy::gatherNow(size_t i) {
-  Unit& u = units_[i];
   prefetch(i);
-  if (u.gather) {
-    u.gather->wait();
-    u.gather.reset();
-  }
+  waitGather(units_[i]);
 }
 
 void ShardedStrategy::release(size_t i) {
   Unit& u = units_[i];
   if (options_.stage != 3 || !u.routed) return;
-  if (u.gather) {  // never free memory a collective is still writing
-    u.gather->wait();
-    u.gather.reset();
-  }
+  waitGather(u);  // never free memory a collective is still writing
   u.flat.release();
 }
 
@@ -332,7 +344,7 @@ void ShardedStrategy::beforeBackward(bool sync) {
 
 void ShardedStrategy::onGradientReady(size_t index) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (options_.stage == 1 && !sync_) return;  // accumulates in param.grad() until the sync
+  if (options_.stage <= 1 && !sync_) return;  // accumulates in param.grad() until the sync
   markReady(index);
 }
 
@@ -348,7 +360,7 @@ void ShardedStrategy::markReady(size_t index) {
   torch::NoGradGuard no_grad;
   const torch::Tensor& param = u.flat.params()[p.index];
   torch::Tensor& grad = param.mutable_grad();
-  if (options_.stage == 1) {
+  if (options_.stage <= 1) {
     torch::Tensor& place = u.grad_places[p.index];
     if (!grad.defined() || grad.data_ptr() != place.data_ptr()) {
       if (grad.defined()) {
@@ -359,7 +371,9 @@ void ShardedStrategy::markReady(size_t index) {
       grad = place;  // from now on autograd accumulates in the unit's buffer
     }
   } else {
-    if (!u.grad_full.defined()) u.grad_full = torch::zeros({u.flat.padded()}, torch::kFloat);
+    if (!u.grad_full.defined()) {
+      u.grad_full = torch::zeros({u.flat.padded()}, options_.compute_dtype);
+    }
     if (grad.defined()) {
       u.grad_full.narrow(0, u.flat.offset(p.index), param.numel()).view_as(param).copy_(grad);
     }
@@ -383,15 +397,15 @@ void ShardedStrategy::launchReady() {
   while (next_reduce_ < reduce_order_.size() && units_[reduce_order_[next_reduce_]].pending == 0) {
     const size_t i = reduce_order_[next_reduce_++];
     Unit& u = units_[i];
-    if (options_.stage == 1) {
+    if (options_.stage <= 1) {
       u.reduce = backend_->allreduce(u.grad_full.data_ptr(), static_cast<size_t>(u.flat.padded()),
-                                     DType::kFloat32, ReduceOp::kAvg);
+                                     dtypeOf(u.grad_full), ReduceOp::kAvg);
       continue;
     }
-    u.grad_incoming = torch::empty({u.flat.shardNumel()}, torch::kFloat);
+    u.grad_incoming = torch::empty({u.flat.shardNumel()}, options_.compute_dtype);
     u.reduce = backend_->reduceScatter(u.grad_full.data_ptr(), u.grad_incoming.data_ptr(),
-                                       static_cast<size_t>(u.flat.shardNumel()), DType::kFloat32,
-                                       ReduceOp::kAvg);
+                                       static_cast<size_t>(u.flat.shardNumel()),
+                                       dtypeOf(u.grad_full), ReduceOp::kAvg);
     in_flight_.push_back(i);
     while (in_flight_.size() > kMaxReductionsInFlight) completeOldestReduction();
   }
@@ -402,7 +416,7 @@ void ShardedStrategy::completeOldestReduction() {
   in_flight_.pop_front();
   u.reduce->wait();
   u.reduce.reset();
-  u.grad_shard.add_(u.grad_incoming);  // accumulation across micro-steps happens in the shard
+  u.grad_shard.add_(u.grad_incoming);  // accumulated across micro-steps in the fp32 shard
   u.grad_incoming = torch::Tensor();
   u.grad_full = torch::Tensor();
 }
@@ -410,16 +424,17 @@ void ShardedStrategy::completeOldestReduction() {
 void ShardedStrategy::afterBackward(bool sync) {
   std::lock_guard<std::mutex> lock(mu_);
   in_forward_ = false;
-  if (options_.stage == 1 && !sync) return;
+  if (options_.stage <= 1 && !sync) return;
   // Parameters this backward did not reach (unused in this forward) contribute zeros, so that no
   // rank waits for a reduction another rank never starts.
   for (size_t k = 0; k < params_.size(); ++k) {
     if (!params_[k].ready) markReady(k);
   }
-  if (options_.stage == 1) {
+  if (options_.stage <= 1) {
     for (auto& u : units_) {
       u.reduce->wait();
       u.reduce.reset();
+      if (mixed()) u.grad_shard.copy_(u.grad_full.narrow(0, u.flat.shardBegin(), u.flat.shardNumel()));
     }
   }
   while (!in_flight_.empty()) completeOldestReduction();
@@ -438,7 +453,9 @@ double ShardedStrategy::clipGradNorm(double max_norm) {
   for (const auto& u : units_) {
     squares += kernels::sumOfSquares(u.grad_shard.data_ptr<float>(), u.flat.shardNumel());
   }
-  backend_->allreduce(&squares, 1, DType::kFloat64, ReduceOp::kSum)->wait();
+  if (options_.stage > 0) {  // each rank holds a part of the gradient
+    backend_->allreduce(&squares, 1, DType::kFloat64, ReduceOp::kSum)->wait();
+  }
   const double norm = std::sqrt(squares);
   const double coefficient = max_norm / (norm + 1e-6);
   if (max_norm > 0 && coefficient < 1) {
@@ -448,6 +465,17 @@ double ShardedStrategy::clipGradNorm(double max_norm) {
     }
   }
   return norm;
+}
+
+bool ShardedStrategy::unscaleGradients(double factor) {
+  int32_t overflow = 0;
+  for (auto& u : units_) {
+    float* grad = u.grad_shard.data_ptr<float>();
+    if (!kernels::allFinite(grad, u.flat.shardNumel())) overflow = 1;
+    kernels::scaleInPlace(grad, u.flat.shardNumel(), static_cast<float>(factor));
+  }
+  backend_->allreduce(&overflow, 1, DType::kInt32, ReduceOp::kMax)->wait();
+  return overflow == 0;
 }
 
 void ShardedStrategy::step() {
@@ -461,16 +489,19 @@ void ShardedStrategy::step() {
   std::vector<WorkPtr> gathers;
   for (auto& u : units_) {
     if (options_.stage == 3 && u.routed) continue;
-    gathers.push_back(backend_->allGather(u.master.data_ptr(), u.flat.full().data_ptr(),
+    // The whole buffer is resident here: this rank's slice is the gather's input, in place.
+    if (u.master.data_ptr() != u.flat.shard().data_ptr()) u.flat.shard().copy_(u.master);
+    if (options_.stage == 0) continue;  // every rank stepped everything
+    gathers.push_back(backend_->allGather(u.flat.shard().data_ptr(), u.flat.full().data_ptr(),
                                           static_cast<size_t>(u.flat.shardNumel()),
-                                          DType::kFloat32));
+                                          dtypeOf(u.flat.full())));
   }
   for (auto& w : gathers) w->wait();
 }
 
 void ShardedStrategy::zeroGrad() {
   for (auto& u : units_) {
-    if (options_.stage == 1) {
+    if (options_.stage <= 1) {
       u.grad_full.zero_();
     } else {
       u.grad_shard.zero_();
@@ -481,9 +512,10 @@ void ShardedStrategy::zeroGrad() {
 MemoryReport ShardedStrategy::memoryReport() const {
   MemoryReport report;
   for (const auto& u : units_) {
-    report.parameters += u.flat.residentBytes() + (options_.stage == 3 ? bytesOf(u.master) : 0);
+    const bool own_master = options_.stage == 3 || mixed();
+    report.parameters += u.flat.residentBytes() + (own_master ? bytesOf(u.master) : 0);
     report.gradients += bytesOf(u.grad_full) + bytesOf(u.grad_incoming) +
-                        (options_.stage == 1 ? 0 : bytesOf(u.grad_shard));
+                        (options_.stage <= 1 && !mixed() ? 0 : bytesOf(u.grad_shard));
   }
   for (const auto& p : frozen_) report.parameters += bytesOf(p);
   report.optimizer_state = optimizer_.stateBytes();
@@ -496,13 +528,12 @@ std::vector<std::pair<std::string, torch::Tensor>> ShardedStrategy::fullParamete
   std::vector<std::pair<std::string, torch::Tensor>> out;
   for (auto& u : units_) {
     torch::Tensor full;
-    if (u.gather) {
-      u.gather->wait();
-      u.gather.reset();
-    }
-    if (u.flat.resident()) {
+    waitGather(u);
+    if (options_.stage == 0) {
+      full = u.master;
+    } else if (u.flat.resident() && !mixed()) {
       full = u.flat.full();
-    } else {
+    } else {  // from the fp32 master shards: the precise values, not the compute copies
       full = torch::empty({u.flat.padded()}, torch::kFloat);
       backend_
           ->allGather(u.master.data_ptr(), full.data_ptr(),

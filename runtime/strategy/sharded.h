@@ -1,7 +1,10 @@
 #pragma once
-// ShardedStrategy: ZeRO stages 1-3 and FSDP's FULL_SHARD / SHARD_GRAD_OP as one engine with one
+// ShardedStrategy: ZeRO stages 0-3 and FSDP's FULL_SHARD / SHARD_GRAD_OP as one engine with one
 // sharding algebra, so every mode reduces with the same numerics:
 //
+//   stage 0 (ddp, fsdp_no_shard with     nothing sharded: gradients all-reduced, every rank
+//           mixed precision)             steps fp32 master weights of everything (DeepSpeed's
+//                                        bf16 at stage 0); DdpStrategy runs these without it.
 //   stage 1 (zero1)                      optimizer state sharded. Gradients all-reduced (as DDP,
 //                                        noSync while accumulating); each rank steps its shard of
 //                                        every unit; parameters all-gathered after the step.
@@ -46,7 +49,7 @@
 namespace cxxlaunch::runtime {
 
 struct ShardingOptions {
-  int stage = 3;  // 1, 2 or 3
+  int stage = 3;  // 0, 1, 2 or 3
   std::string name = "zero3";
   std::string wrap_policy;              // "", TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP, NO_WRAP
   std::vector<std::string> unit_types;  // TRANSFORMER_BASED_WRAP's module type names
@@ -56,6 +59,8 @@ struct ShardingOptions {
   bool forward_prefetch = false;
   bool sync_module_states = true;
   size_t bucket_bytes = 25u << 20;
+  // What the model computes in and gradients are reduced in; the master shard stays float32.
+  torch::ScalarType compute_dtype = torch::kFloat;
 };
 
 class ShardedStrategy final : public Strategy, public UnitHooks {
@@ -70,6 +75,7 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   void beforeBackward(bool sync) override;
   void afterBackward(bool sync) override;
   double clipGradNorm(double max_norm) override;
+  bool unscaleGradients(double factor) override;
   void step() override;
   void zeroGrad() override;
   MemoryReport memoryReport() const override;
@@ -86,10 +92,13 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
     std::string name;                           // module path, or "bucket N"
     const torch::nn::Module* module = nullptr;  // null for buckets
     FlatParameter flat;
-    torch::Tensor master;         // fp32 shard the optimizer steps (stage 3: its own memory)
-    torch::Tensor grad_full;      // padded gradient (stage 1: always; 2-3: during backward)
-    torch::Tensor grad_shard;     // this rank's gradient (stage 1: a view into grad_full)
+    // The fp32 shard the optimizer steps: a view of the flat buffer below stage 3 in fp32, its
+    // own memory under stage 3 or mixed precision (the flat buffer holds compute copies).
+    torch::Tensor master;
+    torch::Tensor grad_full;      // padded, compute dtype (stage 1: always; 2-3: during backward)
+    torch::Tensor grad_shard;     // this rank's fp32 gradient (stage 1 fp32: a view of grad_full)
     torch::Tensor grad_incoming;  // stage 2-3: a reduce-scatter's output until it is added
+    torch::Tensor gather_input;   // stage 3 mixed: the master cast down, until the gather is done
     std::vector<torch::Tensor> grad_places;  // stage 1: each parameter's place in grad_full
     size_t optimizer_shard = 0;
     size_t pending = 0;   // parameters whose gradient this backward has not produced yet
@@ -113,6 +122,8 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   void completeOldestReduction();           // stage 2-3
   void unitGradientsDone(size_t unit);      // stage 3: release, BACKWARD_POST prefetch
   void gatherNow(size_t unit);              // waits
+  void waitGather(Unit& unit);
+  bool mixed() const { return options_.compute_dtype != torch::kFloat; }
   void prefetch(size_t unit);               // returns at once
   void release(size_t unit);                // stage 3, routed units only
   size_t unitOf(const torch::nn::Module& module) const;

@@ -66,6 +66,17 @@ class DdpStrategy final : public Strategy {
     }
     return torch::nn::utils::clip_grad_norm_(params, max_norm);
   }
+  bool unscaleGradients(double factor) override {
+    // All-reduced gradients are the same on every rank: the local check is the global one.
+    torch::NoGradGuard no_grad;
+    bool finite = true;
+    for (auto& p : model_->parameters()) {
+      if (!p.grad().defined()) continue;
+      finite = finite && p.grad().isfinite().all().item<bool>();
+      p.mutable_grad().mul_(factor);
+    }
+    return finite;
+  }
   void step() override { optimizer_.step(); }
   void zeroGrad() override { optimizer_.zero_grad(); }
   MemoryReport memoryReport() const override {
@@ -130,13 +141,17 @@ std::unique_ptr<Strategy> makeStrategy(const WorkerEnv& env, std::shared_ptr<Bac
                  "already live in host memory; nothing to offload\n";
   }
   checkSameModel(*backend, *model);
-  if (name == "ddp" || name == "fsdp_no_shard") {
+  const bool replicated = name == "ddp" || name == "fsdp_no_shard";
+  if (replicated && !options.precision.mixed()) {
     return std::make_unique<DdpStrategy>(std::move(backend), std::move(model), optimizer, options,
                                          name);
   }
+  // Mixed precision keeps fp32 master weights apart from the model's compute copies: the flat
+  // engine's job, at stage 0 when nothing is sharded.
   ShardingOptions sharding;
   sharding.name = name;
-  sharding.stage = name == "zero1"                                 ? 1
+  sharding.stage = replicated                                        ? 0
+                   : name == "zero1"                                 ? 1
                    : name == "zero2" || name == "fsdp_shard_grad_op" ? 2
                                                                      : 3;
   sharding.wrap_policy = env.fsdp_auto_wrap_policy;
@@ -152,6 +167,7 @@ std::unique_ptr<Strategy> makeStrategy(const WorkerEnv& env, std::shared_ptr<Bac
   sharding.forward_prefetch = name == "zero3" || env.fsdp_forward_prefetch;
   sharding.sync_module_states = env.fsdp_sync_module_states;
   sharding.bucket_bytes = options.bucket_bytes;
+  sharding.compute_dtype = options.precision.compute;
   return std::make_unique<ShardedStrategy>(std::move(backend), std::move(model), optimizer,
                                            std::move(sharding));
 }

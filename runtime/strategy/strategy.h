@@ -26,6 +26,7 @@
 
 #include "runtime/backend.h"
 #include "runtime/env.h"
+#include "runtime/precision/policy.h"
 
 namespace cxxlaunch::runtime {
 
@@ -52,6 +53,10 @@ class Strategy {
   // gradients are sharded). With max_norm > 0 gradients are scaled by max_norm / (norm + 1e-6)
   // when that is below 1, as torch::nn::utils::clip_grad_norm_ does. Returns the norm before.
   virtual double clipGradNorm(double max_norm) = 0;
+  // Loss scaling: multiplies every gradient by `factor` (1 / the loss scale) and returns whether
+  // all of them are finite on every rank (a collective when gradients are sharded), so that
+  // every rank skips an overflowing step alike.
+  virtual bool unscaleGradients(double factor) = 0;
   // The optimizer step on what this rank owns; parameters are up to date everywhere after it
   // (gathered again, or left sharded to be gathered at their next forward).
   virtual void step() = 0;
@@ -70,6 +75,7 @@ struct StrategyOptions {
   bool find_unused_parameters = false;
   // Modules the trainer marked with Accelerator::wrap(): shard units whatever the wrap policy.
   std::vector<const torch::nn::Module*> wrapped;
+  PrecisionPolicy precision;  // sharded strategies: compute copies in precision.compute
 };
 
 // The strategy `env.strategy` names, over `model` (made equal on every rank first) and the

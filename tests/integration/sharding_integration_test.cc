@@ -126,3 +126,37 @@ TEST_CASE("ZeRO-3 over TCP alone, and FULL_SHARD from an accelerate config file"
   CHECK_THAT(bad.finished.err, Catch::Contains("'Blocks', which is no module type of this model") &&
                                    Catch::Contains("BlockImpl, EmbeddingImpl, GptImpl"));
 }
+
+TEST_CASE("bf16 from an accelerate config: ZeRO-3 and FULL_SHARD agree with DDP in bf16",
+          "[sharding][integration][bf16]") {
+  TempDir dir;
+  const Trained fp32 = train(dir, 2, kGpt, {{"CXXLAUNCH_STRATEGY", "ddp"}});
+  REQUIRE(fp32.finished.exit_code == 0);
+  const Trained ddp = train(dir, 2, kGpt, {{"CXXLAUNCH_STRATEGY", "ddp"}},
+                            {"--mixed_precision", "bf16"});
+  INFO(ddp.finished.out << ddp.finished.err);
+  REQUIRE(ddp.finished.exit_code == 0);
+  CHECK_THAT(ddp.finished.out, Catch::Contains("compute in BFloat16"));
+
+  const std::string config = dir.path() + "/zero3_bf16.yaml";
+  std::ofstream(config) << "compute_environment: LOCAL_MACHINE\n"
+                           "distributed_type: DEEPSPEED\n"
+                           "use_cpu: true\n"
+                           "mixed_precision: bf16\n"
+                           "num_machines: 1\n"
+                           "num_processes: 2\n"
+                           "deepspeed_config:\n"
+                           "  zero_stage: 3\n";
+  const Trained zero3 = train(dir, 2, kGpt, {}, {"--config_file", config});
+  INFO(zero3.finished.out << zero3.finished.err);
+  REQUIRE(zero3.finished.exit_code == 0);
+  CHECK_THAT(zero3.finished.out, Catch::Contains("zero3: ") &&
+                                     Catch::Contains("compute in BFloat16"));
+  const Trained fsdp = train(dir, 2, kGpt, {{"CXXLAUNCH_STRATEGY", "fsdp_full_shard"}},
+                             {"--mixed_precision", "bf16"});
+  REQUIRE(fsdp.finished.exit_code == 0);
+  // The same bf16 arithmetic in every mode; visibly not fp32's.
+  CHECK(relativeDifference(zero3.params, ddp.params) < 1e-2);
+  CHECK(relativeDifference(fsdp.params, ddp.params) < 1e-2);
+  CHECK(relativeDifference(ddp.params, fp32.params) > 1e-4);
+}

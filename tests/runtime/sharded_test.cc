@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <catch2/catch.hpp>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -64,12 +65,18 @@ struct Run {
   int64_t d = 11, layers = 3;
   int64_t steps = 4;
   bool evaluate = false;  // a forward without autograd after every step (an evaluation pass)
+  int64_t batch = 4;      // examples per rank per micro-step
+  std::string precision = "no";
+  bool loss_scaling = false;
+  int64_t overflow_rank = -1, overflow_step = -1;  // that rank's loss is inf at that micro-step
 };
 
 struct Result {
   std::map<std::string, torch::Tensor> params;  // rank 0's whole parameters
   std::vector<MemoryReport> memory;             // per rank, after the last step
   std::string description;
+  std::vector<bool> skipped;  // rank 0: whether each optimizer step was skipped
+  double loss_scale = 1;
 };
 
 std::unique_ptr<torch::optim::Optimizer> makeOptimizer(Tower& net, const std::string& kind) {
@@ -90,7 +97,7 @@ std::unique_ptr<torch::optim::Optimizer> makeOptimizer(Tower& net, const std::st
 }
 
 Result train(const Run& run) {
-  constexpr int64_t kBatch = 4;
+  const int64_t kBatch = run.batch;
   auto gen = at::detail::createCPUGenerator(7);
   const int64_t micro_steps = run.steps * run.accumulation;
   const auto x = torch::randn({micro_steps * run.world * kBatch, 6}, gen);
@@ -121,17 +128,28 @@ Result train(const Run& run) {
     world.env.fsdp_transformer_layer_cls = run.unit_types;
     world.env.fsdp_backward_prefetch = run.backward_prefetch;
     world.env.fsdp_forward_prefetch = run.forward_prefetch;
+    world.env.mixed_precision = run.precision;
     world.backend = makeFakeBackend(fake, r);
-    Accelerator acc(std::move(world), {});
+    AcceleratorOptions options;
+    if (run.loss_scaling) options.loss_scaling = LossScalerOptions{.growth_interval = 2};
+    Accelerator acc(std::move(world), options);
     acc.prepare(net.ptr(), *optimizer);
     for (int64_t m = 0; m < micro_steps; ++m) {
       const int64_t at = (m * run.world + r) * kBatch;
-      acc.backward(torch::mse_loss(net->forward(x.narrow(0, at, kBatch)), y.narrow(0, at, kBatch)));
-      if (acc.step() && run.evaluate) {
-        torch::NoGradGuard no_grad;
-        (void)net->forward(x.narrow(0, 0, kBatch));
+      auto loss = torch::mse_loss(net->forward(x.narrow(0, at, kBatch)), y.narrow(0, at, kBatch));
+      if (r == run.overflow_rank && m == run.overflow_step) {
+        loss = loss * std::numeric_limits<float>::infinity();
+      }
+      acc.backward(loss);
+      if (acc.step()) {
+        if (r == 0) result.skipped.push_back(acc.stepWasSkipped());
+        if (run.evaluate) {
+          torch::NoGradGuard no_grad;
+          (void)net->forward(x.narrow(0, 0, kBatch));
+        }
       }
     }
+    if (r == 0) result.loss_scale = acc.lossScale();
     for (auto& [name, tensor] : acc.fullParameters()) params[static_cast<size_t>(r)][name] = tensor;
     result.memory[static_cast<size_t>(r)] = acc.memoryReport();
     if (r == 0) result.description = acc.describeStrategy();
@@ -154,6 +172,27 @@ double maxRelativeDifference(const Result& a, const Result& b) {
     worst = std::max(worst, diff / std::max(tb.abs().max().item<double>(), 1e-12));
   }
   return worst;
+}
+
+// How far `a`'s parameter updates (from `initial`) are from `b`'s, relative to `b`'s: the measure
+// for low precision, where the parameters themselves agree to far more digits than the updates.
+double maxRelativeUpdateDifference(const Result& a, const Result& b,
+                                   const std::map<std::string, torch::Tensor>& initial) {
+  double worst = 0;
+  for (const auto& [name, ta] : a.params) {
+    const auto update_b = b.params.at(name) - initial.at(name);
+    const double diff = (ta - b.params.at(name)).norm().item<double>();
+    worst = std::max(worst, diff / std::max(update_b.norm().item<double>(), 1e-12));
+  }
+  return worst;
+}
+
+std::map<std::string, torch::Tensor> initialParameters(const Run& run) {
+  torch::manual_seed(42);
+  Tower net(run.d, run.layers);
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& item : net->named_parameters()) out[item.key()] = item.value().detach().clone();
+  return out;
 }
 
 const std::vector<std::string> kShardedStrategies = {
@@ -284,4 +323,70 @@ TEST_CASE("Bad input: unit names, optimizers, models that differ across ranks", 
                     Catch::Contains("the model differs across ranks: rank 0 has 16 parameter "
                                     "tensors (575 elements), rank 1 has 12") &&
                         Catch::Contains("every rank must build the same model"));
+}
+
+TEST_CASE("bf16: every strategy matches a one-process bf16 reference", "[sharded][bf16]") {
+  torch::set_num_threads(1);
+  // One process on each step's whole batch; the autocast forward computes in bf16.
+  Run reference{.world = 1, .batch = 8, .precision = "bf16"};
+  const auto initial = initialParameters(reference);
+  const Result bf16 = train(reference);
+  Run fp32_run = reference;
+  fp32_run.precision = "no";
+  const Result fp32 = train(fp32_run);
+  // bf16 really ran: its updates are off fp32's by far more than fp32's rounding.
+  const double bf16_vs_fp32 = maxRelativeUpdateDifference(bf16, fp32, initial);
+  CHECK(bf16_vs_fp32 > 1e-3);
+  for (int world : {2, 4}) {
+    for (const std::string strategy : {"ddp", "zero1", "zero2", "zero3", "fsdp_full_shard"}) {
+      Run run{.strategy = strategy, .world = world, .batch = 8 / world, .precision = "bf16"};
+      const Result sharded = train(run);
+      const double difference = maxRelativeUpdateDifference(sharded, bf16, initial);
+      const double from_fp32 = maxRelativeUpdateDifference(sharded, fp32, initial);
+      INFO(strategy << " world " << world << ": updates differ by " << difference
+                    << " from bf16's, by " << from_fp32 << " from fp32's");
+      // A few bf16 roundings (2^-8 each) apart, and not fp32.
+      CHECK(difference < 0.02);
+      CHECK(from_fp32 > 1e-3);
+    }
+  }
+}
+
+TEST_CASE("bf16 halves the compute copies and the gathered bytes; masters stay fp32",
+          "[sharded][bf16]") {
+  torch::set_num_threads(1);
+  Run run{.strategy = "zero2", .world = 2, .d = 64, .layers = 4, .steps = 1};
+  const Result fp32 = train(run);
+  run.precision = "bf16";
+  const Result bf16 = train(run);
+  const double psi = static_cast<double>(fp32.memory[0].parameters) / 4;
+  // 2 bytes of compute copy per parameter, 4 / N of master shard.
+  CHECK(std::abs(static_cast<double>(bf16.memory[0].parameters) / ((2 + 4.0 / 2) * psi) - 1) <
+        0.05);
+  for (const auto& [name, tensor] : bf16.params) CHECK(tensor.scalar_type() == torch::kFloat);
+}
+
+TEST_CASE("Loss scaling: an overflow on one rank skips the step on every rank",
+          "[sharded][loss_scaling]") {
+  torch::set_num_threads(1);
+  Run run{.world = 2, .steps = 4, .loss_scaling = true, .overflow_rank = 1, .overflow_step = 1};
+  const Result ddp = train(run);
+  CHECK(ddp.skipped == std::vector<bool>{false, true, false, false});
+  // 65536, overflow (hysteresis 2: kept), then two good steps: growth interval 2 doubles it.
+  CHECK(ddp.loss_scale == 131072);
+  Run clean = run;
+  clean.overflow_rank = -1;
+  CHECK(maxRelativeDifference(ddp, train(clean)) > 1e-3);  // the skipped step made a difference
+  for (const std::string strategy : {"zero1", "zero2", "zero3"}) {
+    run.strategy = strategy;
+    INFO(strategy);
+    const Result sharded = train(run);
+    CHECK(sharded.skipped == ddp.skipped);
+    CHECK(maxRelativeDifference(sharded, ddp) < 1e-5);
+  }
+}
+
+TEST_CASE("fp16 on a CPU run is refused before training", "[sharded][loss_scaling]") {
+  Run run{.world = 1, .steps = 1, .precision = "fp16"};
+  CHECK_THROWS_WITH(train(run), Catch::Contains("fp16 needs a GPU") && Catch::Contains("bf16"));
 }

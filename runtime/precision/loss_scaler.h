@@ -1,0 +1,43 @@
+#pragma once
+// LossScaler: fp16's dynamic loss scaling, as DeepSpeed's DynamicLossScaler and PyTorch's
+// GradScaler. The loss is multiplied by scale() before backward, so small gradients survive
+// half precision; the gradients are divided by it before the step. A step whose gradients hold an
+// inf or NaN anywhere (on any rank) is skipped on every rank; update(true) then counts one
+// overflow: after `hysteresis` consecutive overflows the scale is multiplied by backoff_factor
+// (never below min_scale). After growth_interval steps without overflow it is multiplied by
+// growth_factor and the hysteresis restored.
+//
+// Thread-safety: none; the training thread owns it.
+
+#include <cstdint>
+
+namespace cxxlaunch::runtime {
+
+struct LossScalerOptions {
+  double initial_scale = 65536;  // 2^16, DeepSpeed's initial_scale_power 16
+  double growth_factor = 2;
+  double backoff_factor = 0.5;
+  int64_t growth_interval = 2000;  // DeepSpeed's loss_scale_window is 1000
+  int hysteresis = 2;
+  double min_scale = 1;
+};
+
+class LossScaler {
+ public:
+  // Throws InvalidArgument for options that cannot work (a scale <= 0, a growth factor <= 1...).
+  explicit LossScaler(LossScalerOptions options = {});
+
+  double scale() const { return scale_; }
+  // After each optimizer step's overflow check: `overflow` is whether any gradient was not finite.
+  void update(bool overflow);
+  int64_t skippedSteps() const { return skipped_; }
+
+ private:
+  LossScalerOptions options_;
+  double scale_;
+  int hysteresis_left_;
+  int64_t good_steps_ = 0;
+  int64_t skipped_ = 0;
+};
+
+}  // namespace cxxlaunch::runtime
