@@ -45,7 +45,9 @@ Accelerator::Accelerator(World world, AcceleratorOptions options)
   }
 }
 
-Accelerator::~Accelerator() = default;
+Accelerator::~Accelerator() {
+  for (const auto* module : checkpointed_) detail::setCheckpointActivations(module, false);
+}
 
 torch::Device Accelerator::device() const {
   if (world_.backend->name() == "nccl") {
@@ -59,6 +61,11 @@ void Accelerator::wrap(const torch::nn::Module& unit) {
   wrapped_.push_back(&unit);
 }
 
+void Accelerator::checkpointActivations(const torch::nn::Module& block, bool on) {
+  detail::setCheckpointActivations(&block, on);
+  if (on) checkpointed_.push_back(&block);
+}
+
 void Accelerator::prepare(std::shared_ptr<torch::nn::Module> model,
                           torch::optim::Optimizer& optimizer, LrScheduler* scheduler) {
   StrategyOptions options;
@@ -66,11 +73,31 @@ void Accelerator::prepare(std::shared_ptr<torch::nn::Module> model,
   options.find_unused_parameters = find_unused_;
   options.wrapped = wrapped_;
   options.precision = precision_;
-  strategy_ = makeStrategy(world_.env, world_.backend, std::move(model), optimizer, options);
+  strategy_ = makeStrategy(world_.env, world_.backend, model, optimizer, options);
   scheduler_ = scheduler;
+  if (world_.env.fsdp_activation_checkpointing) checkpointUnits(*model);
   if (precision_.mixed()) {
     autocast_ = std::make_unique<AutocastScope>(device().type(), precision_.compute, true);
   }
+}
+
+void Accelerator::checkpointUnits(const torch::nn::Module& model) {
+  std::vector<const torch::nn::Module*> blocks = strategy_->unitModules();
+  if (blocks.empty()) {  // nothing sharded at rest: the modules that would be units
+    blocks = wrapped_;
+    for (const auto& module : model.modules(/*include_self=*/false)) {
+      for (const auto& wanted : world_.env.fsdp_transformer_layer_cls) {
+        if (detail::typeMatches(*module, wanted)) blocks.push_back(module.get());
+      }
+    }
+  }
+  if (blocks.empty()) {
+    throw InvalidArgument(
+        "fsdp_activation_checkpointing is on, but no module is a unit to checkpoint: name the "
+        "block type with fsdp_transformer_layer_cls_to_wrap, or mark blocks with "
+        "Accelerator::wrap or Accelerator::checkpointActivations");
+  }
+  for (const auto* block : blocks) checkpointActivations(*block);
 }
 
 bool Accelerator::syncGradients() const { return (micro_step_ + 1) % accumulation_steps_ == 0; }

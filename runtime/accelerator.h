@@ -78,6 +78,11 @@ class Accelerator {
   // under the other strategies.
   void wrap(const torch::nn::Module& unit);
 
+  // Recomputes `block`'s activations in backward instead of keeping them (in every strategy),
+  // when it runs through unitForward. The config's fsdp_activation_checkpointing does this for
+  // every shard unit (or, where nothing is sharded at rest, for the modules that would be).
+  void checkpointActivations(const torch::nn::Module& block, bool on = true);
+
   // Makes `model` data-parallel with the configured strategy and remembers the optimizer and
   // scheduler that step() drives (a sharded strategy runs the optimizer's update on its shards).
   // With mixed precision, the calling thread's forward passes run under autocast from here on
@@ -151,6 +156,8 @@ class Accelerator {
   int64_t optimizerSteps() const { return optimizer_steps_; }
 
  private:
+  void checkpointUnits(const torch::nn::Module& model);  // fsdp_activation_checkpointing
+
   World world_;
   int accumulation_steps_ = 1;
   double clipping_ = 0;
@@ -158,6 +165,7 @@ class Accelerator {
   bool find_unused_;
   LrScheduler* scheduler_ = nullptr;
   std::vector<const torch::nn::Module*> wrapped_;
+  std::vector<const torch::nn::Module*> checkpointed_;  // unmarked when this ends
   PrecisionPolicy precision_;
   std::optional<LossScaler> scaler_;
   std::unique_ptr<AutocastScope> autocast_;  // from prepare on, with mixed precision

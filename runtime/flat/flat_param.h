@@ -23,8 +23,8 @@ class FlatParameter {
   FlatParameter() = default;
   // Moves `params` (same dtype and device) into one buffer of numel() rounded up to a multiple of
   // `world_size`; the padding is zero.
-  FlatParameter(std::vector<torch::Tensor> params, std::vector<std::string> names,
-                int world_size, int rank);
+  FlatParameter(std::vector<torch::Tensor> params, std::vector<std::string> names, int world_size,
+                int rank);
 
   const std::vector<torch::Tensor>& params() const { return params_; }
   const std::vector<std::string>& names() const { return names_; }

@@ -6,21 +6,22 @@
 #include "rendezvous/error.h"
 
 namespace cxxlaunch::runtime {
-namespace {
 
 // LibTorch 2.4 replaced the per-device functions with ones taking the device type.
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
 bool autocastEnabled(c10::DeviceType d) { return at::autocast::is_autocast_enabled(d); }
-void setAutocastEnabled(c10::DeviceType d, bool on) { at::autocast::set_autocast_enabled(d, on); }
+static void setAutocastEnabled(c10::DeviceType d, bool on) {
+  at::autocast::set_autocast_enabled(d, on);
+}
 c10::ScalarType autocastDtype(c10::DeviceType d) { return at::autocast::get_autocast_dtype(d); }
-void setAutocastDtype(c10::DeviceType d, c10::ScalarType t) {
+static void setAutocastDtype(c10::DeviceType d, c10::ScalarType t) {
   at::autocast::set_autocast_dtype(d, t);
 }
 #else
 bool autocastEnabled(c10::DeviceType d) {
   return d == c10::DeviceType::CUDA ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
 }
-void setAutocastEnabled(c10::DeviceType d, bool on) {
+static void setAutocastEnabled(c10::DeviceType d, bool on) {
   if (d == c10::DeviceType::CUDA) {
     at::autocast::set_enabled(on);
   } else {
@@ -31,7 +32,7 @@ c10::ScalarType autocastDtype(c10::DeviceType d) {
   return d == c10::DeviceType::CUDA ? at::autocast::get_autocast_gpu_dtype()
                                     : at::autocast::get_autocast_cpu_dtype();
 }
-void setAutocastDtype(c10::DeviceType d, c10::ScalarType t) {
+static void setAutocastDtype(c10::DeviceType d, c10::ScalarType t) {
   if (d == c10::DeviceType::CUDA) {
     at::autocast::set_autocast_gpu_dtype(t);
   } else {
@@ -39,8 +40,6 @@ void setAutocastDtype(c10::DeviceType d, c10::ScalarType t) {
   }
 }
 #endif
-
-}  // namespace
 
 PrecisionPolicy precisionPolicy(const std::string& mixed_precision, c10::DeviceType device) {
   PrecisionPolicy policy;
@@ -56,7 +55,8 @@ PrecisionPolicy precisionPolicy(const std::string& mixed_precision, c10::DeviceT
     }
     policy.compute = c10::ScalarType::Half;
   } else {
-    throw InvalidArgument("mixed precision '" + mixed_precision + "' is unknown; use no, bf16 or fp16");
+    throw InvalidArgument("mixed precision '" + mixed_precision +
+                          "' is unknown; use no, bf16 or fp16");
   }
   return policy;
 }

@@ -21,7 +21,7 @@
 namespace cxxlaunch::runtime {
 
 struct PrecisionPolicy {
-  std::string name = "no";                        // no | bf16 | fp16
+  std::string name = "no";                           // no | bf16 | fp16
   c10::ScalarType compute = c10::ScalarType::Float;  // what the model computes in
   bool mixed() const { return compute != c10::ScalarType::Float; }
   bool scalesLoss() const { return compute == c10::ScalarType::Half; }
@@ -30,6 +30,10 @@ struct PrecisionPolicy {
 // From CXXLAUNCH_MIXED_PRECISION's values. Throws InvalidArgument for fp16 on a CPU device
 // (LibTorch has no half-precision matmul on CPU) and for unknown names.
 PrecisionPolicy precisionPolicy(const std::string& mixed_precision, c10::DeviceType device);
+
+// The calling thread's autocast state for `device`.
+bool autocastEnabled(c10::DeviceType device);
+c10::ScalarType autocastDtype(c10::DeviceType device);
 
 // Sets the calling thread's autocast for `device` (enabled, in `dtype`, cast cache off: weights
 // change in place at every step, so a cached cast would go stale) and restores the previous

@@ -19,18 +19,6 @@ namespace {
 constexpr size_t kNone = static_cast<size_t>(-1);
 constexpr size_t kMaxReductionsInFlight = 2;
 
-// "BlockImpl" for "(anonymous namespace)::BlockImpl": what a config names.
-std::string shortTypeName(const torch::nn::Module& module) {
-  const std::string& full = module.name();
-  const size_t colon = full.rfind("::");
-  return colon == std::string::npos ? full : full.substr(colon + 2);
-}
-
-bool typeMatches(const torch::nn::Module& module, const std::string& wanted) {
-  const std::string name = shortTypeName(module);
-  return name == wanted || name == wanted + "Impl";
-}
-
 size_t bytesOf(const torch::Tensor& t) {
   return t.defined() ? static_cast<size_t>(t.numel()) * t.element_size() : 0;
 }
@@ -88,7 +76,7 @@ void ShardedStrategy::buildUnits() {
   for (size_t i = 1; i < modules.size(); ++i) {
     const auto& module = *modules[i];
     for (const auto& wanted : options_.unit_types) {
-      if (typeMatches(module, wanted)) {
+      if (detail::typeMatches(module, wanted)) {
         unmatched.erase(wanted);
         if (by_type) is_unit.insert(&module);
       }
@@ -96,12 +84,12 @@ void ShardedStrategy::buildUnits() {
   }
   if (by_type && !unmatched.empty()) {
     std::set<std::string> names;
-    for (const auto* m : modules) names.insert(shortTypeName(*m));
+    for (const auto* m : modules) names.insert(detail::shortTypeName(*m));
     std::string list;
     for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
-    throw InvalidArgument("fsdp_transformer_layer_cls_to_wrap names '" + *unmatched.begin() +
-                          "', which is no module type of this model; its module types are: " +
-                          list);
+    throw InvalidArgument(
+        "fsdp_transformer_layer_cls_to_wrap names '" + *unmatched.begin() +
+        "', which is no module type of this model; its module types are: " + list);
   }
 
   // 2. Each unit takes the trainable parameters under it not taken by a unit inside it:
@@ -210,7 +198,8 @@ void ShardedStrategy::buildUnits() {
       const int64_t end = std::min(u.flat.offset(i) + u.flat.params()[i].numel(), sb + sn);
       const size_t group = optimizer_.groupOf(u.flat.params()[i]);
       if (begin >= end) continue;
-      if (!segments.empty() && segments.back().group == group && segments.back().end == begin - sb) {
+      if (!segments.empty() && segments.back().group == group &&
+          segments.back().end == begin - sb) {
         segments.back().end = end - sb;
       } else {
         segments.push_back({begin - sb, end - sb, group});
@@ -242,6 +231,14 @@ std::string ShardedStrategy::describe() const {
          (options_.stage == 0 ? " on fp32 master weights"
                               : " on 1/" + std::to_string(backend_->worldSize()) + " shards") +
          (mixed() ? ", compute in " + std::string(c10::toString(options_.compute_dtype)) : "");
+}
+
+std::vector<const torch::nn::Module*> ShardedStrategy::unitModules() const {
+  std::vector<const torch::nn::Module*> out;
+  for (const auto& u : units_) {
+    if (u.module != nullptr) out.push_back(u.module);
+  }
+  return out;
 }
 
 std::vector<std::pair<std::string, int64_t>> ShardedStrategy::units() const {
@@ -279,8 +276,7 @@ void ShardedStrategy::beforeForward(const torch::nn::Module& module) {
   }
 }
 
-torch::Tensor ShardedStrategy::afterForward(const torch::nn::Module& module,
-                                            torch::Tensor output) {
+torch::Tensor ShardedStrategy::afterForward(const torch::nn::Module& module, torch::Tensor output) {
   std::lock_guard<std::mutex> lock(mu_);
   const size_t i = unitOf(module);
   units_[i].routed = true;
@@ -312,8 +308,7 @@ void ShardedStrategy::prefetch(size_t i) {
   // In the compute dtype: a bf16 gather moves half the bytes.
   u.gather_input = mixed() ? u.master.to(options_.compute_dtype) : u.master;
   u.gather = backend_->allGather(u.gather_input.data_ptr(), u.flat.full().data_ptr(),
-                                 static_cast<size_t>(u.flat.shardNumel()),
-                                 dtypeOf(u.flat.full()));
+                                 static_cast<size_t>(u.flat.shardNumel()), dtypeOf(u.flat.full()));
 }
 
 void ShardedStrategy::waitGather(Unit& u) {
@@ -434,7 +429,8 @@ void ShardedStrategy::afterBackward(bool sync) {
     for (auto& u : units_) {
       u.reduce->wait();
       u.reduce.reset();
-      if (mixed()) u.grad_shard.copy_(u.grad_full.narrow(0, u.flat.shardBegin(), u.flat.shardNumel()));
+      if (mixed())
+        u.grad_shard.copy_(u.grad_full.narrow(0, u.flat.shardBegin(), u.flat.shardNumel()));
     }
   }
   while (!in_flight_.empty()) completeOldestReduction();

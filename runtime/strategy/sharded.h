@@ -54,7 +54,7 @@ struct ShardingOptions {
   std::string wrap_policy;              // "", TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP, NO_WRAP
   std::vector<std::string> unit_types;  // TRANSFORMER_BASED_WRAP's module type names
   int64_t min_num_params = 100000000;   // SIZE_BASED_WRAP
-  std::vector<const torch::nn::Module*> wrapped;  // units whatever the policy
+  std::vector<const torch::nn::Module*> wrapped;   // units whatever the policy
   std::string backward_prefetch = "BACKWARD_PRE";  // BACKWARD_POST, NO_PREFETCH
   bool forward_prefetch = false;
   bool sync_module_states = true;
@@ -79,6 +79,7 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   void step() override;
   void zeroGrad() override;
   MemoryReport memoryReport() const override;
+  std::vector<const torch::nn::Module*> unitModules() const override;
   std::vector<std::pair<std::string, torch::Tensor>> fullParameters() override;
 
   void beforeForward(const torch::nn::Module& unit) override;
@@ -115,17 +116,17 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   };
 
   void buildUnits();
-  void onGradientReady(size_t param);       // autograd's hook
-  void markReady(size_t param);             // under mu_
-  void preBackward(size_t unit);            // hook on a unit's output gradient
-  void launchReady();                       // reductions, in order
-  void completeOldestReduction();           // stage 2-3
-  void unitGradientsDone(size_t unit);      // stage 3: release, BACKWARD_POST prefetch
-  void gatherNow(size_t unit);              // waits
+  void onGradientReady(size_t param);   // autograd's hook
+  void markReady(size_t param);         // under mu_
+  void preBackward(size_t unit);        // hook on a unit's output gradient
+  void launchReady();                   // reductions, in order
+  void completeOldestReduction();       // stage 2-3
+  void unitGradientsDone(size_t unit);  // stage 3: release, BACKWARD_POST prefetch
+  void gatherNow(size_t unit);          // waits
   void waitGather(Unit& unit);
   bool mixed() const { return options_.compute_dtype != torch::kFloat; }
-  void prefetch(size_t unit);               // returns at once
-  void release(size_t unit);                // stage 3, routed units only
+  void prefetch(size_t unit);  // returns at once
+  void release(size_t unit);   // stage 3, routed units only
   size_t unitOf(const torch::nn::Module& module) const;
   size_t previousInForward(size_t unit) const;  // next in backward order, or kNone
 

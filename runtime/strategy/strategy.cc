@@ -131,10 +131,6 @@ std::unique_ptr<Strategy> makeStrategy(const WorkerEnv& env, std::shared_ptr<Bac
         "strategy 'fsdp_hybrid_shard' is not available in this build yet; use FULL_SHARD "
         "(fsdp_full_shard) or SHARD_GRAD_OP");
   }
-  if (env.fsdp_activation_checkpointing) {
-    throw InvalidArgument(
-        "fsdp_activation_checkpointing is not available in this build yet; set it to false");
-  }
   if ((env.offload_optimizer == "cpu" || env.offload_params == "cpu") && env.rank == 0 &&
       backend->name() != "nccl") {
     std::cerr << "cxxlaunch: offload to cpu: this is a CPU run, parameters and optimizer state "

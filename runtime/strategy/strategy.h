@@ -64,6 +64,10 @@ class Strategy {
 
   virtual MemoryReport memoryReport() const = 0;
 
+  // The modules that are shard units (ZeRO-3 / FULL_SHARD); what fsdp_activation_checkpointing
+  // checkpoints by default.
+  virtual std::vector<const torch::nn::Module*> unitModules() const { return {}; }
+
   // Checkpoint hooks. A collective: every rank gets every trainable parameter, whole, by its
   // name in the module (gathered from the shards where they are sharded), as fresh tensors.
   virtual std::vector<std::pair<std::string, torch::Tensor>> fullParameters() = 0;

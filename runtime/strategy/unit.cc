@@ -1,7 +1,10 @@
 #include "runtime/strategy/unit.h"
 
 #include <map>
+#include <set>
 #include <shared_mutex>
+
+#include "rendezvous/error.h"
 
 namespace cxxlaunch::runtime::detail {
 namespace {
@@ -11,6 +14,7 @@ namespace {
 struct Registry {
   std::shared_mutex mu;
   std::map<const torch::nn::Module*, UnitHooks*> hooks;
+  std::set<const torch::nn::Module*> checkpointed;
 };
 
 Registry& registry() {
@@ -37,6 +41,46 @@ void unregisterUnit(const torch::nn::Module* module) {
   Registry& r = registry();
   std::unique_lock lock(r.mu);
   r.hooks.erase(module);
+}
+
+bool checkpointsActivations(const torch::nn::Module* module) {
+  Registry& r = registry();
+  std::shared_lock lock(r.mu);
+  return r.checkpointed.count(module) != 0;
+}
+
+void setCheckpointActivations(const torch::nn::Module* module, bool on) {
+  Registry& r = registry();
+  std::unique_lock lock(r.mu);
+  if (on) {
+    r.checkpointed.insert(module);
+  } else {
+    r.checkpointed.erase(module);
+  }
+}
+
+std::string shortTypeName(const torch::nn::Module& module) {
+  const std::string& full = module.name();
+  const size_t colon = full.rfind("::");
+  return colon == std::string::npos ? full : full.substr(colon + 2);
+}
+
+bool typeMatches(const torch::nn::Module& module, const std::string& wanted) {
+  const std::string name = shortTypeName(module);
+  return name == wanted || name == wanted + "Impl";
+}
+
+void throwCheckpointNeedsTensorInput(const torch::nn::Module& module) {
+  throw InvalidArgument("activation checkpointing of " + shortTypeName(module) +
+                        ": its forward's first argument must be the tensor that flows through "
+                        "it; turn checkpointing off for it, or reorder its arguments");
+}
+
+void throwCheckpointConstantNeedsGrad(const torch::nn::Module& module) {
+  throw InvalidArgument("activation checkpointing of " + shortTypeName(module) +
+                        ": only its forward's first argument may require a gradient (the "
+                        "others are recomputed as constants); pass the tensor that needs one "
+                        "first, or turn checkpointing off for it");
 }
 
 }  // namespace cxxlaunch::runtime::detail

@@ -12,13 +12,22 @@
 // parameters whole (ZeRO-2's memory); once a unit went through unitForward, call it that way
 // every time (a direct forward would read freed parameters).
 //
+// A block selected for activation checkpointing (fsdp_activation_checkpointing, or
+// Accelerator::checkpointActivations) keeps no activations: unitForward runs it through
+// checkpointActivations (strategy/activation_checkpointing.h), in every strategy. Its first
+// argument must then be the tensor that flows through it; the others are taken as constants.
+//
 // Thread-safety: units of one model are called from one thread at a time.
 
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
+#include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
+
+#include "runtime/strategy/activation_checkpointing.h"
 
 namespace cxxlaunch::runtime {
 
@@ -37,6 +46,44 @@ namespace detail {
 UnitHooks* unitHooksFor(const torch::nn::Module* module);
 void registerUnit(const torch::nn::Module* module, UnitHooks* hooks);
 void unregisterUnit(const torch::nn::Module* module);
+
+// Modules whose activations unitForward recomputes in backward.
+bool checkpointsActivations(const torch::nn::Module* module);
+void setCheckpointActivations(const torch::nn::Module* module, bool on);
+
+// "BlockImpl" for "(anonymous namespace)::BlockImpl"; whether that is `wanted` or wanted + "Impl"
+// (a config names `Block` for LibTorch's BlockImpl).
+std::string shortTypeName(const torch::nn::Module& module);
+bool typeMatches(const torch::nn::Module& module, const std::string& wanted);
+
+[[noreturn]] void throwCheckpointNeedsTensorInput(const torch::nn::Module& module);
+[[noreturn]] void throwCheckpointConstantNeedsGrad(const torch::nn::Module& module);
+template <typename Arg>
+void requireConstant(const torch::nn::Module& module, const Arg& arg);
+
+// module->forward(input, rest...) with activations recomputed in backward; `rest` copied.
+template <typename ModuleHolder, typename First, typename... Rest>
+torch::Tensor checkpointedForward(ModuleHolder& module, First&& input, Rest&&... rest) {
+  if constexpr (!std::is_convertible_v<First, torch::Tensor>) {
+    throwCheckpointNeedsTensorInput(*module.ptr());
+  } else {
+    (requireConstant(*module.ptr(), rest), ...);
+    return checkpointActivations(
+        [holder = module,
+         constants = std::make_tuple(std::decay_t<Rest>(rest)...)](const torch::Tensor& x) mutable {
+          return std::apply([&](auto&... c) { return holder->forward(x, c...); }, constants);
+        },
+        input);
+  }
+}
+
+template <typename Arg>
+void requireConstant(const torch::nn::Module& module, const Arg& arg) {
+  if constexpr (std::is_convertible_v<const Arg&, const torch::Tensor&>) {
+    const torch::Tensor& t = arg;
+    if (t.defined() && t.requires_grad()) throwCheckpointConstantNeedsGrad(module);
+  }
+}
 }  // namespace detail
 
 template <typename ModuleHolder, typename... Args>
@@ -48,9 +95,16 @@ auto unitForward(ModuleHolder& module, Args&&... args) {
   } else {
     const torch::nn::Module* unit = module.ptr().get();
     UnitHooks* hooks = detail::unitHooksFor(unit);
-    if (hooks == nullptr) return module->forward(std::forward<Args>(args)...);
+    const bool recompute = detail::checkpointsActivations(unit);
+    auto run = [&] {
+      if constexpr (sizeof...(Args) > 0) {
+        if (recompute) return detail::checkpointedForward(module, std::forward<Args>(args)...);
+      }
+      return torch::Tensor(module->forward(std::forward<Args>(args)...));
+    };
+    if (hooks == nullptr) return run();
     hooks->beforeForward(*unit);
-    torch::Tensor output = module->forward(std::forward<Args>(args)...);
+    torch::Tensor output = run();
     return hooks->afterForward(*unit, std::move(output));
   }
 }

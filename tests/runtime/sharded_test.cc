@@ -7,6 +7,7 @@
 
 #include <torch/torch.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <limits>
 #include <map>
@@ -26,7 +27,11 @@ struct BlockImpl : torch::nn::Module {
   explicit BlockImpl(int64_t d)
       : ln(register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})))),
         fc(register_module("fc", torch::nn::Linear(d, d))) {}
-  torch::Tensor forward(const torch::Tensor& x) { return x + torch::tanh(fc(ln(x))); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    ++forward_calls;
+    return x + torch::tanh(fc(ln(x)));
+  }
+  static inline std::atomic<int64_t> forward_calls{0};
   torch::nn::LayerNorm ln;
   torch::nn::Linear fc;
 };
@@ -68,6 +73,7 @@ struct Run {
   int64_t batch = 4;      // examples per rank per micro-step
   std::string precision = "no";
   bool loss_scaling = false;
+  bool checkpointing = false;  // fsdp_activation_checkpointing
   int64_t overflow_rank = -1, overflow_step = -1;  // that rank's loss is inf at that micro-step
 };
 
@@ -129,6 +135,7 @@ Result train(const Run& run) {
     world.env.fsdp_backward_prefetch = run.backward_prefetch;
     world.env.fsdp_forward_prefetch = run.forward_prefetch;
     world.env.mixed_precision = run.precision;
+    world.env.fsdp_activation_checkpointing = run.checkpointing;
     world.backend = makeFakeBackend(fake, r);
     AcceleratorOptions options;
     if (run.loss_scaling) options.loss_scaling = LossScalerOptions{.growth_interval = 2};
@@ -389,4 +396,35 @@ TEST_CASE("Loss scaling: an overflow on one rank skips the step on every rank",
 TEST_CASE("fp16 on a CPU run is refused before training", "[sharded][loss_scaling]") {
   Run run{.world = 1, .steps = 1, .precision = "fp16"};
   CHECK_THROWS_WITH(train(run), Catch::Contains("fp16 needs a GPU") && Catch::Contains("bf16"));
+}
+
+TEST_CASE("Activation checkpointing recomputes each unit and changes no result",
+          "[sharded][checkpointing]") {
+  torch::set_num_threads(1);
+  for (int accumulation : {1, 2}) {
+    Run run{.world = 2, .accumulation = accumulation, .steps = 3};
+    BlockImpl::forward_calls = 0;
+    const Result ddp = train(run);
+    const int64_t plain_calls = BlockImpl::forward_calls.exchange(0);
+    for (const std::string strategy : {"ddp", "zero2", "zero3", "fsdp_full_shard"}) {
+      run.strategy = strategy;
+      run.checkpointing = true;
+      INFO(strategy << " accumulation " << accumulation);
+      const Result checkpointed = train(run);
+      // Every block ran twice per micro-step: forward, and again in backward.
+      CHECK(BlockImpl::forward_calls.exchange(0) == 2 * plain_calls);
+      CHECK(maxRelativeDifference(checkpointed, ddp) < 1e-5);
+    }
+  }
+  Run bf16{.strategy = "zero3", .world = 2, .precision = "bf16"};
+  const Result plain = train(bf16);
+  bf16.checkpointing = true;  // the recomputation runs under the forward's autocast
+  CHECK(maxRelativeDifference(train(bf16), plain) < 1e-5);
+}
+
+TEST_CASE("fsdp_activation_checkpointing with nothing to checkpoint is refused",
+          "[sharded][checkpointing]") {
+  Run run{.world = 1, .steps = 1, .checkpointing = true};
+  run.unit_types = {};
+  CHECK_THROWS_WITH(train(run), Catch::Contains("no module is a unit to checkpoint"));
 }
