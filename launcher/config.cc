@@ -735,8 +735,6 @@ std::map<std::string, std::string> workerSettings(const Config& c,
     if (!c.isSet("fsdp_config.fsdp_sharding_strategy") && !reshard.empty()) {
       sharding = reshard == "true" ? "FULL_SHARD" : reshard == "false" ? "SHARD_GRAD_OP" : reshard;
     }
-    // The runtime has one hybrid mode: full shard inside a node, replicate across nodes.
-    if (sharding == "HYBRID_SHARD_ZERO2") sharding = "HYBRID_SHARD";
     strategy = "fsdp_" + lower(sharding);
   }
   put(env::kStrategy, strategy,

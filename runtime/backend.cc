@@ -1,5 +1,9 @@
 #include "runtime/backend.h"
 
+#include <algorithm>
+
+#include "rendezvous/error.h"
+
 namespace cxxlaunch::runtime {
 
 size_t dtypeSize(DType dtype) {
@@ -37,6 +41,21 @@ const char* dtypeName(DType dtype) {
       return "uint8";
   }
   return "?";
+}
+
+int rankInGroup(const std::vector<int>& ranks, int rank) {
+  auto it = std::find(ranks.begin(), ranks.end(), rank);
+  if (it == ranks.end() || !std::is_sorted(ranks.begin(), ranks.end())) {
+    throw InvalidArgument("subgroup: rank " + std::to_string(rank) +
+                          " must be one of the group's ranks, given in ascending order");
+  }
+  return static_cast<int>(it - ranks.begin());
+}
+
+std::string groupKey(const std::vector<int>& ranks, const std::string& partition) {
+  std::string key = "group/" + partition;
+  for (int r : ranks) key += "/" + std::to_string(r);
+  return key;
 }
 
 }  // namespace cxxlaunch::runtime

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace cxxlaunch::rendezvous {
 class Store;
@@ -76,7 +77,19 @@ class Backend {
   // In place: every rank ends with root's data.
   virtual WorkPtr broadcast(void* data, size_t count, DType dtype, int root) = 0;
   virtual WorkPtr barrier() = 0;
+
+  // A backend over the ranks `ranks` (ascending ranks of this backend, this one among them),
+  // where this rank is its index in `ranks`: hybrid sharding's groups inside a node and across
+  // nodes. Every member calls it with the same `ranks` and `partition` (the name of one way of
+  // cutting the world into disjoint groups, so that two cuts never meet); it returns once the
+  // group is connected. Throws InvalidArgument when this rank is not in `ranks`.
+  virtual std::unique_ptr<Backend> subgroup(const std::vector<int>& ranks,
+                                            const std::string& partition) = 0;
 };
+
+// The index of `rank` in `ranks`, checked; and the key naming one group of a partition.
+int rankInGroup(const std::vector<int>& ranks, int rank);
+std::string groupKey(const std::vector<int>& ranks, const std::string& partition);
 
 // Gloo over TCP (CPU memory). Connects a full mesh through options.store; throws
 // CommunicationError or TimeoutError when the ranks cannot meet within options.timeout.

@@ -104,7 +104,7 @@ WorkerEnv readWorkerEnv() {
   readString(env::kTlsKey, e.tls_key);
   readChoice(env::kStrategy, e.strategy,
              {"ddp", "zero1", "zero2", "zero3", "fsdp_full_shard", "fsdp_shard_grad_op",
-              "fsdp_hybrid_shard", "fsdp_no_shard"});
+              "fsdp_hybrid_shard", "fsdp_hybrid_shard_zero2", "fsdp_no_shard"});
   readChoice(env::kMixedPrecision, e.mixed_precision, {"no", "fp16", "bf16"});
   readChoice(env::kBackend, e.backend, {"auto", "gloo", "nccl"});
   std::string shared_memory = "on";

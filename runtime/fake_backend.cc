@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <functional>
+#include <map>
 #include <vector>
 
 #include "rendezvous/error.h"
@@ -18,6 +19,14 @@ class FakeWorld {
   explicit FakeWorld(int size) : size_(size), args_(static_cast<size_t>(size)) {}
 
   int size() const { return size_; }
+
+  // The world of one group of ranks, made by whichever member asks first.
+  std::shared_ptr<FakeWorld> group(const std::string& key, int size) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& world = groups_[key];
+    if (!world) world = std::make_shared<FakeWorld>(size);
+    return world;
+  }
 
   // Each rank deposits `arg`; the last to arrive runs `combine` over all of them; everyone
   // returns after it ran. Ranks must call in the same order.
@@ -43,6 +52,7 @@ class FakeWorld {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<void*> args_;
+  std::map<std::string, std::shared_ptr<FakeWorld>> groups_;
   int arrived_ = 0;
   uint64_t generation_ = 0;
 };
@@ -121,6 +131,13 @@ class FakeBackend final : public Backend {
 
   WorkPtr barrier() override {
     return run(nullptr, nullptr, [](const std::vector<void*>&) {});
+  }
+
+  std::unique_ptr<Backend> subgroup(const std::vector<int>& ranks,
+                                    const std::string& partition) override {
+    const int rank = rankInGroup(ranks, rank_);
+    return std::make_unique<FakeBackend>(
+        world_->group(groupKey(ranks, partition), static_cast<int>(ranks.size())), rank);
   }
 
  private:

@@ -59,7 +59,10 @@ std::string hostName() {
 class GlooBackend final : public Backend {
  public:
   explicit GlooBackend(const BackendOptions& options)
-      : rank_(options.rank), size_(options.world_size), timeout_(options.timeout) {
+      : options_(options),
+        rank_(options.rank),
+        size_(options.world_size),
+        timeout_(options.timeout) {
     where_ = " on rank " + std::to_string(rank_) + " of " + std::to_string(size_) + " (host " +
              hostName() + ")";
     try {
@@ -128,6 +131,15 @@ class GlooBackend final : public Backend {
       opts.setTimeout(timeout_);
       gloo::allgather(opts);
     });
+  }
+
+  std::unique_ptr<Backend> subgroup(const std::vector<int>& ranks,
+                                    const std::string& partition) override {
+    BackendOptions options = options_;
+    options.rank = rankInGroup(ranks, rank_);
+    options.world_size = static_cast<int>(ranks.size());
+    options.prefix = options_.prefix + "/" + groupKey(ranks, partition);
+    return std::make_unique<GlooBackend>(options);
   }
 
   WorkPtr broadcast(void* data, size_t count, DType dtype, int root) override {
@@ -228,6 +240,7 @@ class GlooBackend final : public Backend {
     });
   }
 
+  const BackendOptions options_;  // for subgroups
   const int rank_;
   const int size_;
   const std::chrono::milliseconds timeout_;

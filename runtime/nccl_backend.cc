@@ -116,7 +116,7 @@ class NcclWork final : public Work {
 class NcclBackend final : public Backend {
  public:
   explicit NcclBackend(const BackendOptions& options)
-      : rank_(options.rank), size_(options.world_size) {
+      : options_(options), rank_(options.rank), size_(options.world_size) {
     where_ = " on rank " + std::to_string(rank_) + " of " + std::to_string(size_) + " (host " +
              hostName() + ", device " + std::to_string(options.device) + ")";
     CXXLAUNCH_CUDA_CHECK(cudaSetDevice(options.device), where_);
@@ -179,6 +179,15 @@ class NcclBackend final : public Backend {
     });
   }
 
+  std::unique_ptr<Backend> subgroup(const std::vector<int>& ranks,
+                                    const std::string& partition) override {
+    BackendOptions options = options_;
+    options.rank = rankInGroup(ranks, rank_);
+    options.world_size = static_cast<int>(ranks.size());
+    options.prefix = options_.prefix + "/" + groupKey(ranks, partition);
+    return std::make_unique<NcclBackend>(options);  // its own unique id and communicator
+  }
+
   WorkPtr barrier() override {
     return enqueue([&] {
       CXXLAUNCH_NCCL_CHECK(ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_),
@@ -204,6 +213,7 @@ class NcclBackend final : public Backend {
     return std::make_shared<NcclWork>(done, comm_, where_);
   }
 
+  const BackendOptions options_;  // for subgroups
   const int rank_;
   const int size_;
   int device_ = 0;

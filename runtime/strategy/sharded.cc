@@ -36,6 +36,8 @@ ShardedStrategy::ShardedStrategy(std::shared_ptr<Backend> backend,
     throw InvalidArgument("ZeRO stage must be 0, 1, 2 or 3");
   }
   if (options_.sync_module_states) broadcastModuleState(*backend_, *model_, 0);
+  shards_ = backend_;
+  if (options_.hybrid) connectHybridGroups();
   buildUnits();
   releaseFreedHostMemory();  // the parameters' old storage, now that they live in flat buffers
 }
@@ -54,8 +56,32 @@ ShardedStrategy::~ShardedStrategy() {
   }
 }
 
+void ShardedStrategy::connectHybridGroups() {
+  const int world = backend_->worldSize();
+  std::vector<int32_t> node_of(static_cast<size_t>(world));
+  int32_t mine = options_.node;
+  backend_->allGather(&mine, node_of.data(), 1, DType::kInt32)->wait();
+  std::map<int32_t, std::vector<int>> members;  // node -> its ranks, ascending
+  for (int r = 0; r < world; ++r) members[node_of[static_cast<size_t>(r)]].push_back(r);
+  const std::vector<int>& node = members.at(mine);
+  for (const auto& [id, ranks] : members) {
+    if (ranks.size() != node.size()) {
+      throw InvalidArgument("HYBRID_SHARD needs the same number of processes on every node (node " +
+                            std::to_string(mine) + " has " + std::to_string(node.size()) +
+                            ", node " + std::to_string(id) + " has " +
+                            std::to_string(ranks.size()) + "); use FULL_SHARD");
+    }
+  }
+  const size_t index = static_cast<size_t>(rankInGroup(node, backend_->rank()));
+  std::vector<int> replica;  // the index-th rank of every node
+  for (const auto& [id, ranks] : members) replica.push_back(ranks[index]);
+  std::sort(replica.begin(), replica.end());
+  shards_ = backend_->subgroup(node, "node");
+  if (replica.size() > 1) replicas_ = backend_->subgroup(replica, "replica");
+}
+
 void ShardedStrategy::buildUnits() {
-  const int world = backend_->worldSize(), rank = backend_->rank();
+  const int world = shards_->worldSize(), rank = shards_->rank();
   std::map<const c10::TensorImpl*, std::string> name_of;
   for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
     name_of[item.value().unsafeGetTensorImpl()] = item.key();
@@ -229,7 +255,8 @@ std::string ShardedStrategy::describe() const {
          std::to_string(modules) + " module(s), " + std::to_string(units_.size() - modules) +
          " bucket(s)), " + optimizer_.name() +
          (options_.stage == 0 ? " on fp32 master weights"
-                              : " on 1/" + std::to_string(backend_->worldSize()) + " shards") +
+                              : " on 1/" + std::to_string(shards_->worldSize()) + " shards") +
+         (replicas_ ? " x " + std::to_string(replicas_->worldSize()) + " node replicas" : "") +
          (mixed() ? ", compute in " + std::string(c10::toString(options_.compute_dtype)) : "");
 }
 
@@ -307,8 +334,8 @@ void ShardedStrategy::prefetch(size_t i) {
   u.flat.restore();
   // In the compute dtype: a bf16 gather moves half the bytes.
   u.gather_input = mixed() ? u.master.to(options_.compute_dtype) : u.master;
-  u.gather = backend_->allGather(u.gather_input.data_ptr(), u.flat.full().data_ptr(),
-                                 static_cast<size_t>(u.flat.shardNumel()), dtypeOf(u.flat.full()));
+  u.gather = shards_->allGather(u.gather_input.data_ptr(), u.flat.full().data_ptr(),
+                                static_cast<size_t>(u.flat.shardNumel()), dtypeOf(u.flat.full()));
 }
 
 void ShardedStrategy::waitGather(Unit& u) {
@@ -398,9 +425,9 @@ void ShardedStrategy::launchReady() {
       continue;
     }
     u.grad_incoming = torch::empty({u.flat.shardNumel()}, options_.compute_dtype);
-    u.reduce = backend_->reduceScatter(u.grad_full.data_ptr(), u.grad_incoming.data_ptr(),
-                                       static_cast<size_t>(u.flat.shardNumel()),
-                                       dtypeOf(u.grad_full), ReduceOp::kAvg);
+    u.reduce = shards_->reduceScatter(u.grad_full.data_ptr(), u.grad_incoming.data_ptr(),
+                                      static_cast<size_t>(u.flat.shardNumel()),
+                                      dtypeOf(u.grad_full), ReduceOp::kAvg);
     in_flight_.push_back(i);
     while (in_flight_.size() > kMaxReductionsInFlight) completeOldestReduction();
   }
@@ -411,6 +438,12 @@ void ShardedStrategy::completeOldestReduction() {
   in_flight_.pop_front();
   u.reduce->wait();
   u.reduce.reset();
+  if (replicas_) {  // hybrid: the average over the nodes of their nodes' averages
+    replicas_
+        ->allreduce(u.grad_incoming.data_ptr(), static_cast<size_t>(u.flat.shardNumel()),
+                    dtypeOf(u.grad_incoming), ReduceOp::kAvg)
+        ->wait();
+  }
   u.grad_shard.add_(u.grad_incoming);  // accumulated across micro-steps in the fp32 shard
   u.grad_incoming = torch::Tensor();
   u.grad_full = torch::Tensor();
@@ -449,8 +482,8 @@ double ShardedStrategy::clipGradNorm(double max_norm) {
   for (const auto& u : units_) {
     squares += kernels::sumOfSquares(u.grad_shard.data_ptr<float>(), u.flat.shardNumel());
   }
-  if (options_.stage > 0) {  // each rank holds a part of the gradient
-    backend_->allreduce(&squares, 1, DType::kFloat64, ReduceOp::kSum)->wait();
+  if (options_.stage > 0) {  // each shard holds a part of the gradient
+    shards_->allreduce(&squares, 1, DType::kFloat64, ReduceOp::kSum)->wait();
   }
   const double norm = std::sqrt(squares);
   const double coefficient = max_norm / (norm + 1e-6);
@@ -488,9 +521,9 @@ void ShardedStrategy::step() {
     // The whole buffer is resident here: this rank's slice is the gather's input, in place.
     if (u.master.data_ptr() != u.flat.shard().data_ptr()) u.flat.shard().copy_(u.master);
     if (options_.stage == 0) continue;  // every rank stepped everything
-    gathers.push_back(backend_->allGather(u.flat.shard().data_ptr(), u.flat.full().data_ptr(),
-                                          static_cast<size_t>(u.flat.shardNumel()),
-                                          dtypeOf(u.flat.full())));
+    gathers.push_back(shards_->allGather(u.flat.shard().data_ptr(), u.flat.full().data_ptr(),
+                                         static_cast<size_t>(u.flat.shardNumel()),
+                                         dtypeOf(u.flat.full())));
   }
   for (auto& w : gathers) w->wait();
 }
@@ -531,7 +564,7 @@ std::vector<std::pair<std::string, torch::Tensor>> ShardedStrategy::fullParamete
       full = u.flat.full();
     } else {  // from the fp32 master shards: the precise values, not the compute copies
       full = torch::empty({u.flat.padded()}, torch::kFloat);
-      backend_
+      shards_
           ->allGather(u.master.data_ptr(), full.data_ptr(),
                       static_cast<size_t>(u.flat.shardNumel()), DType::kFloat32)
           ->wait();

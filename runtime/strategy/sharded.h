@@ -59,6 +59,10 @@ struct ShardingOptions {
   bool forward_prefetch = false;
   bool sync_module_states = true;
   size_t bucket_bytes = 25u << 20;
+  // HYBRID_SHARD: shards within each node (the ranks with this `node`), replicas across nodes:
+  // gradients reduce-scattered in the node, then all-reduced among the nodes' same shards.
+  bool hybrid = false;
+  int node = 0;
   // What the model computes in and gradients are reduced in; the master shard stays float32.
   torch::ScalarType compute_dtype = torch::kFloat;
 };
@@ -130,7 +134,11 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   size_t unitOf(const torch::nn::Module& module) const;
   size_t previousInForward(size_t unit) const;  // next in backward order, or kNone
 
-  std::shared_ptr<Backend> backend_;
+  void connectHybridGroups();
+
+  std::shared_ptr<Backend> backend_;   // every rank
+  std::shared_ptr<Backend> shards_;    // the ranks the parameters are sharded over (hybrid: a node)
+  std::shared_ptr<Backend> replicas_;  // hybrid, several nodes: this shard on every node
   std::shared_ptr<torch::nn::Module> model_;
   ShardingOptions options_;
   ShardOptimizer optimizer_;

@@ -126,11 +126,6 @@ std::unique_ptr<Strategy> makeStrategy(const WorkerEnv& env, std::shared_ptr<Bac
                                        torch::optim::Optimizer& optimizer,
                                        const StrategyOptions& options) {
   const std::string& name = env.strategy;
-  if (name == "fsdp_hybrid_shard") {
-    throw InvalidArgument(
-        "strategy 'fsdp_hybrid_shard' is not available in this build yet; use FULL_SHARD "
-        "(fsdp_full_shard) or SHARD_GRAD_OP");
-  }
   if ((env.offload_optimizer == "cpu" || env.offload_params == "cpu") && env.rank == 0 &&
       backend->name() != "nccl") {
     std::cerr << "cxxlaunch: offload to cpu: this is a CPU run, parameters and optimizer state "
@@ -146,10 +141,13 @@ std::unique_ptr<Strategy> makeStrategy(const WorkerEnv& env, std::shared_ptr<Bac
   // engine's job, at stage 0 when nothing is sharded.
   ShardingOptions sharding;
   sharding.name = name;
-  sharding.stage = replicated                                        ? 0
-                   : name == "zero1"                                 ? 1
-                   : name == "zero2" || name == "fsdp_shard_grad_op" ? 2
-                                                                     : 3;
+  sharding.stage =
+      replicated                                                                             ? 0
+      : name == "zero1"                                                                      ? 1
+      : name == "zero2" || name == "fsdp_shard_grad_op" || name == "fsdp_hybrid_shard_zero2" ? 2
+                                                                                             : 3;
+  sharding.hybrid = name == "fsdp_hybrid_shard" || name == "fsdp_hybrid_shard_zero2";
+  sharding.node = env.node_rank;
   sharding.wrap_policy = env.fsdp_auto_wrap_policy;
   sharding.unit_types = env.fsdp_transformer_layer_cls;
   if (sharding.wrap_policy.empty() && !sharding.unit_types.empty()) {

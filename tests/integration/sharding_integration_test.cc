@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <memory>
 
 #include "support/subprocess.h"
 
@@ -32,6 +33,35 @@ Trained train(const TempDir& dir, int nproc, const Args& trainer_args, const Env
   argv.insert(argv.end(), trainer_args.begin(), trainer_args.end());
   argv.insert(argv.end(), {"--dump_params", dump});
   Trained t{run(argv, env, 240s), {}};
+  const std::string bytes = readFile(dump);
+  t.params.resize(bytes.size() / sizeof(float));
+  std::memcpy(t.params.data(), bytes.data(), t.params.size() * sizeof(float));
+  return t;
+}
+
+// Two launchers on loopback, two workers each: two simulated nodes forming one world of 4.
+Trained trainOnTwoNodes(const TempDir& dir, const Args& trainer_args, const Env& env) {
+  static int runs = 0;
+  const std::string id = "nodes" + std::to_string(runs++);
+  const std::string dump = dir.path() + "/" + id + ".bin";
+  const std::string endpoint = "127.0.0.1:" + std::to_string(freePort());
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int n = 0; n < 2; ++n) {
+    Args argv = {CXXLAUNCH_BIN, "run", "--rdzv_endpoint", endpoint, "--rdzv_id", id,
+                 "--rdzv_conf", "keep_alive_interval=0.3,keep_alive_max_misses=7,join_timeout=60",
+                 "--nnodes", "2", "--nproc_per_node", "2", TRAIN_BIN};
+    argv.insert(argv.end(), trainer_args.begin(), trainer_args.end());
+    argv.insert(argv.end(), {"--dump_params", dump});
+    nodes.push_back(std::make_unique<Subprocess>(argv, env));
+  }
+  Trained t;
+  for (auto& node : nodes) {
+    auto finished = node->wait(240s);
+    REQUIRE(finished);
+    t.finished.out += finished->out;
+    t.finished.err += finished->err;
+    t.finished.exit_code = std::max(t.finished.exit_code, finished->exit_code);
+  }
   const std::string bytes = readFile(dump);
   t.params.resize(bytes.size() / sizeof(float));
   std::memcpy(t.params.data(), bytes.data(), t.params.size() * sizeof(float));
@@ -159,4 +189,25 @@ TEST_CASE("bf16 from an accelerate config: ZeRO-3 and FULL_SHARD agree with DDP 
   CHECK(relativeDifference(zero3.params, ddp.params) < 1e-2);
   CHECK(relativeDifference(fsdp.params, ddp.params) < 1e-2);
   CHECK(relativeDifference(ddp.params, fp32.params) > 1e-4);
+}
+
+TEST_CASE("HYBRID_SHARD on two simulated nodes ends where DDP ends", "[sharding][integration]") {
+  TempDir dir;
+  const Env settings = {{"CXXLAUNCH_GRADIENT_ACCUMULATION_STEPS", "2"},
+                        {"CXXLAUNCH_GRADIENT_CLIPPING", "0.5"},
+                        {"CXXLAUNCH_FSDP_TRANSFORMER_LAYER_CLS_TO_WRAP", "Block"}};
+  Env ddp_env = settings;
+  ddp_env["CXXLAUNCH_STRATEGY"] = "ddp";
+  const Trained ddp = trainOnTwoNodes(dir, kGpt, ddp_env);
+  INFO(ddp.finished.out << ddp.finished.err);
+  REQUIRE(ddp.finished.exit_code == 0);
+  for (const std::string strategy : {"fsdp_hybrid_shard", "fsdp_hybrid_shard_zero2"}) {
+    Env env = settings;
+    env["CXXLAUNCH_STRATEGY"] = strategy;
+    const Trained hybrid = trainOnTwoNodes(dir, kGpt, env);
+    INFO(strategy << "\n" << hybrid.finished.out << hybrid.finished.err);
+    REQUIRE(hybrid.finished.exit_code == 0);
+    CHECK_THAT(hybrid.finished.out, Catch::Contains("on 1/2 shards x 2 node replicas"));
+    CHECK(relativeDifference(hybrid.params, ddp.params) < 1e-5);
+  }
 }

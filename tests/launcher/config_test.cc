@@ -245,6 +245,8 @@ TEST_CASE("distributed_type, zero_stage and the sharding strategy map to CXXLAUN
        "fsdp_hybrid_shard", "auto", "cpu", "cpu", "sharded"},
       {"distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: NO_SHARD\n",
        "fsdp_no_shard", "auto", "none", "none", "full"},
+      {"distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: 5\n",
+       "fsdp_hybrid_shard_zero2", "auto", "none", "none", "full"},
       {"distributed_type: FSDP\nfsdp_config:\n  fsdp_reshard_after_forward: false\n",
        "fsdp_shard_grad_op", "auto", "none", "none", "full"},
       {"distributed_type: MULTI_GPU\nfsdp_config:\n  fsdp_sharding_strategy: NO_SHARD\n", "ddp",

@@ -74,6 +74,7 @@ struct Run {
   std::string precision = "no";
   bool loss_scaling = false;
   bool checkpointing = false;  // fsdp_activation_checkpointing
+  int nodes = 1;               // simulated: ranks [k * world / nodes, ...) are node k
   int64_t overflow_rank = -1, overflow_step = -1;  // that rank's loss is inf at that micro-step
 };
 
@@ -136,6 +137,8 @@ Result train(const Run& run) {
     world.env.fsdp_forward_prefetch = run.forward_prefetch;
     world.env.mixed_precision = run.precision;
     world.env.fsdp_activation_checkpointing = run.checkpointing;
+    world.env.node_rank = r / (run.world / run.nodes);
+    world.env.num_nodes = run.nodes;
     world.backend = makeFakeBackend(fake, r);
     AcceleratorOptions options;
     if (run.loss_scaling) options.loss_scaling = LossScalerOptions{.growth_interval = 2};
@@ -427,4 +430,64 @@ TEST_CASE("fsdp_activation_checkpointing with nothing to checkpoint is refused",
   Run run{.world = 1, .steps = 1, .checkpointing = true};
   run.unit_types = {};
   CHECK_THROWS_WITH(train(run), Catch::Contains("no module is a unit to checkpoint"));
+}
+
+TEST_CASE("HYBRID_SHARD: sharded in each node, replicated across nodes, DDP's parameters",
+          "[sharded][hybrid]") {
+  torch::set_num_threads(1);
+  for (const auto& [world, nodes] : std::vector<std::pair<int, int>>{{4, 2}, {2, 2}, {4, 1}}) {
+    for (const std::string optimizer : {"adamw", "sgd"}) {
+      for (const auto& [accumulation, clipping] :
+           std::vector<std::pair<int, double>>{{1, 0.0}, {2, 0.05}}) {
+        Run run{.world = world, .optimizer = optimizer, .accumulation = accumulation,
+                .clipping = clipping, .nodes = nodes};
+        const Result ddp = train(run);
+        for (const std::string strategy : {"fsdp_hybrid_shard", "fsdp_hybrid_shard_zero2"}) {
+          run.strategy = strategy;
+          INFO(strategy << " world " << world << " nodes " << nodes << " " << optimizer
+                        << " accumulation " << accumulation << " clipping " << clipping);
+          const Result hybrid = train(run);
+          CHECK(maxRelativeDifference(hybrid, ddp) < 1e-5);
+          const int per_node = world / nodes;
+          CHECK_THAT(hybrid.description, Catch::Contains("on 1/" + std::to_string(per_node) +
+                                                         " shards"));
+          if (nodes > 1) {
+            CHECK_THAT(hybrid.description,
+                       Catch::Contains("x " + std::to_string(nodes) + " node replicas"));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("HYBRID_SHARD holds one node's share of the model state", "[sharded][hybrid]") {
+  torch::set_num_threads(1);
+  Run run{.world = 4, .d = 64, .layers = 4, .steps = 2, .nodes = 2};
+  const Result ddp = train(run);
+  run.strategy = "fsdp_hybrid_shard";
+  const Result hybrid = train(run);
+  for (const auto& report : hybrid.memory) {
+    INFO(report.str());
+    CHECK(static_cast<double>(report.total()) <=
+          (1.0 / 2 + 0.05) * static_cast<double>(ddp.memory[0].total()));
+  }
+}
+
+TEST_CASE("HYBRID_SHARD refuses nodes of different sizes", "[sharded][hybrid]") {
+  auto fake = makeFakeWorld(3);
+  CHECK_THROWS_WITH(onRanks(3,
+                            [&](int r) {
+                              Tower net(11, 2);
+                              auto optimizer = makeOptimizer(net, "adamw");
+                              World world;
+                              world.env.rank = r;
+                              world.env.world_size = 3;
+                              world.env.node_rank = r == 0 ? 0 : 1;
+                              world.env.strategy = "fsdp_hybrid_shard";
+                              world.backend = makeFakeBackend(fake, r);
+                              Accelerator acc(std::move(world), {});
+                              acc.prepare(net.ptr(), *optimizer);
+                            }),
+                    Catch::Contains("same number of processes on every node"));
 }
