@@ -1,5 +1,6 @@
 #include "launcher/config.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 #include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
@@ -105,10 +106,16 @@ std::vector<KeySpec> buildSchema() {
                "CXXLAUNCH_ZERO_STAGE", "DEEPSPEED only: 0 (DDP), 1, 2 or 3"),
       choiceKey("deepspeed_config.offload_optimizer_device", {"none", "cpu", "nvme"}, "none",
                 "offload_optimizer_device", "CXXLAUNCH_OFFLOAD_OPTIMIZER_DEVICE",
-                "DEEPSPEED only: keep optimizer state on the CPU"),
+                "DEEPSPEED only: keep optimizer state on the CPU, or on local disk (nvme)"),
       choiceKey("deepspeed_config.offload_param_device", {"none", "cpu", "nvme"}, "none",
                 "offload_param_device", "CXXLAUNCH_OFFLOAD_PARAM_DEVICE",
-                "DEEPSPEED stage 3 only: keep parameters on the CPU"),
+                "DEEPSPEED stage 3 only: keep parameters on the CPU, or on local disk (nvme)"),
+      textKey("deepspeed_config.offload_optimizer_nvme_path", K::kText, "",
+              "offload_optimizer_nvme_path", "CXXLAUNCH_OFFLOAD_OPTIMIZER_NVME_PATH",
+              "offload_optimizer_device nvme: a directory on local disk for the swap file"),
+      textKey("deepspeed_config.offload_param_nvme_path", K::kText, "",
+              "offload_param_nvme_path", "CXXLAUNCH_OFFLOAD_PARAM_NVME_PATH",
+              "offload_param_device nvme: a directory on local disk for the swap file"),
       rangeKey("deepspeed_config.gradient_accumulation_steps", K::kInt, 1, 1 << 20, "1",
                "gradient_accumulation_steps", "CXXLAUNCH_GRADIENT_ACCUMULATION_STEPS",
                "micro-batches per optimizer step, for every strategy"),
@@ -190,7 +197,6 @@ const std::set<std::string>& ignoredKeys() {
       "base_job_name", "pytorch_version", "transformers_version", "py_version",
       "sagemaker_inputs_file", "sagemaker_metrics_file", "additional_args",
       "num_cpu_threads_per_process", "deepspeed_config.deepspeed_config_file",
-      "deepspeed_config.offload_optimizer_nvme_path", "deepspeed_config.offload_param_nvme_path",
       "deepspeed_config.deepspeed_moe_layer_cls_names",
       "deepspeed_config.deepspeed_multinode_launcher", "deepspeed_config.deepspeed_hostfile",
       "deepspeed_config.deepspeed_inclusion_filter", "deepspeed_config.deepspeed_exclusion_filter",
@@ -694,10 +700,28 @@ void validateConfig(const Config& c) {
          "a job on several machines needs main_process_ip: the address of the machine with "
          "machine_rank 0");
   }
-  for (const char* key :
-       {"deepspeed_config.offload_optimizer_device", "deepspeed_config.offload_param_device"}) {
-    if (c.text(key) == "nvme")
-      fail(key, "nvme offload is not supported by cxxlaunch; use cpu or none");
+  for (const auto& [device_key, path_key] :
+       {std::pair<std::string, std::string>{"deepspeed_config.offload_optimizer_device",
+                                            "deepspeed_config.offload_optimizer_nvme_path"},
+        {"deepspeed_config.offload_param_device", "deepspeed_config.offload_param_nvme_path"}}) {
+    if (c.text(device_key) != "nvme" || type != "DEEPSPEED") continue;
+    const std::string path = c.text(path_key);
+    const std::string flag = path_key.substr(path_key.find('.') + 1);
+    if (path.empty()) {
+      fail(device_key, "nvme offload needs a directory on local disk: set " + flag);
+    }
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      fail(path_key, flag + " '" + path + "' is not an existing directory; create it first");
+    }
+    if (::access(path.c_str(), W_OK) != 0) {
+      fail(path_key, flag + " '" + path + "' is not writable");
+    }
+  }
+  if (type == "DEEPSPEED" && c.text("deepspeed_config.offload_param_device") == "nvme" &&
+      c.integer("deepspeed_config.zero_stage") != 3) {
+    fail("deepspeed_config.offload_param_device",
+         "offload_param_device nvme needs zero_stage 3 (parameters sharded at rest)");
   }
   if (const std::string gpu_ids = c.text("gpu_ids");
       gpu_ids != "all" && c.isSet("num_processes") && !cpu) {
@@ -760,6 +784,12 @@ std::map<std::string, std::string> workerSettings(const Config& c,
                                                           : "none",
       {"distributed_type", "deepspeed_config.offload_param_device",
        "fsdp_config.fsdp_offload_params"});
+  if (deepspeed) {
+    put(env::kOffloadOptimizerNvmePath, c.text("deepspeed_config.offload_optimizer_nvme_path"),
+        {"deepspeed_config.offload_optimizer_nvme_path"});
+    put(env::kOffloadParamNvmePath, c.text("deepspeed_config.offload_param_nvme_path"),
+        {"deepspeed_config.offload_param_nvme_path"});
+  }
   put(env::kStateDictType,
       fsdp && c.text("fsdp_config.fsdp_state_dict_type") != "FULL_STATE_DICT" ? "sharded" : "full",
       {"distributed_type", "fsdp_config.fsdp_state_dict_type"});

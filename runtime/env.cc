@@ -110,8 +110,10 @@ WorkerEnv readWorkerEnv() {
   std::string shared_memory = "on";
   readChoice(env::kSharedMemory, shared_memory, {"on", "off"});
   e.shared_memory = shared_memory == "on";
-  readChoice(env::kOffloadOptimizer, e.offload_optimizer, {"none", "cpu"});
-  readChoice(env::kOffloadParams, e.offload_params, {"none", "cpu"});
+  readChoice(env::kOffloadOptimizer, e.offload_optimizer, {"none", "cpu", "nvme"});
+  readChoice(env::kOffloadParams, e.offload_params, {"none", "cpu", "nvme"});
+  readString(env::kOffloadOptimizerNvmePath, e.offload_optimizer_nvme_path);
+  readString(env::kOffloadParamNvmePath, e.offload_param_nvme_path);
   readChoice(env::kFsdpAutoWrapPolicy, e.fsdp_auto_wrap_policy,
              {"TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"});
   if (auto names = lookup(env::kFsdpTransformerLayerClsToWrap)) {

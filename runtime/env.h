@@ -4,8 +4,8 @@
 // readWorkerEnv() throws InvalidArgument naming the variable when a value is malformed.
 // Thread-safety: reads the process environment; call it before starting threads that setenv.
 
-#include <optional>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,13 +39,14 @@ struct WorkerEnv {
   double gradient_clipping = 0;  // max norm; 0: no clipping
   std::string backend = "auto";
   bool shared_memory = true;  // Gloo: allreduce through shared memory when all ranks are local
-  std::string offload_optimizer = "none";  // none | cpu
-  std::string offload_params = "none";     // none | cpu
+  std::string offload_optimizer = "none";                            // none | cpu | nvme
+  std::string offload_params = "none";                               // none | cpu | nvme
+  std::string offload_optimizer_nvme_path, offload_param_nvme_path;  // nvme's directories
   // FSDP (accelerate's values; read whatever the strategy, since ZeRO-3 chooses units alike).
-  std::string fsdp_auto_wrap_policy;                      // "" | TRANSFORMER_BASED_WRAP | ...
-  std::vector<std::string> fsdp_transformer_layer_cls;    // module type names
-  int64_t fsdp_min_num_params = 100000000;                // SIZE_BASED_WRAP's threshold
-  std::string fsdp_backward_prefetch = "BACKWARD_PRE";    // | BACKWARD_POST | NO_PREFETCH
+  std::string fsdp_auto_wrap_policy;                    // "" | TRANSFORMER_BASED_WRAP | ...
+  std::vector<std::string> fsdp_transformer_layer_cls;  // module type names
+  int64_t fsdp_min_num_params = 100000000;              // SIZE_BASED_WRAP's threshold
+  std::string fsdp_backward_prefetch = "BACKWARD_PRE";  // | BACKWARD_POST | NO_PREFETCH
   bool fsdp_forward_prefetch = false;
   bool fsdp_sync_module_states = true;
   bool fsdp_activation_checkpointing = false;

@@ -51,9 +51,13 @@ inline constexpr const char kGradClipping[] = "CXXLAUNCH_GRADIENT_CLIPPING";  //
 inline constexpr const char kBackend[] = "CXXLAUNCH_BACKEND";  // auto (default) | gloo | nccl
 inline constexpr const char kSharedMemory[] =
     "CXXLAUNCH_SHARED_MEMORY";  // on (default) | off: Gloo reduces through /dev/shm on one host
-inline constexpr const char kOffloadOptimizer[] = "CXXLAUNCH_OFFLOAD_OPTIMIZER";  // none | cpu
-inline constexpr const char kOffloadParams[] = "CXXLAUNCH_OFFLOAD_PARAMS";        // none | cpu
-inline constexpr const char kStateDictType[] = "CXXLAUNCH_STATE_DICT_TYPE";       // full | sharded
+inline constexpr const char kOffloadOptimizer[] =
+    "CXXLAUNCH_OFFLOAD_OPTIMIZER";                                          // none | cpu | nvme
+inline constexpr const char kOffloadParams[] = "CXXLAUNCH_OFFLOAD_PARAMS";  // none | cpu | nvme
+// nvme offload's directories on local disk (DeepSpeed's offload_*_nvme_path)
+inline constexpr const char kOffloadOptimizerNvmePath[] = "CXXLAUNCH_OFFLOAD_OPTIMIZER_NVME_PATH";
+inline constexpr const char kOffloadParamNvmePath[] = "CXXLAUNCH_OFFLOAD_PARAM_NVME_PATH";
+inline constexpr const char kStateDictType[] = "CXXLAUNCH_STATE_DICT_TYPE";  // full | sharded
 inline constexpr const char kDebug[] = "CXXLAUNCH_DEBUG";  // true: check collectives' shapes
 inline constexpr const char kZero3Save16BitModel[] =
     "CXXLAUNCH_ZERO3_SAVE_16BIT_MODEL";  // true: ZeRO-3 saves a gathered 16-bit model

@@ -55,10 +55,12 @@ ShardOptimizer::ShardOptimizer(torch::optim::Optimizer& optimizer) : optimizer_(
   }
   for (const auto& group : groups) {
     if (const auto* o = optionsAs<torch::optim::AdamWOptions>(group); o && o->amsgrad()) {
-      throw InvalidArgument("amsgrad cannot run on shards yet; turn it off or use strategy ddp in fp32");
+      throw InvalidArgument(
+          "amsgrad cannot run on shards yet; turn it off or use strategy ddp in fp32");
     }
     if (const auto* o = optionsAs<torch::optim::AdamOptions>(group); o && o->amsgrad()) {
-      throw InvalidArgument("amsgrad cannot run on shards yet; turn it off or use strategy ddp in fp32");
+      throw InvalidArgument(
+          "amsgrad cannot run on shards yet; turn it off or use strategy ddp in fp32");
     }
   }
 }
@@ -87,25 +89,28 @@ size_t ShardOptimizer::groupOf(const torch::Tensor& param) const {
       "optimizer over model->parameters(), or freeze the parameter (requires_grad false)");
 }
 
-size_t ShardOptimizer::addShard(int64_t numel, std::vector<Segment> segments) {
+size_t ShardOptimizer::stateArrays() const {
+  if (kind_ != Kind::kSgd) return 2;
+  for (const auto& group : optimizer_.param_groups()) {
+    if (optionsAs<torch::optim::SGDOptions>(group)->momentum() != 0) return 1;
+  }
+  return 0;
+}
+
+size_t ShardOptimizer::addShard(int64_t numel, std::vector<Segment> segments, bool own_state) {
   Shard shard{numel, std::move(segments), {}};
-  const auto zeros = [&] { return torch::zeros({numel}, torch::kFloat); };
-  if (kind_ == Kind::kSgd) {
-    bool momentum = false;
-    for (const auto& group : optimizer_.param_groups()) {
-      momentum |= optionsAs<torch::optim::SGDOptions>(group)->momentum() != 0;
-    }
-    if (momentum) shard.state.push_back(zeros());
-  } else {
-    shard.state.push_back(zeros());
-    shard.state.push_back(zeros());
+  if (own_state) {
+    for (size_t i = 0; i < stateArrays(); ++i) shard.state.push_back(torch::zeros({numel}));
   }
   shards_.push_back(std::move(shard));
   return shards_.size() - 1;
 }
 
-void ShardOptimizer::step(size_t index, float* param, const float* grad) {
+void ShardOptimizer::step(size_t index, float* param, const float* grad, float* const* state) {
   Shard& shard = shards_[index];
+  std::vector<float*> own;
+  for (auto& t : shard.state) own.push_back(t.data_ptr<float>());
+  if (state == nullptr) state = own.data();
   const auto& groups = optimizer_.param_groups();
   for (const Segment& seg : shard.segments) {
     const auto& group = groups[seg.group];
@@ -119,7 +124,7 @@ void ShardOptimizer::step(size_t index, float* param, const float* grad) {
                                   .weight_decay = static_cast<float>(o.weight_decay()),
                                   .nesterov = o.nesterov(),
                                   .first_step = steps_ == 1};
-      float* buf = o.momentum() != 0 ? shard.state[0].data_ptr<float>() + seg.begin : nullptr;
+      float* buf = o.momentum() != 0 ? state[0] + seg.begin : nullptr;
       at::parallel_for(0, seg.end - seg.begin, kGrain, [&](int64_t b, int64_t e) {
         kernels::sgdStep(p + b, g + b, buf == nullptr ? nullptr : buf + b, e - b, s);
       });
@@ -133,8 +138,8 @@ void ShardOptimizer::step(size_t index, float* param, const float* grad) {
       const auto& o = *optionsAs<torch::optim::AdamOptions>(group);
       s = adamScalars(o.lr(), o.betas(), o.eps(), o.weight_decay(), false, steps_);
     }
-    float* m = shard.state[0].data_ptr<float>() + seg.begin;
-    float* v = shard.state[1].data_ptr<float>() + seg.begin;
+    float* m = state[0] + seg.begin;
+    float* v = state[1] + seg.begin;
     at::parallel_for(0, seg.end - seg.begin, kGrain, [&](int64_t b, int64_t e) {
       kernels::adamStep(p + b, g + b, m + b, v + b, e - b, s);
     });

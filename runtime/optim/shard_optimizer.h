@@ -37,14 +37,17 @@ class ShardOptimizer {
   // InvalidArgument for a trainable parameter the optimizer does not know.
   size_t groupOf(const torch::Tensor& param) const;
 
-  // Registers a shard of `numel` float32 elements; its state (zeros) is allocated here.
-  // Returns its index for step().
-  size_t addShard(int64_t numel, std::vector<Segment> segments);
+  // Registers a shard of `numel` float32 elements; its state (zeros) is allocated here unless
+  // the caller keeps it (nvme offload: `own_state` false). Returns its index for step().
+  size_t addShard(int64_t numel, std::vector<Segment> segments, bool own_state = true);
+  // How many float32 arrays of a shard's numel its state is (Adam 2, SGD with momentum 1).
+  size_t stateArrays() const;
 
   // Counts one optimizer step; call once before stepping the shards.
   void beginStep() { ++steps_; }
-  // Updates `param` (numel of addShard's) in place from `grad`.
-  void step(size_t shard, float* param, const float* grad);
+  // Updates `param` (numel of addShard's) in place from `grad`, with the shard's own state, or
+  // with `state` (stateArrays() arrays of numel) for a shard whose state the caller keeps.
+  void step(size_t shard, float* param, const float* grad, float* const* state = nullptr);
 
   Kind kind() const { return kind_; }
   const char* name() const;

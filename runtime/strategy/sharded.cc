@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <set>
 
 #include "rendezvous/error.h"
@@ -39,6 +40,7 @@ ShardedStrategy::ShardedStrategy(std::shared_ptr<Backend> backend,
   shards_ = backend_;
   if (options_.hybrid) connectHybridGroups();
   buildUnits();
+  setUpOffload();
   releaseFreedHostMemory();  // the parameters' old storage, now that they live in flat buffers
 }
 
@@ -231,7 +233,8 @@ void ShardedStrategy::buildUnits() {
         segments.push_back({begin - sb, end - sb, group});
       }
     }
-    u.optimizer_shard = optimizer_.addShard(sn, std::move(segments));
+    u.optimizer_shard =
+        optimizer_.addShard(sn, std::move(segments), options_.nvme_optimizer_dir.empty());
     u.pending = u.flat.params().size();
     for (size_t i = 0; i < u.flat.params().size(); ++i) {
       Param param{ui, i};
@@ -246,6 +249,116 @@ void ShardedStrategy::buildUnits() {
       detail::registerUnit(u.module, this);
     }
   }
+}
+
+// ---- nvme offload -------------------------------------------------------------------------------
+
+void ShardedStrategy::setUpOffload() {
+  if (!options_.nvme_param_dir.empty()) {
+    param_file_ = std::make_unique<NvmeFile>(options_.nvme_param_dir, "offload_param_nvme_path");
+  }
+  if (!options_.nvme_optimizer_dir.empty() && optimizer_.stateArrays() > 0) {
+    state_file_ =
+        std::make_unique<NvmeFile>(options_.nvme_optimizer_dir, "offload_optimizer_nvme_path");
+  }
+  if (!param_file_ && !state_file_) return;
+  for (auto& u : units_) {
+    const size_t bytes = NvmeFile::roundUp(static_cast<size_t>(u.flat.shardNumel()) * 4);
+    if (param_file_) u.master_offset = param_file_->reserve(bytes);
+    if (state_file_) u.state_offset = state_file_->reserve(optimizer_.stateArrays() * bytes);
+  }
+  // Before the first step: a disk that cannot hold it all fails here.
+  if (param_file_) param_file_->allocate();
+  if (state_file_) state_file_->allocate();
+  for (int i = 0; i < 3; ++i) slots_.push_back(alignedBuffer(stagingFloats()));
+  if (param_file_) {  // the fp32 masters move out; the state starts as the file's zeros
+    for (auto& u : units_) {
+      const size_t bytes = static_cast<size_t>(u.flat.shardNumel()) * 4;
+      std::memcpy(slots_[0].data.get(), u.master.data_ptr<float>(), bytes);
+      param_file_->write(u.master_offset, slots_[0].data.get(), NvmeFile::roundUp(bytes))->wait();
+      u.master = torch::Tensor();
+    }
+  }
+}
+
+size_t ShardedStrategy::stagingFloats() const {
+  size_t unit_bytes = 0;
+  for (const auto& u : units_) {
+    unit_bytes =
+        std::max(unit_bytes, NvmeFile::roundUp(static_cast<size_t>(u.flat.shardNumel()) * 4));
+  }
+  const size_t arrays = (param_file_ ? 1 : 0) + (state_file_ ? optimizer_.stateArrays() : 0);
+  return arrays * unit_bytes / 4;
+}
+
+torch::Tensor ShardedStrategy::masterNow(Unit& u) {
+  if (u.master.defined()) return u.master;
+  AlignedBuffer buffer = alignedBuffer(static_cast<size_t>(u.flat.shardNumel()));
+  param_file_->read(u.master_offset, buffer.data.get(), buffer.bytes)->wait();
+  return torch::from_blob(
+      buffer.data.get(), {u.flat.shardNumel()}, [keep = buffer.data](void*) {}, torch::kFloat);
+}
+
+void ShardedStrategy::stepUnits() {
+  if (!param_file_ && !state_file_) {
+    for (auto& u : units_) {
+      optimizer_.step(u.optimizer_shard, u.master.data_ptr<float>(),
+                      u.grad_shard.data_ptr<float>());
+    }
+    return;
+  }
+  // A slot holds [master | state arrays]; the state starts after the largest master.
+  const size_t arrays = state_file_ ? optimizer_.stateArrays() : 0;
+  const size_t state_at = param_file_ ? stagingFloats() * 4 / (1 + arrays) : 0;
+  auto slot = [&](size_t i) {
+    return reinterpret_cast<char*>(slots_[i % slots_.size()].data.get());
+  };
+  auto bytesOfUnit = [&](const Unit& u) {
+    return NvmeFile::roundUp(static_cast<size_t>(u.flat.shardNumel()) * 4);
+  };
+  auto load = [&](size_t i) {
+    std::vector<WorkPtr> reads;
+    const Unit& u = units_[i];
+    if (param_file_) reads.push_back(param_file_->read(u.master_offset, slot(i), bytesOfUnit(u)));
+    if (state_file_) {
+      reads.push_back(
+          state_file_->read(u.state_offset, slot(i) + state_at, arrays * bytesOfUnit(u)));
+    }
+    return reads;
+  };
+  auto finish = [](std::vector<WorkPtr>& works) {
+    for (auto& w : works) w->wait();
+    works.clear();
+  };
+  std::vector<std::vector<WorkPtr>> writes(slots_.size());
+  std::vector<WorkPtr> reads = load(0);
+  for (size_t i = 0; i < units_.size(); ++i) {
+    finish(reads);
+    if (i + 1 < units_.size()) {  // unit i+1's slot was unit i-2's: its writes must be done
+      finish(writes[(i + 1) % slots_.size()]);
+      reads = load(i + 1);
+    }
+    Unit& u = units_[i];
+    const size_t bytes = bytesOfUnit(u);
+    float* master = param_file_ ? reinterpret_cast<float*>(slot(i)) : u.master.data_ptr<float>();
+    std::vector<float*> state;
+    for (size_t a = 0; a < arrays; ++a) {
+      state.push_back(reinterpret_cast<float*>(slot(i) + state_at + a * bytes));
+    }
+    optimizer_.step(u.optimizer_shard, master, u.grad_shard.data_ptr<float>(),
+                    state_file_ ? state.data() : nullptr);
+    auto& written = writes[i % slots_.size()];
+    if (param_file_) {
+      if (!u.routed) {  // whole at rest: its own shard of the buffer is the gather's input
+        u.flat.shard().copy_(torch::from_blob(master, {u.flat.shardNumel()}, torch::kFloat));
+      }
+      written.push_back(param_file_->write(u.master_offset, master, bytes));
+    }
+    if (state_file_) {
+      written.push_back(state_file_->write(u.state_offset, slot(i) + state_at, arrays * bytes));
+    }
+  }
+  for (auto& w : writes) finish(w);
 }
 
 std::string ShardedStrategy::describe() const {
@@ -333,7 +446,8 @@ void ShardedStrategy::prefetch(size_t i) {
   if (u.gather || u.flat.resident()) return;
   u.flat.restore();
   // In the compute dtype: a bf16 gather moves half the bytes.
-  u.gather_input = mixed() ? u.master.to(options_.compute_dtype) : u.master;
+  const torch::Tensor master = masterNow(u);
+  u.gather_input = mixed() ? master.to(options_.compute_dtype) : master;
   u.gather = shards_->allGather(u.gather_input.data_ptr(), u.flat.full().data_ptr(),
                                 static_cast<size_t>(u.flat.shardNumel()), dtypeOf(u.flat.full()));
 }
@@ -510,16 +624,16 @@ bool ShardedStrategy::unscaleGradients(double factor) {
 void ShardedStrategy::step() {
   torch::NoGradGuard no_grad;
   optimizer_.beginStep();
-  for (auto& u : units_) {
-    optimizer_.step(u.optimizer_shard, u.master.data_ptr<float>(), u.grad_shard.data_ptr<float>());
-  }
+  stepUnits();
   // Parameters up to date everywhere: gathered now, or (stage 3 units run through unitForward)
   // at their next forward.
   std::vector<WorkPtr> gathers;
   for (auto& u : units_) {
     if (options_.stage == 3 && u.routed) continue;
     // The whole buffer is resident here: this rank's slice is the gather's input, in place.
-    if (u.master.data_ptr() != u.flat.shard().data_ptr()) u.flat.shard().copy_(u.master);
+    if (u.master.defined() && u.master.data_ptr() != u.flat.shard().data_ptr()) {
+      u.flat.shard().copy_(u.master);  // (nvme params: copied as they were updated)
+    }
     if (options_.stage == 0) continue;  // every rank stepped everything
     gathers.push_back(shards_->allGather(u.flat.shard().data_ptr(), u.flat.full().data_ptr(),
                                          static_cast<size_t>(u.flat.shardNumel()),
@@ -548,6 +662,10 @@ MemoryReport ShardedStrategy::memoryReport() const {
   }
   for (const auto& p : frozen_) report.parameters += bytesOf(p);
   report.optimizer_state = optimizer_.stateBytes();
+  for (const auto& slot : slots_) report.optimizer_state += slot.bytes;
+  for (const auto* file : {param_file_.get(), state_file_.get()}) {
+    if (file != nullptr) report.offloaded += file->size();
+  }
   return report;
 }
 
@@ -564,9 +682,10 @@ std::vector<std::pair<std::string, torch::Tensor>> ShardedStrategy::fullParamete
       full = u.flat.full();
     } else {  // from the fp32 master shards: the precise values, not the compute copies
       full = torch::empty({u.flat.padded()}, torch::kFloat);
+      const torch::Tensor master = masterNow(u);
       shards_
-          ->allGather(u.master.data_ptr(), full.data_ptr(),
-                      static_cast<size_t>(u.flat.shardNumel()), DType::kFloat32)
+          ->allGather(master.data_ptr(), full.data_ptr(), static_cast<size_t>(u.flat.shardNumel()),
+                      DType::kFloat32)
           ->wait();
     }
     for (size_t i = 0; i < u.flat.params().size(); ++i) {

@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "runtime/flat/flat_param.h"
+#include "runtime/offload/nvme_file.h"
 #include "runtime/optim/shard_optimizer.h"
 #include "runtime/strategy/strategy.h"
 #include "runtime/strategy/unit.h"
@@ -65,6 +66,11 @@ struct ShardingOptions {
   int node = 0;
   // What the model computes in and gradients are reduced in; the master shard stays float32.
   torch::ScalarType compute_dtype = torch::kFloat;
+  // nvme offload (ZeRO-Infinity): the optimizer state (any stage) and the fp32 master shards
+  // (stage 3) rest in a swap file in these directories, streamed through memory at each step
+  // with the next unit's reads and the previous unit's writes overlapping the update. Empty:
+  // in memory.
+  std::string nvme_optimizer_dir, nvme_param_dir;
 };
 
 class ShardedStrategy final : public Strategy, public UnitHooks {
@@ -103,7 +109,10 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
     torch::Tensor grad_full;      // padded, compute dtype (stage 1: always; 2-3: during backward)
     torch::Tensor grad_shard;     // this rank's fp32 gradient (stage 1 fp32: a view of grad_full)
     torch::Tensor grad_incoming;  // stage 2-3: a reduce-scatter's output until it is added
-    torch::Tensor gather_input;   // stage 3 mixed: the master cast down, until the gather is done
+    torch::Tensor gather_input;   // stage 3: what the gather in flight reads (master or a cast)
+    int64_t master_offset = -1;   // nvme params: the master's place in param_file_ (master
+                                  // itself is then undefined)
+    int64_t state_offset = -1;    // nvme optimizer: the state's place in state_file_
     std::vector<torch::Tensor> grad_places;  // stage 1: each parameter's place in grad_full
     size_t optimizer_shard = 0;
     size_t pending = 0;   // parameters whose gradient this backward has not produced yet
@@ -135,6 +144,10 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   size_t previousInForward(size_t unit) const;  // next in backward order, or kNone
 
   void connectHybridGroups();
+  void setUpOffload();                  // after the units exist
+  void stepUnits();                     // the optimizer over every unit's shard
+  torch::Tensor masterNow(Unit& unit);  // in memory, read from nvme if it rests there
+  size_t stagingFloats() const;         // one staging slot: master and state of any unit
 
   std::shared_ptr<Backend> backend_;   // every rank
   std::shared_ptr<Backend> shards_;    // the ranks the parameters are sharded over (hybrid: a node)
@@ -152,6 +165,8 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   bool in_forward_ = false;
   bool sync_ = true;
   std::vector<torch::Tensor> frozen_;  // parameters without gradients: whole, never sharded
+  std::unique_ptr<NvmeFile> param_file_, state_file_;  // nvme offload
+  std::vector<AlignedBuffer> slots_;  // staging: unit k+1 read, k updated, k-1 written
   std::mutex mu_;
 };
 

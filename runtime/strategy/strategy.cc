@@ -118,7 +118,8 @@ class DdpStrategy final : public Strategy {
 
 std::string MemoryReport::str() const {
   return "parameters " + humanBytes(parameters) + ", gradients " + humanBytes(gradients) +
-         ", optimizer state " + humanBytes(optimizer_state) + ", total " + humanBytes(total());
+         ", optimizer state " + humanBytes(optimizer_state) + ", total " + humanBytes(total()) +
+         (offloaded > 0 ? "; offloaded to nvme " + humanBytes(offloaded) : "");
 }
 
 std::unique_ptr<Strategy> makeStrategy(const WorkerEnv& env, std::shared_ptr<Backend> backend,
@@ -133,6 +134,12 @@ std::unique_ptr<Strategy> makeStrategy(const WorkerEnv& env, std::shared_ptr<Bac
   }
   checkSameModel(*backend, *model);
   const bool replicated = name == "ddp" || name == "fsdp_no_shard";
+  if (replicated && (env.offload_optimizer == "nvme" || env.offload_params == "nvme")) {
+    throw InvalidArgument(
+        "nvme offload needs a ZeRO stage (zero_stage 1, 2 or 3) or FSDP "
+        "sharding; strategy " +
+        name + " keeps everything in memory");
+  }
   if (replicated && !options.precision.mixed()) {
     return std::make_unique<DdpStrategy>(std::move(backend), std::move(model), optimizer, options,
                                          name);
@@ -162,6 +169,17 @@ std::unique_ptr<Strategy> makeStrategy(const WorkerEnv& env, std::shared_ptr<Bac
   sharding.sync_module_states = env.fsdp_sync_module_states;
   sharding.bucket_bytes = options.bucket_bytes;
   sharding.compute_dtype = options.precision.compute;
+  if (env.offload_optimizer == "nvme")
+    sharding.nvme_optimizer_dir = env.offload_optimizer_nvme_path;
+  if (env.offload_params == "nvme") {
+    if (sharding.stage != 3) {
+      throw InvalidArgument(
+          "offload_param_device nvme needs parameters sharded at rest: ZeRO "
+          "stage 3 (strategy zero3 or fsdp_full_shard), not " +
+          name);
+    }
+    sharding.nvme_param_dir = env.offload_param_nvme_path;
+  }
   return std::make_unique<ShardedStrategy>(std::move(backend), std::move(model), optimizer,
                                            std::move(sharding));
 }

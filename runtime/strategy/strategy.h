@@ -34,7 +34,8 @@ namespace cxxlaunch::runtime {
 struct MemoryReport {
   size_t parameters = 0;       // every parameter copy: compute copies and fp32 master shards
   size_t gradients = 0;        // full gradient buffers alive now, and gradient shards
-  size_t optimizer_state = 0;  // moments / momentum buffers
+  size_t optimizer_state = 0;  // moments / momentum buffers (nvme offload: the staging slots)
+  size_t offloaded = 0;        // on disk (nvme offload), not in memory
   size_t total() const { return parameters + gradients + optimizer_state; }
   std::string str() const;
 };

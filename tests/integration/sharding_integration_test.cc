@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 
@@ -210,4 +211,44 @@ TEST_CASE("HYBRID_SHARD on two simulated nodes ends where DDP ends", "[sharding]
     CHECK_THAT(hybrid.finished.out, Catch::Contains("on 1/2 shards x 2 node replicas"));
     CHECK(relativeDifference(hybrid.params, ddp.params) < 1e-5);
   }
+}
+
+TEST_CASE("nvme offload from an accelerate config, and a disk too small for it",
+          "[sharding][integration][nvme]") {
+  TempDir dir;
+  const Trained ddp = train(dir, 2, kGpt, {{"CXXLAUNCH_STRATEGY", "ddp"}});
+  REQUIRE(ddp.finished.exit_code == 0);
+  const std::string swap = dir.path() + "/swap";
+  std::filesystem::create_directory(swap);
+  const std::string config = dir.path() + "/zero3_nvme.yaml";
+  std::ofstream(config) << "compute_environment: LOCAL_MACHINE\n"
+                           "distributed_type: DEEPSPEED\n"
+                           "use_cpu: true\n"
+                           "num_machines: 1\n"
+                           "num_processes: 2\n"
+                           "deepspeed_config:\n"
+                           "  zero_stage: 3\n"
+                           "  offload_optimizer_device: nvme\n"
+                           "  offload_optimizer_nvme_path: " << swap << "\n"
+                           "  offload_param_device: nvme\n"
+                           "  offload_param_nvme_path: " << swap << "\n";
+  const Trained nvme = train(dir, 2, kGpt, {}, {"--config_file", config});
+  INFO(nvme.finished.out << nvme.finished.err);
+  REQUIRE(nvme.finished.exit_code == 0);
+  CHECK_THAT(nvme.finished.out, Catch::Contains("offloaded to nvme"));
+  CHECK(relativeDifference(nvme.params, ddp.params) < 1e-5);
+  CHECK(std::filesystem::is_empty(swap));  // the swap files had no name
+
+  // A real filesystem too small for the state (a 16 KiB tmpfs in a private mount namespace):
+  // the workers stop before training with the sizes, exit 2.
+  std::string command = "mount -t tmpfs -o size=16k tmpfs '" + swap + "' && exec " +
+                        CXXLAUNCH_BIN + " run --nproc_per_node 2 --config_file '" + config +
+                        "' " + TRAIN_BIN;
+  for (const auto& arg : kGpt) command += " " + arg;
+  const Finished full = run({"/usr/bin/unshare", "-m", "/bin/sh", "-c", command}, {}, 120s);
+  INFO(full.out << full.err);
+  CHECK(full.exit_code == 2);
+  CHECK_THAT(full.err, Catch::Contains("offload_param_nvme_path '" + swap + "' cannot hold") &&
+                           Catch::Contains("needed") && Catch::Contains("free"));
+  CHECK_THAT(full.out, !Catch::Contains("step "));
 }

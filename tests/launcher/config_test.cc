@@ -180,8 +180,18 @@ TEST_CASE("Impossible combinations name the setting at fault", "[config][errors]
   REQUIRE(errorOf("distributed_type: MULTI_GPU\nnum_processes: 2\ngpu_ids: 0,1,2\n") ==
           "c.yaml:3:10: gpu_ids names 3 GPU(s) but each machine runs 2 process(es) (num_processes "
           "at c.yaml:2:16); give one GPU per process");
-  REQUIRE(errorOf("deepspeed_config:\n  offload_param_device: nvme\n") ==
-          "c.yaml:2:25: nvme offload is not supported by cxxlaunch; use cpu or none");
+  REQUIRE(errorOf("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n  "
+                  "offload_param_device: nvme\n") ==
+          "c.yaml:4:25: nvme offload needs a directory on local disk: set "
+          "offload_param_nvme_path");
+  REQUIRE(errorOf("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n  "
+                  "offload_optimizer_device: nvme\n  offload_optimizer_nvme_path: /nonexistent\n") ==
+          "c.yaml:5:32: offload_optimizer_nvme_path '/nonexistent' is not an existing directory; "
+          "create it first");
+  REQUIRE(errorOf("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 2\n  "
+                  "offload_param_device: nvme\n  offload_param_nvme_path: /tmp\n") ==
+          "c.yaml:4:25: offload_param_device nvme needs zero_stage 3 (parameters sharded at "
+          "rest)");
 }
 
 TEST_CASE("A bad value from a flag or the environment names the flag or the variable",
