@@ -38,6 +38,16 @@ bool keepFreedHostMemory() {
 #endif
 }
 
+bool returnFreedHostMemory() {
+#if defined(__GLIBC__)
+  if (userTunesMalloc()) return false;
+  constexpr int kTrimThreshold = 64 << 20;
+  return mallopt(M_TRIM_THRESHOLD, kTrimThreshold) == 1;
+#else
+  return false;
+#endif
+}
+
 void releaseFreedHostMemory() {
 #if defined(__GLIBC__)
   malloc_trim(0);

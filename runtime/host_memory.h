@@ -13,6 +13,11 @@ namespace cxxlaunch::runtime {
 // MALLOC_TOP_PAD_) or on a C library other than glibc. Returns whether it changed anything.
 bool keepFreedHostMemory();
 
+// Where memory is the point (parameters sharded at rest, nvme offload): freed memory beyond
+// 64 MiB at the top of the heap goes back to the kernel again, so a unit's gathered parameters
+// leave when they are freed. The mmap threshold stays fixed. Same conditions as above.
+bool returnFreedHostMemory();
+
 // Gives freed heap memory back to the kernel once (malloc_trim), after a one-off release such as
 // a model's parameters moving into flat buffers: kept, they would stay resident for the whole run.
 void releaseFreedHostMemory();

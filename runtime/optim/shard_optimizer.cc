@@ -98,16 +98,17 @@ size_t ShardOptimizer::stateArrays() const {
 }
 
 size_t ShardOptimizer::addShard(int64_t numel, std::vector<Segment> segments, bool own_state) {
-  Shard shard{numel, std::move(segments), {}};
-  if (own_state) {
-    for (size_t i = 0; i < stateArrays(); ++i) shard.state.push_back(torch::zeros({numel}));
-  }
-  shards_.push_back(std::move(shard));
+  shards_.push_back(Shard{numel, std::move(segments), own_state, {}});
   return shards_.size() - 1;
 }
 
 void ShardOptimizer::step(size_t index, float* param, const float* grad, float* const* state) {
   Shard& shard = shards_[index];
+  // Allocated at the first step, as torch::optim does: before it, the memory serves the
+  // model's set-up (whole units not yet released).
+  if (shard.own_state && shard.state.empty()) {
+    for (size_t i = 0; i < stateArrays(); ++i) shard.state.push_back(torch::zeros({shard.numel}));
+  }
   std::vector<float*> own;
   for (auto& t : shard.state) own.push_back(t.data_ptr<float>());
   if (state == nullptr) state = own.data();

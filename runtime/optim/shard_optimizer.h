@@ -37,8 +37,9 @@ class ShardOptimizer {
   // InvalidArgument for a trainable parameter the optimizer does not know.
   size_t groupOf(const torch::Tensor& param) const;
 
-  // Registers a shard of `numel` float32 elements; its state (zeros) is allocated here unless
-  // the caller keeps it (nvme offload: `own_state` false). Returns its index for step().
+  // Registers a shard of `numel` float32 elements; its state (zeros) is allocated at its first
+  // step unless the caller keeps it (nvme offload: `own_state` false). Returns its index for
+  // step().
   size_t addShard(int64_t numel, std::vector<Segment> segments, bool own_state = true);
   // How many float32 arrays of a shard's numel its state is (Adam 2, SGD with momentum 1).
   size_t stateArrays() const;
@@ -58,6 +59,7 @@ class ShardOptimizer {
   struct Shard {
     int64_t numel;
     std::vector<Segment> segments;
+    bool own_state;
     std::vector<torch::Tensor> state;  // Adam: exp_avg, exp_avg_sq; SGD with momentum: buffer
   };
   torch::optim::Optimizer& optimizer_;

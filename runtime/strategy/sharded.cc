@@ -36,11 +36,27 @@ ShardedStrategy::ShardedStrategy(std::shared_ptr<Backend> backend,
   if (options_.stage < 0 || options_.stage > 3) {
     throw InvalidArgument("ZeRO stage must be 0, 1, 2 or 3");
   }
+  // Where memory is the point, freed memory goes back to the kernel (host_memory.h).
+  lean_ = options_.stage == 3 || !options_.nvme_optimizer_dir.empty() ||
+          !options_.nvme_param_dir.empty();
+  if (lean_) returnFreedHostMemory();
   if (options_.sync_module_states) broadcastModuleState(*backend_, *model_, 0);
   shards_ = backend_;
   if (options_.hybrid) connectHybridGroups();
   buildUnits();
   setUpOffload();
+  // Units the trainer marked with Accelerator::wrap promise to run through unitForward: they
+  // rest sharded from now on. Units the policy chose rest so after their first unitForward
+  // (a trainer that never calls it keeps them whole and trains correctly).
+  for (size_t i = 0; i < units_.size(); ++i) {
+    const auto* module = units_[i].module;
+    if (module != nullptr &&
+        std::find(options_.wrapped.begin(), options_.wrapped.end(), module) !=
+            options_.wrapped.end()) {
+      units_[i].routed = true;
+      release(i);
+    }
+  }
   releaseFreedHostMemory();  // the parameters' old storage, now that they live in flat buffers
 }
 
@@ -151,6 +167,9 @@ void ShardedStrategy::buildUnits() {
     // Stage 0 replicates: one "shard" of everything on every rank.
     u.flat = options_.stage == 0 ? FlatParameter(std::move(params), std::move(names), 1, 0)
                                  : FlatParameter(std::move(params), std::move(names), world, rank);
+    // The parameters' old storage, freed into the heap: returned unit by unit, so that the
+    // model is never held twice.
+    if (lean_) releaseFreedHostMemory();
     units_.push_back(std::move(u));
   };
   for (size_t i = 1; i < modules.size(); ++i) {

@@ -164,6 +164,7 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   std::vector<size_t> forward_order_, last_forward_order_;
   bool in_forward_ = false;
   bool sync_ = true;
+  bool lean_ = false;  // memory is the point: freed host memory returned to the kernel
   std::vector<torch::Tensor> frozen_;  // parameters without gradients: whole, never sharded
   std::unique_ptr<NvmeFile> param_file_, state_file_;  // nvme offload
   std::vector<AlignedBuffer> slots_;  // staging: unit k+1 read, k updated, k-1 written

@@ -78,6 +78,7 @@ struct Run {
   bool loss_scaling = false;
   bool checkpointing = false;  // fsdp_activation_checkpointing
   int nodes = 1;               // simulated: ranks [k * world / nodes, ...) are node k
+  bool wrap_blocks = false;    // Accelerator::wrap on every block (sharded from prepare on)
   std::string nvme_optimizer{};  // offload directories
   std::string nvme_params{};
   int64_t overflow_rank = -1, overflow_step = -1;  // that rank's loss is inf at that micro-step
@@ -156,6 +157,9 @@ Result train(const Run& run) {
     AcceleratorOptions options;
     if (run.loss_scaling) options.loss_scaling = LossScalerOptions{.growth_interval = 2};
     Accelerator acc(std::move(world), options);
+    if (run.wrap_blocks) {
+      for (auto& block : net->blocks) acc.wrap(*block);
+    }
     acc.prepare(net.ptr(), *optimizer);
     for (int64_t m = 0; m < micro_steps; ++m) {
       const int64_t at = (m * run.world + r) * kBatch;
@@ -263,6 +267,11 @@ TEST_CASE("Adam, prefetch, evaluation passes and wrap policies do not change the
   evaluating.strategy = "zero3";
   evaluating.evaluate = true;
   variants.push_back(evaluating);
+  Run wrapped = base;
+  wrapped.strategy = "zero3";
+  wrapped.unit_types = {};
+  wrapped.wrap_blocks = true;
+  variants.push_back(wrapped);
   Run by_size = base;
   by_size.strategy = "fsdp_full_shard";
   by_size.wrap_policy = "SIZE_BASED_WRAP";
@@ -576,4 +585,18 @@ TEST_CASE("nvme offload to a missing or wrong directory is refused before traini
   CHECK_THROWS_WITH(train(run), Catch::Contains("needs parameters sharded at rest"));
   run.strategy = "ddp";
   CHECK_THROWS_WITH(train(run), Catch::Contains("nvme offload needs a ZeRO stage"));
+}
+
+TEST_CASE("Units marked with wrap rest sharded from prepare on", "[sharded]") {
+  torch::set_num_threads(1);
+  Run run{.strategy = "zero3", .world = 2, .d = 64, .layers = 4, .steps = 0};
+  const Result lazy = train(run);  // the blocks are units by TRANSFORMER_BASED_WRAP
+  run.unit_types = {};
+  run.wrap_blocks = true;
+  const Result wrapped = train(run);
+  // Before any step: policy-chosen units are whole until their first unitForward, wrapped ones
+  // hold only their shard (and no optimizer state exists yet).
+  INFO(lazy.memory[0].str() << " vs " << wrapped.memory[0].str());
+  CHECK(wrapped.memory[0].parameters < 0.75 * static_cast<double>(lazy.memory[0].parameters));
+  CHECK(wrapped.memory[0].optimizer_state == 0);
 }
