@@ -44,19 +44,6 @@ ShardedStrategy::ShardedStrategy(std::shared_ptr<Backend> backend,
   shards_ = backend_;
   if (options_.hybrid) connectHybridGroups();
   buildUnits();
-  setUpOffload();
-  // Units the trainer marked with Accelerator::wrap promise to run through unitForward: they
-  // rest sharded from now on. Units the policy chose rest so after their first unitForward
-  // (a trainer that never calls it keeps them whole and trains correctly).
-  for (size_t i = 0; i < units_.size(); ++i) {
-    const auto* module = units_[i].module;
-    if (module != nullptr &&
-        std::find(options_.wrapped.begin(), options_.wrapped.end(), module) !=
-            options_.wrapped.end()) {
-      units_[i].routed = true;
-      release(i);
-    }
-  }
   releaseFreedHostMemory();  // the parameters' old storage, now that they live in flat buffers
 }
 
@@ -211,7 +198,9 @@ void ShardedStrategy::buildUnits() {
   for (size_t i = module_units; i-- > 0;) reduce_order_.push_back(i);
   for (size_t i = module_units; i < units_.size(); ++i) reduce_order_.push_back(i);
 
-  // 5. Per unit: the master shard, gradient buffers, the optimizer's shard; per parameter: hooks.
+  // 5. Per unit: the master shard, gradient buffers, the optimizer's shard; per parameter:
+  //    hooks. Then the unit settles to its state at rest, before the next one adds memory.
+  openOffload();
   for (size_t ui = 0; ui < units_.size(); ++ui) {
     Unit& u = units_[ui];
     if (u.flat.params().front().scalar_type() != torch::kFloat) {
@@ -267,12 +256,13 @@ void ShardedStrategy::buildUnits() {
       unit_of_module_[u.module] = ui;
       detail::registerUnit(u.module, this);
     }
+    settle(ui);
   }
 }
 
 // ---- nvme offload -------------------------------------------------------------------------------
 
-void ShardedStrategy::setUpOffload() {
+void ShardedStrategy::openOffload() {
   if (!options_.nvme_param_dir.empty()) {
     param_file_ = std::make_unique<NvmeFile>(options_.nvme_param_dir, "offload_param_nvme_path");
   }
@@ -286,18 +276,30 @@ void ShardedStrategy::setUpOffload() {
     if (param_file_) u.master_offset = param_file_->reserve(bytes);
     if (state_file_) u.state_offset = state_file_->reserve(optimizer_.stateArrays() * bytes);
   }
-  // Before the first step: a disk that cannot hold it all fails here.
+  // Before the first step: a disk that cannot hold it all fails here. The state starts as the
+  // file's zeros.
   if (param_file_) param_file_->allocate();
   if (state_file_) state_file_->allocate();
   for (int i = 0; i < 3; ++i) slots_.push_back(alignedBuffer(stagingFloats()));
-  if (param_file_) {  // the fp32 masters move out; the state starts as the file's zeros
-    for (auto& u : units_) {
-      const size_t bytes = static_cast<size_t>(u.flat.shardNumel()) * 4;
-      std::memcpy(slots_[0].data.get(), u.master.data_ptr<float>(), bytes);
-      param_file_->write(u.master_offset, slots_[0].data.get(), NvmeFile::roundUp(bytes))->wait();
-      u.master = torch::Tensor();
-    }
+}
+
+void ShardedStrategy::settle(size_t i) {
+  Unit& u = units_[i];
+  if (param_file_) {  // the fp32 master moves out
+    const size_t bytes = static_cast<size_t>(u.flat.shardNumel()) * 4;
+    std::memcpy(slots_[0].data.get(), u.master.data_ptr<float>(), bytes);
+    param_file_->write(u.master_offset, slots_[0].data.get(), NvmeFile::roundUp(bytes))->wait();
+    u.master = torch::Tensor();
   }
+  // A unit the trainer marked with Accelerator::wrap promises to run through unitForward: it
+  // rests sharded from now on. One the policy chose rests so after its first unitForward (a
+  // trainer that never calls it keeps it whole, and trains correctly).
+  if (u.module != nullptr && std::find(options_.wrapped.begin(), options_.wrapped.end(),
+                                       u.module) != options_.wrapped.end()) {
+    u.routed = true;
+    release(i);
+  }
+  if (lean_) releaseFreedHostMemory();
 }
 
 size_t ShardedStrategy::stagingFloats() const {

@@ -144,7 +144,8 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   size_t previousInForward(size_t unit) const;  // next in backward order, or kNone
 
   void connectHybridGroups();
-  void setUpOffload();                  // after the units exist
+  void openOffload();                   // the swap files, once the units' sizes are known
+  void settle(size_t unit);             // built: to the state it rests in
   void stepUnits();                     // the optimizer over every unit's shard
   torch::Tensor masterNow(Unit& unit);  // in memory, read from nvme if it rests there
   size_t stagingFloats() const;         // one staging slot: master and state of any unit
