@@ -127,10 +127,12 @@ std::unique_ptr<Strategy> makeStrategy(const WorkerEnv& env, std::shared_ptr<Bac
                                        torch::optim::Optimizer& optimizer,
                                        const StrategyOptions& options) {
   const std::string& name = env.strategy;
-  if ((env.offload_optimizer == "cpu" || env.offload_params == "cpu") && env.rank == 0 &&
-      backend->name() != "nccl") {
-    std::cerr << "cxxlaunch: offload to cpu: this is a CPU run, parameters and optimizer state "
-                 "already live in host memory; nothing to offload\n";
+  if ((env.offload_optimizer == "cpu" || env.offload_params == "cpu") && env.rank == 0) {
+    std::cerr << (backend->name() != "nccl"
+                      ? "cxxlaunch: offload to cpu: this is a CPU run, parameters and optimizer "
+                        "state already live in host memory; nothing to offload\n"
+                      : "cxxlaunch: offload to cpu of a GPU run is not built yet: parameters and "
+                        "optimizer state stay on the GPU (nvme offload works)\n");
   }
   checkSameModel(*backend, *model);
   const bool replicated = name == "ddp" || name == "fsdp_no_shard";
