@@ -50,9 +50,9 @@ void loadLayers(const std::string& path, MemoryEstimateOptions& options) {
   }
 }
 
-std::string gb(double bytes) {
+std::string inUnit(double bytes, double unit) {
   char text[32];
-  std::snprintf(text, sizeof(text), "%.2f", bytes / 1e9);
+  std::snprintf(text, sizeof(text), "%.2f", bytes / unit);
   return text;
 }
 
@@ -62,18 +62,24 @@ std::vector<MemoryRow> estimateMemory(const MemoryEstimateOptions& o) {
   std::vector<MemoryRow> rows;
   const double psi = o.params, n = o.ranks;
   for (const auto& dtype : o.dtypes) {
+    // cxxlaunch's layout (docs/config.md): in fp32 the parameters are the master weights and the
+    // gradient shard is a slice of the gradient; in mixed precision the model holds 2-byte
+    // compute copies, the fp32 masters and the fp32 gradient shards are apart, and below stage
+    // 2 the 2-byte full gradient stays.
     const bool fp32 = dtype == "fp32";
-    const double p = fp32 ? 4 : 2, g = fp32 ? 4 : 2, k = fp32 ? 8 : 12;
-    auto add = [&](const char* strategy, double gpu, double cpu) {
-      rows.push_back({dtype, strategy, gpu * psi, cpu * psi});
+    const double copy = fp32 ? 4 : 2, master = fp32 ? 0 : 4, full_grad = fp32 ? 0 : 2;
+    const double grad = 4, state = 8;
+    auto add = [&](const char* strategy, double memory, double offloaded) {
+      rows.push_back({dtype, strategy, memory * psi, offloaded * psi});
     };
-    add("ddp", p + g + k, 0);
-    add("zero1", p + g + k / n, 0);
-    add("zero2", p + (g + k) / n, 0);
-    add("zero3", (p + g + k) / n, 0);
-    add("zero2+offload", p + g / n, k / n);
-    add("zero3+offload", (p + g) / n, k / n);
-    add("zero3+offload+params", g / n, (p + k) / n);
+    add("ddp", copy + master + full_grad + grad + state, 0);
+    add("zero1", copy + full_grad + (fp32 ? grad : 0) + ((fp32 ? 0 : master + grad) + state) / n,
+        0);
+    add("zero2", copy + (master + grad + state) / n, 0);
+    add("zero3", (4 + grad + state) / n, 0);  // at rest: fp32 masters, no compute copy
+    add("zero2+offload", copy + (master + grad) / n, state / n);
+    add("zero3+offload", (4 + grad) / n, state / n);
+    add("zero3+offload+params", grad / n, (4 + state) / n);
   }
   return rows;
 }
@@ -130,13 +136,21 @@ std::string formatEstimate(const MemoryEstimateOptions& options) {
     std::snprintf(line, sizeof(line), " (largest layer %.4g)", options.largest_layer);
     out << line;
   }
-  out << ", Adam, in GB (1e9 bytes);\nactivations and temporary buffers come on top.\n\n";
-  std::snprintf(line, sizeof(line), "%-6s %-22s %12s %12s\n", "dtype", "strategy", "GPU GB",
-                "CPU GB");
+  const auto rows = estimateMemory(options);
+  double largest = 0;
+  for (const auto& row : rows) largest = std::max({largest, row.gpu_bytes, row.cpu_bytes});
+  // GB as the paper; MB for models too small for two decimals of GB to tell the modes apart.
+  const bool gb = largest >= 1e9;
+  const double unit = gb ? 1e9 : 1e6;
+  out << ", Adam, in " << (gb ? "GB (1e9" : "MB (1e6")
+      << " bytes);\nactivations and temporary buffers come on top.\n\n";
+  std::snprintf(line, sizeof(line), "%-6s %-22s %12s %12s\n", "dtype", "strategy",
+                gb ? "memory GB" : "memory MB", gb ? "offload GB" : "offload MB");
   out << line;
-  for (const auto& row : estimateMemory(options)) {
+  for (const auto& row : rows) {
     std::snprintf(line, sizeof(line), "%-6s %-22s %12s %12s\n", row.dtype.c_str(),
-                  row.strategy.c_str(), gb(row.gpu_bytes).c_str(), gb(row.cpu_bytes).c_str());
+                  row.strategy.c_str(), inUnit(row.gpu_bytes, unit).c_str(),
+                  inUnit(row.cpu_bytes, unit).c_str());
     out << line;
   }
   return out.str();

@@ -1,9 +1,9 @@
 #pragma once
 // `cxxlaunch estimate-memory`: memory per rank for a model's states (parameters, gradients,
-// Adam's optimizer state) under DDP, ZeRO-1/2/3 and CPU offload, by the formulas of the ZeRO
-// paper (Rajbhandari et al. 2020, section 3 and table 1). Activations, buffers and temporary
-// gathered layers are not included. Pure functions; docs/config.md has the formulas and a worked
-// example.
+// Adam's optimizer state) under DDP, ZeRO-1/2/3 and offload, by the formulas of the ZeRO paper
+// (Rajbhandari et al. 2020, section 3) for cxxlaunch's own layout, so that it agrees with what
+// the runtime's memoryReport() says. Activations, buffers and temporarily gathered units are not
+// included. Pure functions; docs/config.md has the formulas and a worked example.
 
 #include <string>
 #include <vector>
@@ -20,12 +20,13 @@ struct MemoryEstimateOptions {
 struct MemoryRow {
   std::string dtype;     // fp32, bf16, fp16
   std::string strategy;  // ddp, zero1, zero2, zero3, zero2+offload, zero3+offload, ...
-  double gpu_bytes = 0;  // per rank
-  double cpu_bytes = 0;  // per rank (offloaded state)
+  double gpu_bytes = 0;  // per rank, in the training device's memory
+  double cpu_bytes = 0;  // per rank, offloaded (host memory or nvme)
 };
 
-// Bytes per parameter (P, G, O) as the paper's K notation: fp32 training 4 + 4 + 8;
-// 16-bit mixed precision 2 + 2 + 12 (fp32 master weights, momentum and variance).
+// Bytes per parameter: fp32 4 (parameters, which are the masters) + 4 (gradients) + 8 (Adam);
+// mixed precision 2 (compute copy) + 4 (fp32 master) + 2 (bf16 full gradient, below stage 2)
+// + 4 (fp32 gradient shard) + 8, each sharded as the strategy shards it.
 std::vector<MemoryRow> estimateMemory(const MemoryEstimateOptions& options);
 
 // `--params 7e9 [--num_processes N] [--dtypes fp32,bf16,fp16] | --config layers.yaml`; the YAML

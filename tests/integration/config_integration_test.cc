@@ -422,7 +422,7 @@ TEST_CASE("cxxlaunch estimate-memory prints the table, and bad input is a usage 
   auto result =
       run({CXXLAUNCH_BIN, "estimate-memory", "--params", "7.5e9", "--num_processes", "64"});
   REQUIRE(result.exit_code == 0);
-  REQUIRE_THAT(result.out, Catch::Contains("bf16   zero1                         31.41"));
+  REQUIRE_THAT(result.out, Catch::Contains("bf16   zero1                         31.88"));
   REQUIRE_THAT(result.out, Catch::Contains("fp32   ddp                          120.00"));
   auto bad = run({CXXLAUNCH_BIN, "estimate-memory", "--params", "lots"});
   REQUIRE(bad.exit_code == 2);

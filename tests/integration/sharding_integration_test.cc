@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <regex>
 
 #include "support/subprocess.h"
 
@@ -48,9 +49,14 @@ Trained trainOnTwoNodes(const TempDir& dir, const Args& trainer_args, const Env&
   const std::string endpoint = "127.0.0.1:" + std::to_string(freePort());
   std::vector<std::unique_ptr<Subprocess>> nodes;
   for (int n = 0; n < 2; ++n) {
-    Args argv = {CXXLAUNCH_BIN, "run", "--rdzv_endpoint", endpoint, "--rdzv_id", id,
-                 "--rdzv_conf", "keep_alive_interval=0.3,keep_alive_max_misses=7,join_timeout=60",
-                 "--nnodes", "2", "--nproc_per_node", "2", TRAIN_BIN};
+    Args argv = {
+        CXXLAUNCH_BIN,      "run",
+        "--rdzv_endpoint",  endpoint,
+        "--rdzv_id",        id,
+        "--rdzv_conf",      "keep_alive_interval=0.3,keep_alive_max_misses=7,join_timeout=60",
+        "--nnodes",         "2",
+        "--nproc_per_node", "2",
+        TRAIN_BIN};
     argv.insert(argv.end(), trainer_args.begin(), trainer_args.end());
     argv.insert(argv.end(), {"--dump_params", dump});
     nodes.push_back(std::make_unique<Subprocess>(argv, env));
@@ -81,8 +87,8 @@ double relativeDifference(const std::vector<float>& a, const std::vector<float>&
   return diff / scale;
 }
 
-const Args kGpt = {"--model", "gpt", "--steps", "6", "--batch_size", "4", "--seq_len", "16",
-                   "--d_model", "32", "--layers", "3", "--heads", "2", "--print_every", "3"};
+const Args kGpt = {"--model",   "gpt", "--steps",  "6", "--batch_size", "4", "--seq_len",     "16",
+                   "--d_model", "32",  "--layers", "3", "--heads",      "2", "--print_every", "3"};
 
 }  // namespace
 
@@ -101,8 +107,12 @@ TEST_CASE("Every strategy ends where DDP ends, in real processes", "[sharding][i
       INFO(ddp.finished.out << ddp.finished.err);
       REQUIRE(ddp.finished.exit_code == 0);
       const std::vector<std::string> strategies =
-          nproc == 2 ? std::vector<std::string>{"zero1", "zero2", "zero3", "fsdp_full_shard",
-                                                "fsdp_shard_grad_op", "fsdp_no_shard"}
+          nproc == 2 ? std::vector<std::string>{"zero1",
+                                                "zero2",
+                                                "zero3",
+                                                "fsdp_full_shard",
+                                                "fsdp_shard_grad_op",
+                                                "fsdp_no_shard"}
                      : std::vector<std::string>{"zero1", "zero2", "zero3"};
       for (const auto& strategy : strategies) {
         Env env = settings;
@@ -124,8 +134,8 @@ TEST_CASE("ZeRO-3 over TCP alone, and FULL_SHARD from an accelerate config file"
   const Trained ddp = train(dir, 2, kGpt, {{"CXXLAUNCH_STRATEGY", "ddp"}});
   REQUIRE(ddp.finished.exit_code == 0);
 
-  const Trained tcp = train(dir, 2, kGpt,
-                            {{"CXXLAUNCH_STRATEGY", "zero3"}, {"CXXLAUNCH_SHARED_MEMORY", "off"}});
+  const Trained tcp =
+      train(dir, 2, kGpt, {{"CXXLAUNCH_STRATEGY", "zero3"}, {"CXXLAUNCH_SHARED_MEMORY", "off"}});
   INFO(tcp.finished.out << tcp.finished.err);
   REQUIRE(tcp.finished.exit_code == 0);
   CHECK(relativeDifference(tcp.params, ddp.params) < 1e-5);
@@ -163,8 +173,8 @@ TEST_CASE("bf16 from an accelerate config: ZeRO-3 and FULL_SHARD agree with DDP 
   TempDir dir;
   const Trained fp32 = train(dir, 2, kGpt, {{"CXXLAUNCH_STRATEGY", "ddp"}});
   REQUIRE(fp32.finished.exit_code == 0);
-  const Trained ddp = train(dir, 2, kGpt, {{"CXXLAUNCH_STRATEGY", "ddp"}},
-                            {"--mixed_precision", "bf16"});
+  const Trained ddp =
+      train(dir, 2, kGpt, {{"CXXLAUNCH_STRATEGY", "ddp"}}, {"--mixed_precision", "bf16"});
   INFO(ddp.finished.out << ddp.finished.err);
   REQUIRE(ddp.finished.exit_code == 0);
   CHECK_THAT(ddp.finished.out, Catch::Contains("compute in BFloat16"));
@@ -181,8 +191,8 @@ TEST_CASE("bf16 from an accelerate config: ZeRO-3 and FULL_SHARD agree with DDP 
   const Trained zero3 = train(dir, 2, kGpt, {}, {"--config_file", config});
   INFO(zero3.finished.out << zero3.finished.err);
   REQUIRE(zero3.finished.exit_code == 0);
-  CHECK_THAT(zero3.finished.out, Catch::Contains("zero3: ") &&
-                                     Catch::Contains("compute in BFloat16"));
+  CHECK_THAT(zero3.finished.out,
+             Catch::Contains("zero3: ") && Catch::Contains("compute in BFloat16"));
   const Trained fsdp = train(dir, 2, kGpt, {{"CXXLAUNCH_STRATEGY", "fsdp_full_shard"}},
                              {"--mixed_precision", "bf16"});
   REQUIRE(fsdp.finished.exit_code == 0);
@@ -229,9 +239,12 @@ TEST_CASE("nvme offload from an accelerate config, and a disk too small for it",
                            "deepspeed_config:\n"
                            "  zero_stage: 3\n"
                            "  offload_optimizer_device: nvme\n"
-                           "  offload_optimizer_nvme_path: " << swap << "\n"
+                           "  offload_optimizer_nvme_path: "
+                        << swap
+                        << "\n"
                            "  offload_param_device: nvme\n"
-                           "  offload_param_nvme_path: " << swap << "\n";
+                           "  offload_param_nvme_path: "
+                        << swap << "\n";
   const Trained nvme = train(dir, 2, kGpt, {}, {"--config_file", config});
   INFO(nvme.finished.out << nvme.finished.err);
   REQUIRE(nvme.finished.exit_code == 0);
@@ -241,9 +254,8 @@ TEST_CASE("nvme offload from an accelerate config, and a disk too small for it",
 
   // A real filesystem too small for the state (a 16 KiB tmpfs in a private mount namespace):
   // the workers stop before training with the sizes, exit 2.
-  std::string command = "mount -t tmpfs -o size=16k tmpfs '" + swap + "' && exec " +
-                        CXXLAUNCH_BIN + " run --nproc_per_node 2 --config_file '" + config +
-                        "' " + TRAIN_BIN;
+  std::string command = "mount -t tmpfs -o size=16k tmpfs '" + swap + "' && exec " + CXXLAUNCH_BIN +
+                        " run --nproc_per_node 2 --config_file '" + config + "' " + TRAIN_BIN;
   for (const auto& arg : kGpt) command += " " + arg;
   const Finished full = run({"/usr/bin/unshare", "-m", "/bin/sh", "-c", command}, {}, 120s);
   INFO(full.out << full.err);
@@ -251,4 +263,50 @@ TEST_CASE("nvme offload from an accelerate config, and a disk too small for it",
   CHECK_THAT(full.err, Catch::Contains("offload_param_nvme_path '" + swap + "' cannot hold") &&
                            Catch::Contains("needed") && Catch::Contains("free"));
   CHECK_THAT(full.out, !Catch::Contains("step "));
+}
+
+namespace {
+
+// "total 354.2 KiB" / "MiB" in the trainer's last line, in bytes.
+double reportedTotal(const std::string& out) {
+  std::smatch m;
+  REQUIRE(std::regex_search(out, m, std::regex("total ([0-9.]+) (KiB|MiB)")));
+  return std::stod(m[1]) * (m[2] == "KiB" ? 1024.0 : 1048576.0);
+}
+
+// The row `cxxlaunch estimate-memory` prints for `dtype` and `strategy`, in bytes.
+double estimated(const std::string& table, const std::string& dtype, const std::string& strategy) {
+  std::smatch m;
+  const std::regex row(dtype + " +" + strategy + " +([0-9.]+) ");
+  REQUIRE(std::regex_search(table, m, row));
+  const double unit = table.find("in MB") != std::string::npos ? 1e6 : 1e9;
+  return std::stod(m[1]) * unit;
+}
+
+}  // namespace
+
+TEST_CASE("cxxlaunch estimate-memory agrees with the trainer's memoryReport in every mode",
+          "[sharding][integration][estimate]") {
+  TempDir dir;
+  const Args model = {"--model",      "gpt", "--steps",   "2",  "--warmup",      "0",
+                      "--batch_size", "2",   "--seq_len", "16", "--d_model",     "128",
+                      "--layers",     "4",   "--heads",   "4",  "--print_every", "2"};
+  const Trained probe = train(dir, 2, model, {{"CXXLAUNCH_STRATEGY", "ddp"}});
+  std::smatch m;
+  REQUIRE(
+      std::regex_search(probe.finished.out, m, std::regex("training gpt \\(([0-9]+) parameters")));
+  const Finished table = run({CXXLAUNCH_BIN, "estimate-memory", "--params", m[1], "--num_processes",
+                              "2", "--dtypes", "fp32,bf16"});
+  REQUIRE(table.exit_code == 0);
+  for (const std::string precision : {"fp32", "bf16"}) {
+    for (const std::string strategy : {"ddp", "zero1", "zero2", "zero3"}) {
+      const Trained t = train(dir, 2, model, {{"CXXLAUNCH_STRATEGY", strategy}},
+                              {"--mixed_precision", precision == "fp32" ? "no" : "bf16"});
+      INFO(precision << " " << strategy << "\n" << t.finished.out << t.finished.err << table.out);
+      REQUIRE(t.finished.exit_code == 0);
+      const double ratio =
+          reportedTotal(t.finished.out) / estimated(table.out, precision, strategy);
+      CHECK(std::abs(ratio - 1) < 0.05);
+    }
+  }
 }

@@ -359,10 +359,10 @@ TEST_CASE("An unknown accelerate-style flag gets a suggestion", "[config][cli]")
                       "number from 0 to 3");
 }
 
-TEST_CASE("estimate-memory follows the ZeRO paper's formulas (its 7.5B, 64-rank example)",
+TEST_CASE("estimate-memory follows the ZeRO paper's formulas for cxxlaunch's layout",
           "[estimate]") {
   MemoryEstimateOptions o;
-  o.params = 7.5e9;
+  o.params = 7.5e9;  // the paper's example: 7.5B parameters on 64 ranks
   o.ranks = 64;
   o.dtypes = {"bf16", "fp32"};
   std::map<std::string, std::pair<double, double>> got;
@@ -370,18 +370,25 @@ TEST_CASE("estimate-memory follows the ZeRO paper's formulas (its 7.5B, 64-rank 
     got[row.dtype + " " + row.strategy] = {row.gpu_bytes, row.cpu_bytes};
   }
   const double psi = 7.5e9, n = 64;
-  // Mixed precision: K = 12; (2 + 2 + 12)Ψ = 120 GB, 31.4 GB, 16.6 GB, 1.9 GB in the paper.
-  REQUIRE(got["bf16 ddp"].first == 120e9);
-  REQUIRE(got["bf16 zero1"].first == 31.40625e9);
-  REQUIRE(got["bf16 zero2"].first == 16.640625e9);
-  REQUIRE(got["bf16 zero3"].first == 1.875e9);
-  REQUIRE(got["bf16 zero2+offload"] == std::pair<double, double>{(2 + 2 / n) * psi, 12 / n * psi});
-  REQUIRE(got["bf16 zero3+offload"] == std::pair<double, double>{4 / n * psi, 12 / n * psi});
-  REQUIRE(got["bf16 zero3+offload+params"] == std::pair<double, double>{2 / n * psi, 14 / n * psi});
-  REQUIRE(got["fp32 ddp"].first == 16 * psi);
-  REQUIRE(got["fp32 zero1"].first == (8 + 8 / n) * psi);
-  REQUIRE(got["fp32 zero3"].first == 16 / n * psi);
-  REQUIRE_THAT(formatEstimate(o), Catch::Contains("bf16   zero1                         31.41"));
+  // fp32: the paper's 4 + 4 + 8 bytes, sharded stage by stage.
+  CHECK(got["fp32 ddp"].first == 16 * psi);
+  CHECK(got["fp32 zero1"].first == (8 + 8 / n) * psi);
+  CHECK(got["fp32 zero2"].first == (4 + 12 / n) * psi);
+  CHECK(got["fp32 zero3"].first == 16 / n * psi);
+  CHECK(got["fp32 zero3+offload+params"] == std::pair<double, double>{4 / n * psi, 12 / n * psi});
+  // Mixed precision: 2-byte compute copies, fp32 masters and fp32 gradient shards (the paper's
+  // fp16 gradients would be 2 bytes: DDP 16Ψ, ZeRO-1 31.41 GB, ZeRO-2 16.64 GB there).
+  CHECK(got["bf16 ddp"].first == 20 * psi);
+  CHECK(got["bf16 zero1"].first == (2 + 2 + 16 / n) * psi);
+  CHECK(got["bf16 zero2"].first == (2 + 16 / n) * psi);
+  CHECK(got["bf16 zero3"].first == 16 / n * psi);
+  CHECK(got["bf16 zero2+offload"] == std::pair<double, double>{(2 + 8 / n) * psi, 8 / n * psi});
+  CHECK(got["bf16 zero3+offload"] == std::pair<double, double>{8 / n * psi, 8 / n * psi});
+  CHECK(got["bf16 zero3+offload+params"] == std::pair<double, double>{4 / n * psi, 12 / n * psi});
+  CHECK_THAT(formatEstimate(o), Catch::Contains("bf16   zero1                         31.88"));
+  o.params = 1e6;  // small models in MB
+  CHECK_THAT(formatEstimate(o), Catch::Contains("in MB") &&
+                                    Catch::Contains("fp32   ddp                           16.00"));
 }
 
 TEST_CASE("estimate-memory reads a list of layer sizes", "[estimate]") {
