@@ -310,3 +310,42 @@ TEST_CASE("cxxlaunch estimate-memory agrees with the trainer's memoryReport in e
     }
   }
 }
+
+TEST_CASE(
+    "World 4 over TCP: prefetch, activation checkpointing and nvme offload end where DDP ends",
+    "[sharding][integration]") {
+  TempDir dir;
+  const Env common = {{"CXXLAUNCH_SHARED_MEMORY", "off"},
+                      {"CXXLAUNCH_GRADIENT_ACCUMULATION_STEPS", "2"},
+                      {"CXXLAUNCH_GRADIENT_CLIPPING", "0.5"}};
+  Env ddp_env = common;
+  ddp_env["CXXLAUNCH_STRATEGY"] = "ddp";
+  const Trained ddp = train(dir, 4, kGpt, ddp_env);
+  REQUIRE(ddp.finished.exit_code == 0);
+  const std::string swap = dir.path() + "/swap";
+  std::filesystem::create_directory(swap);
+  const std::vector<Env> variants = {
+      {{"CXXLAUNCH_STRATEGY", "fsdp_full_shard"},
+       {"CXXLAUNCH_FSDP_BACKWARD_PREFETCH", "BACKWARD_POST"},
+       {"CXXLAUNCH_FSDP_FORWARD_PREFETCH", "true"}},
+      {{"CXXLAUNCH_STRATEGY", "fsdp_full_shard"},
+       {"CXXLAUNCH_FSDP_BACKWARD_PREFETCH", "NO_PREFETCH"},
+       {"CXXLAUNCH_FSDP_ACTIVATION_CHECKPOINTING", "true"}},
+      {{"CXXLAUNCH_STRATEGY", "zero3"},
+       {"CXXLAUNCH_OFFLOAD_OPTIMIZER", "nvme"},
+       {"CXXLAUNCH_OFFLOAD_OPTIMIZER_NVME_PATH", swap},
+       {"CXXLAUNCH_OFFLOAD_PARAMS", "nvme"},
+       {"CXXLAUNCH_OFFLOAD_PARAM_NVME_PATH", swap}},
+      {{"CXXLAUNCH_STRATEGY", "zero2"},
+       {"CXXLAUNCH_OFFLOAD_OPTIMIZER", "nvme"},
+       {"CXXLAUNCH_OFFLOAD_OPTIMIZER_NVME_PATH", swap}},
+  };
+  for (Env env : variants) {
+    env.insert(common.begin(), common.end());
+    const Trained t = train(dir, 4, kGpt, env);
+    INFO(env.at("CXXLAUNCH_STRATEGY") << "\n" << t.finished.out << t.finished.err);
+    REQUIRE(t.finished.exit_code == 0);
+    CHECK_THAT(t.finished.out, Catch::Contains("on 1/4 shards"));
+    CHECK(relativeDifference(t.params, ddp.params) < 1e-5);
+  }
+}
