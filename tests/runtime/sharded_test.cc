@@ -384,7 +384,7 @@ TEST_CASE("bf16: every strategy matches a one-process bf16 reference", "[sharded
   }
 }
 
-TEST_CASE("bf16 halves the compute copies and the gathered bytes; masters stay fp32",
+TEST_CASE("bf16 halves the compute copies and the gathered bytes, masters stay fp32",
           "[sharded][bf16]") {
   torch::set_num_threads(1);
   Run run{.strategy = "zero2", .world = 2, .d = 64, .layers = 4, .steps = 1};
