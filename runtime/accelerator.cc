@@ -1,9 +1,13 @@
 #include "runtime/accelerator.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 
 #include "rendezvous/error.h"
+#include "runtime/checkpoint/checkpoint.h"
 #include "runtime/host_memory.h"
 #include "runtime/tensor_ops.h"
 
@@ -75,6 +79,7 @@ void Accelerator::prepare(std::shared_ptr<torch::nn::Module> model,
   options.precision = precision_;
   strategy_ = makeStrategy(world_.env, world_.backend, model, optimizer, options);
   scheduler_ = scheduler;
+  model_ = model;
   if (world_.env.fsdp_activation_checkpointing) checkpointUnits(*model);
   if (precision_.mixed()) {
     autocast_ = std::make_unique<AutocastScope>(device().type(), precision_.compute, true);
@@ -168,6 +173,67 @@ torch::Tensor Accelerator::gather(const torch::Tensor& tensor) {
                   dtypeOf(input))
       ->wait();
   return output;
+}
+
+void Accelerator::saveState(const std::string& dir) {
+  if (!strategy_) throw InvalidArgument("Accelerator::saveState before prepare");
+  std::vector<std::pair<std::string, std::string>> blobs;
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  torch::Tensor rng;
+  {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    rng = generator.get_state();
+  }
+  blobs.emplace_back("rng_cpu", std::string(static_cast<const char*>(rng.data_ptr()),
+                                            static_cast<size_t>(rng.nbytes())));
+  if (isMainProcess()) {  // buffers are the same everywhere (broadcast at prepare)
+    for (const auto& item : model_->named_buffers()) {
+      const torch::Tensor b = item.value().contiguous();
+      blobs.emplace_back("buffer:" + item.key(),
+                         std::string(static_cast<const char*>(b.data_ptr()), b.nbytes()));
+    }
+  }
+  checkpoint::Counters counters = {{"optimizer_steps", std::to_string(optimizer_steps_)},
+                                   {"micro_step", std::to_string(micro_step_)},
+                                   {"strategy", world_.env.strategy},
+                                   {"mixed_precision", precision_.name}};
+  if (scheduler_ != nullptr) counters["scheduler_steps"] = std::to_string(scheduler_->stepCount());
+  if (scaler_) counters["loss_scaler"] = scaler_->save();
+  checkpoint::save(*world_.backend, dir, strategy_->stateSlices(), blobs, counters);
+}
+
+std::string Accelerator::loadState(const std::string& path) {
+  if (!strategy_) throw InvalidArgument("Accelerator::loadState before prepare");
+  const std::string dir = checkpoint::find(path);
+  const checkpoint::Reader reader(dir);
+  strategy_->loadStateSlices(reader);
+  torch::NoGradGuard no_grad;
+  for (const auto& item : model_->named_buffers()) {
+    torch::Tensor b = item.value();
+    const auto bytes = reader.blob(0, "buffer:" + item.key());
+    if (!bytes || bytes->size() != b.nbytes() || !b.is_contiguous()) {
+      throw InvalidArgument("checkpoint '" + dir + "' has no buffer '" + item.key() +
+                            "' of this model's size");
+    }
+    std::memcpy(b.data_ptr(), bytes->data(), bytes->size());
+  }
+  // Each rank its own generator; a rank the saving job did not have keeps its own.
+  if (const auto rng = reader.blob(rank(), "rng_cpu")) {
+    torch::Tensor state = torch::empty({static_cast<int64_t>(rng->size())}, torch::kUInt8);
+    std::memcpy(state.data_ptr(), rng->data(), rng->size());
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(state);
+  }
+  auto counter = [&](const char* key) { return std::stoll(reader.counter(key).value_or("0")); };
+  optimizer_steps_ = counter("optimizer_steps");
+  micro_step_ = counter("micro_step");
+  if (scheduler_ != nullptr) scheduler_->setStepCount(counter("scheduler_steps"));
+  if (scaler_) {
+    if (const auto state = reader.counter("loss_scaler")) scaler_->restore(*state);
+  }
+  strategy_->zeroGrad();
+  return dir;
 }
 
 MemoryReport Accelerator::memoryReport() const {

@@ -143,6 +143,15 @@ class Accelerator {
     std::cout << line.str() << std::endl;
   }
 
+  // accelerate's save_state / load_state (runtime/checkpoint/checkpoint.h): the parameters,
+  // the optimizer state, the step counters, the LR schedule's position, the loss scaler and
+  // every rank's random generator, into the directory `dir` (crash-safe; each rank writes its
+  // own file, the manifest last). Collectives: every rank calls them. loadState takes a
+  // checkpoint directory or a folder of them (the newest complete one wins), saved by any
+  // strategy at any world size, and returns the directory it loaded. Call both after step().
+  void saveState(const std::string& dir);
+  std::string loadState(const std::string& path);
+
   // Model-state bytes this rank holds now (parameters, gradients, optimizer state).
   MemoryReport memoryReport() const;
   // "zero3: 3 unit(s) (2 module(s), 1 bucket(s)), AdamW on 1/2 shards"
@@ -164,6 +173,7 @@ class Accelerator {
   size_t bucket_bytes_;
   bool find_unused_;
   LrScheduler* scheduler_ = nullptr;
+  std::shared_ptr<torch::nn::Module> model_;  // its buffers go into checkpoints
   std::vector<const torch::nn::Module*> wrapped_;
   std::vector<const torch::nn::Module*> checkpointed_;  // unmarked when this ends
   PrecisionPolicy precision_;

@@ -3,29 +3,12 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
-#include <sstream>
-#include <type_traits>
 #include <vector>
 
 #include "runtime/kernels/cpu/optimizers.h"
+#include "runtime/optim/param_state_key.h"
 
 namespace cxxlaunch::runtime {
-namespace {
-
-// Optimizer::state_ is keyed by the parameter's TensorImpl: as a string in LibTorch 1.13
-// (c10::guts::to_string of the pointer), as the pointer itself in later releases.
-template <typename State>
-typename State::key_type stateKey(const State&, const torch::Tensor& param) {
-  if constexpr (std::is_same_v<typename State::key_type, std::string>) {
-    std::ostringstream key;
-    key << param.unsafeGetTensorImpl();
-    return key.str();
-  } else {
-    return param.unsafeGetTensorImpl();
-  }
-}
-
-}  // namespace
 
 bool FusedAdamW::fusable() const {
   for (const auto& group : param_groups()) {
@@ -33,7 +16,7 @@ bool FusedAdamW::fusable() const {
     for (const auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       std::vector<const torch::Tensor*> tensors = {&p, &p.grad()};
-      if (auto it = state_.find(stateKey(state_, p)); it != state_.end()) {
+      if (auto it = state_.find(paramStateKey(state_, p)); it != state_.end()) {
         // Moments loaded from a checkpoint may come in another layout.
         const auto& moments = static_cast<const torch::optim::AdamWParamState&>(*it->second);
         tensors.push_back(&moments.exp_avg());
@@ -51,7 +34,7 @@ bool FusedAdamW::fusable() const {
 }
 
 torch::optim::AdamWParamState& FusedAdamW::stateFor(const torch::Tensor& param) {
-  auto& slot = state_[stateKey(state_, param)];
+  auto& slot = state_[paramStateKey(state_, param)];
   if (!slot) {
     auto fresh = std::make_unique<torch::optim::AdamWParamState>();
     fresh->step(0);

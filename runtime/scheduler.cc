@@ -47,6 +47,12 @@ void LrScheduler::step() {
   apply();
 }
 
+void LrScheduler::setStepCount(int64_t steps) {
+  if (steps < 0) throw InvalidArgument("a schedule's step count cannot be negative");
+  step_ = steps;
+  apply();
+}
+
 void LrScheduler::apply() {
   const double f = factor();
   auto& groups = optimizer_.param_groups();

@@ -102,13 +102,25 @@ size_t ShardOptimizer::addShard(int64_t numel, std::vector<Segment> segments, bo
   return shards_.size() - 1;
 }
 
-void ShardOptimizer::step(size_t index, float* param, const float* grad, float* const* state) {
+std::vector<std::string> ShardOptimizer::stateNames() const {
+  if (kind_ != Kind::kSgd) return {"exp_avg", "exp_avg_sq"};
+  if (stateArrays() == 1) return {"momentum_buffer"};
+  return {};
+}
+
+std::vector<torch::Tensor> ShardOptimizer::state(size_t index) {
   Shard& shard = shards_[index];
   // Allocated at the first step, as torch::optim does: before it, the memory serves the
   // model's set-up (whole units not yet released).
   if (shard.own_state && shard.state.empty()) {
     for (size_t i = 0; i < stateArrays(); ++i) shard.state.push_back(torch::zeros({shard.numel}));
   }
+  return shard.state;
+}
+
+void ShardOptimizer::step(size_t index, float* param, const float* grad, float* const* state) {
+  Shard& shard = shards_[index];
+  this->state(index);
   std::vector<float*> own;
   for (auto& t : shard.state) own.push_back(t.data_ptr<float>());
   if (state == nullptr) state = own.data();

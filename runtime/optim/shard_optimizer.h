@@ -51,6 +51,11 @@ class ShardOptimizer {
   void step(size_t shard, float* param, const float* grad, float* const* state = nullptr);
 
   Kind kind() const { return kind_; }
+  // Checkpoints: the names of a shard's state arrays ("exp_avg", "exp_avg_sq"; SGD:
+  // "momentum_buffer"), the shard's own state (allocated if it was not yet), the step count.
+  std::vector<std::string> stateNames() const;
+  std::vector<torch::Tensor> state(size_t shard);
+  void setSteps(int64_t steps) { steps_ = steps; }
   const char* name() const;
   int64_t steps() const { return steps_; }
   size_t stateBytes() const;

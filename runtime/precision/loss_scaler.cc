@@ -1,6 +1,7 @@
 #include "runtime/precision/loss_scaler.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "rendezvous/error.h"
 
@@ -36,6 +37,27 @@ void LossScaler::update(bool overflow) {
     good_steps_ = 0;
     hysteresis_left_ = options_.hysteresis;
   }
+}
+
+std::string LossScaler::save() const {
+  char text[96];
+  std::snprintf(text, sizeof(text), "%.17g,%d,%lld,%lld", scale_, hysteresis_left_,
+                static_cast<long long>(good_steps_), static_cast<long long>(skipped_));
+  return text;
+}
+
+void LossScaler::restore(const std::string& state) {
+  double scale = 0;
+  int hysteresis = 0;
+  long long good = 0, skipped = 0;
+  if (std::sscanf(state.c_str(), "%lg,%d,%lld,%lld", &scale, &hysteresis, &good, &skipped) != 4 ||
+      !(scale > 0) || hysteresis < 0 || good < 0 || skipped < 0) {
+    throw InvalidArgument("loss scaler state '" + state + "' is malformed");
+  }
+  scale_ = scale;
+  hysteresis_left_ = hysteresis;
+  good_steps_ = good;
+  skipped_ = skipped;
 }
 
 }  // namespace cxxlaunch::runtime

@@ -10,6 +10,7 @@
 // Thread-safety: none; the training thread owns it.
 
 #include <cstdint>
+#include <string>
 
 namespace cxxlaunch::runtime {
 
@@ -31,6 +32,11 @@ class LossScaler {
   // After each optimizer step's overflow check: `overflow` is whether any gradient was not finite.
   void update(bool overflow);
   int64_t skippedSteps() const { return skipped_; }
+
+  // Checkpoints: the whole state as text, and back. restore throws InvalidArgument for text
+  // that is not a scaler's state.
+  std::string save() const;
+  void restore(const std::string& state);
 
  private:
   LossScalerOptions options_;

@@ -320,6 +320,22 @@ torch::Tensor ShardedStrategy::masterNow(Unit& u) {
       buffer.data.get(), {u.flat.shardNumel()}, [keep = buffer.data](void*) {}, torch::kFloat);
 }
 
+std::vector<torch::Tensor> ShardedStrategy::stateNow(Unit& u) {
+  if (!state_file_) return optimizer_.state(u.optimizer_shard);
+  const int64_t sn = u.flat.shardNumel();
+  const size_t bytes = NvmeFile::roundUp(static_cast<size_t>(sn) * 4);
+  const size_t arrays = optimizer_.stateArrays();
+  AlignedBuffer buffer = alignedBuffer(arrays * bytes / 4);
+  state_file_->read(u.state_offset, buffer.data.get(), arrays * bytes)->wait();
+  std::vector<torch::Tensor> out;
+  for (size_t a = 0; a < arrays; ++a) {
+    out.push_back(torch::from_blob(
+        reinterpret_cast<char*>(buffer.data.get()) + a * bytes, {sn},
+        [keep = buffer.data](void*) {}, torch::kFloat));
+  }
+  return out;
+}
+
 void ShardedStrategy::stepUnits() {
   if (!param_file_ && !state_file_) {
     for (auto& u : units_) {
@@ -719,6 +735,129 @@ std::vector<std::pair<std::string, torch::Tensor>> ShardedStrategy::fullParamete
     if (!item.value().requires_grad()) out.emplace_back(item.key(), item.value().detach().clone());
   }
   return out;
+}
+
+}  // namespace cxxlaunch::runtime
+
+namespace cxxlaunch::runtime {
+
+// ---- checkpoints
+// ---------------------------------------------------------------------------------
+
+std::vector<checkpoint::Slice> ShardedStrategy::stateSlices() {
+  std::lock_guard<std::mutex> lock(mu_);
+  torch::NoGradGuard no_grad;
+  std::vector<checkpoint::Slice> out;
+  // Every element once: at stage 0 every rank holds everything, under hybrid sharding the
+  // other nodes hold copies of node 0's shards.
+  if ((options_.stage == 0 && backend_->rank() != 0) || (replicas_ && replicas_->rank() != 0)) {
+    return out;
+  }
+  const std::vector<std::string> names = optimizer_.stateNames();
+  for (auto& u : units_) {
+    const int64_t sb = u.flat.shardBegin(), sn = u.flat.shardNumel();
+    const torch::Tensor master = masterNow(u).clone();  // (nvme: the read buffer; clone keeps it)
+    const std::vector<torch::Tensor> state = stateNow(u);
+    for (size_t i = 0; i < u.flat.params().size(); ++i) {
+      const auto& p = u.flat.params()[i];
+      const int64_t off = u.flat.offset(i);
+      const int64_t a = std::max(off, sb), b = std::min(off + p.numel(), sb + sn);
+      if (a >= b) continue;
+      checkpoint::Slice slice{u.flat.names()[i], p.sizes().vec(), a - off, b - off, {}};
+      slice.arrays.emplace_back("param", master.narrow(0, a - sb, b - a));
+      for (size_t k = 0; k < names.size(); ++k) {
+        slice.arrays.emplace_back(names[k], state[k].narrow(0, a - sb, b - a).clone());
+      }
+      out.push_back(std::move(slice));
+    }
+  }
+  if (backend_->rank() == 0) {  // frozen parameters are whole everywhere
+    for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
+      const torch::Tensor& p = item.value();
+      if (p.requires_grad()) continue;
+      out.push_back({item.key(),
+                     p.sizes().vec(),
+                     0,
+                     p.numel(),
+                     {{"param", p.detach().to(torch::kFloat).reshape({-1})}}});
+    }
+  }
+  return out;
+}
+
+void ShardedStrategy::loadStateSlices(const checkpoint::Reader& reader) {
+  std::lock_guard<std::mutex> lock(mu_);
+  torch::NoGradGuard no_grad;
+  const std::vector<std::string> names = optimizer_.stateNames();
+  for (auto& u : units_) {
+    const int64_t sb = u.flat.shardBegin(), sn = u.flat.shardNumel();
+    waitGather(u);
+    torch::Tensor master = param_file_ ? torch::zeros({sn}) : u.master;
+    std::vector<torch::Tensor> state = state_file_ ? std::vector<torch::Tensor>{} : stateNow(u);
+    if (state_file_) {
+      for (size_t k = 0; k < names.size(); ++k) state.push_back(torch::zeros({sn}));
+    }
+    for (size_t i = 0; i < u.flat.params().size(); ++i) {
+      const auto& p = u.flat.params()[i];
+      const std::string& name = u.flat.names()[i];
+      const int64_t off = u.flat.offset(i);
+      const int64_t a = std::max(off, sb), b = std::min(off + p.numel(), sb + sn);
+      if (a >= b) continue;
+      const auto shape = p.sizes().vec();
+      reader.read(name, "param", a - off, b - off, shape, master.data_ptr<float>() + (a - sb));
+      for (size_t k = 0; k < names.size(); ++k) {
+        float* to = state[k].data_ptr<float>() + (a - sb);
+        if (reader.has(name, names[k])) {
+          reader.read(name, names[k], a - off, b - off, shape, to);
+        } else {  // saved before any step, or by another optimizer: a fresh start
+          std::fill(to, to + (b - a), 0.0f);
+        }
+      }
+    }
+    const size_t bytes = NvmeFile::roundUp(static_cast<size_t>(sn) * 4);
+    if (param_file_) {
+      AlignedBuffer staging = alignedBuffer(static_cast<size_t>(sn));
+      std::memcpy(staging.data.get(), master.data_ptr<float>(), static_cast<size_t>(sn) * 4);
+      param_file_->write(u.master_offset, staging.data.get(), bytes)->wait();
+    }
+    if (state_file_) {
+      AlignedBuffer staging = alignedBuffer(names.size() * bytes / 4);
+      for (size_t k = 0; k < names.size(); ++k) {
+        std::memcpy(reinterpret_cast<char*>(staging.data.get()) + k * bytes,
+                    state[k].data_ptr<float>(), static_cast<size_t>(sn) * 4);
+      }
+      state_file_->write(u.state_offset, staging.data.get(), names.size() * bytes)->wait();
+    }
+    if (param_file_ && !u.routed) {
+      u.flat.shard().copy_(master);
+    } else if (!param_file_ && u.master.data_ptr() != u.flat.shard().data_ptr() &&
+               u.flat.resident()) {
+      u.flat.shard().copy_(u.master);
+    }
+    publish(u);
+  }
+  for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
+    torch::Tensor p = item.value();
+    if (p.requires_grad()) continue;
+    torch::Tensor values = torch::empty({p.numel()}, torch::kFloat);
+    reader.read(item.key(), "param", 0, p.numel(), p.sizes().vec(), values.data_ptr<float>());
+    p.copy_(values.view(p.sizes()));
+  }
+  optimizer_.setSteps(std::stoll(reader.counter("optimizer_steps").value_or("0")));
+}
+
+void ShardedStrategy::publish(Unit& u) {
+  // Whole units get every rank's new shard now; units at rest sharded get it at their next
+  // gather (from the master).
+  if (options_.stage == 0 || !u.flat.resident()) return;
+  if (options_.stage == 3 && u.routed) {
+    u.flat.release();
+    return;
+  }
+  shards_
+      ->allGather(u.flat.shard().data_ptr(), u.flat.full().data_ptr(),
+                  static_cast<size_t>(u.flat.shardNumel()), dtypeOf(u.flat.full()))
+      ->wait();
 }
 
 }  // namespace cxxlaunch::runtime

@@ -90,6 +90,8 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   void zeroGrad() override;
   MemoryReport memoryReport() const override;
   std::vector<const torch::nn::Module*> unitModules() const override;
+  std::vector<checkpoint::Slice> stateSlices() override;
+  void loadStateSlices(const checkpoint::Reader& reader) override;
   std::vector<std::pair<std::string, torch::Tensor>> fullParameters() override;
 
   void beforeForward(const torch::nn::Module& unit) override;
@@ -148,7 +150,9 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   void settle(size_t unit);             // built: to the state it rests in
   void stepUnits();                     // the optimizer over every unit's shard
   torch::Tensor masterNow(Unit& unit);  // in memory, read from nvme if it rests there
-  size_t stagingFloats() const;         // one staging slot: master and state of any unit
+  std::vector<torch::Tensor> stateNow(Unit& unit);  // the optimizer state, likewise
+  void publish(Unit& unit);      // the master's values into the parameters (gathered), after a load
+  size_t stagingFloats() const;  // one staging slot: master and state of any unit
 
   std::shared_ptr<Backend> backend_;   // every rank
   std::shared_ptr<Backend> shards_;    // the ranks the parameters are sharded over (hybrid: a node)

@@ -10,6 +10,7 @@
 #include <iostream>
 
 #include "rendezvous/error.h"
+#include "runtime/optim/param_state_key.h"
 #include "runtime/strategy/ddp.h"
 #include "runtime/strategy/model_state.h"
 #include "runtime/strategy/sharded.h"
@@ -31,6 +32,56 @@ std::string humanBytes(size_t bytes) {
   return text;
 }
 
+// torch::optim's per-parameter state as checkpoint arrays: AdamW and Adam (FusedAdamW too)
+// exp_avg and exp_avg_sq, SGD momentum_buffer; the names the sharded optimizers use.
+std::vector<std::pair<std::string, torch::Tensor>> torchStateArrays(
+    torch::optim::OptimizerParamState& state) {
+  if (auto* s = dynamic_cast<torch::optim::AdamWParamState*>(&state)) {
+    return {{"exp_avg", s->exp_avg()}, {"exp_avg_sq", s->exp_avg_sq()}};
+  }
+  if (auto* s = dynamic_cast<torch::optim::AdamParamState*>(&state)) {
+    return {{"exp_avg", s->exp_avg()}, {"exp_avg_sq", s->exp_avg_sq()}};
+  }
+  if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(&state)) {
+    if (s->momentum_buffer().defined()) return {{"momentum_buffer", s->momentum_buffer()}};
+  }
+  return {};
+}
+
+// A fresh torch::optim state for `param` from the checkpoint, or null when the optimizer is none
+// of AdamW/Adam/SGD or the checkpoint has no state for the parameter (a fresh start).
+std::unique_ptr<torch::optim::OptimizerParamState> torchStateFrom(
+    torch::optim::Optimizer& optimizer, const std::string& name, const torch::Tensor& param,
+    const checkpoint::Reader& reader, int64_t steps) {
+  auto read = [&](const char* array) {
+    torch::Tensor t = torch::empty_like(param, at::MemoryFormat::Contiguous);
+    reader.read(name, array, 0, param.numel(), param.sizes().vec(), t.data_ptr<float>());
+    return t;
+  };
+  const bool adam_state = reader.has(name, "exp_avg") && reader.has(name, "exp_avg_sq");
+  if (dynamic_cast<torch::optim::AdamW*>(&optimizer) != nullptr && adam_state) {
+    auto s = std::make_unique<torch::optim::AdamWParamState>();
+    s->step(steps);
+    s->exp_avg(read("exp_avg"));
+    s->exp_avg_sq(read("exp_avg_sq"));
+    return s;
+  }
+  if (dynamic_cast<torch::optim::Adam*>(&optimizer) != nullptr && adam_state) {
+    auto s = std::make_unique<torch::optim::AdamParamState>();
+    s->step(steps);
+    s->exp_avg(read("exp_avg"));
+    s->exp_avg_sq(read("exp_avg_sq"));
+    return s;
+  }
+  if (dynamic_cast<torch::optim::SGD*>(&optimizer) != nullptr &&
+      reader.has(name, "momentum_buffer")) {
+    auto s = std::make_unique<torch::optim::SGDParamState>();
+    s->momentum_buffer(read("momentum_buffer"));
+    return s;
+  }
+  return nullptr;
+}
+
 // DDP (and FSDP's NO_SHARD): the trainer's own optimizer on whole, all-reduced gradients.
 class DdpStrategy final : public Strategy {
  public:
@@ -39,6 +90,7 @@ class DdpStrategy final : public Strategy {
       : model_(model),
         optimizer_(optimizer),
         name_(std::move(name)),
+        rank_(backend->rank()),
         ddp_(model, std::move(backend),
              DdpOptions{.bucket_bytes = options.bucket_bytes,
                         .find_unused_parameters = options.find_unused_parameters}) {}
@@ -105,11 +157,47 @@ class DdpStrategy final : public Strategy {
     }
     return out;
   }
+  std::vector<checkpoint::Slice> stateSlices() override {
+    std::vector<checkpoint::Slice> out;
+    if (rank_ != 0) return out;  // every rank holds the same: rank 0 saves it
+    auto& state = optimizer_.state();
+    for (const auto& item : model_->named_parameters()) {
+      const torch::Tensor& p = item.value();  // the optimizer's key is this TensorImpl
+      checkpoint::Slice slice{
+          item.key(), p.sizes().vec(), 0, p.numel(), {{"param", p.detach().reshape({-1})}}};
+      if (auto it = state.find(paramStateKey(state, p)); it != state.end()) {
+        for (auto& [array, t] : torchStateArrays(*it->second)) {
+          slice.arrays.emplace_back(array, t.reshape({-1}));
+        }
+      }
+      out.push_back(std::move(slice));
+    }
+    return out;
+  }
+  void loadStateSlices(const checkpoint::Reader& reader) override {
+    torch::NoGradGuard no_grad;
+    const int64_t steps = std::stoll(reader.counter("optimizer_steps").value_or("0"));
+    auto& state = optimizer_.state();
+    for (const auto& item : model_->named_parameters()) {
+      torch::Tensor p = item.value();
+      torch::Tensor values = torch::empty({p.numel()}, torch::kFloat);
+      reader.read(item.key(), "param", 0, p.numel(), p.sizes().vec(), values.data_ptr<float>());
+      p.copy_(values.view(p.sizes()));
+      const auto key = paramStateKey(state, p);
+      auto fresh = torchStateFrom(optimizer_, item.key(), p, reader, steps);
+      if (fresh) {
+        state[key] = std::move(fresh);
+      } else {
+        state.erase(key);
+      }
+    }
+  }
 
  private:
   std::shared_ptr<torch::nn::Module> model_;
   torch::optim::Optimizer& optimizer_;
   std::string name_;
+  int rank_;
   DistributedDataParallel ddp_;
   std::unique_ptr<DistributedDataParallel::NoSync> no_sync_;
 };

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "runtime/backend.h"
+#include "runtime/checkpoint/checkpoint.h"
 #include "runtime/env.h"
 #include "runtime/precision/policy.h"
 
@@ -72,6 +73,15 @@ class Strategy {
   // Checkpoint hooks. A collective: every rank gets every trainable parameter, whole, by its
   // name in the module (gathered from the shards where they are sharded), as fresh tensors.
   virtual std::vector<std::pair<std::string, torch::Tensor>> fullParameters() = 0;
+
+  // What this rank saves of the parameters (fp32 values, array "param") and of the optimizer
+  // state (its arrays by name), as slices of parameters by name: every element is in exactly
+  // one rank's slices, whatever the strategy. Not a collective.
+  virtual std::vector<checkpoint::Slice> stateSlices() = 0;
+  // Loads parameters and optimizer state from a checkpoint of any strategy and world size
+  // (state arrays it lacks start at zero); a collective. The optimizer's step count comes from
+  // the counter "optimizer_steps".
+  virtual void loadStateSlices(const checkpoint::Reader& reader) = 0;
 };
 
 // What makeStrategy needs beyond the environment.

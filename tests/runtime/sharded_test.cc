@@ -17,48 +17,18 @@
 #include <thread>
 
 #include "ranks.h"
+#include "tower.h"
 #include "support/subprocess.h"
 #include "runtime/accelerator.h"
 #include "runtime/strategy/unit.h"
 
 using namespace cxxlaunch::runtime;
 using cxxlaunch::runtime::testing::onRanks;
+using cxxlaunch::runtime::testing::Block;
+using cxxlaunch::runtime::testing::BlockImpl;
+using cxxlaunch::runtime::testing::Tower;
 
 namespace {
-
-struct BlockImpl : torch::nn::Module {
-  explicit BlockImpl(int64_t d)
-      : ln(register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})))),
-        fc(register_module("fc", torch::nn::Linear(d, d))) {}
-  torch::Tensor forward(const torch::Tensor& x) {
-    ++forward_calls;
-    return x + torch::tanh(fc(ln(x)));
-  }
-  static inline std::atomic<int64_t> forward_calls{0};
-  torch::nn::LayerNorm ln;
-  torch::nn::Linear fc;
-};
-TORCH_MODULE(Block);
-
-// Input and output layers around `layers` residual blocks run through unitForward. d = 11 makes
-// every unit's size odd, so shards need padding at worlds 2 and 4.
-struct TowerImpl : torch::nn::Module {
-  TowerImpl(int64_t d, int64_t layers)
-      : in(register_module("in", torch::nn::Linear(6, d))),
-        out(register_module("out", torch::nn::Linear(d, 3))) {
-    for (int64_t i = 0; i < layers; ++i) {
-      blocks.push_back(register_module("block" + std::to_string(i), Block(d)));
-    }
-  }
-  torch::Tensor forward(const torch::Tensor& x) {
-    auto h = in(x);
-    for (auto& block : blocks) h = unitForward(block, h);
-    return out(h);
-  }
-  torch::nn::Linear in, out;
-  std::vector<Block> blocks;
-};
-TORCH_MODULE(Tower);
 
 struct Run {
   std::string strategy = "ddp";

@@ -1,0 +1,243 @@
+#include "runtime/checkpoint/checkpoint.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+
+#include "rendezvous/error.h"
+
+namespace cxxlaunch::runtime::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char kManifest[] = "manifest";
+constexpr const char kManifestMagic[] = "cxxlaunch-checkpoint-manifest 1";
+
+std::string rankFile(int rank) { return "rank" + std::to_string(rank) + ".bin"; }
+
+// Every rank's `ok`; throws on every rank when one failed, with this rank's own error if it has
+// one.
+void agree(Backend& backend, bool ok, const std::string& what, const std::string& error) {
+  int32_t all_ok = ok ? 1 : 0;
+  backend.allreduce(&all_ok, 1, DType::kInt32, ReduceOp::kMin)->wait();
+  if (all_ok == 1) return;
+  throw CommunicationError("checkpoint: " + what + " failed" +
+                           (error.empty() ? " on another rank (see its log)" : ": " + error) +
+                           "; the previous checkpoint is untouched");
+}
+
+struct Manifest {
+  int world = 0;
+  Counters counters;
+  std::vector<std::pair<std::string, std::pair<uint64_t, uint32_t>>> files;
+};
+
+// The manifest, or nullopt if there is none or it is incomplete (no "end" line) or malformed.
+std::optional<Manifest> readManifest(const std::string& dir) {
+  const std::string path = dir + "/" + kManifest;
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return std::nullopt;
+  std::string text;
+  try {
+    text = readWholeFile(path, 1u << 20);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  std::istringstream in(text);
+  std::string line;
+  if (!std::getline(in, line) || line != kManifestMagic) return std::nullopt;
+  Manifest m;
+  bool ended = false;
+  while (std::getline(in, line)) {
+    std::istringstream words(line);
+    std::string kind;
+    words >> kind;
+    if (kind == "world") {
+      words >> m.world;
+    } else if (kind == "counter") {
+      std::string key, value;
+      words >> key >> value;
+      m.counters[key] = value;
+    } else if (kind == "file") {
+      std::string name;
+      uint64_t size = 0;
+      uint32_t crc = 0;
+      words >> name >> size >> crc;
+      if (name.find('/') != std::string::npos || name.find("..") != std::string::npos) {
+        return std::nullopt;
+      }
+      m.files.push_back({name, {size, crc}});
+    } else if (kind == "end") {
+      ended = true;
+      break;
+    }
+    if (!words) return std::nullopt;
+  }
+  if (!ended || m.world < 1 || m.files.size() != static_cast<size_t>(m.world)) return std::nullopt;
+  return m;
+}
+
+// Whether every listed file is there with its size (and, if `checksums`, its CRC-32).
+bool filesIntact(const std::string& dir, const Manifest& m, bool checksums) {
+  for (const auto& [name, expected] : m.files) {
+    std::error_code ec;
+    const std::string path = dir + "/" + name;
+    const auto size = fs::file_size(path, ec);
+    if (ec || size != expected.first) return false;
+    if (checksums && fileSizeAndCrc(path) != expected) return false;
+  }
+  return true;
+}
+
+int64_t stepOf(const Manifest& m) {
+  auto it = m.counters.find("optimizer_steps");
+  return it == m.counters.end() ? -1 : std::stoll(it->second);
+}
+
+}  // namespace
+
+void save(Backend& backend, const std::string& dir, const std::vector<Slice>& slices,
+          const std::vector<std::pair<std::string, std::string>>& blobs, const Counters& counters) {
+  const int rank = backend.rank(), world = backend.worldSize();
+  const std::string staging = dir + ".tmp", old = dir + ".old";
+  std::string error;
+  bool ok = true;
+  if (rank == 0) {
+    try {
+      fs::remove_all(staging);
+      fs::create_directories(staging);
+    } catch (const std::exception& e) {
+      ok = false;
+      error = "creating '" + staging + "': " + e.what();
+    }
+  }
+  agree(backend, ok, "preparing the directory", error);
+
+  std::pair<uint64_t, uint32_t> written{0, 0};
+  try {
+    written = writeShardFile(staging + "/" + rankFile(rank), slices, blobs);
+  } catch (const std::exception& e) {
+    ok = false;
+    error = e.what();
+  }
+  agree(backend, ok, "writing rank files", error);
+
+  std::vector<uint64_t> all(2 * static_cast<size_t>(world));
+  uint64_t mine[2] = {written.first, written.second};
+  backend.allGather(mine, all.data(), 2, DType::kInt64)->wait();
+  if (rank == 0) {
+    try {
+      std::ostringstream m;
+      m << kManifestMagic << "\nworld " << world << "\n";
+      for (const auto& [key, value] : counters) m << "counter " << key << ' ' << value << "\n";
+      for (int r = 0; r < world; ++r) {
+        m << "file " << rankFile(r) << ' ' << all[2 * static_cast<size_t>(r)] << ' '
+          << all[2 * static_cast<size_t>(r) + 1] << "\n";
+      }
+      m << "end\n";
+      writeFileDurably(staging + "/" + kManifest, m.str());
+      // The swap: a crash between the renames leaves `old` complete.
+      fs::remove_all(old);
+      if (fs::exists(dir)) fs::rename(dir, old);
+      fs::rename(staging, dir);
+      const auto parent = fs::path(dir).parent_path();
+      fsyncDirectory(parent.empty() ? "." : parent.string());
+      fs::remove_all(old);
+    } catch (const std::exception& e) {
+      ok = false;
+      error = e.what();
+    }
+  }
+  agree(backend, ok, "committing", error);
+}
+
+std::string find(const std::string& path) {
+  for (const std::string& dir : {path, path + ".old"}) {
+    if (auto m = readManifest(dir); m && filesIntact(dir, *m, /*checksums=*/true)) return dir;
+  }
+  std::error_code ec;
+  std::vector<std::pair<int64_t, std::string>> candidates;
+  if (fs::is_directory(path, ec)) {
+    for (const auto& entry : fs::directory_iterator(path, ec)) {
+      const std::string name = entry.path().filename().string();
+      if (!entry.is_directory() || (name.size() > 4 && name.substr(name.size() - 4) == ".tmp")) {
+        continue;
+      }
+      if (auto m = readManifest(entry.path().string())) {
+        candidates.push_back({stepOf(*m), entry.path().string()});
+      }
+    }
+  }
+  std::sort(candidates.rbegin(), candidates.rend());
+  for (const auto& [step, dir] : candidates) {
+    const auto m = readManifest(dir);
+    if (m && filesIntact(dir, *m, /*checksums=*/true)) return dir;
+    std::cerr << "cxxlaunch: checkpoint '" << dir << "' (step " << step
+              << ") is incomplete or corrupt; skipping it\n";
+  }
+  throw InvalidArgument("no complete checkpoint at '" + path +
+                        "' (a checkpoint directory has a manifest; a folder of them is searched "
+                        "for the newest complete one)");
+}
+
+Reader::Reader(const std::string& dir) : dir_(dir) {
+  const auto m = readManifest(dir);
+  if (!m) throw InvalidArgument("'" + dir + "' is no complete checkpoint (no valid manifest)");
+  world_ = m->world;
+  counters_ = m->counters;
+  for (const auto& [name, expected] : m->files) {
+    files_.push_back(std::make_unique<ShardFileReader>(dir + "/" + name));
+    for (const auto& s : files_.back()->slices()) {
+      for (const auto& [array, offset] : s.arrays) {
+        pieces_[{s.param, array}].push_back(
+            {files_.back().get(), s.begin, s.end, offset, &s.shape});
+      }
+    }
+  }
+}
+
+std::optional<std::string> Reader::counter(const std::string& key) const {
+  auto it = counters_.find(key);
+  if (it == counters_.end()) return std::nullopt;
+  return it->second;
+}
+
+bool Reader::has(const std::string& param, const std::string& array) const {
+  return pieces_.count({param, array}) != 0;
+}
+
+void Reader::read(const std::string& param, const std::string& array, int64_t begin, int64_t end,
+                  const std::vector<int64_t>& shape, float* out) const {
+  auto it = pieces_.find({param, array});
+  if (it == pieces_.end()) {
+    throw InvalidArgument("checkpoint '" + dir_ + "' has no " + array + " for '" + param +
+                          "' (saved from another model or optimizer?)");
+  }
+  int64_t covered = 0;
+  for (const Piece& p : it->second) {
+    if (*p.shape != shape) {
+      throw InvalidArgument("checkpoint '" + dir_ + "': '" + param +
+                            "' has another shape there than in this model");
+    }
+    const int64_t from = std::max(begin, p.begin), to = std::min(end, p.end);
+    if (from >= to) continue;
+    p.file->read(p.offset, p.begin, from, to, out + (from - begin));
+    covered += to - from;
+  }
+  // Slices of one parameter never overlap (each element has one owner when saved).
+  if (covered != end - begin) {
+    throw InvalidArgument("checkpoint '" + dir_ + "' does not hold all of '" + param + "' (" +
+                          array + "): incomplete or from another model");
+  }
+}
+
+std::optional<std::string> Reader::blob(int rank, const std::string& name) const {
+  if (rank < 0 || rank >= static_cast<int>(files_.size())) return std::nullopt;
+  const auto& file = *files_[static_cast<size_t>(rank)];
+  if (!file.hasBlob(name)) return std::nullopt;
+  return file.blob(name);
+}
+
+}  // namespace cxxlaunch::runtime::checkpoint

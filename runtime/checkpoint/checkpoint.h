@@ -1,0 +1,78 @@
+#pragma once
+// Checkpoints on disk: a directory with one file per rank (checkpoint/shard_file.h) and a
+// manifest, written last, that makes it complete.
+//
+// Saving (a collective):
+//   1. rank 0 makes `<dir>.tmp` afresh; every rank writes its file there durably (temporary
+//      name, fsync, rename, fsync of the directory);
+//   2. once every rank reported success, rank 0 writes the manifest (world size, counters,
+//      each file's size and CRC-32) durably, then swaps the directory in: `<dir>` (if it exists)
+//      to `<dir>.old`, `<dir>.tmp` to `<dir>`, then removes `<dir>.old`;
+//   3. a failure on any rank (disk full, I/O error) is an error on every rank; what existed
+//      before stays as it was.
+// A crash at any instant leaves at least the last complete checkpoint: `<dir>` or, between the
+// two renames, `<dir>.old`. Re-saving the same directory is the same protocol.
+//
+// Loading picks a checkpoint: `path` itself when it is complete (manifest present, every file
+// of the listed size and checksum), else `<path>.old`, else the complete subdirectory of `path`
+// with the highest step (an incomplete or corrupt one is skipped with a note). The files need
+// a filesystem every rank sees (as PyTorch DCP assumes).
+//
+// Thread-safety: one training thread.
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/backend.h"
+#include "runtime/checkpoint/shard_file.h"
+
+namespace cxxlaunch::runtime::checkpoint {
+
+// The counters a checkpoint records besides the tensors (text key -> value).
+using Counters = std::map<std::string, std::string>;
+
+void save(Backend& backend, const std::string& dir, const std::vector<Slice>& slices,
+          const std::vector<std::pair<std::string, std::string>>& blobs, const Counters& counters);
+
+// The complete checkpoint `path` names (see above); throws InvalidArgument when there is none.
+std::string find(const std::string& path);
+
+class Reader {
+ public:
+  // Opens a complete checkpoint directory (as find() returns); checks the manifest.
+  explicit Reader(const std::string& dir);
+
+  const std::string& directory() const { return dir_; }
+  int worldSize() const { return world_; }
+  const Counters& counters() const { return counters_; }
+  std::optional<std::string> counter(const std::string& key) const;
+
+  // Elements [begin, end) of `array` of parameter `param` (whose shape must be `shape`) into
+  // `out`, from whichever files cover them. Throws InvalidArgument naming the parameter when the
+  // shape differs or some element is in no file.
+  void read(const std::string& param, const std::string& array, int64_t begin, int64_t end,
+            const std::vector<int64_t>& shape, float* out) const;
+  bool has(const std::string& param, const std::string& array) const;
+  // Rank `rank`'s blob, if its file has it.
+  std::optional<std::string> blob(int rank, const std::string& name) const;
+
+ private:
+  struct Piece {
+    const ShardFileReader* file;
+    int64_t begin, end;
+    uint64_t offset;
+    const std::vector<int64_t>* shape;
+  };
+  std::string dir_;
+  int world_ = 0;
+  Counters counters_;
+  std::vector<std::unique_ptr<ShardFileReader>> files_;
+  std::map<std::pair<std::string, std::string>, std::vector<Piece>> pieces_;  // (param, array)
+};
+
+}  // namespace cxxlaunch::runtime::checkpoint

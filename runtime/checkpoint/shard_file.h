@@ -1,0 +1,73 @@
+#pragma once
+// One rank's file in a checkpoint: slices of the model's state, each a parameter's element range
+// [begin, end) with its float32 arrays (the parameter's fp32 values and its optimizer state), and
+// named byte blobs (random generator states, buffers). Because a slice names the parameter and
+// its elements, not a shard, a checkpoint saved by any strategy at any world size loads into any
+// other: the reader finds, for each range it needs, the slices that cover it.
+//
+//   "cxxlaunch-checkpoint 1 <header bytes>\n"
+//   "slice <param> <begin> <end> <ndim> <dims...> <arrays> (<array> <offset>)...\n" ...
+//   "blob <name> <offset> <bytes>\n" ...
+//   the data: each array (end - begin float32) and blob at its offset from the header's end.
+//
+// The reader checks everything it parses (counts, ranges, offsets against the file's size) and
+// reads with pread, so a corrupt or crafted file is an error, never an out-of-bounds read, and
+// memory stays bounded by what the caller asks for.
+//
+// Thread-safety: none.
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/checkpoint/files.h"
+
+namespace cxxlaunch::runtime::checkpoint {
+
+struct Slice {
+  std::string param;
+  std::vector<int64_t> shape;                                 // the whole parameter's
+  int64_t begin = 0, end = 0;                                 // elements of the flattened parameter
+  std::vector<std::pair<std::string, torch::Tensor>> arrays;  // float32, end - begin elements
+};
+
+// Writes a rank's file durably; returns its size and CRC-32 for the manifest.
+std::pair<uint64_t, uint32_t> writeShardFile(
+    const std::string& path, const std::vector<Slice>& slices,
+    const std::vector<std::pair<std::string, std::string>>& blobs);
+
+class ShardFileReader {
+ public:
+  struct SliceInfo {
+    std::string param;
+    std::vector<int64_t> shape;
+    int64_t begin = 0, end = 0;
+    std::vector<std::pair<std::string, uint64_t>> arrays;  // name, offset in the file
+  };
+
+  // Parses the header; throws InvalidArgument naming the file for anything malformed.
+  explicit ShardFileReader(std::string path);
+  ~ShardFileReader();
+  ShardFileReader(const ShardFileReader&) = delete;
+  ShardFileReader& operator=(const ShardFileReader&) = delete;
+
+  const std::vector<SliceInfo>& slices() const { return slices_; }
+  // Elements [from, to) of the slice's array at `offset` (from the SliceInfo) into `out`.
+  void read(uint64_t offset, int64_t slice_begin, int64_t from, int64_t to, float* out) const;
+  bool hasBlob(const std::string& name) const;
+  std::string blob(const std::string& name) const;
+
+ private:
+  void pread(uint64_t offset, void* out, size_t bytes) const;
+
+  std::string path_;
+  int fd_ = -1;
+  uint64_t size_ = 0;
+  std::vector<SliceInfo> slices_;
+  std::vector<std::pair<std::string, std::pair<uint64_t, uint64_t>>> blobs_;
+};
+
+}  // namespace cxxlaunch::runtime::checkpoint

@@ -1,0 +1,326 @@
+// Checkpoints (runtime/checkpoint/): a run saved at step k and resumed in a fresh job ends bit for
+// bit where the uninterrupted run ends, in every strategy, fp32 and bf16; a checkpoint loads at
+// another world size and in another strategy; incomplete and corrupt checkpoints are never
+// loaded. Ranks are threads over the Fake backend; the files are real.
+
+#include "runtime/checkpoint/checkpoint.h"
+
+#include <torch/torch.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+
+#include "ranks.h"
+#include "rendezvous/error.h"
+#include "runtime/accelerator.h"
+#include "support/subprocess.h"
+#include "tower.h"
+
+using namespace cxxlaunch::runtime;
+using cxxlaunch::runtime::testing::onRanks;
+using cxxlaunch::runtime::testing::Tower;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Job {
+  std::string strategy = "ddp";
+  int world = 2;
+  std::string optimizer = "adamw";
+  std::string precision = "no";
+  int64_t global_batch = 8;  // examples per optimizer step, over all ranks
+  int64_t from_step = 0;     // the optimizer step the job starts at
+  int64_t to_step = 4;
+  std::string load{};    // a checkpoint (or folder of them) to resume from
+  std::string save{};    // where to save at the end
+  int64_t save_at = -1;  // and after this step, to save_at_dir
+  std::string save_at_dir{};
+  int64_t seed = 42;   // the model's initial weights (a resumed job's are overwritten)
+  std::string nvme{};  // offload optimizer state and parameters to this directory
+};
+
+// The data of optimizer step s: the same whatever the world size.
+std::pair<torch::Tensor, torch::Tensor> batchOf(int64_t step, int64_t batch) {
+  auto gen = at::detail::createCPUGenerator(1000 + step);
+  return {torch::randn({batch, 6}, gen), torch::randn({batch, 3}, gen)};
+}
+
+struct Ended {
+  std::map<std::string, torch::Tensor> params;  // rank 0's, gathered whole
+  std::string loaded;
+  int64_t optimizer_steps = 0;
+  double lr = 0;
+};
+
+Ended run(const Job& job) {
+  auto fake = makeFakeWorld(job.world);
+  Ended ended;
+  std::mutex construction;
+  onRanks(job.world, [&](int r) {
+    Tower net = [&] {
+      std::lock_guard<std::mutex> lock(construction);
+      torch::manual_seed(job.seed);
+      return Tower(11, 3);
+    }();
+    std::unique_ptr<torch::optim::Optimizer> optimizer;
+    if (job.optimizer == "sgd") {
+      optimizer = std::make_unique<torch::optim::SGD>(net->parameters(),
+                                                      torch::optim::SGDOptions(0.05).momentum(0.9));
+    } else {
+      optimizer = std::make_unique<torch::optim::AdamW>(
+          net->parameters(), torch::optim::AdamWOptions(0.01).weight_decay(0.1));
+    }
+    LrScheduler schedule(*optimizer, LrScheduler::Kind::kLinear, 1, 20);
+    World world;
+    world.env.rank = r;
+    world.env.world_size = job.world;
+    world.env.strategy = job.strategy;
+    world.env.mixed_precision = job.precision;
+    world.env.fsdp_transformer_layer_cls = {"Block"};
+    world.env.fsdp_auto_wrap_policy = "TRANSFORMER_BASED_WRAP";
+    if (!job.nvme.empty()) {
+      world.env.offload_optimizer = world.env.offload_params = "nvme";
+      world.env.offload_optimizer_nvme_path = world.env.offload_param_nvme_path = job.nvme;
+    }
+    world.backend = makeFakeBackend(fake, r);
+    Accelerator acc(std::move(world), {});
+    acc.prepare(net.ptr(), *optimizer, &schedule);
+    if (!job.load.empty()) {
+      const std::string loaded = acc.loadState(job.load);
+      if (r == 0) ended.loaded = loaded;
+    }
+    REQUIRE(acc.optimizerSteps() == job.from_step);
+    const int64_t per_rank = job.global_batch / job.world;
+    for (int64_t s = job.from_step; s < job.to_step; ++s) {
+      auto [x, y] = batchOf(s, job.global_batch);
+      acc.backward(torch::mse_loss(net->forward(x.narrow(0, r * per_rank, per_rank)),
+                                   y.narrow(0, r * per_rank, per_rank)));
+      REQUIRE(acc.step());
+      if (s + 1 == job.save_at) acc.saveState(job.save_at_dir);
+    }
+    if (!job.save.empty()) acc.saveState(job.save);
+    auto params = acc.fullParameters();
+    if (r == 0) {
+      for (auto& [name, tensor] : params) ended.params[name] = tensor;
+      ended.optimizer_steps = acc.optimizerSteps();
+      ended.lr = optimizer->param_groups()[0].options().get_lr();
+    }
+  });
+  return ended;
+}
+
+double maxRelativeDifference(const Ended& a, const Ended& b) {
+  REQUIRE(a.params.size() == b.params.size());
+  double worst = 0;
+  for (const auto& [name, ta] : a.params) {
+    const auto& tb = b.params.at(name);
+    worst = std::max(worst, (ta - tb).abs().max().item<double>() /
+                                std::max(tb.abs().max().item<double>(), 1e-12));
+  }
+  return worst;
+}
+
+bool sameBytes(const std::string& a, const std::string& b) {
+  return cxxlaunch::testing::readFile(a) == cxxlaunch::testing::readFile(b);
+}
+
+}  // namespace
+
+TEST_CASE("A resumed job ends bit for bit where the uninterrupted one ends", "[checkpoint]") {
+  torch::set_num_threads(1);
+  cxxlaunch::testing::TempDir dir;
+  int case_id = 0;
+  for (const std::string precision : {"no", "bf16"}) {
+    for (const std::string optimizer : {"adamw", "sgd"}) {
+      for (const std::string strategy : {"ddp", "zero1", "zero2", "zero3", "fsdp_full_shard",
+                                         "fsdp_shard_grad_op", "fsdp_no_shard"}) {
+        INFO(strategy << " " << optimizer << " " << precision);
+        const std::string base = dir.path() + "/" + std::to_string(case_id++);
+        Job whole{.strategy = strategy, .optimizer = optimizer, .precision = precision};
+        whole.save_at = 2;
+        whole.save_at_dir = base + "/step2";
+        whole.save = base + "/uninterrupted";
+        const Ended uninterrupted = run(whole);  // steps 0-3, saved after step 2 and at the end
+        Job resumed = whole;
+        resumed.from_step = 2;
+        resumed.load = base + "/step2";
+        resumed.save_at = -1;
+        resumed.seed = 7;  // other initial weights: all of them must come from the checkpoint
+        resumed.save = base + "/resumed";
+        const Ended again = run(resumed);
+        CHECK(again.loaded == base + "/step2");
+        CHECK(again.optimizer_steps == 4);
+        CHECK(again.lr == uninterrupted.lr);
+        CHECK(maxRelativeDifference(again, uninterrupted) == 0);
+        // Parameters, optimizer state, counters, generators: the files agree byte for byte.
+        for (const std::string file : {"manifest", "rank0.bin", "rank1.bin"}) {
+          CHECK(sameBytes(base + "/resumed/" + file, base + "/uninterrupted/" + file));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("nvme offload's state is in its checkpoints, and loads back to disk or memory",
+          "[checkpoint]") {
+  torch::set_num_threads(1);
+  cxxlaunch::testing::TempDir dir;
+  const std::string swap = dir.path() + "/swap";
+  fs::create_directory(swap);
+  Job whole{.strategy = "zero3", .save_at = 2, .save_at_dir = dir.path() + "/step2", .nvme = swap};
+  whole.save = dir.path() + "/uninterrupted";
+  const Ended uninterrupted = run(whole);
+  Job resumed = whole;
+  resumed.from_step = 2;
+  resumed.load = dir.path() + "/step2";
+  resumed.save_at = -1;
+  resumed.save = dir.path() + "/resumed";
+  resumed.seed = 7;
+  CHECK(maxRelativeDifference(run(resumed), uninterrupted) == 0);
+  CHECK(sameBytes(dir.path() + "/resumed/rank1.bin", dir.path() + "/uninterrupted/rank1.bin"));
+  resumed.nvme = "";  // the same checkpoint, in memory this time
+  resumed.save = "";
+  CHECK(maxRelativeDifference(run(resumed), uninterrupted) < 1e-6);
+}
+
+TEST_CASE("A checkpoint resumes at another world size and in another strategy", "[checkpoint]") {
+  torch::set_num_threads(1);
+  cxxlaunch::testing::TempDir dir;
+  for (const std::string optimizer : {"adamw", "sgd"}) {
+    INFO(optimizer);
+    // Never resharded: ZeRO-3 at world 4 for 8 steps.
+    const Ended reference =
+        run(Job{.strategy = "zero3", .world = 4, .optimizer = optimizer, .to_step = 8});
+    // 4 -> 2 -> 1 -> 4, changing strategy on the way, two steps each.
+    const std::string at = dir.path() + "/" + optimizer;
+    run(Job{
+        .strategy = "zero3", .world = 4, .optimizer = optimizer, .to_step = 2, .save = at + "/a"});
+    run(Job{.strategy = "zero2",
+            .world = 2,
+            .optimizer = optimizer,
+            .from_step = 2,
+            .to_step = 4,
+            .load = at + "/a",
+            .save = at + "/b"});
+    run(Job{.strategy = "ddp",
+            .world = 1,
+            .optimizer = optimizer,
+            .from_step = 4,
+            .to_step = 6,
+            .load = at + "/b",
+            .save = at + "/c"});
+    const Ended resharded = run(Job{.strategy = "fsdp_full_shard",
+                                    .world = 4,
+                                    .optimizer = optimizer,
+                                    .from_step = 6,
+                                    .to_step = 8,
+                                    .load = at + "/c"});
+    CHECK(maxRelativeDifference(resharded, reference) < 1e-5);
+  }
+}
+
+TEST_CASE("A folder of checkpoints loads its newest complete one", "[checkpoint]") {
+  torch::set_num_threads(1);
+  cxxlaunch::testing::TempDir dir;
+  const std::string root = dir.path() + "/checkpoints";
+  run(Job{.strategy = "zero2", .to_step = 1, .save = root + "/checkpoint_1"});
+  run(Job{.strategy = "zero2",
+          .from_step = 1,
+          .to_step = 2,
+          .load = root + "/checkpoint_1",
+          .save = root + "/checkpoint_2"});
+  // Re-saving the same step: neither fails nor hangs, and leaves one complete checkpoint.
+  run(Job{.strategy = "zero2",
+          .from_step = 1,
+          .to_step = 2,
+          .load = root + "/checkpoint_1",
+          .save = root + "/checkpoint_2"});
+  CHECK(checkpoint::find(root) == root + "/checkpoint_2");
+
+  // A save that died before its manifest: only a staging directory is left.
+  run(Job{.strategy = "zero2",
+          .from_step = 2,
+          .to_step = 3,
+          .load = root,
+          .save = root + "/checkpoint_3"});
+  fs::rename(root + "/checkpoint_3", root + "/checkpoint_3.tmp");
+  fs::remove(root + "/checkpoint_3.tmp/manifest");
+  CHECK(checkpoint::find(root) == root + "/checkpoint_2");
+
+  // A newer one whose file was cut short, or has a flipped bit: skipped.
+  fs::copy(root + "/checkpoint_2", root + "/checkpoint_9");
+  std::string text = cxxlaunch::testing::readFile(root + "/checkpoint_9/manifest");
+  const auto at = text.find("counter optimizer_steps 2");
+  REQUIRE(at != std::string::npos);
+  text.replace(at, std::string("counter optimizer_steps 2").size(), "counter optimizer_steps 9");
+  std::ofstream(root + "/checkpoint_9/manifest", std::ios::trunc) << text;
+  // (the manifest now claims step 9 with step 2's files: intact, so it is the newest)
+  CHECK(checkpoint::find(root) == root + "/checkpoint_9");
+  const std::string victim = root + "/checkpoint_9/rank1.bin";
+  const std::string intact = cxxlaunch::testing::readFile(victim);
+  fs::resize_file(victim, intact.size() - 1);
+  CHECK(checkpoint::find(root) == root + "/checkpoint_2");
+  std::string flipped = intact;
+  flipped[flipped.size() / 2] = static_cast<char>(flipped[flipped.size() / 2] ^ 0x10);
+  std::ofstream(victim, std::ios::binary | std::ios::trunc) << flipped;
+  CHECK(checkpoint::find(root) == root + "/checkpoint_2");  // same size, another CRC
+  std::ofstream(victim, std::ios::binary | std::ios::trunc) << intact;
+  CHECK(checkpoint::find(root) == root + "/checkpoint_9");
+
+  // Between the two renames of a save: the old directory is complete, the new one is staged.
+  fs::rename(root + "/checkpoint_2", root + "/checkpoint_2.old");
+  CHECK(checkpoint::find(root + "/checkpoint_2") == root + "/checkpoint_2.old");
+
+  CHECK_THROWS_WITH(checkpoint::find(dir.path() + "/nothing"),
+                    Catch::Contains("no complete checkpoint at"));
+}
+
+TEST_CASE("Crafted rank files are refused, never read out of bounds", "[checkpoint]") {
+  cxxlaunch::testing::TempDir dir;
+  auto write = [&](const std::string& header, const std::string& data) {
+    char first[64];
+    std::snprintf(first, sizeof(first), "cxxlaunch-checkpoint 1 %020zu\n", header.size());
+    const std::string path = dir.path() + "/rank0.bin";
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << first << header << data;
+    return path;
+  };
+  using checkpoint::ShardFileReader;
+  using cxxlaunch::InvalidArgument;
+  CHECK_NOTHROW(ShardFileReader(write("slice w 0 2 1 2 1 param 0\n", std::string(8, '\0'))));
+  CHECK_THROWS_AS(ShardFileReader(write("slice w 0 2 1 2 1 param 4\n", std::string(8, '\0'))),
+                  InvalidArgument);  // array past the end
+  CHECK_THROWS_AS(ShardFileReader(write("slice w 0 3 1 2 1 param 0\n", std::string(12, '\0'))),
+                  InvalidArgument);  // range past the parameter
+  CHECK_THROWS_AS(ShardFileReader(write("slice w 0 1 1 -2 1 param 0\n", std::string(4, '\0'))),
+                  InvalidArgument);  // negative size
+  CHECK_THROWS_AS(ShardFileReader(write("blob b 0 99\n", "x")), InvalidArgument);
+  CHECK_THROWS_AS(ShardFileReader(write("slice w 0 2 1 2 1 param 18446744073709551612\n",
+                                        std::string(8, '\0'))),
+                  InvalidArgument);  // an offset that wraps around
+  CHECK_THROWS_AS(ShardFileReader(write("delete everything\n", "")), InvalidArgument);
+  { std::ofstream(dir.path() + "/rank0.bin", std::ios::trunc) << "cxxlaunch-checkpoint 1 99999"; }
+  CHECK_THROWS_AS(ShardFileReader(dir.path() + "/rank0.bin"), InvalidArgument);
+}
+
+TEST_CASE("Loading a checkpoint of another model names the parameter", "[checkpoint]") {
+  torch::set_num_threads(1);
+  cxxlaunch::testing::TempDir dir;
+  run(Job{.strategy = "zero2", .to_step = 1, .save = dir.path() + "/c"});
+  auto fake = makeFakeWorld(1);
+  CHECK_THROWS_WITH(onRanks(1,
+                            [&](int r) {
+                              Tower other(12, 3);  // d 12 instead of 11
+                              torch::optim::AdamW optimizer(other->parameters(),
+                                                            torch::optim::AdamWOptions(0.01));
+                              World world;
+                              world.env.strategy = "zero2";
+                              world.backend = makeFakeBackend(fake, r);
+                              Accelerator acc(std::move(world), {});
+                              acc.prepare(other.ptr(), optimizer);
+                              acc.loadState(dir.path() + "/c");
+                            }),
+                    Catch::Contains("has another shape there than in this model"));
+}
