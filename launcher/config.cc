@@ -173,6 +173,9 @@ std::vector<KeySpec> buildSchema() {
                "CXXLAUNCH_SHUTDOWN_GRACE", "SIGTERM to SIGKILL grace (--shutdown_grace)"),
       rangeKey("cxxlaunch.max_restarts", K::kInt, 0, 1e6, "0", "", "CXXLAUNCH_MAX_RESTARTS",
                "restarts of the worker group (--max_restarts)"),
+      textKey("cxxlaunch.checkpoint_dir", K::kText, "", "checkpoint_dir",
+              "CXXLAUNCH_CHECKPOINT_DIR",
+              "folder the workers save checkpoints into and resume from after a restart"),
       textKey("cxxlaunch.log_dir", K::kText, "", "", "CXXLAUNCH_LOG_DIR",
               "per-rank logs (--log_dir; unset: $TMPDIR/cxxlaunch)"),
       textKey("cxxlaunch.token_file", K::kText, "", "", "CXXLAUNCH_TOKEN_FILE",
@@ -790,6 +793,7 @@ std::map<std::string, std::string> workerSettings(const Config& c,
     put(env::kOffloadParamNvmePath, c.text("deepspeed_config.offload_param_nvme_path"),
         {"deepspeed_config.offload_param_nvme_path"});
   }
+  put(env::kCheckpointDir, c.text("cxxlaunch.checkpoint_dir"), {"cxxlaunch.checkpoint_dir"});
   put(env::kStateDictType,
       fsdp && c.text("fsdp_config.fsdp_state_dict_type") != "FULL_STATE_DICT" ? "sharded" : "full",
       {"distributed_type", "fsdp_config.fsdp_state_dict_type"});

@@ -32,7 +32,9 @@ Accelerator::Accelerator(AcceleratorOptions options)
 Accelerator::Accelerator(World world, AcceleratorOptions options)
     : world_(std::move(world)),
       bucket_bytes_(options.bucket_bytes),
-      find_unused_(options.find_unused_parameters) {
+      find_unused_(options.find_unused_parameters),
+      checkpoint_dir_(options.checkpoint_dir.value_or(world_.env.checkpoint_dir)),
+      checkpoint_total_limit_(options.checkpoint_total_limit) {
   if (world_.env.gradient_accumulation_steps < 1) {
     throw InvalidArgument("gradient accumulation steps must be >= 1");
   }
@@ -234,6 +236,26 @@ std::string Accelerator::loadState(const std::string& path) {
   }
   strategy_->zeroGrad();
   return dir;
+}
+
+std::string Accelerator::saveCheckpoint() {
+  if (checkpoint_dir_.empty()) {
+    throw InvalidArgument(
+        "saveCheckpoint needs a checkpoint folder: launch with --checkpoint_dir DIR (or "
+        "CXXLAUNCH_CHECKPOINT_DIR, or cxxlaunch.checkpoint_dir in the config)");
+  }
+  const std::string dir = checkpoint_dir_ + "/checkpoint_" + std::to_string(optimizer_steps_);
+  saveState(dir);
+  if (checkpoint_total_limit_ > 0 && isMainProcess()) {
+    checkpoint::removeOldest(checkpoint_dir_, static_cast<size_t>(checkpoint_total_limit_));
+  }
+  waitForEveryone();
+  return dir;
+}
+
+std::optional<std::string> Accelerator::resume() {
+  if (checkpoint_dir_.empty() || !checkpoint::hasComplete(checkpoint_dir_)) return std::nullopt;
+  return loadState(checkpoint_dir_);
 }
 
 MemoryReport Accelerator::memoryReport() const {

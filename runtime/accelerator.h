@@ -52,6 +52,9 @@ struct AcceleratorOptions {
   // PyTorch's find_unused_parameters: exact optimizer semantics for parameters no rank used,
   // for one more small collective per step.
   bool find_unused_parameters = false;
+  std::optional<std::string> checkpoint_dir;  // default: CXXLAUNCH_CHECKPOINT_DIR
+  // saveCheckpoint keeps the newest this many (accelerate's total_limit); 0: all of them.
+  int checkpoint_total_limit = 0;
 };
 
 class Accelerator {
@@ -152,6 +155,19 @@ class Accelerator {
   void saveState(const std::string& dir);
   std::string loadState(const std::string& path);
 
+  // With a checkpoint folder configured (--checkpoint_dir, CXXLAUNCH_CHECKPOINT_DIR, the
+  // config's cxxlaunch.checkpoint_dir, or AcceleratorOptions): saveCheckpoint saves into
+  // <folder>/checkpoint_<optimizer steps> and removes the oldest beyond checkpoint_total_limit
+  // (never the newest complete one); resume loads the folder's newest complete checkpoint if
+  // there is one (a restarted or re-formed job) and returns it. Both are collectives; without a
+  // folder saveCheckpoint throws InvalidArgument and resume returns nullopt.
+  //
+  //   if (auto from = acc.resume()) acc.print("resumed from ", *from);
+  //   ... if (acc.step() && acc.optimizerSteps() % 100 == 0) acc.saveCheckpoint();
+  std::string saveCheckpoint();
+  std::optional<std::string> resume();
+  const std::string& checkpointDir() const { return checkpoint_dir_; }
+
   // Model-state bytes this rank holds now (parameters, gradients, optimizer state).
   MemoryReport memoryReport() const;
   // "zero3: 3 unit(s) (2 module(s), 1 bucket(s)), AdamW on 1/2 shards"
@@ -163,6 +179,9 @@ class Accelerator {
   std::string describeBatch(size_t per_process_batch) const;
 
   int64_t optimizerSteps() const { return optimizer_steps_; }
+  // Micro-steps (backward + step calls) so far, a resumed run's included: how many batches a
+  // data loader has given, so that a resumed run can skip to where it was.
+  int64_t microSteps() const { return micro_step_; }
 
  private:
   void checkpointUnits(const torch::nn::Module& model);  // fsdp_activation_checkpointing
@@ -174,6 +193,8 @@ class Accelerator {
   bool find_unused_;
   LrScheduler* scheduler_ = nullptr;
   std::shared_ptr<torch::nn::Module> model_;  // its buffers go into checkpoints
+  std::string checkpoint_dir_;
+  int checkpoint_total_limit_ = 0;
   std::vector<const torch::nn::Module*> wrapped_;
   std::vector<const torch::nn::Module*> checkpointed_;  // unmarked when this ends
   PrecisionPolicy precision_;

@@ -42,6 +42,7 @@ struct WorkerEnv {
   std::string offload_optimizer = "none";                            // none | cpu | nvme
   std::string offload_params = "none";                               // none | cpu | nvme
   std::string offload_optimizer_nvme_path, offload_param_nvme_path;  // nvme's directories
+  std::string checkpoint_dir;  // "" : none configured
   // FSDP (accelerate's values; read whatever the strategy, since ZeRO-3 chooses units alike).
   std::string fsdp_auto_wrap_policy;                    // "" | TRANSFORMER_BASED_WRAP | ...
   std::vector<std::string> fsdp_transformer_layer_cls;  // module type names

@@ -58,6 +58,8 @@ inline constexpr const char kOffloadParams[] = "CXXLAUNCH_OFFLOAD_PARAMS";  // n
 inline constexpr const char kOffloadOptimizerNvmePath[] = "CXXLAUNCH_OFFLOAD_OPTIMIZER_NVME_PATH";
 inline constexpr const char kOffloadParamNvmePath[] = "CXXLAUNCH_OFFLOAD_PARAM_NVME_PATH";
 inline constexpr const char kStateDictType[] = "CXXLAUNCH_STATE_DICT_TYPE";  // full | sharded
+// The folder workers save checkpoints into and resume from (Accelerator::saveCheckpoint/resume).
+inline constexpr const char kCheckpointDir[] = "CXXLAUNCH_CHECKPOINT_DIR";
 inline constexpr const char kDebug[] = "CXXLAUNCH_DEBUG";  // true: check collectives' shapes
 inline constexpr const char kZero3Save16BitModel[] =
     "CXXLAUNCH_ZERO3_SAVE_16BIT_MODEL";  // true: ZeRO-3 saves a gathered 16-bit model

@@ -43,6 +43,9 @@ struct Flags {
   int64_t print_every = 5;
   uint64_t seed = 1234;
   std::string dump_params;  // rank 0 writes the final parameters here (float32, by name)
+  std::string checkpoint_dir;  // overrides the launcher's --checkpoint_dir
+  int64_t save_every = 0;      // optimizer steps between checkpoints; 0: none
+  int64_t crash_at_step = 0;   // demos and tests: the last rank exits 3 there, first attempt only
 };
 
 Flags parse(int argc, char** argv) {
@@ -55,7 +58,8 @@ Flags parse(int argc, char** argv) {
                    "             [--schedule constant|linear|cosine]\n"
                    "             [--warmup N] [--seq_len N] [--vocab N] [--d_model N]\n"
                    "             [--layers N] [--heads N] [--hidden N] [--print_every N]\n"
-                   "             [--seed N] [--dump_params FILE]\n";
+                   "             [--seed N] [--dump_params FILE]\n"
+                   "             [--checkpoint_dir DIR] [--save_every N] [--crash_at_step N]\n";
       std::exit(0);
     }
     if (i + 1 >= argc) throw InvalidArgument(flag + " needs a value");
@@ -93,6 +97,12 @@ Flags parse(int argc, char** argv) {
       f.seed = static_cast<uint64_t>(integer());
     else if (flag == "--dump_params")
       f.dump_params = v;
+    else if (flag == "--checkpoint_dir")
+      f.checkpoint_dir = v;
+    else if (flag == "--save_every")
+      f.save_every = integer();
+    else if (flag == "--crash_at_step")
+      f.crash_at_step = integer();
     else
       throw InvalidArgument("unknown flag '" + flag + "' (see --help)");
   }
@@ -268,6 +278,14 @@ int train(const Flags& f, Accelerator& acc, Dataset dataset, Model model, LossFn
   acc.print("training ", f.model, " (", numel, " parameters) on ", acc.worldSize(),
             " process(es), ",
             acc.describeBatch(static_cast<size_t>(f.batch_size)), "; ", acc.describeStrategy());
+  // A restarted (or re-formed) job goes on from the newest complete checkpoint, and skips the
+  // batches the saved run had already trained on: the sampler's order is the same each epoch.
+  int64_t skip = 0;
+  if (auto from = acc.resume()) {
+    acc.print("resumed from ", *from, " at step ", acc.optimizerSteps());
+    const int64_t batches = static_cast<int64_t>(std::distance(loader->begin(), loader->end()));
+    skip = batches > 0 ? acc.microSteps() % batches : 0;
+  }
 
   // The mean step time leaves out the first two steps (allocations, first buckets).
   constexpr int64_t kUntimedSteps = 2;
@@ -278,6 +296,10 @@ int train(const Flags& f, Accelerator& acc, Dataset dataset, Model model, LossFn
   int64_t loss_count = 0;
   while (acc.optimizerSteps() < f.steps) {
     for (auto& batch : *loader) {
+      if (skip > 0) {
+        --skip;
+        continue;
+      }
       auto data = torch::stack(std::vector<torch::Tensor>([&] {
         std::vector<torch::Tensor> v;
         for (auto& e : batch) v.push_back(e.data);
@@ -312,6 +334,12 @@ int train(const Flags& f, Accelerator& acc, Dataset dataset, Model model, LossFn
         loss_sum = 0;
         loss_count = 0;
       }
+      if (f.save_every > 0 && step % f.save_every == 0) acc.saveCheckpoint();
+      if (step == f.crash_at_step && acc.rank() == acc.worldSize() - 1 &&
+          acc.env().restart_count == 0) {
+        std::cerr << "train: --crash_at_step " << step << ": exiting as a crash would\n";
+        std::_Exit(3);
+      }
       if (step >= f.steps) break;
     }
   }
@@ -331,7 +359,9 @@ int main(int argc, char** argv) {
   try {
     const Flags f = parse(argc, argv);
     torch::set_num_threads(1);  // one core per worker: the launcher starts one worker per slot
-    Accelerator acc;
+    AcceleratorOptions options;
+    if (!f.checkpoint_dir.empty()) options.checkpoint_dir = f.checkpoint_dir;
+    Accelerator acc(options);
     torch::manual_seed(f.seed);  // the same initial weights everywhere (DDP broadcasts anyway)
     const int64_t examples = f.batch_size * acc.worldSize() * acc.gradientAccumulationSteps() * 64;
     if (f.model == "mlp") {

@@ -153,6 +153,32 @@ void save(Backend& backend, const std::string& dir, const std::vector<Slice>& sl
   agree(backend, ok, "committing", error);
 }
 
+bool hasComplete(const std::string& path) {
+  try {
+    find(path);
+    return true;
+  } catch (const InvalidArgument&) {
+    return false;
+  }
+}
+
+void removeOldest(const std::string& root, size_t keep) {
+  std::error_code ec;
+  std::vector<std::pair<int64_t, std::string>> complete;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    const std::string dir = entry.path().string();
+    const std::string name = entry.path().filename().string();
+    if (!entry.is_directory() || name.find('.') != std::string::npos) continue;
+    if (auto m = readManifest(dir); m && filesIntact(dir, *m, /*checksums=*/false)) {
+      complete.push_back({stepOf(*m), dir});
+    }
+  }
+  std::sort(complete.rbegin(), complete.rend());
+  for (size_t i = std::max<size_t>(keep, 1); i < complete.size(); ++i) {
+    fs::remove_all(complete[i].second, ec);
+  }
+}
+
 std::string find(const std::string& path) {
   for (const std::string& dir : {path, path + ".old"}) {
     if (auto m = readManifest(dir); m && filesIntact(dir, *m, /*checksums=*/true)) return dir;

@@ -41,6 +41,11 @@ void save(Backend& backend, const std::string& dir, const std::vector<Slice>& sl
 
 // The complete checkpoint `path` names (see above); throws InvalidArgument when there is none.
 std::string find(const std::string& path);
+bool hasComplete(const std::string& path);
+
+// Keeps the newest `keep` complete checkpoints directly under `root` (by step), removing the
+// older ones; incomplete ones and anything else are left alone. keep >= 1.
+void removeOldest(const std::string& root, size_t keep);
 
 class Reader {
  public:

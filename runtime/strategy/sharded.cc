@@ -828,11 +828,10 @@ void ShardedStrategy::loadStateSlices(const checkpoint::Reader& reader) {
       }
       state_file_->write(u.state_offset, staging.data.get(), names.size() * bytes)->wait();
     }
-    if (param_file_ && !u.routed) {
+    // A unit whole at rest takes its new shard now (a view of the master below stage 3 in fp32
+    // has it already); one at rest sharded gathers it from the master when next used.
+    if (u.flat.resident() && master.data_ptr() != u.flat.shard().data_ptr()) {
       u.flat.shard().copy_(master);
-    } else if (!param_file_ && u.master.data_ptr() != u.flat.shard().data_ptr() &&
-               u.flat.resident()) {
-      u.flat.shard().copy_(u.master);
     }
     publish(u);
   }
