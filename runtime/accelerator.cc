@@ -5,9 +5,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <map>
 
 #include "rendezvous/error.h"
 #include "runtime/checkpoint/checkpoint.h"
+#include "runtime/checkpoint/safetensors.h"
 #include "runtime/host_memory.h"
 #include "runtime/tensor_ops.h"
 
@@ -236,6 +238,98 @@ std::string Accelerator::loadState(const std::string& path) {
   }
   strategy_->zeroGrad();
   return dir;
+}
+
+namespace {
+
+// An exported model as a checkpoint source: parameters only, no optimizer state, no counters.
+class ModelSource final : public checkpoint::Source {
+ public:
+  explicit ModelSource(const std::string& dir) : dir_(dir) {
+    checkpoint::readSafetensors(
+        dir, [&](const std::string& name, const torch::Tensor& t) { tensors_[name] = t; });
+  }
+  void read(const std::string& param, const std::string& array, int64_t begin, int64_t end,
+            const std::vector<int64_t>& shape, float* out) const override {
+    auto it = tensors_.find(param);
+    if (array != "param" || it == tensors_.end()) {
+      throw InvalidArgument("'" + dir_ + "' has no tensor '" + param + "'");
+    }
+    if (it->second.sizes().vec() != shape) {
+      throw InvalidArgument("'" + dir_ + "': '" + param +
+                            "' has another shape there than in this model");
+    }
+    const torch::Tensor values =
+        it->second.to(torch::kFloat).reshape({-1}).narrow(0, begin, end - begin);
+    std::memcpy(out, values.contiguous().data_ptr<float>(),
+                static_cast<size_t>(end - begin) * sizeof(float));
+  }
+  bool has(const std::string& param, const std::string& array) const override {
+    return array == "param" && tensors_.count(param) != 0;
+  }
+  std::optional<std::string> counter(const std::string&) const override { return std::nullopt; }
+  const torch::Tensor* tensor(const std::string& name) const {
+    auto it = tensors_.find(name);
+    return it == tensors_.end() ? nullptr : &it->second;
+  }
+
+ private:
+  std::string dir_;
+  std::map<std::string, torch::Tensor> tensors_;
+};
+
+}  // namespace
+
+void Accelerator::saveModel(const std::string& dir, uint64_t max_file_bytes,
+                            c10::ScalarType dtype) {
+  if (!strategy_) throw InvalidArgument("Accelerator::saveModel before prepare");
+  std::optional<checkpoint::SafetensorsWriter> writer;
+  std::string error;
+  try {
+    if (isMainProcess()) writer.emplace(dir, max_file_bytes);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  // Every rank takes part in the gathers; rank 0 writes, or remembers why it cannot.
+  strategy_->visitFullParameters([&](const std::string& name, const torch::Tensor& value) {
+    if (!writer || !error.empty()) return;
+    try {
+      writer->add(name, value.to(dtype));
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  });
+  if (writer && error.empty()) {
+    try {
+      for (const auto& item : model_->named_buffers()) writer->add(item.key(), item.value());
+      writer->finish();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  int32_t ok = error.empty() ? 1 : 0;
+  world_.backend->allreduce(&ok, 1, DType::kInt32, ReduceOp::kMin)->wait();
+  if (ok == 0) {
+    throw CommunicationError("saveModel '" + dir + "' failed" +
+                             (error.empty() ? " on rank 0 (see its log)" : ": " + error));
+  }
+}
+
+void Accelerator::loadModel(const std::string& dir) {
+  if (!strategy_) throw InvalidArgument("Accelerator::loadModel before prepare");
+  const ModelSource source(dir);
+  strategy_->loadStateSlices(source);
+  torch::NoGradGuard no_grad;
+  for (const auto& item : model_->named_buffers()) {
+    const torch::Tensor* saved = source.tensor(item.key());
+    if (saved == nullptr || saved->sizes() != item.value().sizes()) {
+      throw InvalidArgument("'" + dir + "' has no buffer '" + item.key() +
+                            "' of this model's shape");
+    }
+    item.value().copy_(*saved);
+  }
+  optimizer_steps_ = 0;
+  micro_step_ = 0;
 }
 
 std::string Accelerator::saveCheckpoint() {

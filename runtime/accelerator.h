@@ -164,6 +164,16 @@ class Accelerator {
   //
   //   if (auto from = acc.resume()) acc.print("resumed from ", *from);
   //   ... if (acc.step() && acc.optimizerSteps() % 100 == 0) acc.saveCheckpoint();
+  // accelerate's save_model (unwrap_model + save_pretrained): the whole model — parameters in
+  // fp32 (or `dtype`), gathered one unit at a time, and buffers — as safetensors in `dir`, for
+  // other tools (checkpoint/safetensors.h), split into files of at most `max_file_bytes`.
+  // Rank 0 writes; a collective. loadModel reads such an export (or another tool's) into the
+  // model, every rank; the optimizer state starts afresh. Throws InvalidArgument for a file
+  // that is corrupt or holds another model.
+  void saveModel(const std::string& dir, uint64_t max_file_bytes = 5'000'000'000ull,
+                 c10::ScalarType dtype = c10::ScalarType::Float);
+  void loadModel(const std::string& dir);
+
   std::string saveCheckpoint();
   std::optional<std::string> resume();
   const std::string& checkpointDir() const { return checkpoint_dir_; }

@@ -47,7 +47,21 @@ bool hasComplete(const std::string& path);
 // older ones; incomplete ones and anything else are left alone. keep >= 1.
 void removeOldest(const std::string& root, size_t keep);
 
-class Reader {
+// Where a strategy loads parameters and optimizer state from: a checkpoint, or an exported model
+// (parameters only).
+class Source {
+ public:
+  virtual ~Source() = default;
+  // Elements [begin, end) of `array` of parameter `param` (whose shape must be `shape`) into
+  // `out` (float32). Throws InvalidArgument naming the parameter when the shape differs or some
+  // element is missing.
+  virtual void read(const std::string& param, const std::string& array, int64_t begin, int64_t end,
+                    const std::vector<int64_t>& shape, float* out) const = 0;
+  virtual bool has(const std::string& param, const std::string& array) const = 0;
+  virtual std::optional<std::string> counter(const std::string& key) const = 0;
+};
+
+class Reader final : public Source {
  public:
   // Opens a complete checkpoint directory (as find() returns); checks the manifest.
   explicit Reader(const std::string& dir);
@@ -55,14 +69,12 @@ class Reader {
   const std::string& directory() const { return dir_; }
   int worldSize() const { return world_; }
   const Counters& counters() const { return counters_; }
-  std::optional<std::string> counter(const std::string& key) const;
+  std::optional<std::string> counter(const std::string& key) const override;
 
-  // Elements [begin, end) of `array` of parameter `param` (whose shape must be `shape`) into
-  // `out`, from whichever files cover them. Throws InvalidArgument naming the parameter when the
-  // shape differs or some element is in no file.
+  // From whichever files cover the elements.
   void read(const std::string& param, const std::string& array, int64_t begin, int64_t end,
-            const std::vector<int64_t>& shape, float* out) const;
-  bool has(const std::string& param, const std::string& array) const;
+            const std::vector<int64_t>& shape, float* out) const override;
+  bool has(const std::string& param, const std::string& array) const override;
   // Rank `rank`'s blob, if its file has it.
   std::optional<std::string> blob(int rank, const std::string& name) const;
 

@@ -706,11 +706,10 @@ MemoryReport ShardedStrategy::memoryReport() const {
   return report;
 }
 
-std::vector<std::pair<std::string, torch::Tensor>> ShardedStrategy::fullParameters() {
+void ShardedStrategy::visitFullParameters(const ParameterVisitor& visit) {
   std::lock_guard<std::mutex> lock(mu_);
   torch::NoGradGuard no_grad;
-  std::vector<std::pair<std::string, torch::Tensor>> out;
-  for (auto& u : units_) {
+  for (auto& u : units_) {  // one unit whole at a time
     torch::Tensor full;
     waitGather(u);
     if (options_.stage == 0) {
@@ -727,19 +726,13 @@ std::vector<std::pair<std::string, torch::Tensor>> ShardedStrategy::fullParamete
     }
     for (size_t i = 0; i < u.flat.params().size(); ++i) {
       const auto& p = u.flat.params()[i];
-      out.emplace_back(u.flat.names()[i],
-                       full.narrow(0, u.flat.offset(i), p.numel()).view(p.sizes()).clone());
+      visit(u.flat.names()[i], full.narrow(0, u.flat.offset(i), p.numel()).view(p.sizes()));
     }
   }
   for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
-    if (!item.value().requires_grad()) out.emplace_back(item.key(), item.value().detach().clone());
+    if (!item.value().requires_grad()) visit(item.key(), item.value().detach());
   }
-  return out;
 }
-
-}  // namespace cxxlaunch::runtime
-
-namespace cxxlaunch::runtime {
 
 // ---- checkpoints
 // ---------------------------------------------------------------------------------
@@ -785,7 +778,7 @@ std::vector<checkpoint::Slice> ShardedStrategy::stateSlices() {
   return out;
 }
 
-void ShardedStrategy::loadStateSlices(const checkpoint::Reader& reader) {
+void ShardedStrategy::loadStateSlices(const checkpoint::Source& reader) {
   std::lock_guard<std::mutex> lock(mu_);
   torch::NoGradGuard no_grad;
   const std::vector<std::string> names = optimizer_.stateNames();

@@ -91,8 +91,8 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   MemoryReport memoryReport() const override;
   std::vector<const torch::nn::Module*> unitModules() const override;
   std::vector<checkpoint::Slice> stateSlices() override;
-  void loadStateSlices(const checkpoint::Reader& reader) override;
-  std::vector<std::pair<std::string, torch::Tensor>> fullParameters() override;
+  void loadStateSlices(const checkpoint::Source& reader) override;
+  void visitFullParameters(const ParameterVisitor& visit) override;
 
   void beforeForward(const torch::nn::Module& unit) override;
   torch::Tensor afterForward(const torch::nn::Module& unit, torch::Tensor output) override;

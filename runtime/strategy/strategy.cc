@@ -52,7 +52,7 @@ std::vector<std::pair<std::string, torch::Tensor>> torchStateArrays(
 // of AdamW/Adam/SGD or the checkpoint has no state for the parameter (a fresh start).
 std::unique_ptr<torch::optim::OptimizerParamState> torchStateFrom(
     torch::optim::Optimizer& optimizer, const std::string& name, const torch::Tensor& param,
-    const checkpoint::Reader& reader, int64_t steps) {
+    const checkpoint::Source& reader, int64_t steps) {
   auto read = [&](const char* array) {
     torch::Tensor t = torch::empty_like(param, at::MemoryFormat::Contiguous);
     reader.read(name, array, 0, param.numel(), param.sizes().vec(), t.data_ptr<float>());
@@ -150,12 +150,8 @@ class DdpStrategy final : public Strategy {
     }
     return report;
   }
-  std::vector<std::pair<std::string, torch::Tensor>> fullParameters() override {
-    std::vector<std::pair<std::string, torch::Tensor>> out;
-    for (const auto& item : model_->named_parameters()) {
-      out.emplace_back(item.key(), item.value().detach().clone());
-    }
-    return out;
+  void visitFullParameters(const ParameterVisitor& visit) override {
+    for (const auto& item : model_->named_parameters()) visit(item.key(), item.value().detach());
   }
   std::vector<checkpoint::Slice> stateSlices() override {
     std::vector<checkpoint::Slice> out;
@@ -174,7 +170,7 @@ class DdpStrategy final : public Strategy {
     }
     return out;
   }
-  void loadStateSlices(const checkpoint::Reader& reader) override {
+  void loadStateSlices(const checkpoint::Source& reader) override {
     torch::NoGradGuard no_grad;
     const int64_t steps = std::stoll(reader.counter("optimizer_steps").value_or("0"));
     auto& state = optimizer_.state();
@@ -203,6 +199,14 @@ class DdpStrategy final : public Strategy {
 };
 
 }  // namespace
+
+std::vector<std::pair<std::string, torch::Tensor>> Strategy::fullParameters() {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  visitFullParameters([&](const std::string& name, const torch::Tensor& value) {
+    out.emplace_back(name, value.to(torch::kFloat).clone());
+  });
+  return out;
+}
 
 std::string MemoryReport::str() const {
   return "parameters " + humanBytes(parameters) + ", gradients " + humanBytes(gradients) +

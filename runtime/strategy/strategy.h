@@ -19,6 +19,7 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -70,9 +71,13 @@ class Strategy {
   // checkpoints by default.
   virtual std::vector<const torch::nn::Module*> unitModules() const { return {}; }
 
-  // Checkpoint hooks. A collective: every rank gets every trainable parameter, whole, by its
-  // name in the module (gathered from the shards where they are sharded), as fresh tensors.
-  virtual std::vector<std::pair<std::string, torch::Tensor>> fullParameters() = 0;
+  // Checkpoint hooks. A collective: `visit` sees every parameter, whole and in fp32, by its
+  // name in the module (gathered from the shards where they are sharded, one unit at a time, so
+  // memory grows by one unit), on every rank. The tensors are valid during the call only.
+  using ParameterVisitor = std::function<void(const std::string&, const torch::Tensor&)>;
+  virtual void visitFullParameters(const ParameterVisitor& visit) = 0;
+  // The same, collected into fresh tensors.
+  std::vector<std::pair<std::string, torch::Tensor>> fullParameters();
 
   // What this rank saves of the parameters (fp32 values, array "param") and of the optimizer
   // state (its arrays by name), as slices of parameters by name: every element is in exactly
@@ -81,7 +86,7 @@ class Strategy {
   // Loads parameters and optimizer state from a checkpoint of any strategy and world size
   // (state arrays it lacks start at zero); a collective. The optimizer's step count comes from
   // the counter "optimizer_steps".
-  virtual void loadStateSlices(const checkpoint::Reader& reader) = 0;
+  virtual void loadStateSlices(const checkpoint::Source& reader) = 0;
 };
 
 // What makeStrategy needs beyond the environment.

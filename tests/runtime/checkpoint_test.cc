@@ -16,6 +16,7 @@
 #include "ranks.h"
 #include "rendezvous/error.h"
 #include "runtime/accelerator.h"
+#include "runtime/checkpoint/safetensors.h"
 #include "support/subprocess.h"
 #include "tower.h"
 
@@ -323,4 +324,119 @@ TEST_CASE("Loading a checkpoint of another model names the parameter", "[checkpo
                               acc.loadState(dir.path() + "/c");
                             }),
                     Catch::Contains("has another shape there than in this model"));
+}
+
+namespace {
+
+// The model `job` ends with, exported by saveModel into `dir` (files of at most `max_bytes`).
+Ended export_(Job job, const std::string& dir, uint64_t max_bytes) {
+  auto fake = makeFakeWorld(job.world);
+  Ended ended;
+  onRanks(job.world, [&](int r) {
+    torch::manual_seed(job.seed);
+    Tower net(11, 3);
+    torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(0.01));
+    World world;
+    world.env.rank = r;
+    world.env.world_size = job.world;
+    world.env.strategy = job.strategy;
+    world.env.fsdp_transformer_layer_cls = {"Block"};
+    world.backend = makeFakeBackend(fake, r);
+    Accelerator acc(std::move(world), {});
+    acc.prepare(net.ptr(), optimizer);
+    if (!job.load.empty()) {
+      acc.loadModel(job.load);
+    } else {
+      auto [x, y] = batchOf(0, 2 * job.world);
+      acc.backward(torch::mse_loss(net->forward(x.narrow(0, 2 * r, 2)), y.narrow(0, 2 * r, 2)));
+      acc.step();
+      acc.saveModel(dir, max_bytes);
+    }
+    auto params = acc.fullParameters();
+    if (r == 0) {
+      for (auto& [name, tensor] : params) ended.params[name] = tensor;
+    }
+  });
+  return ended;
+}
+
+}  // namespace
+
+TEST_CASE("saveModel writes safetensors another reader reads; loadModel reads them back",
+          "[checkpoint][safetensors]") {
+  torch::set_num_threads(1);
+  cxxlaunch::testing::TempDir dir;
+  const std::string exported = dir.path() + "/model";
+  // Files of at most 700 bytes: the model (616 bytes a block, 2.3 KB in all) spans several.
+  const Ended saved = export_(Job{.strategy = "zero3", .world = 2}, exported, 700);
+  REQUIRE(fs::exists(exported + "/model.safetensors.index.json"));
+  size_t files = 0;
+  for (const auto& entry : fs::directory_iterator(exported)) {
+    files += entry.path().extension() == ".safetensors";
+  }
+  CHECK(files > 2);
+  CHECK(fs::exists(exported + "/model-00001-of-" +
+                   std::string(5 - std::to_string(files).size(), '0') + std::to_string(files) +
+                   ".safetensors"));
+
+  // Python's json and struct, not our code, read the files.
+  const std::string raw = dir.path() + "/values.bin";
+  const auto python =
+      cxxlaunch::testing::run({"/usr/bin/python3", READ_SAFETENSORS_PY, exported, raw});
+  INFO(python.out << python.err);
+  REQUIRE(python.exit_code == 0);
+  CHECK_THAT(python.out, Catch::Contains("block0.fc.weight F32 11x11"));
+  std::string expected;
+  for (const auto& [name, tensor] : saved.params) {  // std::map: name order, as the script
+    expected.append(static_cast<const char*>(tensor.data_ptr()), tensor.nbytes());
+  }
+  CHECK(cxxlaunch::testing::readFile(raw) == expected);
+
+  // Back into a fresh model (other weights), in another strategy and world size.
+  const Ended loaded =
+      export_(Job{.strategy = "ddp", .world = 1, .load = exported, .seed = 7}, "", 0);
+  CHECK(maxRelativeDifference(loaded, saved) == 0);
+  // One file when it fits.
+  export_(Job{.strategy = "zero2", .world = 2}, dir.path() + "/one", 1u << 30);
+  CHECK(fs::exists(dir.path() + "/one/model.safetensors"));
+  CHECK(!fs::exists(dir.path() + "/one/model.safetensors.index.json"));
+}
+
+TEST_CASE("Corrupt and crafted safetensors files get one clear error",
+          "[checkpoint][safetensors]") {
+  using checkpoint::parseSafetensorsHeader;
+  using cxxlaunch::InvalidArgument;
+  const std::string ok = R"({"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}})";
+  CHECK(parseSafetensorsHeader(ok, 16).size() == 1);
+  auto refused = [](const std::string& header, uint64_t data, const std::string& why) {
+    INFO(header);
+    CHECK_THROWS_WITH(parseSafetensorsHeader(header, data), Catch::Contains(why));
+  };
+  refused(ok, 15, "outside the file");
+  refused("[1, 2]", 0, "not a JSON object");
+  refused("{\"w\": ", 0, "not JSON");
+  refused(R"({"w": {"dtype": "F33", "shape": [2], "data_offsets": [0, 8]}})", 8, "unknown dtype");
+  refused(R"({"w": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})", 8,
+          "do not match its dtype and shape");
+  refused(R"({"w": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 8]}})", 8,
+          "other than a size");
+  refused(R"({"w": {"dtype": "F32", "shape": [4294967296, 4294967296, 4294967296],
+              "data_offsets": [0, 8]}})",
+          8, "overflows");
+  refused(R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}})", 8,
+          "outside the file");
+  refused(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+              "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})",
+          16, "overlap");
+
+  // Whole files: a header length beyond the file, a truncated file.
+  cxxlaunch::testing::TempDir dir;
+  const std::string path = dir.path() + "/bad.safetensors";
+  std::ofstream(path, std::ios::binary)
+      << std::string("\xff\xff\xff\xff\xff\xff\xff\x7f", 8) << "{}";
+  CHECK_THROWS_WITH(checkpoint::readSafetensors(path, [](auto&&...) {}),
+                    Catch::Contains("beyond the file"));
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << "abc";
+  CHECK_THROWS_WITH(checkpoint::readSafetensors(path, [](auto&&...) {}),
+                    Catch::Contains("shorter than its header length"));
 }

@@ -1,0 +1,292 @@
+#include "runtime/checkpoint/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "rendezvous/error.h"
+#include "runtime/checkpoint/files.h"
+
+namespace cxxlaunch::runtime::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr uint64_t kMaxHeader = 100u << 20;  // as the reference implementation
+constexpr const char kIndex[] = "model.safetensors.index.json";
+
+const std::vector<std::pair<const char*, c10::ScalarType>>& dtypes() {
+  static const std::vector<std::pair<const char*, c10::ScalarType>> table = {
+      {"F64", c10::ScalarType::Double}, {"F32", c10::ScalarType::Float},
+      {"F16", c10::ScalarType::Half},   {"BF16", c10::ScalarType::BFloat16},
+      {"I64", c10::ScalarType::Long},   {"I32", c10::ScalarType::Int},
+      {"I16", c10::ScalarType::Short},  {"I8", c10::ScalarType::Char},
+      {"U8", c10::ScalarType::Byte},    {"BOOL", c10::ScalarType::Bool}};
+  return table;
+}
+
+const char* dtypeName(c10::ScalarType t) {
+  for (const auto& [name, type] : dtypes()) {
+    if (type == t) return name;
+  }
+  throw InvalidArgument(std::string("safetensors has no dtype for ") + c10::toString(t));
+}
+
+std::string fileName(size_t i, size_t n) {
+  char name[64];
+  std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", i + 1, n);
+  return name;
+}
+
+void writeLittleEndian64(uint64_t v, char* out) {
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+}
+
+class File {
+ public:
+  explicit File(const std::string& path) : path_(path) {
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) {
+      throw InvalidArgument("safetensors '" + path + "': " + std::strerror(errno));
+    }
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+      throw InvalidArgument("safetensors '" + path + "' is not a regular file");
+    }
+    size_ = static_cast<uint64_t>(st.st_size);
+  }
+  ~File() { ::close(fd_); }
+  uint64_t size() const { return size_; }
+  void read(uint64_t offset, void* out, size_t bytes) const {
+    size_t done = 0;
+    while (done < bytes) {
+      const ssize_t n = ::pread(fd_, static_cast<char*>(out) + done, bytes - done,
+                                static_cast<off_t>(offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) throw InvalidArgument("safetensors '" + path_ + "': truncated");
+      done += static_cast<size_t>(n);
+    }
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  uint64_t size_ = 0;
+};
+
+void readFile(const std::string& path,
+              const std::function<void(const std::string&, const torch::Tensor&)>& visit,
+              const std::set<std::string>* only) {
+  File file(path);
+  auto bad = [&](const std::string& why) {
+    return InvalidArgument("safetensors '" + path + "' is corrupt: " + why);
+  };
+  if (file.size() < 8) throw bad("shorter than its header length");
+  unsigned char length[8];
+  file.read(0, length, 8);
+  uint64_t header_bytes = 0;
+  for (int i = 7; i >= 0; --i) header_bytes = (header_bytes << 8) | length[i];
+  if (header_bytes > kMaxHeader || header_bytes > file.size() - 8) {
+    throw bad("header length " + std::to_string(header_bytes) + " beyond the file");
+  }
+  std::string header(header_bytes, '\0');
+  file.read(8, header.data(), header.size());
+  std::vector<SafetensorsEntry> entries;
+  try {
+    entries = parseSafetensorsHeader(header, file.size() - 8 - header_bytes);
+  } catch (const InvalidArgument& e) {
+    throw bad(e.what());
+  }
+  for (const auto& e : entries) {
+    if (only != nullptr && only->count(e.name) == 0) continue;
+    torch::Tensor t = torch::empty(e.shape, torch::TensorOptions().dtype(e.dtype));
+    file.read(8 + header_bytes + e.begin, t.data_ptr(), static_cast<size_t>(e.end - e.begin));
+    visit(e.name, t);
+  }
+}
+
+}  // namespace
+
+std::vector<SafetensorsEntry> parseSafetensorsHeader(const std::string& text, uint64_t data_bytes) {
+  json header;
+  try {
+    header = json::parse(text);
+  } catch (const json::exception& e) {
+    throw InvalidArgument(std::string("its header is not JSON (") + e.what() + ")");
+  }
+  if (!header.is_object()) throw InvalidArgument("its header is not a JSON object");
+  std::vector<SafetensorsEntry> entries;
+  for (const auto& [name, value] : header.items()) {
+    if (name == "__metadata__") continue;
+    auto bad = [&](const std::string& why) {
+      return InvalidArgument("tensor '" + name + "': " + why);
+    };
+    if (!value.is_object()) throw bad("not an object");
+    const auto dtype = value.find("dtype");
+    const auto shape = value.find("shape");
+    const auto offsets = value.find("data_offsets");
+    if (dtype == value.end() || !dtype->is_string()) throw bad("no dtype");
+    if (shape == value.end() || !shape->is_array()) throw bad("no shape");
+    if (offsets == value.end() || !offsets->is_array() || offsets->size() != 2) {
+      throw bad("data_offsets is not [begin, end]");
+    }
+    SafetensorsEntry e;
+    e.name = name;
+    bool known = false;
+    for (const auto& [dname, type] : dtypes()) {
+      if (*dtype == dname) {
+        e.dtype = type;
+        known = true;
+      }
+    }
+    if (!known) throw bad("unknown dtype " + dtype->dump());
+    uint64_t elements = 1;
+    for (const auto& d : *shape) {
+      if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t{1} << 53)) {
+        throw bad("shape holds something other than a size");
+      }
+      const uint64_t size = d.get<uint64_t>();
+      if (size != 0 && elements > std::numeric_limits<uint64_t>::max() / size) {
+        throw bad("shape overflows");
+      }
+      elements *= size;
+      e.shape.push_back(static_cast<int64_t>(size));
+    }
+    if (!(*offsets)[0].is_number_unsigned() || !(*offsets)[1].is_number_unsigned()) {
+      throw bad("data_offsets are not sizes");
+    }
+    e.begin = (*offsets)[0].get<uint64_t>();
+    e.end = (*offsets)[1].get<uint64_t>();
+    const uint64_t item = c10::elementSize(e.dtype);
+    if (e.begin > e.end || e.end > data_bytes) throw bad("data_offsets outside the file");
+    if (elements > std::numeric_limits<uint64_t>::max() / item ||
+        e.end - e.begin != elements * item) {
+      throw bad("data_offsets do not match its dtype and shape");
+    }
+    entries.push_back(std::move(e));
+  }
+  std::vector<const SafetensorsEntry*> by_offset;
+  for (const auto& e : entries) by_offset.push_back(&e);
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const auto* a, const auto* b) { return a->begin < b->begin; });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    if (by_offset[i]->begin < by_offset[i - 1]->end) {
+      throw InvalidArgument("tensors '" + by_offset[i - 1]->name + "' and '" + by_offset[i]->name +
+                            "' overlap");
+    }
+  }
+  return entries;
+}
+
+SafetensorsWriter::SafetensorsWriter(std::string dir, uint64_t max_file_bytes)
+    : dir_(std::move(dir)), max_bytes_(max_file_bytes) {
+  if (max_bytes_ == 0) throw InvalidArgument("a safetensors file limit must be > 0 bytes");
+  fs::create_directories(dir_);
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (finished_) return;
+  std::error_code ec;
+  for (const auto& [file, names] : written_) fs::remove(file, ec);
+}
+
+void SafetensorsWriter::add(const std::string& name, const torch::Tensor& tensor) {
+  const torch::Tensor t = tensor.detach().contiguous().clone();
+  const uint64_t bytes = static_cast<uint64_t>(t.nbytes());
+  dtypeName(t.scalar_type());  // refused now rather than at the flush
+  if (!pending_.empty() && pending_bytes_ + bytes > max_bytes_) flush();
+  pending_.emplace_back(name, t);
+  pending_bytes_ += bytes;
+}
+
+void SafetensorsWriter::flush() {
+  if (pending_.empty()) return;
+  json header = json::object();
+  header["__metadata__"] = {{"format", "pt"}};
+  uint64_t offset = 0;
+  std::vector<std::string> names;
+  for (const auto& [name, t] : pending_) {
+    const uint64_t bytes = static_cast<uint64_t>(t.nbytes());
+    header[name] = {{"dtype", dtypeName(t.scalar_type())},
+                    {"shape", t.sizes().vec()},
+                    {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+    names.push_back(name);
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
+  const std::string path = dir_ + "/.part-" + std::to_string(written_.size());
+  DurableFile file(path);
+  char length[8];
+  writeLittleEndian64(text.size(), length);
+  file.append(length, 8);
+  file.append(text.data(), text.size());
+  for (const auto& [name, t] : pending_) file.append(t.data_ptr(), t.nbytes());
+  file.commit();
+  written_.push_back({path, std::move(names)});
+  total_bytes_ += pending_bytes_;
+  pending_.clear();
+  pending_bytes_ = 0;
+}
+
+std::vector<std::string> SafetensorsWriter::finish() {
+  flush();
+  std::vector<std::string> files;
+  const size_t n = written_.size();
+  json weight_map = json::object();
+  for (size_t i = 0; i < n; ++i) {
+    const std::string name = n == 1 ? "model.safetensors" : fileName(i, n);
+    fs::rename(written_[i].first, dir_ + "/" + name);
+    for (const auto& tensor : written_[i].second) weight_map[tensor] = name;
+    files.push_back(name);
+  }
+  if (n > 1) {
+    const json index = {{"metadata", {{"total_size", total_bytes_}}}, {"weight_map", weight_map}};
+    writeFileDurably(dir_ + "/" + kIndex, index.dump(2) + "\n");
+    files.push_back(kIndex);
+  } else {
+    std::error_code ec;
+    fs::remove(dir_ + "/" + kIndex, ec);  // a stale one from a bigger export
+  }
+  fsyncDirectory(dir_);
+  finished_ = true;
+  return files;
+}
+
+void readSafetensors(const std::string& path,
+                     const std::function<void(const std::string&, const torch::Tensor&)>& visit) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return readFile(path, visit, nullptr);
+  const std::string index = path + "/" + kIndex;
+  if (!fs::exists(index)) return readFile(path + "/model.safetensors", visit, nullptr);
+  json parsed;
+  try {
+    parsed = json::parse(readWholeFile(index, 64u << 20));
+  } catch (const json::exception& e) {
+    throw InvalidArgument("'" + index + "' is not JSON (" + e.what() + ")");
+  }
+  if (!parsed.is_object() || !parsed.contains("weight_map") || !parsed["weight_map"].is_object()) {
+    throw InvalidArgument("'" + index + "' has no weight_map");
+  }
+  std::map<std::string, std::set<std::string>> by_file;
+  for (const auto& [tensor, file] : parsed["weight_map"].items()) {
+    if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos) {
+      throw InvalidArgument("'" + index + "': tensor '" + tensor + "' maps to no file name");
+    }
+    by_file[file.get<std::string>()].insert(tensor);
+  }
+  for (const auto& [file, tensors] : by_file) readFile(path + "/" + file, visit, &tensors);
+}
+
+}  // namespace cxxlaunch::runtime::checkpoint

@@ -1,0 +1,68 @@
+#pragma once
+// safetensors, the weights format other tools read (Hugging Face's): 8 bytes of little-endian
+// header length N, N bytes of JSON — {"<name>": {"dtype": "F32", "shape": [..],
+// "data_offsets": [begin, end]}, ..., "__metadata__": {"format": "pt"}} — then the raw data,
+// offsets counted from the header's end. A model bigger than a file's limit is split into
+// model-00001-of-0000N.safetensors ... with model.safetensors.index.json ({"metadata":
+// {"total_size": bytes}, "weight_map": {"<name>": "<file>"}}); a model that fits is
+// model.safetensors.
+//
+// Reading checks everything before it touches the data: the header's length against the file,
+// the JSON's shape, each dtype, shape and offset range (overflow-safe), that each tensor's bytes
+// match its shape, and that no two tensors overlap. A bad file gets one InvalidArgument naming
+// it, never a crash or an out-of-bounds read.
+//
+// Thread-safety: none.
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace cxxlaunch::runtime::checkpoint {
+
+class SafetensorsWriter {
+ public:
+  // Files go into `dir` (created); each holds at most `max_file_bytes` of tensor data (a
+  // tensor bigger than that gets a file of its own).
+  SafetensorsWriter(std::string dir, uint64_t max_file_bytes);
+  ~SafetensorsWriter();  // unfinished: removes what it wrote
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+
+  // Copies `tensor` (any dtype safetensors has) into the current file; may write a full file.
+  void add(const std::string& name, const torch::Tensor& tensor);
+  // Writes the last file and the index, and gives every file its final name. Returns the files.
+  std::vector<std::string> finish();
+
+ private:
+  void flush();
+
+  std::string dir_;
+  uint64_t max_bytes_;
+  std::vector<std::pair<std::string, torch::Tensor>> pending_;
+  uint64_t pending_bytes_ = 0;
+  std::vector<std::pair<std::string, std::vector<std::string>>> written_;  // temp file, names
+  uint64_t total_bytes_ = 0;
+  bool finished_ = false;
+};
+
+struct SafetensorsEntry {
+  std::string name;
+  c10::ScalarType dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;  // from the data's start
+};
+
+// A file's header (the JSON text), checked against the `data_bytes` that follow it. Throws
+// InvalidArgument saying what is wrong. (The fuzz target's entry point.)
+std::vector<SafetensorsEntry> parseSafetensorsHeader(const std::string& json, uint64_t data_bytes);
+
+// Every tensor of a safetensors file, or of a folder (its index, or its model.safetensors).
+void readSafetensors(const std::string& path,
+                     const std::function<void(const std::string&, const torch::Tensor&)>& visit);
+
+}  // namespace cxxlaunch::runtime::checkpoint
