@@ -36,6 +36,13 @@ const std::vector<std::pair<const char*, c10::ScalarType>>& dtypes() {
   return table;
 }
 
+c10::ScalarType scalarTypeOf(const std::string& name) {
+  for (const auto& [n, type] : dtypes()) {
+    if (name == n) return type;
+  }
+  throw InvalidArgument("dtype " + name + " has no LibTorch type to read it into");
+}
+
 const char* dtypeName(c10::ScalarType t) {
   for (const auto& [name, type] : dtypes()) {
     if (type == t) return name;
@@ -110,84 +117,13 @@ void readFile(const std::string& path,
   }
   for (const auto& e : entries) {
     if (only != nullptr && only->count(e.name) == 0) continue;
-    torch::Tensor t = torch::empty(e.shape, torch::TensorOptions().dtype(e.dtype));
+    torch::Tensor t = torch::empty(e.shape, torch::TensorOptions().dtype(scalarTypeOf(e.dtype)));
     file.read(8 + header_bytes + e.begin, t.data_ptr(), static_cast<size_t>(e.end - e.begin));
     visit(e.name, t);
   }
 }
 
 }  // namespace
-
-std::vector<SafetensorsEntry> parseSafetensorsHeader(const std::string& text, uint64_t data_bytes) {
-  json header;
-  try {
-    header = json::parse(text);
-  } catch (const json::exception& e) {
-    throw InvalidArgument(std::string("its header is not JSON (") + e.what() + ")");
-  }
-  if (!header.is_object()) throw InvalidArgument("its header is not a JSON object");
-  std::vector<SafetensorsEntry> entries;
-  for (const auto& [name, value] : header.items()) {
-    if (name == "__metadata__") continue;
-    auto bad = [&](const std::string& why) {
-      return InvalidArgument("tensor '" + name + "': " + why);
-    };
-    if (!value.is_object()) throw bad("not an object");
-    const auto dtype = value.find("dtype");
-    const auto shape = value.find("shape");
-    const auto offsets = value.find("data_offsets");
-    if (dtype == value.end() || !dtype->is_string()) throw bad("no dtype");
-    if (shape == value.end() || !shape->is_array()) throw bad("no shape");
-    if (offsets == value.end() || !offsets->is_array() || offsets->size() != 2) {
-      throw bad("data_offsets is not [begin, end]");
-    }
-    SafetensorsEntry e;
-    e.name = name;
-    bool known = false;
-    for (const auto& [dname, type] : dtypes()) {
-      if (*dtype == dname) {
-        e.dtype = type;
-        known = true;
-      }
-    }
-    if (!known) throw bad("unknown dtype " + dtype->dump());
-    uint64_t elements = 1;
-    for (const auto& d : *shape) {
-      if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t{1} << 53)) {
-        throw bad("shape holds something other than a size");
-      }
-      const uint64_t size = d.get<uint64_t>();
-      if (size != 0 && elements > std::numeric_limits<uint64_t>::max() / size) {
-        throw bad("shape overflows");
-      }
-      elements *= size;
-      e.shape.push_back(static_cast<int64_t>(size));
-    }
-    if (!(*offsets)[0].is_number_unsigned() || !(*offsets)[1].is_number_unsigned()) {
-      throw bad("data_offsets are not sizes");
-    }
-    e.begin = (*offsets)[0].get<uint64_t>();
-    e.end = (*offsets)[1].get<uint64_t>();
-    const uint64_t item = c10::elementSize(e.dtype);
-    if (e.begin > e.end || e.end > data_bytes) throw bad("data_offsets outside the file");
-    if (elements > std::numeric_limits<uint64_t>::max() / item ||
-        e.end - e.begin != elements * item) {
-      throw bad("data_offsets do not match its dtype and shape");
-    }
-    entries.push_back(std::move(e));
-  }
-  std::vector<const SafetensorsEntry*> by_offset;
-  for (const auto& e : entries) by_offset.push_back(&e);
-  std::sort(by_offset.begin(), by_offset.end(),
-            [](const auto* a, const auto* b) { return a->begin < b->begin; });
-  for (size_t i = 1; i < by_offset.size(); ++i) {
-    if (by_offset[i]->begin < by_offset[i - 1]->end) {
-      throw InvalidArgument("tensors '" + by_offset[i - 1]->name + "' and '" + by_offset[i]->name +
-                            "' overlap");
-    }
-  }
-  return entries;
-}
 
 SafetensorsWriter::SafetensorsWriter(std::string dir, uint64_t max_file_bytes)
     : dir_(std::move(dir)), max_bytes_(max_file_bytes) {

@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/checkpoint/safetensors_header.h"
+
 namespace cxxlaunch::runtime::checkpoint {
 
 class SafetensorsWriter {
@@ -49,17 +51,6 @@ class SafetensorsWriter {
   uint64_t total_bytes_ = 0;
   bool finished_ = false;
 };
-
-struct SafetensorsEntry {
-  std::string name;
-  c10::ScalarType dtype;
-  std::vector<int64_t> shape;
-  uint64_t begin = 0, end = 0;  // from the data's start
-};
-
-// A file's header (the JSON text), checked against the `data_bytes` that follow it. Throws
-// InvalidArgument saying what is wrong. (The fuzz target's entry point.)
-std::vector<SafetensorsEntry> parseSafetensorsHeader(const std::string& json, uint64_t data_bytes);
 
 // Every tensor of a safetensors file, or of a folder (its index, or its model.safetensors).
 void readSafetensors(const std::string& path,
