@@ -208,7 +208,12 @@ void Accelerator::saveState(const std::string& dir) {
 
 std::string Accelerator::loadState(const std::string& path) {
   if (!strategy_) throw InvalidArgument("Accelerator::loadState before prepare");
-  const std::string dir = checkpoint::find(path);
+  // The newest checkpoint whose files have their sizes; the ranks share checking their
+  // checksums, and a mismatch anywhere sends every rank to the slow search (every checksum).
+  std::string dir = checkpoint::find(path, /*checksums=*/false);
+  int32_t intact = checkpoint::verifyShare(dir, rank(), worldSize()) ? 1 : 0;
+  world_.backend->allreduce(&intact, 1, DType::kInt32, ReduceOp::kMin)->wait();
+  if (intact == 0) dir = checkpoint::find(path, /*checksums=*/true);
   const checkpoint::Reader reader(dir);
   strategy_->loadStateSlices(reader);
   torch::NoGradGuard no_grad;
@@ -348,7 +353,9 @@ std::string Accelerator::saveCheckpoint() {
 }
 
 std::optional<std::string> Accelerator::resume() {
-  if (checkpoint_dir_.empty() || !checkpoint::hasComplete(checkpoint_dir_)) return std::nullopt;
+  if (checkpoint_dir_.empty() || !checkpoint::hasComplete(checkpoint_dir_, /*checksums=*/false)) {
+    return std::nullopt;
+  }
   return loadState(checkpoint_dir_);
 }
 

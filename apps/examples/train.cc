@@ -13,6 +13,7 @@
 #include <chrono>
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -116,6 +117,20 @@ Flags parse(int argc, char** argv) {
         "--d_model divisible by --heads");
   }
   return f;
+}
+
+// "1.23 GB in 0.51 s, 2.41 GB/s": the bytes of a checkpoint directory over the time since `start`.
+std::string ioRate(const std::string& dir, std::chrono::steady_clock::time_point start) {
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  double bytes = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.is_regular_file()) bytes += static_cast<double>(entry.file_size());
+  }
+  char text[96];
+  std::snprintf(text, sizeof(text), "%.3f GB in %.3f s, %.2f GB/s", bytes / 1e9, seconds,
+                bytes / 1e9 / seconds);
+  return text;
 }
 
 // ---- the models -------------------------------------------------------------------------------
@@ -281,8 +296,10 @@ int train(const Flags& f, Accelerator& acc, Dataset dataset, Model model, LossFn
   // A restarted (or re-formed) job goes on from the newest complete checkpoint, and skips the
   // batches the saved run had already trained on: the sampler's order is the same each epoch.
   int64_t skip = 0;
+  const auto resume_start = std::chrono::steady_clock::now();
   if (auto from = acc.resume()) {
-    acc.print("resumed from ", *from, " at step ", acc.optimizerSteps());
+    acc.print("resumed from ", *from, " at step ", acc.optimizerSteps(), " (",
+              ioRate(*from, resume_start), ")");
     const int64_t batches = static_cast<int64_t>(std::distance(loader->begin(), loader->end()));
     skip = batches > 0 ? acc.microSteps() % batches : 0;
   }
@@ -334,7 +351,11 @@ int train(const Flags& f, Accelerator& acc, Dataset dataset, Model model, LossFn
         loss_sum = 0;
         loss_count = 0;
       }
-      if (f.save_every > 0 && step % f.save_every == 0) acc.saveCheckpoint();
+      if (f.save_every > 0 && step % f.save_every == 0) {
+        const auto save_start = std::chrono::steady_clock::now();
+        const std::string saved = acc.saveCheckpoint();
+        acc.print("saved ", saved, " (", ioRate(saved, save_start), ")");
+      }
       if (step == f.crash_at_step && acc.rank() == acc.worldSize() - 1 &&
           acc.env().restart_count == 0) {
         std::cerr << "train: --crash_at_step " << step << ": exiting as a crash would\n";

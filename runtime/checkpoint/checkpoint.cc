@@ -153,9 +153,23 @@ void save(Backend& backend, const std::string& dir, const std::vector<Slice>& sl
   agree(backend, ok, "committing", error);
 }
 
-bool hasComplete(const std::string& path) {
+bool verifyShare(const std::string& dir, int rank, int world) {
+  const auto m = readManifest(dir);
+  if (!m) return false;
+  for (size_t i = static_cast<size_t>(rank); i < m->files.size(); i += static_cast<size_t>(world)) {
+    const auto& [name, expected] = m->files[i];
+    try {
+      if (fileSizeAndCrc(dir + "/" + name) != expected) return false;
+    } catch (const std::exception&) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool hasComplete(const std::string& path, bool checksums) {
   try {
-    find(path);
+    find(path, checksums);
     return true;
   } catch (const InvalidArgument&) {
     return false;
@@ -179,9 +193,9 @@ void removeOldest(const std::string& root, size_t keep) {
   }
 }
 
-std::string find(const std::string& path) {
+std::string find(const std::string& path, bool checksums) {
   for (const std::string& dir : {path, path + ".old"}) {
-    if (auto m = readManifest(dir); m && filesIntact(dir, *m, /*checksums=*/true)) return dir;
+    if (auto m = readManifest(dir); m && filesIntact(dir, *m, checksums)) return dir;
   }
   std::error_code ec;
   std::vector<std::pair<int64_t, std::string>> candidates;
@@ -199,7 +213,7 @@ std::string find(const std::string& path) {
   std::sort(candidates.rbegin(), candidates.rend());
   for (const auto& [step, dir] : candidates) {
     const auto m = readManifest(dir);
-    if (m && filesIntact(dir, *m, /*checksums=*/true)) return dir;
+    if (m && filesIntact(dir, *m, checksums)) return dir;
     std::cerr << "cxxlaunch: checkpoint '" << dir << "' (step " << step
               << ") is incomplete or corrupt; skipping it\n";
   }

@@ -6,7 +6,7 @@
 //   1. rank 0 makes `<dir>.tmp` afresh; every rank writes its file there durably (temporary
 //      name, fsync, rename, fsync of the directory);
 //   2. once every rank reported success, rank 0 writes the manifest (world size, counters,
-//      each file's size and CRC-32) durably, then swaps the directory in: `<dir>` (if it exists)
+//      each file's size and CRC-32C) durably, then swaps the directory in: `<dir>` (if it exists)
 //      to `<dir>.old`, `<dir>.tmp` to `<dir>`, then removes `<dir>.old`;
 //   3. a failure on any rank (disk full, I/O error) is an error on every rank; what existed
 //      before stays as it was.
@@ -40,8 +40,13 @@ void save(Backend& backend, const std::string& dir, const std::vector<Slice>& sl
           const std::vector<std::pair<std::string, std::string>>& blobs, const Counters& counters);
 
 // The complete checkpoint `path` names (see above); throws InvalidArgument when there is none.
-std::string find(const std::string& path);
-bool hasComplete(const std::string& path);
+// Without `checksums` files are checked by size only (verifyShare then checks the CRCs, the
+// ranks sharing the reading).
+std::string find(const std::string& path, bool checksums = true);
+bool hasComplete(const std::string& path, bool checksums = true);
+// Whether the files of checkpoint `dir` that fall to `rank` (every world-th, from rank) have
+// their manifest's CRC-32C.
+bool verifyShare(const std::string& dir, int rank, int world);
 
 // Keeps the newest `keep` complete checkpoints directly under `root` (by step), removing the
 // older ones; incomplete ones and anything else are left alone. keep >= 1.

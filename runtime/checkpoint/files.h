@@ -1,7 +1,7 @@
 #pragma once
 // Durable files for checkpoints: written under a temporary name, fsynced, renamed into place,
 // and the directory fsynced, so that after a crash a name holds either its old content or its
-// complete new one. CRC-32 (zlib's) for the manifest's checksums. Internal to runtime/.
+// complete new one. CRC-32C for the manifest's checksums. Internal to runtime/.
 
 #include <cstdint>
 #include <string>
@@ -35,7 +35,10 @@ class DurableFile {
 
 void fsyncDirectory(const std::string& dir);
 
-// The CRC-32 of a whole file and its size; throws CommunicationError if it cannot be read.
+// CRC-32C of `bytes` continuing from `crc` (0 to start), as iSCSI and ext4 use it.
+uint32_t crc32c(uint32_t crc, const void* data, size_t bytes);
+
+// The CRC-32C of a whole file and its size; throws CommunicationError if it cannot be read.
 std::pair<uint64_t, uint32_t> fileSizeAndCrc(const std::string& path);
 
 std::string readWholeFile(const std::string& path, size_t max_bytes);

@@ -34,7 +34,7 @@ struct Slice {
   std::vector<std::pair<std::string, torch::Tensor>> arrays;  // float32, end - begin elements
 };
 
-// Writes a rank's file durably; returns its size and CRC-32 for the manifest.
+// Writes a rank's file durably; returns its size and CRC-32C for the manifest.
 std::pair<uint64_t, uint32_t> writeShardFile(
     const std::string& path, const std::vector<Slice>& slices,
     const std::vector<std::pair<std::string, std::string>>& blobs);

@@ -91,6 +91,7 @@ class DdpStrategy final : public Strategy {
         optimizer_(optimizer),
         name_(std::move(name)),
         rank_(backend->rank()),
+        world_(backend->worldSize()),
         ddp_(model, std::move(backend),
              DdpOptions{.bucket_bytes = options.bucket_bytes,
                         .find_unused_parameters = options.find_unused_parameters}) {}
@@ -154,10 +155,12 @@ class DdpStrategy final : public Strategy {
     for (const auto& item : model_->named_parameters()) visit(item.key(), item.value().detach());
   }
   std::vector<checkpoint::Slice> stateSlices() override {
+    // Every rank holds the same: each saves every world-th parameter, so they write in parallel.
     std::vector<checkpoint::Slice> out;
-    if (rank_ != 0) return out;  // every rank holds the same: rank 0 saves it
     auto& state = optimizer_.state();
+    size_t index = 0;
     for (const auto& item : model_->named_parameters()) {
+      if (index++ % static_cast<size_t>(world_) != static_cast<size_t>(rank_)) continue;
       const torch::Tensor& p = item.value();  // the optimizer's key is this TensorImpl
       checkpoint::Slice slice{
           item.key(), p.sizes().vec(), 0, p.numel(), {{"param", p.detach().reshape({-1})}}};
@@ -193,7 +196,7 @@ class DdpStrategy final : public Strategy {
   std::shared_ptr<torch::nn::Module> model_;
   torch::optim::Optimizer& optimizer_;
   std::string name_;
-  int rank_;
+  int rank_, world_;
   DistributedDataParallel ddp_;
   std::unique_ptr<DistributedDataParallel::NoSync> no_sync_;
 };

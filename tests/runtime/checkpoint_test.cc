@@ -4,6 +4,7 @@
 // loaded. Ranks are threads over the Fake backend; the files are real.
 
 #include "runtime/checkpoint/checkpoint.h"
+#include "runtime/checkpoint/files.h"
 
 #include <torch/torch.h>
 
@@ -439,4 +440,12 @@ TEST_CASE("Corrupt and crafted safetensors files get one clear error",
   std::ofstream(path, std::ios::binary | std::ios::trunc) << "abc";
   CHECK_THROWS_WITH(checkpoint::readSafetensors(path, [](auto&&...) {}),
                     Catch::Contains("shorter than its header length"));
+}
+
+TEST_CASE("CRC-32C gives the standard check value, in one piece or many", "[checkpoint]") {
+  const std::string text = "123456789";
+  CHECK(checkpoint::crc32c(0, text.data(), text.size()) == 0xE3069283u);
+  uint32_t crc = 0;
+  for (char c : text) crc = checkpoint::crc32c(crc, &c, 1);
+  CHECK(crc == 0xE3069283u);
 }

@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Checkpoint save and load throughput against the disk's own, in the same run: the example GPT
+(101M parameters by default: a 1.2 GB checkpoint with AdamW's state) at world 2 saves one
+checkpoint (`--save_every`) and a second job loads it (`resume`), under ZeRO-3 (every rank writes
+its shard in parallel) and DDP (rank 0 writes everything). The disk's speed is dd's: a write of
+the same size with fsync, and a read of it with the page cache dropped (as before each load).
+Target (issue: checkpoints): at least 0.7 of the disk's sequential write and read speed.
+
+usage: bench/checkpoint_io.py [--dir DIR (on the disk to measure; default /var/tmp)]
+                              [--d_model 1024] [--layers 8]
+"""
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def drop_caches():
+    subprocess.run(["sync"], check=True)
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def dd(args):
+    out = subprocess.run(["dd"] + args, capture_output=True, text=True, check=True).stderr
+    m = re.search(r"(\d+) bytes .* copied, ([0-9.]+) s", out)
+    return int(m.group(1)) / float(m.group(2)) / 1e9
+
+
+def train(a, folder, strategy):
+    argv = [os.path.join(ROOT, "build/bin/cxxlaunch"), "run", "--nproc_per_node=2",
+            "--checkpoint_dir", folder, os.path.join(ROOT, "build/bin/train"), "--model", "gpt",
+            "--steps", "1", "--warmup", "0", "--batch_size", "1", "--seq_len", "32", "--vocab",
+            "64", "--d_model", str(a.d_model), "--layers", str(a.layers), "--heads", "4",
+            "--save_every", "1", "--print_every", "1"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", CXXLAUNCH_STRATEGY=strategy)
+    out = subprocess.run(argv, capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        sys.exit(f"{strategy} failed:\n{out.stdout}\n{out.stderr}")
+    return out.stdout
+
+
+def rate(pattern, text):
+    m = re.search(pattern + r".*\(([0-9.]+) GB in ([0-9.]+) s, ([0-9.]+) GB/s\)", text)
+    return float(m.group(1)), float(m.group(3))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dir", default="/var/tmp")
+    p.add_argument("--d_model", type=int, default=1024)
+    p.add_argument("--layers", type=int, default=8)
+    a = p.parse_args()
+    work = tempfile.mkdtemp(prefix="cxxlaunch-ckpt-bench-", dir=a.dir)
+    try:
+        rows = []
+        for strategy in ["zero3", "ddp"]:
+            folder = os.path.join(work, strategy)
+            size, save = rate("saved", train(a, folder, strategy))
+            dropped = drop_caches()
+            _, load = rate("resumed from", train(a, folder, strategy))
+            rows.append((strategy, size, save, load))
+        probe = os.path.join(work, "dd.bin")
+        count = max(1, int(rows[0][1] * 1e9 / (64 << 20)))
+        disk_write = dd(["if=/dev/zero", f"of={probe}", "bs=64M", f"count={count}", "conv=fsync"])
+        drop_caches()
+        disk_read = dd([f"if={probe}", "of=/dev/null", "bs=64M"])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"GPT d_model {a.d_model} x {a.layers} layers at world 2, checkpoints under {a.dir}; "
+          f"disk (dd, {count * 64} MiB): write with fsync {disk_write:.2f} GB/s, read "
+          f"{disk_read:.2f} GB/s{'' if dropped else ' (page cache NOT dropped: not root)'}")
+    print(f"{'strategy':10s} {'GB':>6s} {'save GB/s':>10s} {'x disk':>7s} {'load GB/s':>10s} "
+          f"{'x disk':>7s}")
+    for strategy, size, save, load in rows:
+        print(f"{strategy:10s} {size:6.3f} {save:10.2f} {save / disk_write:7.2f} {load:10.2f} "
+              f"{load / disk_read:7.2f}")
+
+
+if __name__ == "__main__":
+    main()
