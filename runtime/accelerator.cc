@@ -9,6 +9,7 @@
 
 #include "rendezvous/error.h"
 #include "runtime/checkpoint/checkpoint.h"
+#include "runtime/checkpoint/files.h"
 #include "runtime/checkpoint/safetensors.h"
 #include "runtime/host_memory.h"
 #include "runtime/tensor_ops.h"
@@ -335,6 +336,15 @@ void Accelerator::loadModel(const std::string& dir) {
   }
   optimizer_steps_ = 0;
   micro_step_ = 0;
+}
+
+void Accelerator::save(const std::string& path, const std::string& bytes) const {
+  if (isMainProcess()) checkpoint::writeFileDurably(path, bytes);
+}
+
+void Accelerator::save(const std::string& path,
+                       const std::vector<std::pair<std::string, torch::Tensor>>& tensors) const {
+  if (isMainProcess()) checkpoint::writeSafetensorsFile(path, tensors);
 }
 
 std::string Accelerator::saveCheckpoint() {

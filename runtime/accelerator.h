@@ -174,6 +174,15 @@ class Accelerator {
                  c10::ScalarType dtype = c10::ScalarType::Float);
   void loadModel(const std::string& dir);
 
+  // Rank-0 I/O: accelerate's save. On the main process only (the others return at once; no
+  // collective), `bytes` or named `tensors` (as one safetensors file) to `path`, atomically:
+  // written under a temporary name, fsynced, renamed. Everything a trainer writes besides
+  // checkpoints (metrics, samples, configs) should go through it: writing from every rank is
+  // the hard path.
+  void save(const std::string& path, const std::string& bytes) const;
+  void save(const std::string& path,
+            const std::vector<std::pair<std::string, torch::Tensor>>& tensors) const;
+
   std::string saveCheckpoint();
   std::optional<std::string> resume();
   const std::string& checkpointDir() const { return checkpoint_dir_; }

@@ -146,30 +146,37 @@ void SafetensorsWriter::add(const std::string& name, const torch::Tensor& tensor
   pending_bytes_ += bytes;
 }
 
-void SafetensorsWriter::flush() {
-  if (pending_.empty()) return;
+void writeSafetensorsFile(const std::string& path,
+                          const std::vector<std::pair<std::string, torch::Tensor>>& tensors) {
   json header = json::object();
   header["__metadata__"] = {{"format", "pt"}};
   uint64_t offset = 0;
-  std::vector<std::string> names;
-  for (const auto& [name, t] : pending_) {
-    const uint64_t bytes = static_cast<uint64_t>(t.nbytes());
-    header[name] = {{"dtype", dtypeName(t.scalar_type())},
-                    {"shape", t.sizes().vec()},
+  std::vector<torch::Tensor> data;
+  for (const auto& [name, tensor] : tensors) {
+    data.push_back(tensor.detach().contiguous());
+    const uint64_t bytes = static_cast<uint64_t>(data.back().nbytes());
+    header[name] = {{"dtype", dtypeName(data.back().scalar_type())},
+                    {"shape", data.back().sizes().vec()},
                     {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
-    names.push_back(name);
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
-  const std::string path = dir_ + "/.part-" + std::to_string(written_.size());
   DurableFile file(path);
   char length[8];
   writeLittleEndian64(text.size(), length);
   file.append(length, 8);
   file.append(text.data(), text.size());
-  for (const auto& [name, t] : pending_) file.append(t.data_ptr(), t.nbytes());
+  for (const auto& t : data) file.append(t.data_ptr(), t.nbytes());
   file.commit();
+}
+
+void SafetensorsWriter::flush() {
+  if (pending_.empty()) return;
+  const std::string path = dir_ + "/.part-" + std::to_string(written_.size());
+  writeSafetensorsFile(path, pending_);
+  std::vector<std::string> names;
+  for (const auto& [name, t] : pending_) names.push_back(name);
   written_.push_back({path, std::move(names)});
   total_bytes_ += pending_bytes_;
   pending_.clear();

@@ -52,6 +52,10 @@ class SafetensorsWriter {
   bool finished_ = false;
 };
 
+// One safetensors file at `path`, written durably (temporary name, fsync, rename).
+void writeSafetensorsFile(const std::string& path,
+                          const std::vector<std::pair<std::string, torch::Tensor>>& tensors);
+
 // Every tensor of a safetensors file, or of a folder (its index, or its model.safetensors).
 void readSafetensors(const std::string& path,
                      const std::function<void(const std::string&, const torch::Tensor&)>& visit);

@@ -4,7 +4,6 @@
 // loaded. Ranks are threads over the Fake backend; the files are real.
 
 #include "runtime/checkpoint/checkpoint.h"
-#include "runtime/checkpoint/files.h"
 
 #include <torch/torch.h>
 
@@ -17,6 +16,7 @@
 #include "ranks.h"
 #include "rendezvous/error.h"
 #include "runtime/accelerator.h"
+#include "runtime/checkpoint/files.h"
 #include "runtime/checkpoint/safetensors.h"
 #include "support/subprocess.h"
 #include "tower.h"
@@ -448,4 +448,29 @@ TEST_CASE("CRC-32C gives the standard check value, in one piece or many", "[chec
   uint32_t crc = 0;
   for (char c : text) crc = checkpoint::crc32c(crc, &c, 1);
   CHECK(crc == 0xE3069283u);
+}
+
+TEST_CASE("acc.save writes on the main process only, atomically", "[checkpoint]") {
+  torch::set_num_threads(1);
+  cxxlaunch::testing::TempDir dir;
+  auto fake = makeFakeWorld(2);
+  onRanks(2, [&](int r) {
+    World world;
+    world.env.rank = r;
+    world.env.world_size = 2;
+    world.backend = makeFakeBackend(fake, r);
+    Accelerator acc(std::move(world), {});
+    acc.save(dir.path() + "/metrics.json", "{\"rank\": " + std::to_string(r) + "}\n");
+    acc.save(dir.path() + "/sample.safetensors", {{"x", torch::arange(6).reshape({2, 3})}});
+  });
+  CHECK(cxxlaunch::testing::readFile(dir.path() + "/metrics.json") == "{\"rank\": 0}\n");
+  std::map<std::string, torch::Tensor> read;
+  checkpoint::readSafetensors(
+      dir.path() + "/sample.safetensors",
+      [&](const std::string& name, const torch::Tensor& t) { read[name] = t; });
+  REQUIRE(read.count("x") == 1);
+  CHECK(torch::equal(read["x"], torch::arange(6).reshape({2, 3})));
+  size_t files = 0;
+  for (const auto& entry : fs::directory_iterator(dir.path())) files += entry.is_regular_file();
+  CHECK(files == 2);  // no temporary left behind
 }
