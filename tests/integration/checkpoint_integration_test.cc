@@ -6,14 +6,15 @@
 #include <signal.h>
 
 // Before Catch: LibTorch's logging defines CHECK too, and Catch's must win.
-#include "runtime/checkpoint/checkpoint.h"
-
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <random>
 
+#include "runtime/checkpoint/checkpoint.h"
+#include "support/daemon.h"
 #include "support/subprocess.h"
 
 using namespace cxxlaunch::testing;
@@ -32,10 +33,10 @@ Trained train(const TempDir& dir, const std::string& name, int nproc, const Args
               const Args& trainer_flags) {
   Args argv = {CXXLAUNCH_BIN, "run", "--nproc_per_node", std::to_string(nproc)};
   argv.insert(argv.end(), launch_flags.begin(), launch_flags.end());
-  argv.insert(argv.end(), {TRAIN_BIN, "--model", "gpt", "--steps", "6", "--batch_size", "4",
-                           "--seq_len", "16", "--d_model", "32", "--layers", "3", "--heads",
-                           "2", "--print_every", "1", "--dump_params",
-                           dir.path() + "/" + name + ".bin"});
+  argv.insert(argv.end(),
+              {TRAIN_BIN, "--model", "gpt", "--steps", "6", "--batch_size", "4", "--seq_len", "16",
+               "--d_model", "32", "--layers", "3", "--heads", "2", "--print_every", "1",
+               "--dump_params", dir.path() + "/" + name + ".bin"});
   argv.insert(argv.end(), trainer_flags.begin(), trainer_flags.end());
   Trained t{run(argv, {{"CXXLAUNCH_STRATEGY", "zero3"}}, 240s), {}};
   if (fs::exists(dir.path() + "/" + name + ".bin")) {
@@ -130,9 +131,27 @@ void killDuringSaves(int trials) {
   int recovered = 0, without_checkpoint = 0, inside_a_save = 0;
   for (int t = 0; t < trials; ++t) {
     const std::string folder = dir.path() + "/trial" + std::to_string(t);
-    Args argv = {CXXLAUNCH_BIN, "run", "--nproc_per_node", "2", "--checkpoint_dir", folder,
-                 TRAIN_BIN, "--model", "gpt", "--batch_size", "4", "--seq_len", "16",
-                 "--d_model", "32", "--layers", "3", "--heads", "2", "--print_every", "1000"};
+    Args argv = {CXXLAUNCH_BIN,
+                 "run",
+                 "--nproc_per_node",
+                 "2",
+                 "--checkpoint_dir",
+                 folder,
+                 TRAIN_BIN,
+                 "--model",
+                 "gpt",
+                 "--batch_size",
+                 "4",
+                 "--seq_len",
+                 "16",
+                 "--d_model",
+                 "32",
+                 "--layers",
+                 "3",
+                 "--heads",
+                 "2",
+                 "--print_every",
+                 "1000"};
     argv.insert(argv.end(), flags.begin(), flags.end());
     Subprocess job(argv, {{"CXXLAUNCH_STRATEGY", "zero3"}});  // as the reference
     REQUIRE(eventually([&] { return fs::exists(folder); }, 60s));
@@ -148,7 +167,7 @@ void killDuringSaves(int trials) {
     }
     auto ended = job.wait(60s);
     INFO("trial " << t << (whole_job ? ": the whole job" : ": one worker"));
-    REQUIRE(ended);  // no hang
+    REQUIRE(ended);            // no hang
     for (pid_t w : workers) {  // nothing left behind by the job
       CHECK(eventually([&] { return !alive(w); }, 10s));
     }
@@ -185,3 +204,55 @@ TEST_CASE("SIGKILL during saves: the newest complete checkpoint is always intact
 }
 
 TEST_CASE("SIGKILL during saves, 200 trials", "[.kill_soak]") { killDuringSaves(200); }
+
+TEST_CASE("An elastic 2:3 job that loses a node resumes at world 2 from its last checkpoint",
+          "[checkpoint][integration]") {
+  Daemon daemon;
+  TempDir dir;
+  const std::string folder = dir.path() + "/checkpoints";
+  const Args launch = {"run",
+                       "--rdzv_endpoint",
+                       daemon.endpoint,
+                       "--rdzv_id",
+                       "elastic",
+                       "--rdzv_conf",
+                       "keep_alive_interval=0.3,keep_alive_max_misses=7,last_call_timeout=1",
+                       "--nnodes",
+                       "2:3",
+                       "--nproc_per_node",
+                       "1",
+                       "--max_restarts",
+                       "3",
+                       "--checkpoint_dir",
+                       folder};
+  const Args trainer = {"--model",      "gpt", "--steps",   "400", "--warmup",      "0",
+                        "--batch_size", "4",   "--seq_len", "32",  "--d_model",     "64",
+                        "--layers",     "2",   "--heads",   "2",   "--print_every", "50",
+                        "--save_every", "20"};
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int n = 0; n < 3; ++n) {
+    Args argv = {CXXLAUNCH_BIN};
+    argv.insert(argv.end(), launch.begin(), launch.end());
+    argv.push_back(TRAIN_BIN);
+    argv.insert(argv.end(), trainer.begin(), trainer.end());
+    nodes.push_back(std::make_unique<Subprocess>(argv));
+  }
+  // Once the world of three has saved, one node dies with its worker; the survivors' workers
+  // lose a peer mid-collective, and their agents restart them (as torchrun's would) in the
+  // world that is left.
+  REQUIRE(eventually([&] { return fs::exists(folder + "/checkpoint_40/manifest"); }, 120s));
+  for (pid_t worker : childrenOf(nodes[2]->pid())) ::kill(worker, SIGKILL);
+  ::kill(nodes[2]->pid(), SIGKILL);
+  std::string out;
+  for (int n = 0; n < 2; ++n) {
+    auto finished = nodes[static_cast<size_t>(n)]->wait(240s);
+    REQUIRE(finished);
+    INFO(finished->out << finished->err);
+    CHECK(finished->exit_code == 0);
+    out += finished->out;
+  }
+  // The survivors restarted as a world of two and went on from a checkpoint of the three.
+  CHECK_THAT(out, Catch::Contains("on 2 process(es)") && Catch::Contains("on 3 process(es)"));
+  CHECK_THAT(out, Catch::Contains("resumed from " + folder + "/checkpoint_"));
+  CHECK_THAT(out, Catch::Contains("step  400/400"));
+}

@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 
+#include "support/daemon.h"
 #include "support/subprocess.h"
 
 using namespace cxxlaunch::testing;
@@ -22,23 +23,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A real cxxlaunchd on a free loopback port.
-struct Daemon {
-  explicit Daemon(const Args& extra = {}) {
-    Args argv = {CXXLAUNCHD_BIN, "--port", "0"};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    process = std::make_unique<Subprocess>(argv);
-    REQUIRE(eventually([&] { return process->out().find("listening on") != std::string::npos; },
-                       10s));
-    std::smatch m;
-    const std::string out = process->out();
-    REQUIRE(std::regex_search(out, m, std::regex("listening on (\\S+)")));
-    endpoint = m[1];
-  }
-  std::unique_ptr<Subprocess> process;
-  std::string endpoint;
-};
-
 // Fast timeouts for tests: keep-alives every 300 ms, eviction after 2.1 s (a busy CI machine
 // must not evict a live node).
 const std::string kFastConf =
@@ -46,8 +30,8 @@ const std::string kFastConf =
 
 Args node(const std::string& endpoint, const std::string& run_id, const Args& flags,
           const Args& steps) {
-  Args argv = {CXXLAUNCH_BIN, "run", "--rdzv_endpoint", endpoint, "--rdzv_id", run_id,
-               "--rdzv_conf", kFastConf};
+  Args argv = {CXXLAUNCH_BIN, "run",  "--rdzv_endpoint", endpoint,
+               "--rdzv_id",   run_id, "--rdzv_conf",     kFastConf};
   argv.insert(argv.end(), flags.begin(), flags.end());
   argv.push_back(TEST_WORKER);
   argv.insert(argv.end(), steps.begin(), steps.end());
@@ -84,8 +68,8 @@ TEST_CASE("Two and three launchers form one world", "[multinode][integration]") 
       const int local = n == 0 ? 2 : 1;  // nodes may differ in size
       world += local;
       launchers.push_back(std::make_unique<Subprocess>(
-          node(endpoint, run, {"--nnodes", std::to_string(nodes), "--nproc_per_node",
-                               std::to_string(local)},
+          node(endpoint, run,
+               {"--nnodes", std::to_string(nodes), "--nproc_per_node", std::to_string(local)},
                {"env"})));
     }
     std::multiset<std::string> ranks, node_ranks;
@@ -112,11 +96,11 @@ TEST_CASE("Two and three launchers form one world", "[multinode][integration]") 
 
 TEST_CASE("The static backend orders nodes by --node_rank", "[multinode][integration]") {
   const std::string endpoint = "127.0.0.1:" + std::to_string(freePort());
-  Subprocess second(node(endpoint, "static", {"--rdzv_backend", "static", "--nnodes", "2",
-                                              "--node_rank", "1"},
+  Subprocess second(node(endpoint, "static",
+                         {"--rdzv_backend", "static", "--nnodes", "2", "--node_rank", "1"},
                          {"env"}));
-  Subprocess first(node(endpoint, "static", {"--rdzv_backend", "static", "--nnodes", "2",
-                                             "--node_rank", "0"},
+  Subprocess first(node(endpoint, "static",
+                        {"--rdzv_backend", "static", "--nnodes", "2", "--node_rank", "0"},
                         {"env"}));
   auto a = first.wait(60s), b = second.wait(60s);
   REQUIRE(a);
@@ -172,8 +156,8 @@ TEST_CASE("Elastic: a killed node is evicted, survivors shrink, a newcomer is ad
       },
       30s));
 
-  auto status = run({CXXLAUNCH_BIN, "status", "--rdzv_endpoint", daemon.endpoint, "--rdzv_id",
-                     "elastic"});
+  auto status =
+      run({CXXLAUNCH_BIN, "status", "--rdzv_endpoint", daemon.endpoint, "--rdzv_id", "elastic"});
   CHECK(status.exit_code == 0);
   CHECK_THAT(status.out, Catch::Contains("running"));
   CHECK(count(status.out, "127.0.0.1_") == 3);
@@ -229,10 +213,10 @@ TEST_CASE("A node with the wrong token is refused at once", "[multinode][integra
                      {{"CXXLAUNCH_TOKEN", "not-the-token"}}, 30s);
   CHECK(refused.exit_code == 2);
   CHECK_THAT(refused.err, Catch::Contains("missing or wrong job token"));
-  auto admitted = run(node(daemon.endpoint, "tok", {"--nnodes", "1", "--rdzv_conf",
-                                                    "token_file=" + dir.path() + "/token"},
-                           {"env"}),
-                      {}, 30s);
+  auto admitted =
+      run(node(daemon.endpoint, "tok",
+               {"--nnodes", "1", "--rdzv_conf", "token_file=" + dir.path() + "/token"}, {"env"}),
+          {}, 30s);
   CHECK(admitted.exit_code == 0);
   CHECK(values(admitted.out, "CXXLAUNCH_STORE_PREFIX") == std::vector<std::string>{"tok/1"});
 }
@@ -240,9 +224,9 @@ TEST_CASE("A node with the wrong token is refused at once", "[multinode][integra
 TEST_CASE("A rendezvous that never completes times out naming who is missing",
           "[multinode][integration]") {
   Daemon daemon;
-  auto r = run(node(daemon.endpoint, "lonely", {"--nnodes", "2", "--rdzv_conf", "join_timeout=1"},
-                    {"env"}),
-               {}, 30s);
+  auto r = run(
+      node(daemon.endpoint, "lonely", {"--nnodes", "2", "--rdzv_conf", "join_timeout=1"}, {"env"}),
+      {}, 30s);
   CHECK(r.exit_code == 1);
   CHECK_THAT(r.err, Catch::Contains("did not complete within 1 s"));
   CHECK_THAT(r.err, Catch::Contains("1 of 2 nodes joined"));
