@@ -58,4 +58,13 @@ std::string groupKey(const std::vector<int>& ranks, const std::string& partition
   return key;
 }
 
+BackendOptions subgroupOptions(const BackendOptions& world, const std::vector<int>& ranks,
+                               const std::string& partition) {
+  BackendOptions options = world;
+  options.rank = rankInGroup(ranks, world.rank);
+  options.world_size = static_cast<int>(ranks.size());
+  options.prefix = world.prefix + "/" + groupKey(ranks, partition);
+  return options;
+}
+
 }  // namespace cxxlaunch::runtime

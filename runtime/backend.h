@@ -90,6 +90,9 @@ class Backend {
 // The index of `rank` in `ranks`, checked; and the key naming one group of a partition.
 int rankInGroup(const std::vector<int>& ranks, int rank);
 std::string groupKey(const std::vector<int>& ranks, const std::string& partition);
+// A subgroup's options: its rank and size, and its keys under the group's own prefix.
+BackendOptions subgroupOptions(const BackendOptions& world, const std::vector<int>& ranks,
+                               const std::string& partition);
 
 // Gloo over TCP (CPU memory). Connects a full mesh through options.store; throws
 // CommunicationError or TimeoutError when the ranks cannot meet within options.timeout.

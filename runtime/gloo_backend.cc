@@ -135,10 +135,7 @@ class GlooBackend final : public Backend {
 
   std::unique_ptr<Backend> subgroup(const std::vector<int>& ranks,
                                     const std::string& partition) override {
-    BackendOptions options = options_;
-    options.rank = rankInGroup(ranks, rank_);
-    options.world_size = static_cast<int>(ranks.size());
-    options.prefix = options_.prefix + "/" + groupKey(ranks, partition);
+    const BackendOptions options = subgroupOptions(options_, ranks, partition);
     return std::make_unique<GlooBackend>(options);
   }
 
