@@ -35,7 +35,9 @@ std::shared_ptr<grpc::Channel> makeChannel(const ClientOptions& options) {
     credentials = grpc::InsecureChannelCredentials();
   }
   grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(1 << 20);
+  // The server bounds what it sends (its max_message_bytes, 64 MiB by default, above its largest
+  // value); the client's own bound only guards against a broken server, so it is larger.
+  args.SetMaxReceiveMessageSize(256 << 20);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   return grpc::CreateCustomChannel(options.endpoint, credentials, args);

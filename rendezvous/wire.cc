@@ -191,6 +191,8 @@ void throwIfError(const grpc::Status& status, const std::string& what) {
     case grpc::StatusCode::UNAUTHENTICATED:  // a wrong token is the user's to fix, not to retry
     case grpc::StatusCode::PERMISSION_DENIED:
       throw InvalidArgument(message);
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      throw LimitExceeded(message);
     case grpc::StatusCode::FAILED_PRECONDITION:
       throw StaleError(message);
     case grpc::StatusCode::DEADLINE_EXCEEDED:
