@@ -1,6 +1,7 @@
 #include "rendezvous/server.h"
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/support/server_interceptor.h>
 
 #include <condition_variable>
 #include <fstream>
@@ -614,6 +615,43 @@ class RendezvousService final : public rdzv::Rendezvous::CallbackService {
   Core& core_;
 };
 
+// gRPC answers a request it cannot decode with UNIMPLEMENTED and no message; the proto promises
+// INVALID_ARGUMENT, and a client deserves to hear what was wrong. The interceptor sees the
+// failed decoding (no message after POST_RECV_MESSAGE) and rewrites the status it sends.
+class UndecodableRequest final : public grpc::experimental::Interceptor {
+ public:
+  explicit UndecodableRequest(grpc::experimental::ServerRpcInfo* info) : method_(info->method()) {}
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    using Hook = grpc::experimental::InterceptionHookPoints;
+    if (methods->QueryInterceptionHookPoint(Hook::POST_RECV_MESSAGE) &&
+        methods->GetRecvMessage() == nullptr) {
+      undecodable_ = true;
+    }
+    if (undecodable_ && methods->QueryInterceptionHookPoint(Hook::PRE_SEND_STATUS)) {
+      methods->ModifySendStatus(
+          {grpc::StatusCode::INVALID_ARGUMENT,
+           std::string("the request to ") + method_ +
+               " is not a valid message of proto/rendezvous.proto (client and server of "
+               "different versions?)"});
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const char* method_;
+  bool undecodable_ = false;
+};
+
+class UndecodableRequestFactory final
+    : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    return new UndecodableRequest(info);
+  }
+};
+
 std::string hostPort(const std::string& host, int port) {
   const bool ipv6 = host.find(':') != std::string::npos;
   return (ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
@@ -653,6 +691,9 @@ RendezvousServer::RendezvousServer(const ServerOptions& options)
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a taken port must fail, not share
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<UndecodableRequestFactory>());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   builder.RegisterService(&impl_->store);
   builder.RegisterService(&impl_->rendezvous);
   impl_->server = builder.BuildAndStart();

@@ -247,7 +247,8 @@ TEST_CASE("Garbage bytes and undecodable messages do not hurt the server", "[ser
   generic.UnaryCall(&ctx, "/cxxlaunch.rdzv.Rendezvous/Join", grpc::StubOptions(), &request,
                     &response, [&](grpc::Status s) { done.set_value(s); });
   auto status = done.get_future().get();
-  CHECK_FALSE(status.ok());
+  CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);  // as the proto promises
+  CHECK_THAT(status.error_message(), Catch::Contains("not a valid message"));
   // Still serving.
   auto placed = soloRun(server, "after");
   CHECK(placed.world_size == 1);
@@ -290,6 +291,9 @@ TEST_CASE("TLS: plaintext is refused, mutual TLS admits only certified clients",
   no_cert.tls_ca_file = d + "/ca.crt";
   RendezvousClient anonymous(no_cert, "job");
   REQUIRE_THROWS_AS(anonymous.status(), CommunicationError);
+  // Not just "Deadline Exceeded": what to give.
+  REQUIRE_THROWS_WITH(anonymous.join(node("a"), settings(1, 1), 10ms),
+                      Catch::Contains("tls_cert and tls_key"));
 
   ClientOptions mtls = no_cert;
   mtls.tls_cert_file = d + "/client.crt";
