@@ -229,9 +229,10 @@ struct RendezvousClient::Impl {
   bool cancelled = false;
 
   template <typename Response, typename Call>
-  Response unary(const char* what, Call&& rpc) {
+  Response unary(const char* what, Call&& rpc, Millis timeout = Millis(0)) {
     grpc::ClientContext ctx;
-    prepare(ctx, options, options.call_timeout);
+    prepare(ctx, options,
+            timeout.count() > 0 ? std::min(timeout, options.call_timeout) : options.call_timeout);
     Response resp;
     wire::throwIfError(explainUnreachable(rpc(ctx, resp), *channel, options),
                        std::string("rendezvous ") + what + " at " + options.endpoint);
@@ -290,15 +291,17 @@ void RendezvousClient::cancel() {
   if (impl_->joining != nullptr) impl_->joining->TryCancel();
 }
 
-Verdict RendezvousClient::keepAlive(const std::string& node_id, int64_t round) {
+Verdict RendezvousClient::keepAlive(const std::string& node_id, int64_t round, Millis timeout) {
   rdzv::KeepAliveRequest req;
   req.set_run_id(impl_->run_id);
   req.set_node_id(node_id);
   req.set_round(round);
   return wire::fromProto(impl_->unary<rdzv::KeepAliveResponse>(
-      "keep-alive", [&](grpc::ClientContext& ctx, auto& resp) {
+      "keep-alive",
+      [&](grpc::ClientContext& ctx, auto& resp) {
         return impl_->stub->KeepAlive(&ctx, req, &resp);
-      }));
+      },
+      timeout));
 }
 
 Verdict RendezvousClient::requestRestart(const std::string& node_id, int64_t round,

@@ -1,6 +1,7 @@
 // `cxxlaunch run` end to end: the real launcher starting real test workers.
 
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <catch2/catch.hpp>
 #include <filesystem>
@@ -309,7 +310,20 @@ TEST_CASE("Bad input gets one clear line and exit code 2 with nothing spawned",
   TempDir dir;
   const std::string not_executable = dir.path() + "/data.txt";
   std::ofstream(not_executable) << "x";
+  const std::string fifo = dir.path() + "/config.fifo";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
   const std::vector<std::pair<Args, std::string>> cases = {
+      // A config path that is not a regular file is refused before anything is read: a
+      // directory was an empty config, a FIFO hung, /dev/zero ran out of memory.
+      {{CXXLAUNCH_BIN, "run", "--config_file", dir.path(), TEST_WORKER, "pidfile", pids.path()},
+       "is a directory"},
+      {{CXXLAUNCH_BIN, "run", "--config_file", fifo, TEST_WORKER, "pidfile", pids.path()},
+       "not a regular file"},
+      {{CXXLAUNCH_BIN, "run", "--config_file=/dev/zero", TEST_WORKER, "pidfile", pids.path()},
+       "not a regular file"},
+      {{CXXLAUNCH_BIN, "run", "--nnodes=32769", "--nproc_per_node=65536", "--rdzv_endpoint=h",
+        "--rdzv_id=j", TEST_WORKER, "pidfile", pids.path()},
+       "ranks, more than the"},
       {{CXXLAUNCH_BIN, "run", "--bogus_flag", TEST_WORKER, "pidfile", pids.path()},
        "unknown flag '--bogus_flag'"},
       {{CXXLAUNCH_BIN, "run", "--nproc_per_node", "0", TEST_WORKER, "pidfile", pids.path()},
@@ -321,7 +335,7 @@ TEST_CASE("Bad input gets one clear line and exit code 2 with nothing spawned",
       {{CXXLAUNCH_BIN, "frobnicate"}, "unknown command 'frobnicate'"},
   };
   for (const auto& [argv, message] : cases) {
-    auto r = run(argv);
+    auto r = run(argv, {}, 10s);
     INFO(r.err);
     CHECK(r.exit_code == 2);
     CHECK_THAT(r.err, Catch::Contains(message));
