@@ -119,7 +119,7 @@ TEST_CASE("20000 joins that never complete are freed", "[soak][limits]") {
   std::cout << "soak: " << per_run << " ms per run afterwards\n";
 }
 
-TEST_CASE("A client filling its store is refused at the limit; other runs keep being served",
+TEST_CASE("A client filling its store is refused at the limit while other runs are served",
           "[soak][limits]") {
   RendezvousServer server({});  // the defaults: 64 MiB and 100,000 keys per run
   ClientOptions options;
