@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <iostream>
@@ -109,7 +110,12 @@ class RemoteRendezvous final : public NodeRendezvous {
     client_options_.tls_ca_file = r.tls_ca;
     client_options_.tls_cert_file = r.tls_cert;
     client_options_.tls_key_file = r.tls_key;
-    client_options_.call_timeout = std::chrono::seconds(10);
+    // No call of ours needs to wait longer than the server waits before it evicts us: past that
+    // the answer no longer matters, and a stopped or partitioned server must cost each call at
+    // most that (and a join poll at most that beyond its poll time), not a fixed 10 s.
+    client_options_.call_timeout = std::clamp<std::chrono::milliseconds>(
+        r.keep_alive_interval * r.keep_alive_max_misses, std::chrono::seconds(1),
+        std::chrono::seconds(10));
     run_id_ = options.run_id;
     // The hosting launcher talks to its own server without the network.
     client_ = server_ ? std::make_unique<rdzv::RendezvousClient>(client_options_, run_id_,
