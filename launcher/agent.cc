@@ -152,6 +152,7 @@ class Agent {
   std::optional<std::chrono::steady_clock::time_point> kill_at_;  // when the grace ends
   std::array<bool, 2> console_watched_{false, false};             // EPOLLOUT registered for fd 1, 2
   std::unique_ptr<GroupWatchdog> watchdog_;
+  int late_signal_ = 0;  // a stop signal that came while stopLeftovers waited
 };
 
 // Event-loop tags: pipes are tagged with worker index * 2 + stream.
@@ -417,8 +418,10 @@ void Agent::stopLeftovers() {
       if (kill || termed.insert(child).second) ::kill(child, kill ? SIGKILL : SIGTERM);
     }
     if (!any) break;
-    // A stop signal now cuts the grace short; SIGCHLD wakes us to look again.
+    // A stop signal now cuts the grace short (and ends the job as interrupted); SIGCHLD wakes
+    // us to look again.
     if (int sig = waitForStopSignal(-1, std::chrono::milliseconds(20)); sig != 0) {
+      late_signal_ = sig;
       kill_at_ = std::chrono::steady_clock::now();
       return stopLeftovers();
     }
@@ -553,7 +556,9 @@ AttemptResult Agent::monitor() {
     updateConsoles();
   }
   // The workers are gone; what they started is not allowed to outlive them.
+  late_signal_ = 0;
   stopLeftovers();
+  if (late_signal_ != 0 && result.signal == 0) result.signal = late_signal_;
   itimerspec off{};
   ::timerfd_settime(timer_fd_, 0, &off, nullptr);
   // Whatever a worker wrote before it exited is in the pipe now (at most a pipe's worth each, so

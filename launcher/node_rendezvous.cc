@@ -113,9 +113,9 @@ class RemoteRendezvous final : public NodeRendezvous {
     // No call of ours needs to wait longer than the server waits before it evicts us: past that
     // the answer no longer matters, and a stopped or partitioned server must cost each call at
     // most that (and a join poll at most that beyond its poll time), not a fixed 10 s.
-    client_options_.call_timeout = std::clamp<std::chrono::milliseconds>(
-        r.keep_alive_interval * r.keep_alive_max_misses, std::chrono::seconds(1),
-        std::chrono::seconds(10));
+    client_options_.call_timeout =
+        std::clamp<std::chrono::milliseconds>(r.keep_alive_interval * r.keep_alive_max_misses,
+                                              std::chrono::seconds(1), std::chrono::seconds(10));
     run_id_ = options.run_id;
     // The hosting launcher talks to its own server without the network.
     client_ = server_ ? std::make_unique<rdzv::RendezvousClient>(client_options_, run_id_,

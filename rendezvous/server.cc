@@ -201,7 +201,9 @@ class Core {
     validateRunId(run_id);
     auto it = runs_.find(run_id);
     if (it == runs_.end()) {
-      throw StaleError("no run '" + run_id + "' on this server: its nodes have not joined yet");
+      throw StaleError("no run '" + run_id +
+                       "' on this server: its nodes have not joined yet, or it ended more than "
+                       "the server's run retention ago");
     }
     return *it->second;
   }

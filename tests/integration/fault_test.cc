@@ -3,7 +3,7 @@
 // moment one process is SIGKILLed or SIGSTOPped: a worker, a grandchild, a launcher, the daemon.
 // Every trial checks: both launchers exit within the bound docs/reliability.md gives, with the
 // exit codes it documents, and no process of the job (found by a marker in its environment) is
-// left. CXXLAUNCH_FAULT_TRIALS sets the trials per fault (default 3; the figures in the docs come
+// left. CXXLAUNCH_FAULT_TRIALS sets the trials per fault (default 2; the figures in the docs come
 // from 100), CXXLAUNCH_FAULT_SEED the random seed.
 
 #include <signal.h>
@@ -73,8 +73,8 @@ pid_t pidIn(const std::string& path) {
 struct Daemon {
   explicit Daemon(const std::map<std::string, std::string>& env) {
     process = std::make_unique<Subprocess>(Args{CXXLAUNCHD_BIN, "--port", "0"}, env);
-    REQUIRE(eventually([&] { return process->out().find("listening on") != std::string::npos; },
-                       10s));
+    REQUIRE(
+        eventually([&] { return process->out().find("listening on") != std::string::npos; }, 10s));
     std::smatch m;
     const std::string out = process->out();
     REQUIRE(std::regex_search(out, m, std::regex("listening on (\\S+)")));
@@ -84,8 +84,14 @@ struct Daemon {
   std::string endpoint;
 };
 
-enum class Fault { kWorkerKill, kGrandchildKill, kLauncherKill, kLauncherStop, kDaemonKill,
-                   kDaemonStop };
+enum class Fault {
+  kWorkerKill,
+  kGrandchildKill,
+  kLauncherKill,
+  kLauncherStop,
+  kDaemonKill,
+  kDaemonStop
+};
 
 struct Outcome {
   std::array<int, 2> exit_codes{-1, -1};
@@ -102,10 +108,9 @@ Outcome trial(Fault fault, const std::string& mark, std::chrono::milliseconds de
   const std::map<std::string, std::string> env = {{kMarker, mark}};
   Daemon daemon(env);
   const std::string d = dir.path();
-  const std::string script =
-      "/bin/sh -c 'trap \"\" TERM; echo $$ > " + d + "/gc.$RANK.tmp; mv " + d + "/gc.$RANK.tmp " +
-      d + "/gc.$RANK; exec sleep 60' & exec " + TEST_WORKER + " pidfile " + d +
-      " print step sleep 1.2 print done";
+  const std::string script = "/bin/sh -c 'trap \"\" TERM; echo $$ > " + d + "/gc.$RANK.tmp; mv " +
+                             d + "/gc.$RANK.tmp " + d + "/gc.$RANK; exec sleep 60' & exec " +
+                             TEST_WORKER + " pidfile " + d + " print step sleep 1.2 print done";
   std::array<std::unique_ptr<Subprocess>, 2> launchers;
   for (auto& launcher : launchers) {
     launcher = std::make_unique<Subprocess>(
@@ -174,12 +179,18 @@ Outcome trial(Fault fault, const std::string& mark, std::chrono::milliseconds de
 
 const char* nameOf(Fault f) {
   switch (f) {
-    case Fault::kWorkerKill: return "SIGKILL worker";
-    case Fault::kGrandchildKill: return "SIGKILL grandchild";
-    case Fault::kLauncherKill: return "SIGKILL launcher";
-    case Fault::kLauncherStop: return "SIGSTOP launcher";
-    case Fault::kDaemonKill: return "SIGKILL daemon";
-    case Fault::kDaemonStop: return "SIGSTOP daemon";
+    case Fault::kWorkerKill:
+      return "SIGKILL worker";
+    case Fault::kGrandchildKill:
+      return "SIGKILL grandchild";
+    case Fault::kLauncherKill:
+      return "SIGKILL launcher";
+    case Fault::kLauncherStop:
+      return "SIGSTOP launcher";
+    case Fault::kDaemonKill:
+      return "SIGKILL daemon";
+    case Fault::kDaemonStop:
+      return "SIGSTOP daemon";
   }
   return "?";
 }
@@ -206,7 +217,7 @@ bool documented(Fault fault, int code, bool victim_node) {
 
 TEST_CASE("Faults at random moments of a two-node job leave nothing behind and never hang",
           "[faults][integration]") {
-  const int trials = envInt("CXXLAUNCH_FAULT_TRIALS", 3);
+  const int trials = envInt("CXXLAUNCH_FAULT_TRIALS", 2);
   std::mt19937 random(static_cast<unsigned>(envInt("CXXLAUNCH_FAULT_SEED", 12)));
   int serial = 0;
   for (Fault fault : {Fault::kWorkerKill, Fault::kGrandchildKill, Fault::kLauncherKill,
@@ -216,7 +227,8 @@ TEST_CASE("Faults at random moments of a two-node job leave nothing behind and n
     double worst = 0;
     for (int t = 0; t < trials; ++t) {
       const auto delay = std::chrono::milliseconds(random() % 1400);
-      const std::string mark = "fault" + std::to_string(::getpid()) + "-" + std::to_string(serial++);
+      const std::string mark =
+          "fault" + std::to_string(::getpid()) + "-" + std::to_string(serial++);
       std::mt19937 pick(random());
       Outcome o = trial(fault, mark, delay, pick);
       INFO(nameOf(fault) << " after " << delay.count() << " ms: " << o.errors[0] << " | "
@@ -234,8 +246,8 @@ TEST_CASE("Faults at random moments of a two-node job leave nothing behind and n
       CHECK_FALSE(o.hung);
       CHECK(o.left.empty());
     }
-    std::cout << "faults: " << nameOf(fault) << ": " << trials << " trials, " << hangs
-              << " hangs, " << left << " processes left, worst " << worst
+    std::cout << "faults: " << nameOf(fault) << ": " << trials << " trials, " << hangs << " hangs, "
+              << left << " processes left, worst " << worst
               << " s from the fault to the last exit; exit codes";
     for (auto [code, n] : codes) std::cout << " " << code << " x" << n;
     std::cout << (undocumented ? " (some undocumented)" : "") << "\n";
