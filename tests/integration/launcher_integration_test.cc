@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "support/subprocess.h"
 
@@ -436,4 +437,21 @@ TEST_CASE("A console nobody reads does not delay the reaction to a failed worker
   CHECK(r->exit_code == 7);
   CHECK_THAT(readFile(err), Catch::Contains("did not take the last"));
   ::close(pipe_fds[0]);
+}
+
+TEST_CASE("A stop signal during the leftovers' grace kills them at once and ends the job",
+          "[launcher][integration][reliability]") {
+  TempDir dir;
+  Args argv = grandparent(dir.path(), "exit 0");
+  argv[3] = "--shutdown_grace=30";  // the leftovers would get 30 s
+  Subprocess launcher(argv);
+  auto pids = grandchildren(dir.path());
+  std::this_thread::sleep_for(300ms);  // the workers have exited; the launcher waits for pids
+  const auto start = std::chrono::steady_clock::now();
+  ::kill(launcher.pid(), SIGINT);
+  auto r = launcher.wait(10s);
+  REQUIRE(r);
+  CHECK(r->exit_code == 128 + SIGINT);
+  CHECK(std::chrono::steady_clock::now() - start < 3s);
+  CHECK(noneAlive(pids));
 }
