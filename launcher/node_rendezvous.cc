@@ -216,6 +216,10 @@ class RemoteRendezvous final : public NodeRendezvous {
     if (server_ && ended_ && num_nodes_ > 1) {
       server_->waitUntilSettled(run_id_,
                                 options_.keep_alive_interval * (options_.keep_alive_max_misses + 1));
+      // A node counts as told when its answer is written, not when it has arrived: the process
+      // exits right after this, and would cut the last answers off (the peer then waits out the
+      // eviction timeout for a server that is gone). Shutdown lets calls in flight complete.
+      server_->shutdown();
     }
   }
 
