@@ -19,6 +19,7 @@
 #include <iostream>
 #include <map>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "launcher/failure.h"
@@ -67,8 +68,17 @@ struct Worker {
   bool running = false;
   std::string error_file;
   std::array<int, 2> fds{-1, -1};  // stdout, stderr read ends
+  std::array<bool, 2> paused{false, false};  // not read while its console is full
   std::array<std::unique_ptr<StreamSink>, 2> sinks;
 };
+
+// The agent's own lines go through the same console queue as the workers' stderr: they keep
+// their order and never block the loop.
+void say(const std::string& text) { Console::of(STDERR_FILENO).write(text); }
+
+// How long a finishing launcher waits for a console that does not take its last lines (the log
+// files have them all).
+constexpr std::chrono::seconds kConsoleDrain{5};
 
 enum class Outcome { kSucceeded, kFailed, kInterrupted, kNews };
 
@@ -113,10 +123,16 @@ class Agent {
   AttemptResult monitor();
   void onSignal(std::vector<Failure>& failures, AttemptResult& result);
   void reap(std::vector<Failure>& failures);
-  void readOutput(Worker& worker, int stream);
+  // How much readOutput takes: a few buffers unless the console is full (the loop's share), a few
+  // buffers whatever the console (a dead worker's last words, for the failure tail), or all up
+  // to EOF or an empty pipe (once the worker and everything it started are gone).
+  enum class Read { kShare, kLastWords, kAll };
+  void readOutput(Worker& worker, int stream, Read how = Read::kShare);
   void closeStream(Worker& worker, int stream);
   void signalWorkers(int sig);
   void beginStop(int sig);
+  void updateConsoles();
+  void stopLeftovers();
   size_t running() const;
   std::vector<std::string> workerEnvironment(const Worker& worker,
                                              const WorldAssignment& world) const;
@@ -133,16 +149,23 @@ class Agent {
   int timer_fd_ = -1;
   int news_fd_ = -1;  // eventfd: the rendezvous has news, or a join finished
   bool stopping_ = false;
+  std::optional<std::chrono::steady_clock::time_point> kill_at_;  // when the grace ends
+  std::array<bool, 2> console_watched_{false, false};             // EPOLLOUT registered for fd 1, 2
+  std::unique_ptr<GroupWatchdog> watchdog_;
+  int late_signal_ = 0;  // a stop signal that came while stopLeftovers waited
 };
 
 // Event-loop tags: pipes are tagged with worker index * 2 + stream.
 constexpr uint64_t kSignalTag = ~uint64_t{0};
 constexpr uint64_t kTimerTag = ~uint64_t{0} - 1;
 constexpr uint64_t kNewsTag = ~uint64_t{0} - 2;
+constexpr uint64_t kConsoleTag = ~uint64_t{0} - 4;  // + 1 for stdout, + 2 for stderr
 
 void Agent::setUpProcess() {
-  // Reparent orphaned grandchildren to us so every exit is seen and reaped.
+  // Reparent orphaned grandchildren to us so every exit is seen and reaped, and so that
+  // stopLeftovers finds every process the workers left behind.
   CXXLAUNCH_SYSCALL(::prctl(PR_SET_CHILD_SUBREAPER, 1));
+  watchdog_ = std::make_unique<GroupWatchdog>();
   ::signal(SIGPIPE, SIG_IGN);  // a closed console must not kill the agent
   blockAgentSignals();
   const sigset_t mask = agentSignals();
@@ -224,6 +247,7 @@ void Agent::spawnWorkers(int attempt, const WorldAssignment& world) {
   workers_.clear();
   workers_.resize(static_cast<size_t>(options_.nproc_per_node));
   stopping_ = false;
+  kill_at_.reset();
   for (size_t i = 0; i < workers_.size(); ++i) {
     Worker& w = workers_[i];
     w.local_rank = static_cast<int>(i);
@@ -238,7 +262,9 @@ void Agent::spawnWorkers(int attempt, const WorldAssignment& world) {
     const std::array<const char*, 2> names = {"stdout.log", "stderr.log"};
     for (int s = 0; s < 2; ++s) {
       const int stream = s == 0 ? StreamSpec::kOut : StreamSpec::kErr;
-      const int console = options_.onConsole(w.local_rank, stream) ? (s == 0 ? 1 : 2) : -1;
+      Console* console = options_.onConsole(w.local_rank, stream)
+                             ? &Console::of(s == 0 ? STDOUT_FILENO : STDERR_FILENO)
+                             : nullptr;
       w.sinks[static_cast<size_t>(s)] =
           std::make_unique<StreamSink>((dir / names[static_cast<size_t>(s)]).string(), console,
                                        prefix, s == 1 ? kStderrTailLines : 0);
@@ -252,6 +278,7 @@ void Agent::spawnWorkers(int attempt, const WorldAssignment& world) {
     SpawnedProcess process = spawnProcess(spec);
     w.pid = process.pid;
     w.running = true;
+    watchdog_->add(w.pid);  // its process group, in case we are SIGKILLed
     w.fds = {process.stdout_fd, process.stderr_fd};
     for (int s = 0; s < 2; ++s) {
       epoll_event event{};
@@ -282,6 +309,7 @@ void Agent::beginStop(int sig) {
     const auto ms = options_.shutdown_grace.count();
     grace.it_value.tv_sec = ms / 1000;
     grace.it_value.tv_nsec = (ms % 1000) * 1'000'000;
+    kill_at_ = std::chrono::steady_clock::now() + options_.shutdown_grace;
     if (ms == 0) {
       sig = SIGKILL;
     } else {
@@ -293,10 +321,14 @@ void Agent::beginStop(int sig) {
   signalWorkers(sig);
 }
 
-void Agent::readOutput(Worker& worker, int stream) {
+void Agent::readOutput(Worker& worker, int stream, Read how) {
   char buffer[65536];
   int& fd = worker.fds[static_cast<size_t>(stream)];
-  while (fd != -1) {
+  const Console* console = worker.sinks[static_cast<size_t>(stream)]->console();
+  // A worker that writes as fast as we read would keep us here for ever: a few buffers per wake,
+  // then back to the loop (epoll is level-triggered), and none while its console is full.
+  for (int reads = 0; fd != -1 && (how == Read::kAll || reads < 4); ++reads) {
+    if (how == Read::kShare && console != nullptr && console->full()) return;
     ssize_t n = ::read(fd, buffer, sizeof(buffer));
     if (n > 0) {
       worker.sinks[static_cast<size_t>(stream)]->write({buffer, static_cast<size_t>(n)});
@@ -311,10 +343,92 @@ void Agent::readOutput(Worker& worker, int stream) {
 void Agent::closeStream(Worker& worker, int stream) {
   int& fd = worker.fds[static_cast<size_t>(stream)];
   if (fd == -1) return;
-  ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+  if (!worker.paused[static_cast<size_t>(stream)])
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+  worker.paused[static_cast<size_t>(stream)] = false;
   ::close(fd);
   fd = -1;
   worker.sinks[static_cast<size_t>(stream)]->finish();
+}
+
+// Writes what the consoles take now, watches a console for room while it has a queue, and
+// pauses reading the workers whose lines go to a full console (resumed at half full).
+void Agent::updateConsoles() {
+  for (int fd : {STDOUT_FILENO, STDERR_FILENO}) {
+    Console& console = Console::of(fd);
+    console.flush();
+    bool& watched = console_watched_[static_cast<size_t>(fd - 1)];
+    const bool want = console.pending() > 0;
+    if (want != watched) {
+      epoll_event event{};
+      event.events = EPOLLOUT;
+      event.data.u64 = kConsoleTag + static_cast<uint64_t>(fd);
+      // A regular file cannot be watched (EPERM) and never needs to be: it always takes all.
+      if (::epoll_ctl(epoll_fd_, want ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, fd, &event) == 0 || !want) {
+        watched = want;
+      }
+    }
+    const bool pause = console.full();
+    const bool resume = console.pending() <= Console::kMaxPending / 2;
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      Worker& w = workers_[i];
+      for (size_t s = 0; s < 2; ++s) {
+        if (w.fds[s] == -1 || w.sinks[s] == nullptr || w.sinks[s]->console() != &console) continue;
+        if (pause && !w.paused[s]) {
+          ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, w.fds[s], nullptr);
+          w.paused[s] = true;
+        } else if (resume && w.paused[s]) {
+          epoll_event event{};
+          event.events = EPOLLIN;
+          event.data.u64 = i * 2 + s;
+          CXXLAUNCH_SYSCALL(::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, w.fds[s], &event));
+          w.paused[s] = false;
+        }
+      }
+    }
+  }
+}
+
+// Every worker has exited; whatever they started must not outlive them.
+//  1. SIGTERM to each worker's process group and to every child of ours (as child subreaper we
+//     inherit every orphan below the workers, however it detached), but for the watchdog.
+//  2. Wait for them to exit, reaping as they go (each exit may hand us its own children, which
+//     get the same), until the stop's grace ends: the one already running when the workers were
+//     stopped, else a fresh shutdown_grace.
+//  3. SIGKILL whatever is left, until nothing is.
+//  4. Tell the watchdog the groups are empty.
+void Agent::stopLeftovers() {
+  const auto deadline =
+      kill_at_.value_or(std::chrono::steady_clock::now() + options_.shutdown_grace);
+  std::set<pid_t> termed;
+  for (;;) {
+    while (::waitpid(-1, nullptr, WNOHANG) > 0) {
+    }
+    const bool kill = std::chrono::steady_clock::now() >= deadline;
+    bool any = false;
+    for (const Worker& w : workers_) {
+      if (w.pid > 0 && ::kill(-w.pid, 0) == 0) {
+        any = true;
+        if (kill || termed.insert(-w.pid).second) ::kill(-w.pid, kill ? SIGKILL : SIGTERM);
+      }
+    }
+    for (pid_t child : childrenOf(::getpid())) {
+      if (child == watchdog_->pid()) continue;
+      any = true;
+      if (kill || termed.insert(child).second) ::kill(child, kill ? SIGKILL : SIGTERM);
+    }
+    if (!any) break;
+    // A stop signal now cuts the grace short (and ends the job as interrupted); SIGCHLD wakes
+    // us to look again.
+    if (int sig = waitForStopSignal(-1, std::chrono::milliseconds(20)); sig != 0) {
+      late_signal_ = sig;
+      kill_at_ = std::chrono::steady_clock::now();
+      return stopLeftovers();
+    }
+  }
+  for (const Worker& w : workers_) {
+    if (w.pid > 0) watchdog_->remove(w.pid);
+  }
 }
 
 namespace {
@@ -363,7 +477,7 @@ void Agent::reap(std::vector<Failure>& failures) {
     const bool ok = WIFEXITED(e.status) && WEXITSTATUS(e.status) == 0;
     if (ok) continue;
     Worker& w = *e.worker;
-    readOutput(w, 1);  // its last words belong in the tail
+    readOutput(w, 1, Read::kLastWords);  // its last words belong in the tail
     Failure f;
     f.global_rank = w.global_rank;
     f.local_rank = w.local_rank;
@@ -394,8 +508,8 @@ void Agent::onSignal(std::vector<Failure>& failures, AttemptResult& result) {
       reap(failures);
     } else if (stopsJob(sig)) {
       if (result.signal == 0) {
-        std::cerr << "cxxlaunch: received " << signalName(sig) << ", stopping " << running()
-                  << " workers\n";
+        say("cxxlaunch: received " + signalName(sig) + ", stopping " + std::to_string(running()) +
+            " workers\n");
       }
       result.signal = sig;
       beginStop(sig);
@@ -433,21 +547,29 @@ AttemptResult Agent::monitor() {
           result.news = rendezvous_.news();
           beginStop(SIGTERM);
         }
+      } else if (tag == kConsoleTag + STDOUT_FILENO || tag == kConsoleTag + STDERR_FILENO) {
+        // Writable again: updateConsoles writes what it takes.
       } else {
         readOutput(workers_[tag / 2], static_cast<int>(tag % 2));
       }
     }
+    updateConsoles();
   }
+  // The workers are gone; what they started is not allowed to outlive them.
+  late_signal_ = 0;
+  stopLeftovers();
+  if (late_signal_ != 0 && result.signal == 0) result.signal = late_signal_;
   itimerspec off{};
   ::timerfd_settime(timer_fd_, 0, &off, nullptr);
-  // Whatever a worker wrote before it exited is in the pipe now; a grandchild that still holds
-  // the pipe open must not keep the agent waiting.
+  // Whatever a worker wrote before it exited is in the pipe now (at most a pipe's worth each, so
+  // the console queues stay bounded).
   for (Worker& w : workers_) {
     for (int s = 0; s < 2; ++s) {
-      readOutput(w, s);
+      readOutput(w, s, Read::kAll);
       closeStream(w, s);
     }
   }
+  updateConsoles();
   if (result.signal != 0) {
     result.outcome = Outcome::kInterrupted;
   } else if (result.outcome == Outcome::kNews) {
@@ -507,7 +629,7 @@ std::optional<WorldAssignment> Agent::joinInterruptibly(int& signal) {
   for (;;) {
     signal = waitForStopSignal(news_fd_, std::chrono::hours(24 * 365));
     if (signal == 0) break;
-    std::cerr << "cxxlaunch: received " << signalName(signal) << " while joining\n";
+    say("cxxlaunch: received " + signalName(signal) + " while joining\n");
     rendezvous_.cancelJoin();
     break;
   }
@@ -543,6 +665,17 @@ int Agent::finish(RunReport& report, const std::string& status, int exit_code) {
   report.exit_code = exit_code;
   writeRunSummary((run_dir_ / "run-summary.json").string(), report);
   rendezvous_.finish();
+  // The job is over; a console that does not take its last lines within the bound only loses
+  // them from the screen.
+  Console& out = Console::of(STDOUT_FILENO);
+  Console& err = Console::of(STDERR_FILENO);
+  const size_t unwritten = out.drain(kConsoleDrain) ? 0 : out.pending();
+  if (unwritten > 0) {
+    say("cxxlaunch: the console did not take the last " + std::to_string(unwritten) +
+        " bytes of output within " + std::to_string(kConsoleDrain.count()) +
+        " s; every byte is in the logs under " + run_dir_.string() + "\n");
+  }
+  err.drain(kConsoleDrain);
   return exit_code;
 }
 
@@ -597,13 +730,13 @@ int Agent::run() {
 
     switch (decision.kind) {
       case Decision::Kind::kRestart:
-        std::cerr << "cxxlaunch: " << decision.reason << "\n";
+        say("cxxlaunch: " + decision.reason + "\n");
         continue;
       case Decision::Kind::kDone:
       case Decision::Kind::kWait:
         if (!decision.reason.empty() && result.outcome == Outcome::kSucceeded &&
             decision.reason != "every node finished") {
-          std::cerr << "cxxlaunch: " << decision.reason << "\n";
+          say("cxxlaunch: " + decision.reason + "\n");
         }
         return finish(report, "succeeded", kExitOk);
       case Decision::Kind::kFail: {
@@ -611,11 +744,11 @@ int Agent::run() {
         int exit_code = decision.remote_exit_code.value_or(
             report.failures.empty() ? kExitInternal : rootCause(report.failures).processExitCode());
         if (exit_code == 0) exit_code = kExitInternal;
-        if (!report.failures.empty()) std::cerr << formatFailureTable(report);
+        if (!report.failures.empty()) say(formatFailureTable(report));
         if (!decision.remote_description.empty()) {
-          std::cerr << "cxxlaunch: the job failed: " << decision.remote_description << "\n";
+          say("cxxlaunch: the job failed: " + decision.remote_description + "\n");
         } else if (report.failures.empty()) {
-          std::cerr << "cxxlaunch: the job failed: " << decision.reason << "\n";
+          say("cxxlaunch: the job failed: " + decision.reason + "\n");
         }
         return finish(report, "failed", exit_code);
       }

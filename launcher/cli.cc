@@ -16,11 +16,16 @@
 
 #include "launcher/config.h"
 #include "launcher/process.h"
+#include "rendezvous/file.h"
+#include "rendezvous/run_state.h"
 
 namespace cxxlaunch::launcher {
 namespace {
 
 // ---- value parsers: each throws UsageError naming the flag and what it accepts ------------
+
+constexpr double kRendezvousSeconds =
+    std::chrono::duration<double>(rendezvous::kMaxSettingTime).count();
 
 [[noreturn]] void fail(const std::string& flag, const std::string& value, const std::string& want) {
   throw UsageError("--" + flag + ": '" + value + "' is not " + want);
@@ -39,13 +44,17 @@ int parseInt(const std::string& flag, const std::string& value, long long lo, lo
   return static_cast<int>(v);
 }
 
+// `max_seconds`: 1e7 s (115 days) for the launcher's own times; the rendezvous times have the
+// daemon's bound (rendezvous::kMaxSettingTime), checked here rather than refused after launch.
 std::chrono::milliseconds parseSeconds(const std::string& flag, const std::string& value,
-                                       bool allow_zero) {
+                                       bool allow_zero, double max_seconds = 1e7) {
   char* end = nullptr;
   double seconds = std::strtod(value.c_str(), &end);
   if (value.empty() || end != value.c_str() + value.size() || !(seconds >= 0) ||
-      (!allow_zero && seconds == 0) || seconds > 1e7) {
-    fail(flag, value, allow_zero ? "a number of seconds >= 0" : "a number of seconds > 0");
+      (!allow_zero && seconds == 0) || seconds > max_seconds) {
+    fail(flag, value,
+         std::string(allow_zero ? "a number of seconds >= 0" : "a number of seconds > 0") +
+             " and <= " + std::to_string(static_cast<long long>(max_seconds)));
   }
   return std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
 }
@@ -117,12 +126,13 @@ std::string parseEndpoint(const std::string& flag, const std::string& value) {
 }
 
 std::string readTokenFile(const std::string& path) {
-  std::ifstream in(path);
-  std::string token;
-  std::getline(in, token);
-  if (!in && token.empty()) {
-    throw UsageError("--rdzv_conf token_file: cannot read '" + path + "'");
+  std::string text;
+  try {
+    text = readRegularFile(path, "--rdzv_conf token_file", 64 << 10);
+  } catch (const InvalidArgument& e) {
+    throw UsageError(e.what());
   }
+  std::string token = text.substr(0, text.find('\n'));
   if (token.empty()) throw UsageError("--rdzv_conf token_file: '" + path + "' is empty");
   return token;
 }
@@ -136,11 +146,11 @@ void parseRdzvConf(RendezvousOptions& r, const std::string& flag, const std::str
     if (key == "join_timeout" || key == "timeout") {
       r.join_timeout = parseSeconds(name, v, false);
     } else if (key == "last_call_timeout") {
-      r.last_call_timeout = parseSeconds(name, v, true);
+      r.last_call_timeout = parseSeconds(name, v, true, kRendezvousSeconds);
     } else if (key == "close_timeout") {
       r.close_timeout = parseSeconds(name, v, true);
     } else if (key == "keep_alive_interval") {
-      r.keep_alive_interval = parseSeconds(name, v, false);
+      r.keep_alive_interval = parseSeconds(name, v, false, kRendezvousSeconds);
     } else if (key == "keep_alive_max_misses") {
       r.keep_alive_max_misses = parseInt(name, v, 1, 1000, "a number >= 1");
     } else if (key == "is_host") {
@@ -653,6 +663,15 @@ LaunchOptions parseRunArgs(const std::vector<std::string>& args, const HostInfo&
                        std::to_string(options.nproc_per_node) + "; give one GPU id per worker");
     }
     options.nproc_per_node = static_cast<int>(options.gpus.size());
+  }
+  // Each bound holds alone; their product is the job's world size, the largest rank offset + 1.
+  const long long world = static_cast<long long>(options.rdzv.max_nodes) * options.nproc_per_node;
+  if (world > rendezvous::kMaxWorldSize) {
+    throw UsageError(std::to_string(options.rdzv.max_nodes) + " nodes x " +
+                     std::to_string(options.nproc_per_node) +
+                     " workers per node = " + std::to_string(world) + " ranks, more than the " +
+                     std::to_string(rendezvous::kMaxWorldSize) +
+                     " a job may have; lower --nnodes or --nproc_per_node");
   }
   validateRendezvous(options);
   if (options.run_id.empty()) options.run_id = randomHex(12);

@@ -18,6 +18,7 @@
 #include <sstream>
 #include <string_view>
 
+#include "rendezvous/file.h"
 #include "runtime/env_names.h"
 
 extern char** environ;  // NOLINT(readability-redundant-declaration)
@@ -72,6 +73,9 @@ const std::vector<std::string> kShardingStrategies = {"FULL_SHARD", "SHARD_GRAD_
 std::vector<KeySpec> buildSchema() {
   using K = KeyType;
   const double kDay = 86400 * 365;
+  // The rendezvous times the daemon accepts (rendezvous::kMaxSettingTime): refused here, at the
+  // line that sets them, rather than by the server after the launch.
+  const double kRendezvousTime = 86400;
   return {
       choiceKey("compute_environment", {"LOCAL_MACHINE", "AMAZON_SAGEMAKER"}, "LOCAL_MACHINE", "",
                 "", "where the job runs; cxxlaunch runs on this machine only"),
@@ -161,11 +165,11 @@ std::vector<KeySpec> buildSchema() {
               "CXXLAUNCH_FSDP_ACTIVATION_CHECKPOINTING", "FSDP: recompute activations in backward"),
       rangeKey("cxxlaunch.join_timeout", K::kSeconds, 0.001, kDay, "600", "",
                "CXXLAUNCH_JOIN_TIMEOUT", "seconds to wait for all nodes (--rdzv_conf)"),
-      rangeKey("cxxlaunch.last_call_timeout", K::kSeconds, 0, kDay, "30", "",
+      rangeKey("cxxlaunch.last_call_timeout", K::kSeconds, 0, kRendezvousTime, "30", "",
                "CXXLAUNCH_LAST_CALL_TIMEOUT", "seconds an elastic round waits for latecomers"),
       rangeKey("cxxlaunch.close_timeout", K::kSeconds, 0, kDay, "300", "",
                "CXXLAUNCH_CLOSE_TIMEOUT", "seconds the exit barrier waits"),
-      rangeKey("cxxlaunch.keep_alive_interval", K::kSeconds, 0.001, kDay, "5", "",
+      rangeKey("cxxlaunch.keep_alive_interval", K::kSeconds, 0.001, kRendezvousTime, "5", "",
                "CXXLAUNCH_KEEP_ALIVE_INTERVAL", "seconds between node heartbeats"),
       rangeKey("cxxlaunch.keep_alive_max_misses", K::kInt, 1, 1000, "3", "",
                "CXXLAUNCH_KEEP_ALIVE_MAX_MISSES", "missed heartbeats before a node is lost"),
@@ -551,15 +555,16 @@ Config parseConfigText(const std::string& text, const std::string& name) {
 }
 
 Config loadConfigFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw ConfigError(path +
-                      ": cannot read the config file; check the path or write one with "
-                      "`cxxlaunch config`");
+  std::string text;
+  try {
+    // Regular files only, and small ones: a directory must not pass as an empty config, a FIFO
+    // must not hang the launch, /dev/zero must not fill memory.
+    text = readRegularFile(path, "config file", kMaxConfigFileBytes);
+  } catch (const InvalidArgument& e) {
+    throw ConfigError(std::string(e.what()) +
+                      "; check the path or write one with `cxxlaunch config`");
   }
-  std::ostringstream text;
-  text << in.rdbuf();
-  return parseConfigText(text.str(), path);
+  return parseConfigText(text, path);
 }
 
 std::string writeConfigText(const Config& config) {

@@ -100,6 +100,9 @@ class Config {
 // Reads YAML text; `name` is the file name used in messages. Checks syntax, types, unknown keys
 // (with the closest known one) and value ranges, not combinations (see validateConfig).
 Config parseConfigText(const std::string& text, const std::string& name);
+// Reads and parses `path`, which must be a regular file of at most kMaxConfigFileBytes: anything
+// else (a directory, FIFO, device, a huge file) is a ConfigError before a byte is read.
+inline constexpr size_t kMaxConfigFileBytes = 4 << 20;
 Config loadConfigFile(const std::string& path);
 
 // The YAML for every set value and every ignored key, nested as accelerate writes it; reading

@@ -9,6 +9,9 @@
 #include <sstream>
 
 #include "launcher/cli.h"
+#include "launcher/config.h"
+#include "rendezvous/file.h"
+#include "rendezvous/run_state.h"
 
 namespace cxxlaunch::launcher {
 namespace {
@@ -23,11 +26,15 @@ double parseCount(const std::string& what, const std::string& text) {
 }
 
 void loadLayers(const std::string& path, MemoryEstimateOptions& options) {
+  std::string text;
+  try {
+    text = readRegularFile(path, "--config", kMaxConfigFileBytes);  // not a FIFO, not /dev/zero
+  } catch (const InvalidArgument& e) {
+    throw UsageError(e.what());
+  }
   YAML::Node root;
   try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::BadFile&) {
-    throw UsageError("--config: cannot read '" + path + "'");
+    root = YAML::Load(text);
   } catch (const YAML::Exception& e) {
     throw UsageError(path + ":" + std::to_string(e.mark.line + 1) + ":" +
                      std::to_string(e.mark.column + 1) + ": YAML syntax error: " + e.msg);
@@ -96,10 +103,13 @@ MemoryEstimateOptions parseEstimateArgs(const std::vector<std::string>& args) {
       loadLayers(value, options);
       have_size = true;
     } else if (flag == "num_processes") {
-      options.ranks = static_cast<int>(parseCount("--num_processes", value));
-      if (options.ranks != parseCount("--num_processes", value)) {
-        throw UsageError("--num_processes: '" + value + "' is not a whole number");
+      const double ranks = parseCount("--num_processes", value);
+      // Checked before the conversion: a double past int's range does not convert.
+      if (ranks != std::floor(ranks) || ranks > static_cast<double>(rendezvous::kMaxWorldSize)) {
+        throw UsageError("--num_processes: '" + value + "' is not a whole number from 1 to " +
+                         std::to_string(rendezvous::kMaxWorldSize));
       }
+      options.ranks = static_cast<int>(ranks);
     } else if (flag == "dtypes") {
       options.dtypes.clear();
       std::istringstream in(value);

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <iostream>
@@ -14,6 +15,7 @@
 
 #include "launcher/process.h"
 #include "rendezvous/client.h"
+#include "rendezvous/daemon_flags.h"
 #include "rendezvous/error.h"
 #include "rendezvous/server.h"
 
@@ -108,7 +110,12 @@ class RemoteRendezvous final : public NodeRendezvous {
     client_options_.tls_ca_file = r.tls_ca;
     client_options_.tls_cert_file = r.tls_cert;
     client_options_.tls_key_file = r.tls_key;
-    client_options_.call_timeout = std::chrono::seconds(10);
+    // No call of ours needs to wait longer than the server waits before it evicts us: past that
+    // the answer no longer matters, and a stopped or partitioned server must cost each call at
+    // most that (and a join poll at most that beyond its poll time), not a fixed 10 s.
+    client_options_.call_timeout =
+        std::clamp<std::chrono::milliseconds>(r.keep_alive_interval * r.keep_alive_max_misses,
+                                              std::chrono::seconds(1), std::chrono::seconds(10));
     run_id_ = options.run_id;
     // The hosting launcher talks to its own server without the network.
     client_ = server_ ? std::make_unique<rdzv::RendezvousClient>(client_options_, run_id_,
@@ -209,6 +216,10 @@ class RemoteRendezvous final : public NodeRendezvous {
     if (server_ && ended_ && num_nodes_ > 1) {
       server_->waitUntilSettled(run_id_,
                                 options_.keep_alive_interval * (options_.keep_alive_max_misses + 1));
+      // A node counts as told when its answer is written, not when it has arrived: the process
+      // exits right after this, and would cut the last answers off (the peer then waits out the
+      // eviction timeout for a server that is gone). Shutdown lets calls in flight complete.
+      server_->shutdown();
     }
   }
 
@@ -226,6 +237,11 @@ class RemoteRendezvous final : public NodeRendezvous {
     } catch (const CommunicationError&) {
       if (options.rdzv.is_host.value_or(false) || endpoint.empty()) throw;
       // Someone else serves it (another launcher here, cxxlaunchd, or another host).
+      return;
+    }
+    // As cxxlaunchd does: a server others can reach without TLS is worth a line.
+    if (const std::string warning = rdzv::exposureWarning(server); !warning.empty()) {
+      std::cerr << "cxxlaunch: " << warning << "\n";
     }
   }
 
@@ -259,28 +275,48 @@ class RemoteRendezvous final : public NodeRendezvous {
     return w;
   }
 
-  // Sends keep-alives every interval until a verdict other than "continue" (then `news`), or
-  // until the server has been unreachable for max_misses intervals.
+  // Sends keep-alives until a verdict other than "continue" (then `news`), or until the server
+  // has not answered for keep_alive_interval * keep_alive_max_misses (the eviction timeout the
+  // server applies to us, so both sides give up at about the same time).
+  //  - Every interval while the workers run. Each call's deadline is at most one interval and
+  //    never past the moment the server counts as lost: a stopped server is noticed then, not
+  //    after max_misses full call timeouts.
+  //  - After this node left (the exit barrier), first after 50 ms, then twice as long each time
+  //    up to the interval: the last node's leave closes the run, and the nodes that finished
+  //    first should hear it within tens of milliseconds, not a whole interval later.
   void keepAliveLoop(const std::function<void()>& news) {
-    int misses = 0;
+    using rdzv::Millis;
+    const Millis interval = options_.keep_alive_interval;
+    const Millis lost_after = interval * options_.keep_alive_max_misses;
+    auto last_answer = Clock::now();
+    Millis pause = left_ ? std::min(Millis(50), interval) : interval;
     std::unique_lock<std::mutex> lock(mu_);
     while (!stop_) {
-      wake_.wait_for(lock, options_.keep_alive_interval, [&] { return stop_; });
+      wake_.wait_for(lock, pause, [&] { return stop_; });
       if (stop_) return;
       lock.unlock();
+      pause = std::min(pause * 2, interval);
+      const auto silent = std::chrono::duration_cast<Millis>(Clock::now() - last_answer);
+      const Millis deadline = std::max(Millis(100), std::min(interval, lost_after - silent));
       Decision decision;
       bool report = false;
       try {
-        decision = decisionOf(client_->keepAlive(node_.id, round_), node_.id);
-        misses = 0;
+        decision = decisionOf(client_->keepAlive(node_.id, round_, deadline), node_.id);
+        last_answer = Clock::now();
         report = decision.kind != Decision::Kind::kWait;
       } catch (const Error& e) {
-        if (++misses >= options_.keep_alive_max_misses) {
+        const auto since = Clock::now() - last_answer;
+        if (since >= lost_after) {
           report = true;
           decision = left_ ? Decision{Decision::Kind::kDone,
                                       std::string("the rendezvous server is gone: ") + e.what(), {}, {}}
                            : Decision{Decision::Kind::kFail,
                                       std::string("lost the rendezvous server: ") + e.what(), {}, {}};
+        } else {
+          // Look again when the server would count as lost, if that comes before the interval.
+          pause =
+              std::max(Millis(1),
+                       std::min(interval, std::chrono::duration_cast<Millis>(lost_after - since)));
         }
       }
       lock.lock();

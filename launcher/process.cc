@@ -6,8 +6,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <csignal>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <random>
 
@@ -99,6 +102,104 @@ SpawnedProcess spawnProcess(const SpawnSpec& spec) {
   CXXLAUNCH_SYSCALL(::fcntl(out[0], F_SETFL, O_NONBLOCK));
   CXXLAUNCH_SYSCALL(::fcntl(err[0], F_SETFL, O_NONBLOCK));
   return {pid, out[0], err[0]};
+}
+
+std::vector<pid_t> childrenOf(pid_t parent) {
+  std::vector<pid_t> children;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(entry.path() / "stat");
+    std::string stat;
+    std::getline(in, stat);
+    // pid (comm) state ppid ...; comm may hold spaces and parentheses: parse after the last ')'.
+    const auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    char state = 0;
+    long ppid = 0;
+    if (std::sscanf(stat.c_str() + close + 1, " %c %ld", &state, &ppid) != 2) continue;
+    if (ppid == parent && state != 'Z' && state != 'X') {
+      children.push_back(static_cast<pid_t>(std::stol(name)));
+    }
+  }
+  return children;
+}
+
+namespace {
+
+constexpr size_t kWatchdogSlots = 4096;
+
+// The helper's loop: only async-signal-safe calls, no allocation (it runs in a fork of a threaded
+// process). A message is one int32: a group to watch (> 0) or to forget (< 0).
+[[noreturn]] void watchdogMain(int fd, std::array<int32_t, kWatchdogSlots>& groups) {
+  ::setpgid(0, 0);  // Ctrl-C at the terminal is for the agent, not for us
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE, SIGTSTP}) {
+    ::signal(sig, SIG_IGN);
+  }
+  // The agent's sockets and pipes are not ours to hold open.
+  if (fd > 0) ::close_range(0, static_cast<unsigned>(fd) - 1, 0);
+  ::close_range(static_cast<unsigned>(fd) + 1, ~0U, 0);
+  int32_t message = 0;
+  for (;;) {
+    const ssize_t n = ::read(fd, &message, sizeof(message));
+    if (n == -1 && errno == EINTR) continue;
+    if (n != static_cast<ssize_t>(sizeof(message))) break;  // EOF: the agent is gone
+    for (auto& slot : groups) {
+      if (message > 0 && slot == 0) {
+        slot = message;
+        break;
+      }
+      if (message < 0 && slot == -message) {
+        slot = 0;
+        break;
+      }
+    }
+  }
+  for (int32_t group : groups) {
+    if (group > 0) ::kill(-group, SIGKILL);
+  }
+  ::_exit(0);
+}
+
+}  // namespace
+
+GroupWatchdog::GroupWatchdog() {
+  int fds[2];
+  CXXLAUNCH_SYSCALL(::pipe2(fds, O_CLOEXEC));
+  static std::array<int32_t, kWatchdogSlots> groups{};  // allocated before the fork
+  const pid_t pid = ::fork();
+  if (pid == -1) {
+    const int err = errno;
+    ::close(fds[0]);
+    ::close(fds[1]);
+    throw SystemError("fork (watchdog)", err);
+  }
+  if (pid == 0) {
+    ::close(fds[1]);
+    watchdogMain(fds[0], groups);
+  }
+  ::close(fds[0]);
+  pid_ = pid;
+  fd_ = fds[1];
+}
+
+GroupWatchdog::~GroupWatchdog() {
+  if (fd_ != -1) ::close(fd_);
+  // It exits at once now; reaped here, it leaves no zombie under an init that does not reap.
+  if (pid_ > 0) ::waitpid(pid_, nullptr, 0);
+}
+
+void GroupWatchdog::add(pid_t group) {
+  const auto message = static_cast<int32_t>(group);
+  ssize_t ignored = ::write(fd_, &message, sizeof(message));  // 4 bytes: atomic on a pipe
+  (void)ignored;
+}
+
+void GroupWatchdog::remove(pid_t group) {
+  const auto message = -static_cast<int32_t>(group);
+  ssize_t ignored = ::write(fd_, &message, sizeof(message));
+  (void)ignored;
 }
 
 std::string signalName(int signal) {

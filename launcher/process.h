@@ -29,6 +29,35 @@ struct SpawnedProcess {
 // Throws SystemError when fork or exec fails (exec errors are reported back through a pipe).
 SpawnedProcess spawnProcess(const SpawnSpec& spec);
 
+// The live children of `parent` (read from /proc). With the agent a child subreaper, its
+// children are its workers and every orphaned process below them, however they detached.
+std::vector<pid_t> childrenOf(pid_t parent);
+
+// A helper process that outlives a SIGKILLed agent for one purpose: when the agent is gone (its
+// end of a pipe closes) it sends SIGKILL to every process group the agent registered, so that
+// grandchildren of the workers do not live on under PID 1. (The workers themselves die of
+// PR_SET_PDEATHSIG; a process that left its worker's group with setsid escapes the watchdog,
+// see docs/reliability.md.) The agent unregisters a group once it is empty, so the watchdog
+// never signals a reused id. It ignores terminal signals and lives in its own process group.
+class GroupWatchdog {
+ public:
+  // Forks the helper; it does only async-signal-safe work, so a threaded agent may start it.
+  // Throws SystemError.
+  GroupWatchdog();
+  // Closes the pipe: the helper kills what is still registered and exits; waits for that.
+  ~GroupWatchdog();
+  GroupWatchdog(const GroupWatchdog&) = delete;
+  GroupWatchdog& operator=(const GroupWatchdog&) = delete;
+
+  void add(pid_t group);
+  void remove(pid_t group);
+  pid_t pid() const { return pid_; }
+
+ private:
+  pid_t pid_ = -1;
+  int fd_ = -1;  // write end
+};
+
 // "SIGSEGV" for 11; "SIG42" for a signal without a name.
 std::string signalName(int signal);
 

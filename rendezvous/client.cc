@@ -18,6 +18,33 @@ void prepare(grpc::ClientContext& ctx, const ClientOptions& options, Millis time
   ctx.set_deadline(std::chrono::system_clock::now() + timeout);
 }
 
+// A call that failed without ever reaching the server says only "Deadline Exceeded" or "failed
+// to connect": add what the user can check, above all the TLS settings, whose handshake failures
+// gRPC does not surface to the caller.
+grpc::Status explainUnreachable(const grpc::Status& status, grpc::Channel& channel,
+                                const ClientOptions& options) {
+  const auto code = status.error_code();
+  if (code != grpc::StatusCode::DEADLINE_EXCEEDED && code != grpc::StatusCode::UNAVAILABLE) {
+    return status;
+  }
+  if (channel.GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_READY) return status;
+  std::string hint = "could not connect to " + options.endpoint + " (" + status.error_message() +
+                     "): check that the server is up and reachable";
+  if (options.tls_ca_file.empty()) {
+    hint += "; if it serves TLS, give its CA (--rdzv_conf tls_ca=FILE)";
+  } else {
+    hint += ", that " + options.tls_ca_file + " signed its certificate for this host name";
+    if (options.tls_cert_file.empty()) {
+      hint +=
+          ", and, since no client certificate is given, that it does not require one: a "
+          "server started with --tls-ca refuses clients without tls_cert and tls_key";
+    } else {
+      hint += ", and that its --tls-ca signed " + options.tls_cert_file;
+    }
+  }
+  return {code, hint};
+}
+
 }  // namespace
 
 std::shared_ptr<grpc::Channel> makeChannel(const ClientOptions& options) {
@@ -35,7 +62,9 @@ std::shared_ptr<grpc::Channel> makeChannel(const ClientOptions& options) {
     credentials = grpc::InsecureChannelCredentials();
   }
   grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(1 << 20);
+  // The server bounds what it sends (its max_message_bytes, 64 MiB by default, above its largest
+  // value); the client's own bound only guards against a broken server, so it is larger.
+  args.SetMaxReceiveMessageSize(256 << 20);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   return grpc::CreateCustomChannel(options.endpoint, credentials, args);
@@ -57,6 +86,7 @@ std::pair<std::string, int64_t> parseStorePrefix(const std::string& prefix) {
 
 struct GrpcStore::Impl {
   ClientOptions options;
+  std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<rdzv::Store::Stub> stub;
   rdzv::Scope scope;
 
@@ -64,7 +94,8 @@ struct GrpcStore::Impl {
   void call(const char* what, Millis timeout, Call&& rpc) {
     grpc::ClientContext ctx;
     prepare(ctx, options, timeout);
-    wire::throwIfError(rpc(ctx), std::string("store ") + what);
+    wire::throwIfError(explainUnreachable(rpc(ctx), *channel, options),
+                       std::string("store ") + what);
   }
   // Blocking calls get the server-side wait plus the usual margin.
   Millis blocking(Timeout timeout) const { return timeout + options.call_timeout; }
@@ -73,7 +104,8 @@ struct GrpcStore::Impl {
 GrpcStore::GrpcStore(const ClientOptions& options, std::string run_id, int64_t round)
     : impl_(std::make_shared<Impl>()) {
   impl_->options = options;
-  impl_->stub = rdzv::Store::NewStub(makeChannel(options));
+  impl_->channel = makeChannel(options);
+  impl_->stub = rdzv::Store::NewStub(impl_->channel);
   impl_->scope.set_run_id(std::move(run_id));
   impl_->scope.set_round(round);
 }
@@ -190,17 +222,19 @@ void GrpcStore::multiSet(const std::vector<std::string>& keys,
 struct RendezvousClient::Impl {
   ClientOptions options;
   std::string run_id;
+  std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<rdzv::Rendezvous::Stub> stub;
   std::mutex mu;
   grpc::ClientContext* joining = nullptr;  // the join in progress, for cancel()
   bool cancelled = false;
 
   template <typename Response, typename Call>
-  Response unary(const char* what, Call&& rpc) {
+  Response unary(const char* what, Call&& rpc, Millis timeout = Millis(0)) {
     grpc::ClientContext ctx;
-    prepare(ctx, options, options.call_timeout);
+    prepare(ctx, options,
+            timeout.count() > 0 ? std::min(timeout, options.call_timeout) : options.call_timeout);
     Response resp;
-    wire::throwIfError(rpc(ctx, resp),
+    wire::throwIfError(explainUnreachable(rpc(ctx, resp), *channel, options),
                        std::string("rendezvous ") + what + " at " + options.endpoint);
     return resp;
   }
@@ -214,7 +248,8 @@ RendezvousClient::RendezvousClient(const ClientOptions& options, std::string run
     : impl_(std::make_unique<Impl>()) {
   impl_->options = options;
   impl_->run_id = std::move(run_id);
-  impl_->stub = rdzv::Rendezvous::NewStub(std::move(channel));
+  impl_->channel = std::move(channel);
+  impl_->stub = rdzv::Rendezvous::NewStub(impl_->channel);
 }
 
 RendezvousClient::~RendezvousClient() = default;
@@ -239,7 +274,8 @@ JoinPoll RendezvousClient::join(const NodeSpec& node, const RunSettings& setting
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->joining = nullptr;
   }
-  wire::throwIfError(status, "rendezvous join at " + impl_->options.endpoint);
+  wire::throwIfError(explainUnreachable(status, *impl_->channel, impl_->options),
+                     "rendezvous join at " + impl_->options.endpoint);
   JoinPoll result;
   if (resp.complete()) {
     result.placement = wire::fromProto(resp.round());
@@ -255,15 +291,17 @@ void RendezvousClient::cancel() {
   if (impl_->joining != nullptr) impl_->joining->TryCancel();
 }
 
-Verdict RendezvousClient::keepAlive(const std::string& node_id, int64_t round) {
+Verdict RendezvousClient::keepAlive(const std::string& node_id, int64_t round, Millis timeout) {
   rdzv::KeepAliveRequest req;
   req.set_run_id(impl_->run_id);
   req.set_node_id(node_id);
   req.set_round(round);
   return wire::fromProto(impl_->unary<rdzv::KeepAliveResponse>(
-      "keep-alive", [&](grpc::ClientContext& ctx, auto& resp) {
+      "keep-alive",
+      [&](grpc::ClientContext& ctx, auto& resp) {
         return impl_->stub->KeepAlive(&ctx, req, &resp);
-      }));
+      },
+      timeout));
 }
 
 Verdict RendezvousClient::requestRestart(const std::string& node_id, int64_t round,

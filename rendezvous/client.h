@@ -80,7 +80,9 @@ class RendezvousClient {
   // within `poll` + the call timeout, StaleError for a closed or failed run, InvalidArgument for
   // settings that contradict the run's.
   JoinPoll join(const NodeSpec& node, const RunSettings& settings, Millis poll);
-  Verdict keepAlive(const std::string& node_id, int64_t round);
+  // `timeout`: the call's deadline when shorter than the call timeout (a keep-alive must not
+  // outlast the interval it reports on); 0: the call timeout.
+  Verdict keepAlive(const std::string& node_id, int64_t round, Millis timeout = Millis(0));
   Verdict requestRestart(const std::string& node_id, int64_t round, const FailureReport& failure);
   Verdict leave(const std::string& node_id, int64_t round);
   RunStatus status();

@@ -19,6 +19,14 @@ class InvalidArgument : public Error {
   using Error::Error;
 };
 
+// A request would pass a configured bound (store keys, bytes, key or value size, message size).
+// A kind of InvalidArgument: retrying the same request cannot help. The message names the limit
+// and the flag that sets it.
+class LimitExceeded : public InvalidArgument {
+ public:
+  using InvalidArgument::InvalidArgument;
+};
+
 // A bounded wait ran out (store get, rendezvous join, collective).
 class TimeoutError : public Error {
  public:

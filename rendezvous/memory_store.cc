@@ -7,10 +7,58 @@
 
 namespace cxxlaunch::rendezvous {
 
+void MemoryStore::checkWriteLocked(const std::vector<std::string>& keys,
+                                   const std::vector<const std::string*>& values) const {
+  auto exceeded = [](const std::string& what, int64_t limit, const char* flag) {
+    throw LimitExceeded("store: " + what + " would pass the limit of " + std::to_string(limit) +
+                        " (cxxlaunchd " + flag + ")");
+  };
+  int64_t keys_after = static_cast<int64_t>(data_.size());
+  int64_t bytes_after = bytes_;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const std::string& key = keys[i];
+    const auto key_size = static_cast<int64_t>(key.size());
+    const auto value_size = static_cast<int64_t>(values[i]->size());
+    if (limits_.max_key_bytes > 0 && key_size > limits_.max_key_bytes) {
+      exceeded("a key of " + std::to_string(key_size) + " bytes", limits_.max_key_bytes,
+               "--store-max-key-bytes");
+    }
+    if (limits_.max_value_bytes > 0 && value_size > limits_.max_value_bytes) {
+      exceeded(
+          "a value of " + std::to_string(value_size) + " bytes at key '" + key.substr(0, 64) + "'",
+          limits_.max_value_bytes, "--store-max-value-bytes");
+    }
+    auto it = data_.find(key);
+    if (it == data_.end()) {
+      ++keys_after;
+      bytes_after += key_size + value_size;
+    } else {
+      bytes_after += value_size - static_cast<int64_t>(it->second.size());
+    }
+  }
+  if (limits_.max_keys > 0 && keys_after > limits_.max_keys) {
+    exceeded("this run's keys (" + std::to_string(keys_after) + ")", limits_.max_keys,
+             "--store-max-keys");
+  }
+  if (limits_.max_bytes > 0 && bytes_after > limits_.max_bytes && bytes_after > bytes_) {
+    exceeded("this run's store bytes (" + std::to_string(bytes_after) + ")", limits_.max_bytes,
+             "--store-max-bytes");
+  }
+}
+
+void MemoryStore::storeLocked(const std::string& key, const std::string& value) {
+  auto [it, inserted] = data_.try_emplace(key);
+  bytes_ +=
+      static_cast<int64_t>(value.size()) -
+      (inserted ? -static_cast<int64_t>(key.size()) : static_cast<int64_t>(it->second.size()));
+  it->second = value;
+}
+
 void MemoryStore::set(const std::string& key, const std::string& value) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    data_[key] = value;
+    checkWriteLocked({key}, {&value});
+    storeLocked(key, value);
   }
   changed_.notify_all();
 }
@@ -33,8 +81,14 @@ int64_t MemoryStore::add(const std::string& key, int64_t delta) {
         throw InvalidArgument("add: the value at key '" + key + "' is not a counter");
       }
     }
-    value += delta;
-    data_[key] = std::to_string(value);
+    if (__builtin_add_overflow(value, delta, &value)) {
+      throw InvalidArgument("add: the counter at key '" + key + "' would overflow (" + it->second +
+                            " + " + std::to_string(delta) +
+                            " is past the 64-bit range); it keeps its value");
+    }
+    const std::string text = std::to_string(value);
+    checkWriteLocked({key}, {&text});
+    storeLocked(key, text);
   }
   changed_.notify_all();
   return value;
@@ -48,9 +102,11 @@ std::string MemoryStore::compareSet(const std::string& key, const std::string& e
     auto it = data_.find(key);
     if (it == data_.end()) {
       if (!expected.empty()) return expected;
-      data_[key] = desired;
+      checkWriteLocked({key}, {&desired});
+      storeLocked(key, desired);
     } else if (it->second == expected) {
-      it->second = desired;
+      checkWriteLocked({key}, {&desired});
+      storeLocked(key, desired);
     } else {
       return it->second;
     }
@@ -73,7 +129,11 @@ bool MemoryStore::check(const std::vector<std::string>& keys) {
 
 bool MemoryStore::deleteKey(const std::string& key) {
   std::lock_guard<std::mutex> lock(mutex_);
-  return data_.erase(key) != 0;
+  auto it = data_.find(key);
+  if (it == data_.end()) return false;
+  bytes_ -= static_cast<int64_t>(it->first.size() + it->second.size());
+  data_.erase(it);
+  return true;
 }
 
 int64_t MemoryStore::numKeys() {
@@ -99,7 +159,11 @@ void MemoryStore::multiSet(const std::vector<std::string>& keys,
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (size_t i = 0; i < keys.size(); ++i) data_[keys[i]] = values[i];
+    std::vector<const std::string*> pointers;
+    pointers.reserve(values.size());
+    for (const auto& value : values) pointers.push_back(&value);
+    checkWriteLocked(keys, pointers);  // all or nothing
+    for (size_t i = 0; i < keys.size(); ++i) storeLocked(keys[i], values[i]);
   }
   changed_.notify_all();
 }

@@ -32,16 +32,28 @@ std::string describe(const RunSettings& s) {
 
 void RunSettings::validate() const {
   auto bad = [](const std::string& what) { throw InvalidArgument("rendezvous settings: " + what); };
+  auto ms = [](Millis t) { return std::to_string(t.count()) + " ms"; };
   if (min_nodes < 1) bad("min nodes must be >= 1, got " + std::to_string(min_nodes));
   if (max_nodes < min_nodes) {
     bad("max nodes (" + std::to_string(max_nodes) + ") must be >= min nodes (" +
         std::to_string(min_nodes) + ")");
   }
-  if (max_nodes > 65536) bad("max nodes must be <= 65536");
-  if (last_call_timeout.count() < 0) bad("last_call_timeout must be >= 0");
-  if (keep_alive_interval.count() <= 0) bad("keep_alive_interval must be > 0");
-  if (keep_alive_max_misses < 1) bad("keep_alive_max_misses must be >= 1");
-  if (max_restarts < 0) bad("max_restarts must be >= 0");
+  if (max_nodes > 65536) bad("max nodes must be <= 65536, got " + std::to_string(max_nodes));
+  if (last_call_timeout.count() < 0 || last_call_timeout > kMaxSettingTime) {
+    bad("last_call_timeout must be 0-" + ms(kMaxSettingTime) + ", got " + ms(last_call_timeout));
+  }
+  if (keep_alive_interval.count() <= 0 || keep_alive_interval > kMaxSettingTime) {
+    bad("keep_alive_interval must be 1-" + ms(kMaxSettingTime) + ", got " +
+        ms(keep_alive_interval));
+  }
+  if (keep_alive_max_misses < 1 || keep_alive_max_misses > kMaxKeepAliveMisses) {
+    bad("keep_alive_max_misses must be 1-" + std::to_string(kMaxKeepAliveMisses) + ", got " +
+        std::to_string(keep_alive_max_misses));
+  }
+  if (max_restarts < 0 || max_restarts > kMaxRestarts) {
+    bad("max_restarts must be 0-" + std::to_string(kMaxRestarts) + ", got " +
+        std::to_string(max_restarts));
+  }
 }
 
 void NodeSpec::validate() const {
@@ -86,7 +98,6 @@ std::optional<Placement> RunState::join(const NodeSpec& node, const RunSettings&
       beat(node.id, now);
       return placementOf(node.id);  // asked again: the same answer
     }
-    beat(node.id, now);
     if (!contains(waiting_, node.id)) {
       waiting_.push_back(node);
       // Room for it: re-form the world with it now (scale-up costs no restart).
@@ -94,9 +105,9 @@ std::optional<Placement> RunState::join(const NodeSpec& node, const RunSettings&
         startNextRound(now, "node " + node.id + " joined");
       }
     }
+    beat(node.id, now);
     return placementOf(node.id);
   }
-  beat(node.id, now);
   if (!contains(joined_, node.id) && !contains(waiting_, node.id)) {
     if (!joined_.empty() && (joined_.begin()->second.node_rank >= 0) != (node.node_rank >= 0)) {
       throw InvalidArgument("node " + node.id +
@@ -116,13 +127,30 @@ std::optional<Placement> RunState::join(const NodeSpec& node, const RunSettings&
       }
     }
     if (static_cast<int>(joined_.size()) < settings_.max_nodes) {
+      checkWorldSize(node);
       joined_.emplace(node.id, node);
+      joined_ranks_ += node.local_world_size;
     } else {
       waiting_.push_back(node);
     }
   }
+  beat(node.id, now);  // only once admitted: a refused join leaves no trace
   maybeComplete(now);
   return placementOf(node.id);
+}
+
+bool RunState::roomFor(const NodeSpec& node) const {
+  return joined_ranks_ + node.local_world_size <= kMaxWorldSize;
+}
+
+void RunState::checkWorldSize(const NodeSpec& node) const {
+  // A round is formed from the joined nodes; bounding their sum bounds its world size and every
+  // rank offset, which must stay far from int overflow.
+  if (roomFor(node)) return;
+  throw InvalidArgument("node " + node.id + " would make the world " +
+                        std::to_string(joined_ranks_ + node.local_world_size) +
+                        " ranks, more than the " + std::to_string(kMaxWorldSize) +
+                        " a run may have");
 }
 
 void RunState::maybeComplete(SteadyTime now) {
@@ -160,6 +188,7 @@ void RunState::complete() {
   ++epoch_;
   phase_ = Phase::kRunning;
   joined_.clear();
+  joined_ranks_ = 0;
   expected_.clear();
   finished_.clear();
   last_call_deadline_.reset();
@@ -176,12 +205,14 @@ void RunState::startNextRound(SteadyTime now, const std::string& reason) {
   rank_of_.clear();
   finished_.clear();
   joined_.clear();
+  joined_ranks_ = 0;
   last_call_deadline_.reset();
   // Nodes waiting for room are polling Join: they are in, as far as room allows.
   std::vector<NodeSpec> still_waiting;
   for (auto& node : waiting_) {
     if (static_cast<int>(expected_.size()) < settings_.max_nodes) expected_.insert(node.id);
-    if (static_cast<int>(joined_.size()) < settings_.max_nodes) {
+    if (static_cast<int>(joined_.size()) < settings_.max_nodes && roomFor(node)) {
+      joined_ranks_ += node.local_world_size;
       joined_.emplace(node.id, std::move(node));
     } else {
       still_waiting.push_back(std::move(node));
@@ -252,7 +283,10 @@ bool RunState::tick(SteadyTime now) {
   std::set<std::string> evicted;
   for (const auto& id : silent_ids) {
     forget(id);
-    joined_.erase(id);
+    if (auto j = joined_.find(id); j != joined_.end()) {
+      joined_ranks_ -= j->second.local_world_size;
+      joined_.erase(j);
+    }
     expected_.erase(id);
     waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(),
                                   [&](const NodeSpec& n) { return n.id == id; }),
@@ -306,7 +340,12 @@ std::optional<SteadyTime> RunState::nextDeadline() const {
 }
 
 void RunState::checkStoreRound(int64_t round) const {
-  const bool current = round == round_ && (phase_ == Phase::kRunning || phase_ == Phase::kClosed);
+  if (phase_ == Phase::kClosed) {
+    // Every node left: no worker of the run is alive, so its keys are freed and no call may
+    // bring them back.
+    throw StaleError("run '" + run_id_ + "' is closed: its job finished and its store is gone");
+  }
+  const bool current = round == round_ && phase_ == Phase::kRunning;
   if (current) return;
   if (round < round_) {
     throw StaleError("round " + std::to_string(round) + " of run '" + run_id_ +

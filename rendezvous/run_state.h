@@ -36,6 +36,15 @@ namespace cxxlaunch::rendezvous {
 using SteadyTime = std::chrono::steady_clock::time_point;
 using Millis = std::chrono::milliseconds;
 
+// The largest world a run may form: ranks are `int` everywhere (the env contract, NCCL, Gloo).
+inline constexpr int64_t kMaxWorldSize = 1 << 24;
+
+// Bounds on the settings' times: large enough for any real job, small enough that every sum and
+// product of them (eviction timeout, deadlines as time points) stays far inside 64 bits.
+inline constexpr Millis kMaxSettingTime = std::chrono::hours(24);
+inline constexpr int kMaxKeepAliveMisses = 1000;
+inline constexpr int kMaxRestarts = 1'000'000;
+
 struct RunSettings {
   int min_nodes = 1;
   int max_nodes = 1;
@@ -45,7 +54,7 @@ struct RunSettings {
   int max_restarts = 0;
 
   Millis evictionTimeout() const { return keep_alive_interval * keep_alive_max_misses; }
-  // Throws InvalidArgument naming the bad field.
+  // Throws InvalidArgument naming the bad field and its range.
   void validate() const;
   bool operator==(const RunSettings&) const = default;
 };
@@ -136,8 +145,12 @@ class RunState {
   std::optional<SteadyTime> nextDeadline() const;
 
   // Whether store calls of `round` are current (the fencing check). Throws StaleError saying why
-  // not.
+  // not. A closed or failed run has no store any more.
   void checkStoreRound(int64_t round) const;
+
+  // Whether any node is still tracked as alive (joined, running or waiting, and not evicted).
+  // A run with none, final or not, only waits for its retention time to be freed.
+  bool hasLiveNodes() const { return !heartbeats_.empty() && !finalState(); }
 
   // Who the joining round has and who it still waits for, for waiting joins and timeouts.
   std::string waitingFor() const;
@@ -162,6 +175,10 @@ class RunState {
  private:
   enum class Phase { kJoining, kRunning, kClosed, kFailed };
 
+  // Whether `node` fits the joining round without a world past kMaxWorldSize; the check throws
+  // InvalidArgument saying so.
+  bool roomFor(const NodeSpec& node) const;
+  void checkWorldSize(const NodeSpec& node) const;
   void maybeComplete(SteadyTime now);
   void complete();
   void startNextRound(SteadyTime now, const std::string& reason);
@@ -176,6 +193,7 @@ class RunState {
   std::set<std::pair<SteadyTime, std::string>> by_beat_;  // the same, oldest first
   // Joining: who has joined round_ (by id), and who is expected back.
   std::map<std::string, NodeSpec> joined_;
+  int64_t joined_ranks_ = 0;  // the sum of their local world sizes
   std::set<std::string> expected_;
   std::optional<SteadyTime> last_call_deadline_;
   // Running: the round's nodes in rank order, their ranks and offsets, and those that finished.

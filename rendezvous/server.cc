@@ -1,6 +1,7 @@
 #include "rendezvous/server.h"
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/support/server_interceptor.h>
 
 #include <condition_variable>
 #include <fstream>
@@ -51,6 +52,7 @@ struct Run {
   // What parked calls have seen: they are re-checked only when something they wait for moved.
   uint64_t seen_epoch = 0;
   bool store_written = false;
+  SteadyTime last_call = Clock::now();  // for the retention of finished and abandoned runs
 };
 
 using Ready = std::vector<std::pair<grpc::ServerUnaryReactor*, grpc::Status>>;
@@ -130,7 +132,9 @@ class Core {
     if (status.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
       status = wire::guarded(body);
-      recheck(run_id, Clock::now(), ready);
+      const auto now = Clock::now();
+      recheck(run_id, now, ready);
+      touch(run_id, now);
       wake = tickerMustWake(run_id, std::nullopt);
     }
     if (wake) changed_.notify_all();
@@ -162,6 +166,7 @@ class Core {
         runs_.at(run_id)->parked.push_back({parked, *deadline, join, std::move(attempt)});
       }
       recheck(run_id, now, ready);
+      touch(run_id, now);
       wake = tickerMustWake(run_id, deadline);
     }
     if (wake) changed_.notify_all();
@@ -196,7 +201,9 @@ class Core {
     validateRunId(run_id);
     auto it = runs_.find(run_id);
     if (it == runs_.end()) {
-      throw StaleError("no run '" + run_id + "' on this server: its nodes have not joined yet");
+      throw StaleError("no run '" + run_id +
+                       "' on this server: its nodes have not joined yet, or it ended more than "
+                       "the server's run retention ago");
     }
     return *it->second;
   }
@@ -217,13 +224,19 @@ class Core {
     run.store_written = run.store_written || write;
     run.state.checkStoreRound(scope.round());
     if (run.store_round != scope.round()) {
-      run.store = std::make_unique<MemoryStore>();  // the old round's keys go with it
+      // The old round's keys go with it.
+      run.store = std::make_unique<MemoryStore>(options_.store_limits);
       run.store_round = scope.round();
     }
     return *run.store;
   }
 
   const ServerOptions& options() const { return options_; }
+
+  size_t runCount() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return runs_.size();
+  }
 
   bool waitUntilSettled(const std::string& run_id, Millis timeout) {
     std::unique_lock<std::mutex> lock(mu_);
@@ -273,12 +286,45 @@ class Core {
     if (it->second->state.finalState()) return true;
     std::optional<SteadyTime> deadline = it->second->state.nextDeadline();
     if (extra && (!deadline || *extra < *deadline)) deadline = extra;
+    if (auto at = expiry(*it->second); at && (!deadline || *at < *deadline)) deadline = at;
     return deadline && (!wake_at_ || *deadline < *wake_at_);
   }
 
   void recheck(const std::string& run_id, SteadyTime now, Ready& ready) {
     auto it = runs_.find(run_id);
     if (it != runs_.end()) recheck(*it->second, now, ready);
+  }
+
+  // After a call of a run: it was active now, and a run that became final drops its store at
+  // once (its keys are what a flooding client would leave behind).
+  void touch(const std::string& run_id, SteadyTime now) {
+    auto it = runs_.find(run_id);
+    if (it == runs_.end()) return;
+    Run& run = *it->second;
+    run.last_call = now;
+    if (run.state.finalState() && run.store) {
+      run.store.reset();
+      run.store_round = -1;
+    }
+  }
+
+  // When a run may be freed: its retention after its last call, once it is final or has no live
+  // node left (joins that never completed, nodes all evicted). nullopt: it is in use.
+  std::optional<SteadyTime> expiry(const Run& run) const {
+    if (!run.parked.empty() || run.state.hasLiveNodes()) return std::nullopt;
+    return run.last_call + options_.run_retention;
+  }
+
+  // Frees the runs past their retention (lock held).
+  void sweep(SteadyTime now) {
+    for (auto it = runs_.begin(); it != runs_.end();) {
+      auto at = expiry(*it->second);
+      if (at && now >= *at) {
+        it = runs_.erase(it);
+      } else {
+        ++it;
+      }
+    }
   }
 
   void tickLoop() {
@@ -290,12 +336,14 @@ class Core {
         run->state.tick(now);
         recheck(*run, now, ready);
       }
+      sweep(now);
       std::optional<SteadyTime> next;
       for (auto& [id, run] : runs_) {
         auto deadline = run->state.nextDeadline();
         for (const auto& p : run->parked) {
           if (!deadline || p.deadline < *deadline) deadline = p.deadline;
         }
+        if (auto at = expiry(*run); at && (!deadline || *at < *deadline)) deadline = at;
         if (deadline && (!next || *deadline < *next)) next = deadline;
       }
       if (!ready.empty()) {
@@ -416,9 +464,18 @@ class StoreService final : public rdzv::Store::CallbackService {
 
   grpc::ServerUnaryReactor* MultiGet(grpc::CallbackServerContext* ctx, const rdzv::KeysRequest* req,
                                      rdzv::MultiGetResponse* resp) override {
-    return waitForKeys(ctx, req, [req, resp](MemoryStore& store) {
+    const int64_t max_bytes = core_.options().max_message_bytes;
+    return waitForKeys(ctx, req, [req, resp, max_bytes](MemoryStore& store) {
       resp->clear_values();
       for (const auto& value : store.multiGet(keysOf(*req), Millis(0))) resp->add_values(value);
+      // gRPC would refuse to send it with a message about itself; say what to do instead.
+      if (static_cast<int64_t>(resp->ByteSizeLong()) > max_bytes) {
+        const auto size = resp->ByteSizeLong();
+        resp->clear_values();
+        throw LimitExceeded("multi_get: the answer would be " + std::to_string(size) +
+                            " bytes, more than the message limit of " + std::to_string(max_bytes) +
+                            " (cxxlaunchd --max-message-bytes); get fewer keys at a time");
+      }
     });
   }
 
@@ -560,6 +617,43 @@ class RendezvousService final : public rdzv::Rendezvous::CallbackService {
   Core& core_;
 };
 
+// gRPC answers a request it cannot decode with UNIMPLEMENTED and no message; the proto promises
+// INVALID_ARGUMENT, and a client deserves to hear what was wrong. The interceptor sees the
+// failed decoding (no message after POST_RECV_MESSAGE) and rewrites the status it sends.
+class UndecodableRequest final : public grpc::experimental::Interceptor {
+ public:
+  explicit UndecodableRequest(grpc::experimental::ServerRpcInfo* info) : method_(info->method()) {}
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    using Hook = grpc::experimental::InterceptionHookPoints;
+    if (methods->QueryInterceptionHookPoint(Hook::POST_RECV_MESSAGE) &&
+        methods->GetRecvMessage() == nullptr) {
+      undecodable_ = true;
+    }
+    if (undecodable_ && methods->QueryInterceptionHookPoint(Hook::PRE_SEND_STATUS)) {
+      methods->ModifySendStatus(
+          {grpc::StatusCode::INVALID_ARGUMENT,
+           std::string("the request to ") + method_ +
+               " is not a valid message of proto/rendezvous.proto (client and server of "
+               "different versions?)"});
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const char* method_;
+  bool undecodable_ = false;
+};
+
+class UndecodableRequestFactory final
+    : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    return new UndecodableRequest(info);
+  }
+};
+
 std::string hostPort(const std::string& host, int port) {
   const bool ipv6 = host.find(':') != std::string::npos;
   return (ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
@@ -599,6 +693,9 @@ RendezvousServer::RendezvousServer(const ServerOptions& options)
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a taken port must fail, not share
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<UndecodableRequestFactory>());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   builder.RegisterService(&impl_->store);
   builder.RegisterService(&impl_->rendezvous);
   impl_->server = builder.BuildAndStart();
@@ -620,6 +717,8 @@ std::string RendezvousServer::endpoint() const {
 std::shared_ptr<grpc::Channel> RendezvousServer::inProcessChannel() {
   return impl_->server->InProcessChannel(grpc::ChannelArguments());
 }
+
+size_t RendezvousServer::runCount() const { return impl_->core.runCount(); }
 
 bool RendezvousServer::waitUntilSettled(const std::string& run_id,
                                         std::chrono::milliseconds timeout) {

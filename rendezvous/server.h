@@ -12,6 +12,8 @@
 #include <memory>
 #include <string>
 
+#include "rendezvous/memory_store.h"
+
 namespace grpc {
 class Channel;
 }  // namespace grpc
@@ -25,8 +27,22 @@ struct ServerOptions {
   std::string tls_cert_file;       // with tls_key_file: serve TLS only
   std::string tls_key_file;
   std::string tls_ca_file;         // with TLS: also require client certificates signed by it
-  int max_message_bytes = 1 << 20;                         // larger requests: RESOURCE_EXHAUSTED
+  // Larger requests and answers: RESOURCE_EXHAUSTED. Above the largest value, so that any value
+  // the store takes can be read back, alone or in a MultiGet of several.
+  int max_message_bytes = kDefaultMaxMessageBytes;
   std::chrono::milliseconds max_wait = std::chrono::minutes(10);  // cap on every blocking call
+  // Each run's key space (docs/reliability.md): one client cannot take the daemon's memory.
+  StoreLimits store_limits = kDefaultStoreLimits;
+  // How long a run stays after it closed or failed (for `cxxlaunch status` and late joins that
+  // should hear "closed"), and after its last call when no node of it is alive any more (joins
+  // that never completed). Then its state is freed.
+  std::chrono::milliseconds run_retention = std::chrono::minutes(10);
+
+  static constexpr int kDefaultMaxMessageBytes = 64 << 20;
+  static constexpr StoreLimits kDefaultStoreLimits{.max_keys = 100'000,
+                                                   .max_bytes = 64 << 20,
+                                                   .max_key_bytes = 4096,
+                                                   .max_value_bytes = 16 << 20};
 };
 
 class RendezvousServer {
@@ -49,6 +65,9 @@ class RendezvousServer {
   // `timeout` passes. A launcher that embeds the server calls it before it exits, so that its
   // peers learn the outcome. Returns whether everyone was told.
   bool waitUntilSettled(const std::string& run_id, std::chrono::milliseconds timeout);
+
+  // How many runs the server holds (live, and finished ones within their retention).
+  size_t runCount() const;
 
   void shutdown();
   // Blocks until shutdown() (from another thread or a signal handler's helper).

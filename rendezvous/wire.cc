@@ -7,6 +7,8 @@
 #include <mutex>
 #include <sstream>
 
+#include "rendezvous/file.h"
+
 namespace cxxlaunch::rendezvous::wire {
 
 NodeSpec fromProto(const rdzv::NodeInfo& p) {
@@ -165,13 +167,10 @@ void toProto(const RunStatus& s, rdzv::StatusResponse* p) {
 }
 
 std::string readTlsFile(const std::string& path, const char* what) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  if (!in || text.str().empty()) {
-    throw InvalidArgument(std::string("cannot read the TLS ") + what + " file '" + path + "'");
-  }
-  return text.str();
+  const std::string name = std::string("the TLS ") + what + " file";
+  std::string text = readRegularFile(path, name, 1 << 20);  // PEM files are a few KiB
+  if (text.empty()) throw InvalidArgument(name + " '" + path + "' is empty");
+  return text;
 }
 
 void quietGrpcLogs() {
@@ -191,6 +190,8 @@ void throwIfError(const grpc::Status& status, const std::string& what) {
     case grpc::StatusCode::UNAUTHENTICATED:  // a wrong token is the user's to fix, not to retry
     case grpc::StatusCode::PERMISSION_DENIED:
       throw InvalidArgument(message);
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      throw LimitExceeded(message);
     case grpc::StatusCode::FAILED_PRECONDITION:
       throw StaleError(message);
     case grpc::StatusCode::DEADLINE_EXCEEDED:

@@ -30,13 +30,16 @@ void toProto(const Verdict& v, rdzv::KeepAliveResponse* p);
 RunStatus fromProto(const rdzv::StatusResponse& p);
 void toProto(const RunStatus& s, rdzv::StatusResponse* p);
 
-// Runs `body`, mapping our exceptions to the canonical status codes: InvalidArgument ->
+// Runs `body`, mapping our exceptions to the canonical status codes: LimitExceeded ->
+// RESOURCE_EXHAUSTED, InvalidArgument ->
 // INVALID_ARGUMENT, StaleError -> FAILED_PRECONDITION, TimeoutError -> DEADLINE_EXCEEDED,
 // anything else -> INTERNAL.
 template <typename Body>
 grpc::Status guarded(Body&& body) {
   try {
     return body();
+  } catch (const LimitExceeded& e) {
+    return {grpc::StatusCode::RESOURCE_EXHAUSTED, e.what()};
   } catch (const InvalidArgument& e) {
     return {grpc::StatusCode::INVALID_ARGUMENT, e.what()};
   } catch (const StaleError& e) {
@@ -58,7 +61,8 @@ void quietGrpcLogs();
 
 // The other way, for clients: throws the error a status stands for. `what` names the call.
 // INVALID_ARGUMENT and UNAUTHENTICATED -> InvalidArgument (retrying cannot help),
-// FAILED_PRECONDITION -> StaleError, DEADLINE_EXCEEDED -> TimeoutError, else CommunicationError.
+// RESOURCE_EXHAUSTED -> LimitExceeded, FAILED_PRECONDITION -> StaleError, DEADLINE_EXCEEDED ->
+// TimeoutError, else CommunicationError.
 void throwIfError(const grpc::Status& status, const std::string& what);
 
 }  // namespace cxxlaunch::rendezvous::wire

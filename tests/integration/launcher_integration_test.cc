@@ -1,6 +1,8 @@
 // `cxxlaunch run` end to end: the real launcher starting real test workers.
 
 #include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <filesystem>
@@ -9,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "support/subprocess.h"
 
@@ -309,7 +312,20 @@ TEST_CASE("Bad input gets one clear line and exit code 2 with nothing spawned",
   TempDir dir;
   const std::string not_executable = dir.path() + "/data.txt";
   std::ofstream(not_executable) << "x";
+  const std::string fifo = dir.path() + "/config.fifo";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
   const std::vector<std::pair<Args, std::string>> cases = {
+      // A config path that is not a regular file is refused before anything is read: a
+      // directory was an empty config, a FIFO hung, /dev/zero ran out of memory.
+      {{CXXLAUNCH_BIN, "run", "--config_file", dir.path(), TEST_WORKER, "pidfile", pids.path()},
+       "is a directory"},
+      {{CXXLAUNCH_BIN, "run", "--config_file", fifo, TEST_WORKER, "pidfile", pids.path()},
+       "not a regular file"},
+      {{CXXLAUNCH_BIN, "run", "--config_file=/dev/zero", TEST_WORKER, "pidfile", pids.path()},
+       "not a regular file"},
+      {{CXXLAUNCH_BIN, "run", "--nnodes=32769", "--nproc_per_node=65536", "--rdzv_endpoint=h",
+        "--rdzv_id=j", TEST_WORKER, "pidfile", pids.path()},
+       "ranks, more than the"},
       {{CXXLAUNCH_BIN, "run", "--bogus_flag", TEST_WORKER, "pidfile", pids.path()},
        "unknown flag '--bogus_flag'"},
       {{CXXLAUNCH_BIN, "run", "--nproc_per_node", "0", TEST_WORKER, "pidfile", pids.path()},
@@ -321,11 +337,121 @@ TEST_CASE("Bad input gets one clear line and exit code 2 with nothing spawned",
       {{CXXLAUNCH_BIN, "frobnicate"}, "unknown command 'frobnicate'"},
   };
   for (const auto& [argv, message] : cases) {
-    auto r = run(argv);
+    auto r = run(argv, {}, 10s);
     INFO(r.err);
     CHECK(r.exit_code == 2);
     CHECK_THAT(r.err, Catch::Contains(message));
     CHECK(r.out.empty());
   }
   CHECK(fs::is_empty(pids.path()));
+}
+
+// ---- no process outlives its job (docs/reliability.md) ------------------------------------
+
+namespace {
+
+// A worker (/bin/sh) that starts a grandchild which ignores SIGTERM and sleeps, waits until the
+// grandchild has written its pid to DIR/gc.LOCAL_RANK, then runs `then`.
+Args grandparent(const std::string& dir, const std::string& then) {
+  const std::string gc = dir + "/gc.$LOCAL_RANK";
+  return {CXXLAUNCH_BIN,
+          "run",
+          "--nproc_per_node=2",
+          "--shutdown_grace=1",
+          "/bin/sh",
+          "-c",
+          "/bin/sh -c 'trap \"\" TERM; echo $$ > " + gc + ".tmp; mv " + gc + ".tmp " + gc +
+              "; exec sleep 521' & while [ ! -e " + gc + " ]; do sleep 0.01; done; " + then};
+}
+
+std::vector<pid_t> grandchildren(const std::string& dir) {
+  std::vector<pid_t> pids;
+  REQUIRE(eventually([&] { return fs::exists(dir + "/gc.0") && fs::exists(dir + "/gc.1"); }, 10s));
+  for (int r = 0; r < 2; ++r) {
+    pids.push_back(static_cast<pid_t>(std::stol(readFile(dir + "/gc." + std::to_string(r)))));
+  }
+  return pids;
+}
+
+bool noneAlive(const std::vector<pid_t>& pids) {
+  return std::none_of(pids.begin(), pids.end(), [](pid_t p) { return alive(p); });
+}
+
+}  // namespace
+
+TEST_CASE("Grandchildren that ignore SIGTERM do not outlive a clean job",
+          "[launcher][integration][reliability]") {
+  TempDir dir;
+  const auto start = std::chrono::steady_clock::now();
+  auto r = run(grandparent(dir.path(), "exit 0"), {}, 30s);
+  INFO(r.err);
+  CHECK(r.exit_code == 0);
+  auto pids = grandchildren(dir.path());
+  CHECK(noneAlive(pids));  // at the launcher's exit, not some time later
+  CHECK(std::chrono::steady_clock::now() - start < 10s);  // SIGTERM, 1 s grace, SIGKILL
+}
+
+TEST_CASE("A failed worker's grandchildren get the grace and then SIGKILL",
+          "[launcher][integration][reliability]") {
+  TempDir dir;
+  auto r =
+      run(grandparent(dir.path(), "if [ $LOCAL_RANK = 1 ]; then exit 3; fi; sleep 30"), {}, 30s);
+  INFO(r.err);
+  CHECK(r.exit_code == 3);
+  CHECK(noneAlive(grandchildren(dir.path())));
+}
+
+TEST_CASE("SIGKILL of the launcher leaves no grandchild alive",
+          "[launcher][integration][reliability]") {
+  TempDir dir;
+  Subprocess launcher(grandparent(dir.path(), "wait"));
+  auto pids = grandchildren(dir.path());
+  for (pid_t pid : pids) REQUIRE(alive(pid));
+  ::kill(launcher.pid(), SIGKILL);
+  REQUIRE(launcher.wait(5s));
+  CHECK(eventually([&] { return noneAlive(pids); }, 2s));  // the watchdog's work
+  for (pid_t pid : pids) ::kill(pid, SIGKILL);  // a failed check must not leave them behind
+}
+
+TEST_CASE("A console nobody reads does not delay the reaction to a failed worker",
+          "[launcher][integration][reliability]") {
+  // Rank 0 floods stdout into a pipe nobody reads; rank 1 fails after 1 s. The launcher must
+  // stop rank 0 and report at once, not when the console has taken the flood.
+  int pipe_fds[2];
+  REQUIRE(::pipe(pipe_fds) == 0);
+  TempDir dir;
+  const std::string err = dir.path() + "/err";
+  const std::string script =
+      "exec " + std::string(CXXLAUNCH_BIN) +
+      " run --nproc_per_node=2 /bin/sh -c '[ $LOCAL_RANK = 1 ] && { sleep 1; exit 7; }; yes | "
+      "head -c 50000000' >&" +
+      std::to_string(pipe_fds[1]) + " 2>" + err;
+  const auto start = std::chrono::steady_clock::now();
+  Subprocess launcher({"/bin/sh", "-c", script});
+  ::close(pipe_fds[1]);
+  REQUIRE(eventually([&] { return readFile(err).find("root cause") != std::string::npos; }, 15s));
+  const auto reacted = std::chrono::steady_clock::now() - start;
+  CHECK(reacted < 4s);  // was 20 s: the launcher blocked in a console write
+  auto r = launcher.wait(20s);
+  REQUIRE(r);
+  CHECK(r->exit_code == 7);
+  CHECK_THAT(readFile(err), Catch::Contains("did not take the last"));
+  ::close(pipe_fds[0]);
+}
+
+TEST_CASE("A stop signal during the leftovers' grace kills them at once and ends the job",
+          "[launcher][integration][reliability]") {
+  TempDir dir;
+  Args argv = grandparent(dir.path(), "exit 0");
+  argv[3] = "--shutdown_grace=30";  // the leftovers would get 30 s
+  Subprocess launcher(argv);
+  auto pids = grandchildren(dir.path());
+  std::this_thread::sleep_for(300ms);  // the workers have exited; the launcher waits for pids
+  const auto start = std::chrono::steady_clock::now();
+  ::kill(launcher.pid(), SIGINT);
+  auto r = launcher.wait(10s);
+  REQUIRE(r);
+  CHECK(r->exit_code == 128 + SIGINT);
+  CHECK(std::chrono::steady_clock::now() - start < 3s);
+  CHECK(noneAlive(pids));
 }

@@ -231,3 +231,69 @@ TEST_CASE("A rendezvous that never completes times out naming who is missing",
   CHECK_THAT(r.err, Catch::Contains("did not complete within 1 s"));
   CHECK_THAT(r.err, Catch::Contains("1 of 2 nodes joined"));
 }
+
+// ---- reliability (docs/reliability.md) ----------------------------------------------------
+
+TEST_CASE("A finished two-node job ends in well under a keep-alive interval",
+          "[multinode][integration][reliability]") {
+  // keep-alives every 5 s: the node that finishes first must hear of the close at once, not at
+  // its next keep-alive.
+  const std::string endpoint = "127.0.0.1:" + std::to_string(freePort());
+  const Args conf = {"--rdzv_conf", "keep_alive_interval=5,last_call_timeout=1,join_timeout=60"};
+  auto launch = [&](const Args& steps) {
+    Args argv = {CXXLAUNCH_BIN, "run",   "--rdzv_endpoint", endpoint,
+                 "--rdzv_id",   "quick", "--nnodes",        "2"};
+    argv.insert(argv.end(), conf.begin(), conf.end());
+    argv.push_back(TEST_WORKER);
+    argv.insert(argv.end(), steps.begin(), steps.end());
+    return std::make_unique<Subprocess>(argv);
+  };
+  const auto start = std::chrono::steady_clock::now();
+  auto first = launch({"print", "done"});
+  auto second = launch({"sleep", "0.3"});
+  auto a = first->wait(30s), b = second->wait(30s);
+  const auto took = std::chrono::steady_clock::now() - start;
+  REQUIRE(a);
+  REQUIRE(b);
+  INFO(a->err << b->err);
+  CHECK(a->exit_code == 0);
+  CHECK(b->exit_code == 0);
+  CHECK(took < 3s);  // was 5.1 s: a whole keep-alive interval
+}
+
+TEST_CASE("A stopped daemon is noticed within the eviction timeout",
+          "[multinode][integration][reliability]") {
+  Daemon daemon;
+  Subprocess launcher({CXXLAUNCH_BIN, "run", "--rdzv_endpoint", daemon.endpoint, "--rdzv_id",
+                       "stopped", "--rdzv_conf",
+                       "keep_alive_interval=0.5,keep_alive_max_misses=2,join_timeout=30",
+                       TEST_WORKER, "print", "started", "sleep", "60"});
+  REQUIRE(eventually([&] { return launcher.out().find("started") != std::string::npos; }, 20s));
+  REQUIRE(::kill(daemon.process->pid(), SIGSTOP) == 0);
+  const auto stopped = std::chrono::steady_clock::now();
+  auto r = launcher.wait(20s);
+  const auto took = std::chrono::steady_clock::now() - stopped;
+  ::kill(daemon.process->pid(), SIGCONT);
+  REQUIRE(r);
+  INFO(r->err);
+  CHECK(r->exit_code != 0);
+  CHECK_THAT(r->err, Catch::Contains("lost the rendezvous server"));
+  // 0.5 s x 2 misses = 1 s without an answer; the calls' deadlines never reach past it (was
+  // max_misses x (interval + a 10 s call timeout)).
+  CHECK(took < 4s);
+}
+
+TEST_CASE("A launcher hosting the rendezvous beyond loopback without TLS warns",
+          "[multinode][integration][security]") {
+  auto r = run({CXXLAUNCH_BIN, "run", "--rdzv_id", "exposed", "--rdzv_endpoint",
+                "0.0.0.0:" + std::to_string(freePort()), TEST_WORKER, "print", "ok"},
+               {}, 30s);
+  INFO(r.err);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.err, Catch::Contains("warning: serving 0.0.0.0 without TLS"));
+  CHECK_THAT(r.err, Catch::Contains("can join any job"));
+  auto quiet = run({CXXLAUNCH_BIN, "run", "--rdzv_id", "private", "--rdzv_endpoint",
+                    "127.0.0.1:" + std::to_string(freePort()), TEST_WORKER, "print", "ok"},
+                   {}, 30s);
+  CHECK(quiet.err.find("warning: serving") == std::string::npos);
+}

@@ -403,6 +403,14 @@ TEST_CASE("estimate-memory reads a list of layer sizes", "[estimate]") {
                       "--dtypes: 'int3' is not fp32, bf16 or fp16");
   REQUIRE_THROWS_WITH(parseEstimateArgs({"--num_processes", "2"}),
                       "give the model size: --params 7e9, or --config layers.yaml");
+  // Numbers past int and paths that are not files: one clear error, not undefined behaviour or
+  // a hang.
+  REQUIRE_THROWS_WITH(parseEstimateArgs({"--params", "1", "--num_processes", "1e30"}),
+                      Catch::Contains("is not a whole number from 1 to 16777216"));
+  REQUIRE_THROWS_WITH(parseEstimateArgs({"--config", "/dev/zero"}),
+                      Catch::Contains("not a regular file"));
+  REQUIRE_THROWS_WITH(parseEstimateArgs({"--config", dir.path()}),
+                      Catch::Contains("is a directory"));
 }
 
 TEST_CASE("docs/config.md names every key with its default, flag and variable", "[config][docs]") {

@@ -1,9 +1,13 @@
+#include "launcher/output.h"
+
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <csignal>
+#include <thread>
 
-#include "launcher/output.h"
 #include "support/subprocess.h"
 
 using namespace cxxlaunch::launcher;
@@ -12,12 +16,12 @@ using cxxlaunch::testing::TempDir;
 
 namespace {
 // A file standing in for the console; drain() returns what was written since the last call.
-struct Console {
-  Console() : path(dir.path() + "/console") {
+struct ConsoleFile {
+  ConsoleFile() : path(dir.path() + "/console") {
     fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     REQUIRE(fd != -1);
   }
-  ~Console() { ::close(fd); }
+  ~ConsoleFile() { ::close(fd); }
   std::string drain() {
     std::string all = readFile(path);
     std::string fresh = all.substr(seen);
@@ -34,10 +38,11 @@ struct Console {
 TEST_CASE("StreamSink writes raw bytes to the log and whole prefixed lines to the console",
           "[output]") {
   TempDir dir;
-  Console console;
+  ConsoleFile console;
   const std::string log = dir.path() + "/stdout.log";
   {
-    StreamSink sink(log, console.fd, "[rank 1]: ", 2);
+    Console out(console.fd);
+    StreamSink sink(log, &out, "[rank 1]: ", 2);
     sink.write("hel");
     REQUIRE(console.drain().empty());  // half a line waits for its end
     sink.write("lo\nwor");
@@ -53,18 +58,64 @@ TEST_CASE("StreamSink writes raw bytes to the log and whole prefixed lines to th
 
 TEST_CASE("StreamSink without a console only logs, and splits endless lines", "[output]") {
   TempDir dir;
-  Console console;
-  StreamSink quiet(dir.path() + "/q.log", -1, "[rank 0]: ", 0);
+  ConsoleFile console;
+  StreamSink quiet(dir.path() + "/q.log", nullptr, "[rank 0]: ", 0);
   quiet.write("x\n");
   REQUIRE(readFile(dir.path() + "/q.log") == "x\n");
 
-  StreamSink loud(dir.path() + "/l.log", console.fd, "", 0);
+  Console screen(console.fd);
+  StreamSink loud(dir.path() + "/l.log", &screen, "", 0);
   loud.write(std::string(StreamSink::kMaxLine + 10, 'z'));
   std::string out = console.drain();
   REQUIRE(out == std::string(StreamSink::kMaxLine, 'z') + "\n");
 }
 
 TEST_CASE("StreamSink reports a log file it cannot create", "[output]") {
-  REQUIRE_THROWS_WITH(StreamSink("/no/such/dir/x.log", -1, "", 0),
+  REQUIRE_THROWS_WITH(StreamSink("/no/such/dir/x.log", nullptr, "", 0),
                       Catch::Contains("open /no/such/dir/x.log"));
+}
+
+TEST_CASE("A console that is not read queues lines without blocking, then takes them all",
+          "[output]") {
+  int pipe_fds[2];
+  REQUIRE(::pipe(pipe_fds) == 0);
+  Console console(pipe_fds[1]);
+  TempDir dir;
+  StreamSink sink(dir.path() + "/out.log", &console, "[rank 0]: ", 0);
+  const std::string line(999, 'y');  // 1000 bytes per line with its newline, 1010 prefixed
+  const auto start = std::chrono::steady_clock::now();
+  size_t written = 0;
+  while (!console.full()) {  // what the agent does: stop feeding a full console
+    sink.write(line + "\n");
+    written += 1000;
+  }
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(2));  // never blocked
+  CHECK(console.pending() > Console::kMaxPending);
+  CHECK(readFile(dir.path() + "/out.log").size() == written);  // the log has every byte
+  // A reader comes: every queued line arrives whole.
+  std::string got;
+  std::thread reader([&] {
+    char buffer[65536];
+    ssize_t n;
+    while ((n = ::read(pipe_fds[0], buffer, sizeof(buffer))) > 0) got.append(buffer, n);
+  });
+  CHECK(console.drain(std::chrono::seconds(10)));
+  ::close(pipe_fds[1]);
+  reader.join();
+  ::close(pipe_fds[0]);
+  CHECK(got.size() == written / 1000 * 1010);
+  CHECK(got.substr(0, 1010) == "[rank 0]: " + line + "\n");
+}
+
+TEST_CASE("A console whose reader is gone drops its lines instead of failing", "[output]") {
+  int pipe_fds[2];
+  REQUIRE(::pipe(pipe_fds) == 0);
+  ::close(pipe_fds[0]);
+  auto previous = std::signal(SIGPIPE, SIG_IGN);  // as the agent does
+  Console console(pipe_fds[1]);
+  console.write("nobody reads this\n");  // EPIPE
+  CHECK(console.pending() == 0);
+  CHECK(console.drain(std::chrono::milliseconds(10)));
+  ::close(pipe_fds[1]);
+  std::signal(SIGPIPE, previous);
 }

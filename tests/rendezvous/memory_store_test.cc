@@ -1,4 +1,5 @@
 #include <catch2/catch.hpp>
+#include <limits>
 #include <memory>
 #include <thread>
 
@@ -76,6 +77,40 @@ TEST_CASE("MemoryStore wait, check, delete, numKeys, multi get/set", "[store]") 
   REQUIRE_FALSE(store.deleteKey("a"));
   REQUIRE(store.numKeys() == 1);
   REQUIRE_THROWS_AS(store.multiSet({"a"}, {}), InvalidArgument);
+}
+
+TEST_CASE("MemoryStore add refuses to overflow and keeps the counter", "[store]") {
+  MemoryStore store;
+  const int64_t max = std::numeric_limits<int64_t>::max();
+  REQUIRE(store.add("n", max) == max);
+  REQUIRE_THROWS_WITH(store.add("n", max), Catch::Contains("would overflow"));
+  REQUIRE(store.add("n", 0) == max);
+  const int64_t min = std::numeric_limits<int64_t>::min();
+  REQUIRE(store.add("m", min) == min);
+  REQUIRE_THROWS_AS(store.add("m", -1), InvalidArgument);
+}
+
+TEST_CASE("A bounded MemoryStore refuses writes past each limit and changes nothing", "[store]") {
+  MemoryStore store(
+      StoreLimits{.max_keys = 3, .max_bytes = 100, .max_key_bytes = 8, .max_value_bytes = 40});
+  REQUIRE_THROWS_AS(store.set("key-too-long", "v"), LimitExceeded);
+  REQUIRE_THROWS_WITH(store.set("k", std::string(41, 'x')),
+                      Catch::Contains("--store-max-value-bytes"));
+  store.set("a", std::string(40, 'x'));
+  store.set("b", std::string(40, 'x'));
+  // 2 keys + 80 bytes of values = 82 bytes: 19 more bytes pass the 100-byte bound.
+  REQUIRE_THROWS_WITH(store.set("c", std::string(18, 'x')), Catch::Contains("--store-max-bytes"));
+  store.set("c", std::string(17, 'x'));  // exactly 100
+  REQUIRE_THROWS_WITH(store.set("d", ""), Catch::Contains("--store-max-keys"));
+  REQUIRE_THROWS_AS(store.multiSet({"a", "d"}, {"", ""}), LimitExceeded);
+  REQUIRE(store.get("a", 1ms).size() == 40);  // the refused multiSet wrote nothing
+  REQUIRE_THROWS_AS(store.compareSet("a", std::string(40, 'x'), std::string(41, 'y')),
+                    LimitExceeded);
+  // Overwriting and deleting give bytes back.
+  store.set("a", "");
+  REQUIRE(store.deleteKey("b"));
+  store.set("d", std::string(40, 'x'));
+  REQUIRE_THROWS_WITH(store.add("e", 1), Catch::Contains("--store-max-keys"));  // a fourth key
 }
 
 TEST_CASE("PrefixStore keeps namespaces apart", "[store]") {

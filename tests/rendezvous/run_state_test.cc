@@ -221,10 +221,26 @@ TEST_CASE_METHOD(Fixture, "The run closes when every node left, and joins then f
   CHECK(run.keepAlive("a", 1, now).action == Action::kContinue);
   CHECK(run.leave("b", 1, now).action == Action::kClosed);
   CHECK(run.keepAlive("a", 1, now).action == Action::kClosed);
+  REQUIRE_THROWS_WITH(run.checkStoreRound(1), Catch::Contains("store is gone"));
   REQUIRE_THROWS_AS(run.join(node("c"), s, now), StaleError);
   REQUIRE_THROWS_WITH(run.join(node("c"), s, now), Catch::Contains("is closed"));
   CHECK_FALSE(run.tick(now + 1h));
   CHECK_FALSE(run.nextDeadline());
+}
+
+TEST_CASE_METHOD(Fixture, "A world past the rank limit is refused at the join that would make it",
+                 "[run_state]") {
+  const auto s = settings(1, 65536);
+  RunState run("job", s);
+  const int nodes = static_cast<int>(kMaxWorldSize / 65536);  // 256 full nodes fit exactly
+  for (int i = 0; i < nodes; ++i) run.join(node("n" + std::to_string(100000 + i), 65536), s, now);
+  REQUIRE_THROWS_WITH(run.join(node("straw", 1), s, now), Catch::Contains("would make the world"));
+  CHECK(run.status(now).participants.size() == static_cast<size_t>(nodes));
+  REQUIRE(run.tick(now + 11s));  // the last call completes the round
+  auto placement = run.placementOf("n100255");
+  REQUIRE(placement);
+  CHECK(placement->world_size == kMaxWorldSize);
+  CHECK(placement->rank_offset == kMaxWorldSize - 65536);
 }
 
 TEST_CASE_METHOD(Fixture, "Store calls are fenced by the round", "[run_state]") {

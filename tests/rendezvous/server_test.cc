@@ -1,6 +1,8 @@
 // The rendezvous server through real gRPC on loopback: the store, joins, fencing, auth, TLS and
 // hostile input.
 
+#include "rendezvous/server.h"
+
 #include <arpa/inet.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
@@ -10,11 +12,11 @@
 
 #include <catch2/catch.hpp>
 #include <future>
+#include <limits>
 #include <thread>
 
 #include "rendezvous/client.h"
 #include "rendezvous/error.h"
-#include "rendezvous/server.h"
 #include "support/subprocess.h"
 
 using namespace cxxlaunch;
@@ -210,10 +212,12 @@ TEST_CASE("A wrong or missing token is refused and changes nothing", "[server][s
 }
 
 TEST_CASE("Oversized messages are refused and the server keeps serving", "[server][security]") {
-  RendezvousServer server({});
+  ServerOptions options;
+  options.max_message_bytes = 1 << 20;
+  RendezvousServer server(options);
   auto placed = soloRun(server, "job");
   GrpcStore store(clientFor(server), "job", placed.round);
-  REQUIRE_THROWS_WITH(store.set("big", std::string(2 << 20, 'x')), Catch::Contains("8)"));
+  REQUIRE_THROWS_AS(store.set("big", std::string(2 << 20, 'x')), LimitExceeded);
   CHECK_FALSE(store.check({"big"}));
   store.set("small", "ok");
   CHECK(store.get("small", 1s) == "ok");
@@ -243,7 +247,8 @@ TEST_CASE("Garbage bytes and undecodable messages do not hurt the server", "[ser
   generic.UnaryCall(&ctx, "/cxxlaunch.rdzv.Rendezvous/Join", grpc::StubOptions(), &request,
                     &response, [&](grpc::Status s) { done.set_value(s); });
   auto status = done.get_future().get();
-  CHECK_FALSE(status.ok());
+  CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);  // as the proto promises
+  CHECK_THAT(status.error_message(), Catch::Contains("not a valid message"));
   // Still serving.
   auto placed = soloRun(server, "after");
   CHECK(placed.world_size == 1);
@@ -286,6 +291,9 @@ TEST_CASE("TLS: plaintext is refused, mutual TLS admits only certified clients",
   no_cert.tls_ca_file = d + "/ca.crt";
   RendezvousClient anonymous(no_cert, "job");
   REQUIRE_THROWS_AS(anonymous.status(), CommunicationError);
+  // Not just "Deadline Exceeded": what to give.
+  REQUIRE_THROWS_WITH(anonymous.join(node("a"), settings(1, 1), 10ms),
+                      Catch::Contains("tls_cert and tls_key"));
 
   ClientOptions mtls = no_cert;
   mtls.tls_cert_file = d + "/client.crt";
@@ -301,4 +309,125 @@ TEST_CASE("TLS: plaintext is refused, mutual TLS admits only certified clients",
   options.tls_key_file = d + "/missing.key";
   options.port = 0;
   REQUIRE_THROWS_WITH(RendezvousServer(options), Catch::Contains("missing.key"));
+}
+
+// ---- limits and lifetimes (docs/reliability.md) ---------------------------------------------
+
+TEST_CASE("Each run's store is bounded: a full run is refused, others keep being served",
+          "[server][store][limits]") {
+  ServerOptions options;
+  options.store_limits = {
+      .max_keys = 1000, .max_bytes = 8 << 20, .max_key_bytes = 1024, .max_value_bytes = 1 << 20};
+  RendezvousServer server(options);
+  auto a = soloRun(server, "flood");
+  auto b = soloRun(server, "other");
+  GrpcStore flood(clientFor(server), "flood", a.round);
+  GrpcStore other(clientFor(server), "other", b.round);
+  REQUIRE_THROWS_WITH(flood.set(std::string(1'000'000, 'k'), "v"),
+                      Catch::Contains("--store-max-key-bytes"));
+  REQUIRE_THROWS_WITH(flood.set("k", std::string((1 << 20) + 1, 'v')),
+                      Catch::Contains("--store-max-value-bytes"));
+  int accepted = 0;
+  std::string refusal;
+  for (int i = 0; i < 20; ++i) {
+    try {
+      flood.set("v" + std::to_string(i), std::string(1 << 20, 'x'));
+      ++accepted;
+    } catch (const LimitExceeded& e) {
+      refusal = e.what();
+      break;
+    }
+  }
+  CHECK(accepted == 7);  // 8 MiB of keys and values hold seven 1 MiB values, not eight
+  CHECK_THAT(refusal, Catch::Contains("--store-max-bytes"));
+  CHECK(flood.numKeys() == 7);
+  other.set("k", std::string(1 << 20, 'y'));
+  CHECK(other.get("k", 1s).size() == 1 << 20);
+  for (int i = 0; i < 1000; ++i) other.add("n" + std::to_string(i % 999), 1);
+  REQUIRE_THROWS_WITH(other.set("one-too-many", ""), Catch::Contains("--store-max-keys"));
+}
+
+TEST_CASE("A counter that would overflow is refused over gRPC", "[server][store][limits]") {
+  RendezvousServer server({});
+  auto placed = soloRun(server, "job");
+  GrpcStore store(clientFor(server), "job", placed.round);
+  const int64_t max = std::numeric_limits<int64_t>::max();
+  CHECK(store.add("n", max) == max);
+  REQUIRE_THROWS_WITH(store.add("n", max), Catch::Contains("would overflow"));
+  CHECK(store.add("n", 0) == max);
+}
+
+TEST_CASE("A MultiGet whose answer passes 1 MiB is served", "[server][store][limits]") {
+  RendezvousServer server({});
+  auto placed = soloRun(server, "job");
+  GrpcStore store(clientFor(server), "job", placed.round);
+  std::vector<std::string> keys;
+  for (int i = 0; i < 3; ++i) {
+    keys.push_back("shard" + std::to_string(i));
+    store.set(keys.back(), std::string(700'000, static_cast<char>('a' + i)));
+  }
+  auto values = store.multiGet(keys, 1s);
+  REQUIRE(values.size() == 3);
+  CHECK(values[2] == std::string(700'000, 'c'));
+}
+
+TEST_CASE("A closed run's store refuses writes and is freed", "[server][store][limits]") {
+  RendezvousServer server({});
+  RendezvousClient client(clientFor(server), "job");
+  auto placed = joinUntilPlaced(client, node("a"), settings(1, 1));
+  GrpcStore store(clientFor(server), "job", placed.round);
+  store.set("k", "v");
+  REQUIRE(client.leave("a", placed.round).action == Action::kClosed);
+  REQUIRE_THROWS_WITH(store.set("late", std::string(1 << 20, 'x')), Catch::Contains("is closed"));
+  REQUIRE_THROWS_AS(store.get("k", 10ms), StaleError);
+  REQUIRE_THROWS_AS(store.add("n", 1), StaleError);
+  CHECK(client.status().state == "closed");  // the run itself stays for its retention time
+}
+
+TEST_CASE("Finished and abandoned runs are freed after the retention time",
+          "[server][rendezvous][limits]") {
+  ServerOptions options;
+  options.run_retention = 300ms;
+  RendezvousServer server(options);
+  RendezvousClient done(clientFor(server), "done");
+  auto placed = joinUntilPlaced(done, node("a"), settings(1, 1));
+  REQUIRE(done.leave("a", placed.round).action == Action::kClosed);
+  // A join of a two-node run that never completes: its node stops calling and is evicted.
+  auto s = settings(2, 2);
+  s.keep_alive_interval = 100ms;
+  s.keep_alive_max_misses = 1;
+  RendezvousClient abandoned(clientFor(server), "abandoned");
+  CHECK_FALSE(abandoned.join(node("lonely"), s, 10ms).placement);
+  // A live run is kept however long it runs.
+  RendezvousClient live(clientFor(server), "live");
+  auto live_placed = joinUntilPlaced(live, node("b"), settings(1, 1));
+  CHECK(server.runCount() == 3);
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (server.runCount() > 1 && std::chrono::steady_clock::now() < deadline) {
+    live.keepAlive("b", live_placed.round);
+    std::this_thread::sleep_for(50ms);
+  }
+  CHECK(server.runCount() == 1);
+  REQUIRE_THROWS_WITH(done.status(), Catch::Contains("no run 'done'"));
+  REQUIRE_THROWS_WITH(abandoned.status(), Catch::Contains("no run 'abandoned'"));
+  CHECK(live.status().state == "running");
+  // A freed id may start a new run.
+  auto again = joinUntilPlaced(done, node("a"), settings(1, 1));
+  CHECK(again.world_size == 1);
+}
+
+TEST_CASE("Settings that would overflow are refused where they arrive", "[server][rendezvous]") {
+  RendezvousServer server({});
+  RendezvousClient client(clientFor(server), "job");
+  auto s = settings(2, 2);
+  s.keep_alive_interval = Millis(std::numeric_limits<int64_t>::max());
+  REQUIRE_THROWS_WITH(client.join(node("a"), s, 10ms),
+                      Catch::Contains("keep_alive_interval must be"));
+  s = settings(2, 2);
+  s.keep_alive_max_misses = std::numeric_limits<int>::max();
+  REQUIRE_THROWS_WITH(client.join(node("a"), s, 10ms), Catch::Contains("keep_alive_max_misses"));
+  s = settings(2, 2);
+  s.last_call_timeout = Millis(std::numeric_limits<int64_t>::max());
+  REQUIRE_THROWS_AS(client.join(node("a"), s, 10ms), InvalidArgument);
+  REQUIRE_THROWS_AS(client.status(), StaleError);  // none of them created the run
 }
