@@ -72,7 +72,7 @@ const std::vector<std::string> kShardingStrategies = {"FULL_SHARD", "SHARD_GRAD_
 
 std::vector<KeySpec> buildSchema() {
   using K = KeyType;
-  const double kDay = 86400 * 365;
+  const double kYear = 86400 * 365;  // the bound of every time setting
   // The rendezvous times the daemon accepts (rendezvous::kMaxSettingTime): refused here, at the
   // line that sets them, rather than by the server after the launch.
   const double kRendezvousTime = 86400;
@@ -163,17 +163,17 @@ std::vector<KeySpec> buildSchema() {
               "CXXLAUNCH_FSDP_SYNC_MODULE_STATES", "FSDP: broadcast rank 0's initial weights"),
       boolKey("fsdp_config.fsdp_activation_checkpointing", "false", "fsdp_activation_checkpointing",
               "CXXLAUNCH_FSDP_ACTIVATION_CHECKPOINTING", "FSDP: recompute activations in backward"),
-      rangeKey("cxxlaunch.join_timeout", K::kSeconds, 0.001, kDay, "600", "",
+      rangeKey("cxxlaunch.join_timeout", K::kSeconds, 0.001, kYear, "600", "",
                "CXXLAUNCH_JOIN_TIMEOUT", "seconds to wait for all nodes (--rdzv_conf)"),
       rangeKey("cxxlaunch.last_call_timeout", K::kSeconds, 0, kRendezvousTime, "30", "",
                "CXXLAUNCH_LAST_CALL_TIMEOUT", "seconds an elastic round waits for latecomers"),
-      rangeKey("cxxlaunch.close_timeout", K::kSeconds, 0, kDay, "300", "",
+      rangeKey("cxxlaunch.close_timeout", K::kSeconds, 0, kYear, "300", "",
                "CXXLAUNCH_CLOSE_TIMEOUT", "seconds the exit barrier waits"),
       rangeKey("cxxlaunch.keep_alive_interval", K::kSeconds, 0.001, kRendezvousTime, "5", "",
                "CXXLAUNCH_KEEP_ALIVE_INTERVAL", "seconds between node heartbeats"),
       rangeKey("cxxlaunch.keep_alive_max_misses", K::kInt, 1, 1000, "3", "",
                "CXXLAUNCH_KEEP_ALIVE_MAX_MISSES", "missed heartbeats before a node is lost"),
-      rangeKey("cxxlaunch.shutdown_grace", K::kSeconds, 0, kDay, "30", "",
+      rangeKey("cxxlaunch.shutdown_grace", K::kSeconds, 0, kYear, "30", "",
                "CXXLAUNCH_SHUTDOWN_GRACE", "SIGTERM to SIGKILL grace (--shutdown_grace)"),
       rangeKey("cxxlaunch.max_restarts", K::kInt, 0, 1e6, "0", "", "CXXLAUNCH_MAX_RESTARTS",
                "restarts of the worker group (--max_restarts)"),

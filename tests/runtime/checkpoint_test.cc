@@ -363,7 +363,7 @@ Ended export_(Job job, const std::string& dir, uint64_t max_bytes) {
 
 }  // namespace
 
-TEST_CASE("saveModel writes safetensors another reader reads; loadModel reads them back",
+TEST_CASE("saveModel writes safetensors another reader reads, loadModel reads them back",
           "[checkpoint][safetensors]") {
   torch::set_num_threads(1);
   cxxlaunch::testing::TempDir dir;
