@@ -24,6 +24,7 @@
 #include <sstream>
 #include <thread>
 
+#include "support/daemon.h"
 #include "support/subprocess.h"
 
 using namespace cxxlaunch::testing;
@@ -70,20 +71,6 @@ pid_t pidIn(const std::string& path) {
   return static_cast<pid_t>(pid);
 }
 
-struct Daemon {
-  explicit Daemon(const std::map<std::string, std::string>& env) {
-    process = std::make_unique<Subprocess>(Args{CXXLAUNCHD_BIN, "--port", "0"}, env);
-    REQUIRE(
-        eventually([&] { return process->out().find("listening on") != std::string::npos; }, 10s));
-    std::smatch m;
-    const std::string out = process->out();
-    REQUIRE(std::regex_search(out, m, std::regex("listening on (\\S+)")));
-    endpoint = m[1];
-  }
-  std::unique_ptr<Subprocess> process;
-  std::string endpoint;
-};
-
 enum class Fault {
   kWorkerKill,
   kGrandchildKill,
@@ -106,7 +93,7 @@ Outcome trial(Fault fault, const std::string& mark, std::chrono::milliseconds de
               std::mt19937& random) {
   TempDir dir;
   const std::map<std::string, std::string> env = {{kMarker, mark}};
-  Daemon daemon(env);
+  Daemon daemon({}, env);
   const std::string d = dir.path();
   const std::string script = "/bin/sh -c 'trap \"\" TERM; echo $$ > " + d + "/gc.$RANK.tmp; mv " +
                              d + "/gc.$RANK.tmp " + d + "/gc.$RANK; exec sleep 60' & exec " +

@@ -3,6 +3,7 @@
 // that define CXXLAUNCHD_BIN.
 
 #include <catch2/catch.hpp>
+#include <map>
 #include <memory>
 #include <regex>
 #include <string>
@@ -14,10 +15,11 @@ namespace cxxlaunch::testing {
 
 // A real cxxlaunchd on a free loopback port.
 struct Daemon {
-  explicit Daemon(const std::vector<std::string>& extra = {}) {
+  explicit Daemon(const std::vector<std::string>& extra = {},
+                  const std::map<std::string, std::string>& env = {}) {
     std::vector<std::string> argv = {CXXLAUNCHD_BIN, "--port", "0"};
     argv.insert(argv.end(), extra.begin(), extra.end());
-    process = std::make_unique<Subprocess>(argv);
+    process = std::make_unique<Subprocess>(argv, env);
     REQUIRE(eventually([&] { return process->out().find("listening on") != std::string::npos; },
                        std::chrono::seconds(10)));
     std::smatch m;
