@@ -155,15 +155,6 @@ class Accelerator {
   void saveState(const std::string& dir);
   std::string loadState(const std::string& path);
 
-  // With a checkpoint folder configured (--checkpoint_dir, CXXLAUNCH_CHECKPOINT_DIR, the
-  // config's cxxlaunch.checkpoint_dir, or AcceleratorOptions): saveCheckpoint saves into
-  // <folder>/checkpoint_<optimizer steps> and removes the oldest beyond checkpoint_total_limit
-  // (never the newest complete one); resume loads the folder's newest complete checkpoint if
-  // there is one (a restarted or re-formed job) and returns it. Both are collectives; without a
-  // folder saveCheckpoint throws InvalidArgument and resume returns nullopt.
-  //
-  //   if (auto from = acc.resume()) acc.print("resumed from ", *from);
-  //   ... if (acc.step() && acc.optimizerSteps() % 100 == 0) acc.saveCheckpoint();
   // accelerate's save_model (unwrap_model + save_pretrained): the whole model — parameters in
   // fp32 (or `dtype`), gathered one unit at a time, and buffers — as safetensors in `dir`, for
   // other tools (checkpoint/safetensors.h), split into files of at most `max_file_bytes`.
@@ -183,6 +174,15 @@ class Accelerator {
   void save(const std::string& path,
             const std::vector<std::pair<std::string, torch::Tensor>>& tensors) const;
 
+  // With a checkpoint folder configured (--checkpoint_dir, CXXLAUNCH_CHECKPOINT_DIR, the
+  // config's cxxlaunch.checkpoint_dir, or AcceleratorOptions): saveCheckpoint saves into
+  // <folder>/checkpoint_<optimizer steps> and removes the oldest beyond checkpoint_total_limit
+  // (never the newest complete one); resume loads the folder's newest complete checkpoint if
+  // there is one (a restarted or re-formed job) and returns it. Both are collectives; without a
+  // folder saveCheckpoint throws InvalidArgument and resume returns nullopt.
+  //
+  //   if (auto from = acc.resume()) acc.print("resumed from ", *from);
+  //   ... if (acc.step() && acc.optimizerSteps() % 100 == 0) acc.saveCheckpoint();
   std::string saveCheckpoint();
   std::optional<std::string> resume();
   const std::string& checkpointDir() const { return checkpoint_dir_; }

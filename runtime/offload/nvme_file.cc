@@ -94,8 +94,9 @@ void NvmeFile::allocate() {
                             ? static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize)
                             : 0;
     throw InvalidArgument(what_ + " '" + dir_ + "' cannot hold this rank's offloaded state: " +
-                          human(static_cast<double>(size_)) + " needed, " + human(free) + " free (" +
-                          std::strerror(err) + "); free space or use another directory");
+                          human(static_cast<double>(size_)) + " needed, " + human(free) +
+                          " free (" + std::strerror(err) +
+                          "); free space or use another directory");
   }
   allocated_ = true;
 }

@@ -9,8 +9,9 @@
 // freed after it, and gathered again just before its backward. Under every other strategy, and
 // for a module that is no unit, it is exactly `block->forward(args...)`: one trainer binary runs
 // every mode. A model that never calls it still trains correctly under ZeRO-3, with its
-// parameters whole (ZeRO-2's memory); once a unit went through unitForward, call it that way
-// every time (a direct forward would read freed parameters).
+// parameters whole (ZeRO-2's memory); once a unit went through unitForward — or from prepare on,
+// for a unit marked with Accelerator::wrap — call it that way every time (a direct forward
+// fails on its freed parameters).
 //
 // A block selected for activation checkpointing (fsdp_activation_checkpointing, or
 // Accelerator::checkpointActivations) keeps no activations: unitForward runs it through
