@@ -749,7 +749,9 @@ std::vector<checkpoint::Slice> ShardedStrategy::stateSlices() {
   const std::vector<std::string> names = optimizer_.stateNames();
   for (auto& u : units_) {
     const int64_t sb = u.flat.shardBegin(), sn = u.flat.shardNumel();
-    const torch::Tensor master = masterNow(u).clone();  // (nvme: the read buffer; clone keeps it)
+    // Views, no copies: the file is written before training touches them again (nvme's read
+    // buffers live as long as the views).
+    const torch::Tensor master = masterNow(u);
     const std::vector<torch::Tensor> state = stateNow(u);
     for (size_t i = 0; i < u.flat.params().size(); ++i) {
       const auto& p = u.flat.params()[i];
@@ -759,7 +761,7 @@ std::vector<checkpoint::Slice> ShardedStrategy::stateSlices() {
       checkpoint::Slice slice{u.flat.names()[i], p.sizes().vec(), a - off, b - off, {}};
       slice.arrays.emplace_back("param", master.narrow(0, a - sb, b - a));
       for (size_t k = 0; k < names.size(); ++k) {
-        slice.arrays.emplace_back(names[k], state[k].narrow(0, a - sb, b - a).clone());
+        slice.arrays.emplace_back(names[k], state[k].narrow(0, a - sb, b - a));
       }
       out.push_back(std::move(slice));
     }
