@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "launcher/config.h"
+#include "launcher/gpus.h"
 #include "launcher/process.h"
 #include "rendezvous/file.h"
 #include "rendezvous/run_state.h"
@@ -663,6 +664,10 @@ LaunchOptions parseRunArgs(const std::vector<std::string>& args, const HostInfo&
                        std::to_string(options.nproc_per_node) + "; give one GPU id per worker");
     }
     options.nproc_per_node = static_cast<int>(options.gpus.size());
+  }
+  if (!options.gpus.empty()) {
+    options.worker_env["CUDA_VISIBLE_DEVICES"] = visibleDevices(
+        options.gpus, std::getenv("CUDA_VISIBLE_DEVICES"));  // NOLINT(concurrency-mt-unsafe)
   }
   // Each bound holds alone; their product is the job's world size, the largest rank offset + 1.
   const long long world = static_cast<long long>(options.rdzv.max_nodes) * options.nproc_per_node;
