@@ -10,8 +10,8 @@
 
 #include <torch/torch.h>
 
-#include <chrono>
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -43,7 +43,7 @@ struct Flags {
   int64_t hidden = 256;  // mlp width
   int64_t print_every = 5;
   uint64_t seed = 1234;
-  std::string dump_params;  // rank 0 writes the final parameters here (float32, by name)
+  std::string dump_params;     // rank 0 writes the final parameters here (float32, by name)
   std::string checkpoint_dir;  // overrides the launcher's --checkpoint_dir
   int64_t save_every = 0;      // optimizer steps between checkpoints; 0: none
   int64_t crash_at_step = 0;   // demos and tests: the last rank exits 3 there, first attempt only
@@ -196,8 +196,8 @@ struct GptImpl : torch::nn::Module {
 
   torch::Tensor forward(const torch::Tensor& idx) {
     const auto t = idx.size(1);
-    auto causal = torch::ones({t, t}, torch::kBool).triu(1);
-    auto x = tokens(idx) + positions(torch::arange(t, torch::kLong));
+    auto causal = torch::ones({t, t}, idx.options().dtype(torch::kBool)).triu(1);
+    auto x = tokens(idx) + positions(torch::arange(t, idx.options().dtype(torch::kLong)));
     // Through unitForward: under ZeRO-3 / FULL_SHARD each block's parameters are gathered just
     // in time; under every other strategy it is block->forward(x, causal).
     for (auto& block : blocks) x = unitForward(block, x, causal);
@@ -291,8 +291,8 @@ int train(const Flags& f, Accelerator& acc, Dataset dataset, Model model, LossFn
   acc.prepare(model.ptr(), *optimizer, &schedule);
   auto loader = acc.prepareDataLoader(std::move(dataset), static_cast<size_t>(f.batch_size));
   acc.print("training ", f.model, " (", numel, " parameters) on ", acc.worldSize(),
-            " process(es), ",
-            acc.describeBatch(static_cast<size_t>(f.batch_size)), "; ", acc.describeStrategy());
+            " process(es), ", acc.describeBatch(static_cast<size_t>(f.batch_size)), "; ",
+            acc.describeStrategy());
   // A restarted (or re-formed) job goes on from the newest complete checkpoint, and skips the
   // batches the saved run had already trained on: the sampler's order is the same each epoch.
   int64_t skip = 0;
@@ -324,7 +324,8 @@ int train(const Flags& f, Accelerator& acc, Dataset dataset, Model model, LossFn
       }()));
       std::vector<torch::Tensor> ys;
       for (auto& e : batch) ys.push_back(e.target);
-      auto target = torch::stack(ys);
+      auto target = torch::stack(ys).to(acc.device());
+      data = data.to(acc.device());
       auto loss = loss_fn(model->forward(data), target);
       loss_sum += loss.template item<double>();
       ++loss_count;
