@@ -7,30 +7,33 @@
 # cmake/bundle.cmake is its reader. Runs here, after scripts/setup.sh; the folder stays under
 # 40 MiB (it travels with the working tree) or the script fails.
 #
-# usage: scripts/gpu-bundle.sh [FOLDER]      (default: .gpu-bundle, ignored by git)
+# usage: scripts/gpu-bundle.sh [FOLDER [BUILD]]
+#   FOLDER: where to put it (default .gpu-bundle, ignored by git); BUILD: the build to take the
+#   prebuilt pieces from (default build, the default preset's)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bundle="${1:-.gpu-bundle}"
+build="${2:-build}"
 limit_mib=40
 
-[ -f build/build.ninja ] || scripts/setup.sh >/dev/null
+[ -f "$build/build.ninja" ] || scripts/setup.sh >/dev/null
 export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1 CCACHE_SLOPPINESS=pch_defines,time_macros
-cmake --build --preset default --target cxxlaunch cxxlaunchd cxxlaunch_rendezvous \
-  cxxlaunch_proto >/dev/null
+cmake --build "$build" --target cxxlaunch cxxlaunchd cxxlaunch_rendezvous cxxlaunch_proto >/dev/null
 
 rm -rf "$bundle"
 mkdir -p "$bundle"/{bin,lib,include,cmake}
 
 # The binaries and archives without their debug sections (a quarter of the size).
 for program in cxxlaunch cxxlaunchd; do
-  strip --strip-debug -o "$bundle/bin/$program" "build/bin/$program"
+  strip --strip-debug -o "$bundle/bin/$program" "$build/bin/$program"
 done
-strip --strip-debug -o "$bundle/lib/libcxxlaunch_rendezvous.a" build/rendezvous/libcxxlaunch_rendezvous.a
-strip --strip-debug -o "$bundle/lib/libcxxlaunch_proto.a" build/proto/libcxxlaunch_proto.a
+strip --strip-debug -o "$bundle/lib/libcxxlaunch_rendezvous.a" "$build/rendezvous/libcxxlaunch_rendezvous.a"
+strip --strip-debug -o "$bundle/lib/libcxxlaunch_proto.a" "$build/proto/libcxxlaunch_proto.a"
 
 # Every shared library the binaries and Gloo load, under its soname, except the C and C++
 # runtimes, which the other machine has (and must keep: its LibTorch was built against them).
-gloo_lib="$(ldconfig -p | awk '/libgloo\.so\.0 / {print $NF; exit}')"
+# (awk reads to the end: an early exit would kill ldconfig with SIGPIPE, failing the pipeline)
+gloo_lib="$(ldconfig -p | awk '/libgloo\.so\.0 / && !seen {print $NF; seen = 1}')"
 [ -n "$gloo_lib" ] || { echo "gpu-bundle: libgloo.so.0 not found (scripts/setup.sh installs it)" >&2; exit 1; }
 system_lib='^(linux-vdso|ld-linux|libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s)\.so'
 ldd "$bundle/bin/cxxlaunch" "$bundle/bin/cxxlaunchd" "$gloo_lib" |
