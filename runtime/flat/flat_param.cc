@@ -1,6 +1,5 @@
 #include "runtime/flat/flat_param.h"
 
-#include <ATen/native/Resize.h>
 #include <torch/torch.h>
 
 #include "rendezvous/error.h"
@@ -45,17 +44,26 @@ void FlatParameter::convert(torch::ScalarType dtype) {
   pointParamsIntoBuffer();  // copy_ converts, rounding to nearest even
 }
 
+namespace {
+// The storage's bytes replaced by `bytes` new ones from its own allocator (the CPU's, or
+// LibTorch's CUDA caching allocator on the current device), its identity kept: every view and
+// autograd's saved tensors point at it. The old contents go; a restore is followed by a gather.
+void resizeStorage(const torch::Tensor& t, size_t bytes) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+  storage->set_nbytes(bytes);
+}
+}  // namespace
+
 void FlatParameter::release() {
   if (!resident_) return;
-  // The storage keeps its identity (every view points at it); only its bytes go.
-  at::native::resize_bytes_cpu(full_.storage().unsafeGetStorageImpl(), 0);
+  resizeStorage(full_, 0);
   resident_ = false;
 }
 
 void FlatParameter::restore() {
   if (resident_) return;
-  at::native::resize_bytes_cpu(full_.storage().unsafeGetStorageImpl(),
-                               static_cast<size_t>(padded_) * full_.element_size());
+  resizeStorage(full_, static_cast<size_t>(padded_) * full_.element_size());
   resident_ = true;
 }
 

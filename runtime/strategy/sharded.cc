@@ -9,7 +9,7 @@
 
 #include "rendezvous/error.h"
 #include "runtime/host_memory.h"
-#include "runtime/kernels/cpu/optimizers.h"
+#include "runtime/optim/device_kernels.h"
 #include "runtime/strategy/grad_hooks.h"
 #include "runtime/strategy/model_state.h"
 #include "runtime/tensor_ops.h"
@@ -214,9 +214,11 @@ void ShardedStrategy::buildUnits() {
     u.master = own_master ? u.flat.shard().clone() : u.flat.shard();
     // Before the gradient accumulators exist: they take the parameters' dtype.
     u.flat.convert(options_.compute_dtype);
+    const auto on_device = u.flat.full().options();  // the parameters' device
     if (options_.stage <= 1) {
-      u.grad_full = torch::zeros({u.flat.padded()}, options_.compute_dtype);
-      u.grad_shard = mixed() ? torch::zeros({sn}, torch::kFloat) : u.grad_full.narrow(0, sb, sn);
+      u.grad_full = torch::zeros({u.flat.padded()}, on_device.dtype(options_.compute_dtype));
+      u.grad_shard = mixed() ? torch::zeros({sn}, on_device.dtype(torch::kFloat))
+                             : u.grad_full.narrow(0, sb, sn);
       auto* base = static_cast<char*>(u.grad_full.data_ptr());
       for (size_t i = 0; i < u.flat.params().size(); ++i) {
         const auto& p = u.flat.params()[i];
@@ -226,7 +228,7 @@ void ShardedStrategy::buildUnits() {
             [keep = u.grad_full](void*) {}, u.grad_full.options()));
       }
     } else {
-      u.grad_shard = torch::zeros({sn}, torch::kFloat);
+      u.grad_shard = torch::zeros({sn}, on_device.dtype(torch::kFloat));
     }
     std::vector<ShardOptimizer::Segment> segments;
     for (size_t i = 0; i < u.flat.params().size(); ++i) {
@@ -545,7 +547,8 @@ void ShardedStrategy::markReady(size_t index) {
     }
   } else {
     if (!u.grad_full.defined()) {
-      u.grad_full = torch::zeros({u.flat.padded()}, options_.compute_dtype);
+      u.grad_full =
+          torch::zeros({u.flat.padded()}, u.flat.full().options().dtype(options_.compute_dtype));
     }
     if (grad.defined()) {
       u.grad_full.narrow(0, u.flat.offset(p.index), param.numel()).view_as(param).copy_(grad);
@@ -575,7 +578,7 @@ void ShardedStrategy::launchReady() {
                                      dtypeOf(u.grad_full), ReduceOp::kAvg);
       continue;
     }
-    u.grad_incoming = torch::empty({u.flat.shardNumel()}, options_.compute_dtype);
+    u.grad_incoming = torch::empty({u.flat.shardNumel()}, u.grad_full.options());
     u.reduce = shards_->reduceScatter(u.grad_full.data_ptr(), u.grad_incoming.data_ptr(),
                                       static_cast<size_t>(u.flat.shardNumel()),
                                       dtypeOf(u.grad_full), ReduceOp::kAvg);
@@ -631,7 +634,7 @@ void ShardedStrategy::afterBackward(bool sync) {
 double ShardedStrategy::clipGradNorm(double max_norm) {
   double squares = 0;
   for (const auto& u : units_) {
-    squares += kernels::sumOfSquares(u.grad_shard.data_ptr<float>(), u.flat.shardNumel());
+    squares += device_kernels::sumOfSquares(u.grad_shard);
   }
   if (options_.stage > 0) {  // each shard holds a part of the gradient
     shards_->allreduce(&squares, 1, DType::kFloat64, ReduceOp::kSum)->wait();
@@ -640,8 +643,7 @@ double ShardedStrategy::clipGradNorm(double max_norm) {
   const double coefficient = max_norm / (norm + 1e-6);
   if (max_norm > 0 && coefficient < 1) {
     for (auto& u : units_) {
-      kernels::scaleInPlace(u.grad_shard.data_ptr<float>(), u.flat.shardNumel(),
-                            static_cast<float>(coefficient));
+      device_kernels::scaleInPlace(u.grad_shard, static_cast<float>(coefficient));
     }
   }
   return norm;
@@ -650,9 +652,8 @@ double ShardedStrategy::clipGradNorm(double max_norm) {
 bool ShardedStrategy::unscaleGradients(double factor) {
   int32_t overflow = 0;
   for (auto& u : units_) {
-    float* grad = u.grad_shard.data_ptr<float>();
-    if (!kernels::allFinite(grad, u.flat.shardNumel())) overflow = 1;
-    kernels::scaleInPlace(grad, u.flat.shardNumel(), static_cast<float>(factor));
+    if (!device_kernels::allFinite(u.grad_shard)) overflow = 1;
+    device_kernels::scaleInPlace(u.grad_shard, static_cast<float>(factor));
   }
   backend_->allreduce(&overflow, 1, DType::kInt32, ReduceOp::kMax)->wait();
   return overflow == 0;

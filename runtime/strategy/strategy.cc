@@ -230,6 +230,13 @@ std::unique_ptr<Strategy> makeStrategy(const WorkerEnv& env, std::shared_ptr<Bac
                       : "cxxlaunch: offload to cpu of a GPU run is not built yet: parameters and "
                         "optimizer state stay on the GPU (nvme offload works)\n");
   }
+  if (backend->name() == "nccl" &&
+      (env.offload_optimizer == "nvme" || env.offload_params == "nvme")) {
+    throw InvalidArgument(
+        "nvme offload runs on CPU workers in this build (its staging slots are host memory); a "
+        "GPU run keeps its state on the GPU: drop offload_optimizer_device/offload_param_device "
+        "nvme");
+  }
   checkSameModel(*backend, *model);
   const bool replicated = name == "ddp" || name == "fsdp_no_shard";
   if (replicated && (env.offload_optimizer == "nvme" || env.offload_params == "nvme")) {
