@@ -40,6 +40,12 @@ ShardedStrategy::ShardedStrategy(std::shared_ptr<Backend> backend,
   lean_ = options_.stage == 3 || !options_.nvme_optimizer_dir.empty() ||
           !options_.nvme_param_dir.empty();
   if (lean_) returnFreedHostMemory();
+  // Two gathers in flight and two gradients being reduced: what a step frees and allocates again.
+  constexpr size_t kReusedBuffers = 4;
+  if (options_.stage == 3 && !model_->parameters().empty() &&
+      model_->parameters().front().device().is_cpu()) {
+    pool_ = std::make_unique<BufferPool>(kReusedBuffers);
+  }
   if (options_.sync_module_states) broadcastModuleState(*backend_, *model_, 0);
   shards_ = backend_;
   if (options_.hybrid) connectHybridGroups();
@@ -483,7 +489,7 @@ size_t ShardedStrategy::previousInForward(size_t unit) const {
 void ShardedStrategy::prefetch(size_t i) {
   Unit& u = units_[i];
   if (u.gather || u.flat.resident()) return;
-  u.flat.restore();
+  u.flat.restore(pool_.get());
   // In the compute dtype: a bf16 gather moves half the bytes.
   const torch::Tensor master = masterNow(u);
   u.gather_input = mixed() ? master.to(options_.compute_dtype) : master;
@@ -507,7 +513,7 @@ void ShardedStrategy::release(size_t i) {
   Unit& u = units_[i];
   if (options_.stage != 3 || !u.routed) return;
   waitGather(u);  // never free memory a collective is still writing
-  u.flat.release();
+  u.flat.release(pool_.get());
 }
 
 // ---- backward -----------------------------------------------------------------------------------
@@ -547,8 +553,9 @@ void ShardedStrategy::markReady(size_t index) {
     }
   } else {
     if (!u.grad_full.defined()) {
+      const auto options = u.flat.full().options().dtype(options_.compute_dtype);
       u.grad_full =
-          torch::zeros({u.flat.padded()}, u.flat.full().options().dtype(options_.compute_dtype));
+          pool_ ? pool_->zeros(u.flat.padded(), options) : torch::zeros({u.flat.padded()}, options);
     }
     if (grad.defined()) {
       u.grad_full.narrow(0, u.flat.offset(p.index), param.numel()).view_as(param).copy_(grad);
@@ -600,7 +607,11 @@ void ShardedStrategy::completeOldestReduction() {
   }
   u.grad_shard.add_(u.grad_incoming);  // accumulated across micro-steps in the fp32 shard
   u.grad_incoming = torch::Tensor();
-  u.grad_full = torch::Tensor();
+  if (pool_) {
+    pool_->recycle(u.grad_full);
+  } else {
+    u.grad_full = torch::Tensor();
+  }
 }
 
 void ShardedStrategy::afterBackward(bool sync) {
@@ -704,6 +715,7 @@ MemoryReport ShardedStrategy::memoryReport() const {
   for (const auto* file : {param_file_.get(), state_file_.get()}) {
     if (file != nullptr) report.offloaded += file->size();
   }
+  if (pool_) report.kept_for_reuse = pool_->bytes();
   return report;
 }
 
@@ -846,7 +858,7 @@ void ShardedStrategy::publish(Unit& u) {
   // gather (from the master).
   if (options_.stage == 0 || !u.flat.resident()) return;
   if (options_.stage == 3 && u.routed) {
-    u.flat.release();
+    u.flat.release(pool_.get());
     return;
   }
   shards_

@@ -215,6 +215,7 @@ std::string MemoryReport::str() const {
   return "parameters " + humanBytes(parameters) + ", gradients " + humanBytes(gradients) +
          ", optimizer state " + humanBytes(optimizer_state) + ", total " + humanBytes(total()) +
          (offloaded > 0 ? "; offloaded to nvme " + humanBytes(offloaded) : "") +
+         (kept_for_reuse > 0 ? "; kept for reuse " + humanBytes(kept_for_reuse) : "") +
          (device_peak > 0 ? "; GPU peak " + humanBytes(device_peak) : "");
 }
 
