@@ -30,7 +30,7 @@ void BufferPool::give(c10::DataPtr ptr, size_t bytes) {
   kept_.push_back({bytes, std::move(ptr)});
 }
 
-torch::Tensor BufferPool::zeros(int64_t numel, const torch::TensorOptions& options) {
+torch::Tensor BufferPool::empty(int64_t numel, const torch::TensorOptions& options) {
   const size_t bytes =
       static_cast<size_t>(numel) * c10::elementSize(c10::typeMetaToScalarType(options.dtype()));
   c10::Allocator* allocator = c10::GetAllocator(options.device().type());
@@ -38,7 +38,7 @@ torch::Tensor BufferPool::zeros(int64_t numel, const torch::TensorOptions& optio
                        /*resizable=*/true);
   torch::Tensor t = at::empty({0}, options);
   t.set_(storage, 0, {numel}, {1});
-  return t.zero_();
+  return t;
 }
 
 void BufferPool::recycle(torch::Tensor& t) {

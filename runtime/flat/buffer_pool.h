@@ -4,7 +4,7 @@
 // once; all of them are of a few equal sizes. Host memory that goes back to the kernel costs a
 // page fault per 4 KiB when it is allocated again (the kernel zeroes it first): on CPU that
 // halved the step of a 100M-parameter model. Keeping `capacity` buffers bounds what this holds
-// to the transients a step has anyway (two gathers in flight, two gradients being reduced).
+// to the transients a step has anyway (gathers in flight, gradients being reduced).
 // GPUs do not need it: LibTorch's CUDA caching allocator does the same.
 //
 // Thread-safety: every member may be called from any thread.
@@ -27,9 +27,13 @@ class BufferPool {
   // Keeps `ptr` (of `bytes`) for a later take; beyond the capacity the oldest kept one is freed.
   void give(c10::DataPtr ptr, size_t bytes);
 
-  // A zeroed contiguous tensor whose memory comes from take(), and its way back: recycle() gives
-  // `t`'s memory to the pool when nothing else shares its storage, and resets `t` either way.
-  torch::Tensor zeros(int64_t numel, const torch::TensorOptions& options);
+  // A contiguous tensor (uninitialised, or zeroed) whose memory comes from take(), and its way
+  // back: recycle() gives `t`'s memory to the pool when nothing else shares its storage, and
+  // resets `t` either way.
+  torch::Tensor empty(int64_t numel, const torch::TensorOptions& options);
+  torch::Tensor zeros(int64_t numel, const torch::TensorOptions& options) {
+    return empty(numel, options).zero_();
+  }
   void recycle(torch::Tensor& t);
 
   size_t bytes() const;  // kept now

@@ -40,8 +40,9 @@ ShardedStrategy::ShardedStrategy(std::shared_ptr<Backend> backend,
   lean_ = options_.stage == 3 || !options_.nvme_optimizer_dir.empty() ||
           !options_.nvme_param_dir.empty();
   if (lean_) returnFreedHostMemory();
-  // Two gathers in flight and two gradients being reduced: what a step frees and allocates again.
-  constexpr size_t kReusedBuffers = 4;
+  // Two gathers in flight, two gradients being reduced and their two shards: what a step frees
+  // and allocates again.
+  constexpr size_t kReusedBuffers = 6;
   if (options_.stage == 3 && !model_->parameters().empty() &&
       model_->parameters().front().device().is_cpu()) {
     pool_ = std::make_unique<BufferPool>(kReusedBuffers);
@@ -585,7 +586,8 @@ void ShardedStrategy::launchReady() {
                                      dtypeOf(u.grad_full), ReduceOp::kAvg);
       continue;
     }
-    u.grad_incoming = torch::empty({u.flat.shardNumel()}, u.grad_full.options());
+    u.grad_incoming = pool_ ? pool_->empty(u.flat.shardNumel(), u.grad_full.options())
+                            : torch::empty({u.flat.shardNumel()}, u.grad_full.options());
     u.reduce = shards_->reduceScatter(u.grad_full.data_ptr(), u.grad_incoming.data_ptr(),
                                       static_cast<size_t>(u.flat.shardNumel()),
                                       dtypeOf(u.grad_full), ReduceOp::kAvg);
@@ -606,10 +608,11 @@ void ShardedStrategy::completeOldestReduction() {
         ->wait();
   }
   u.grad_shard.add_(u.grad_incoming);  // accumulated across micro-steps in the fp32 shard
-  u.grad_incoming = torch::Tensor();
   if (pool_) {
+    pool_->recycle(u.grad_incoming);
     pool_->recycle(u.grad_full);
   } else {
+    u.grad_incoming = torch::Tensor();
     u.grad_full = torch::Tensor();
   }
 }
