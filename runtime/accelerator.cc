@@ -223,7 +223,11 @@ void Accelerator::saveState(const std::string& dir) {
                                    {"mixed_precision", precision_.name}};
   if (scheduler_ != nullptr) counters["scheduler_steps"] = std::to_string(scheduler_->stepCount());
   if (scaler_) counters["loss_scaler"] = scaler_->save();
-  checkpoint::save(*world_.backend, dir, strategy_->stateSlices(), blobs, counters);
+  if (world_.env.state_dict_type == "full") {
+    checkpoint::saveFull(*world_.backend, dir, strategy_->fullState(), blobs, counters);
+  } else {
+    checkpoint::save(*world_.backend, dir, strategy_->stateSlices(), blobs, counters);
+  }
 }
 
 std::string Accelerator::loadState(const std::string& path) {

@@ -115,6 +115,7 @@ WorkerEnv readWorkerEnv() {
   readString(env::kOffloadOptimizerNvmePath, e.offload_optimizer_nvme_path);
   readString(env::kOffloadParamNvmePath, e.offload_param_nvme_path);
   readString(env::kCheckpointDir, e.checkpoint_dir);
+  readChoice(env::kStateDictType, e.state_dict_type, {"sharded", "full"});
   readChoice(env::kFsdpAutoWrapPolicy, e.fsdp_auto_wrap_policy,
              {"TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"});
   if (auto names = lookup(env::kFsdpTransformerLayerClsToWrap)) {

@@ -42,7 +42,10 @@ struct WorkerEnv {
   std::string offload_optimizer = "none";                            // none | cpu | nvme
   std::string offload_params = "none";                               // none | cpu | nvme
   std::string offload_optimizer_nvme_path, offload_param_nvme_path;  // nvme's directories
-  std::string checkpoint_dir;  // "" : none configured
+  std::string checkpoint_dir;                                        // "" : none configured
+  // saveState's layout: sharded (each rank its shard) | full (every parameter whole, gathered to
+  // rank 0 while it writes: FSDP's FULL_STATE_DICT).
+  std::string state_dict_type = "sharded";
   // FSDP (accelerate's values; read whatever the strategy, since ZeRO-3 chooses units alike).
   std::string fsdp_auto_wrap_policy;                    // "" | TRANSFORMER_BASED_WRAP | ...
   std::vector<std::string> fsdp_transformer_layer_cls;  // module type names

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include "rendezvous/error.h"
@@ -98,8 +99,12 @@ int64_t stepOf(const Manifest& m) {
 
 }  // namespace
 
-void save(Backend& backend, const std::string& dir, const std::vector<Slice>& slices,
-          const std::vector<std::pair<std::string, std::string>>& blobs, const Counters& counters) {
+namespace {
+
+// The protocol both layouts share (checkpoint.h): `writeOwn` writes this rank's file (under the
+// staging directory's `path`) and returns its size and CRC-32C.
+void saveWith(Backend& backend, const std::string& dir, const Counters& counters,
+              const std::function<std::pair<uint64_t, uint32_t>(const std::string&)>& writeOwn) {
   const int rank = backend.rank(), world = backend.worldSize();
   const std::string staging = dir + ".tmp", old = dir + ".old";
   std::string error;
@@ -117,7 +122,7 @@ void save(Backend& backend, const std::string& dir, const std::vector<Slice>& sl
 
   std::pair<uint64_t, uint32_t> written{0, 0};
   try {
-    written = writeShardFile(staging + "/" + rankFile(rank), slices, blobs);
+    written = writeOwn(staging + "/" + rankFile(rank));
   } catch (const std::exception& e) {
     ok = false;
     error = e.what();
@@ -151,6 +156,41 @@ void save(Backend& backend, const std::string& dir, const std::vector<Slice>& sl
     }
   }
   agree(backend, ok, "committing", error);
+}
+
+}  // namespace
+
+void save(Backend& backend, const std::string& dir, const std::vector<Slice>& slices,
+          const std::vector<std::pair<std::string, std::string>>& blobs, const Counters& counters) {
+  saveWith(backend, dir, counters,
+           [&](const std::string& path) { return writeShardFile(path, slices, blobs); });
+}
+
+void saveFull(Backend& backend, const std::string& dir, const FullState& state,
+              const std::vector<std::pair<std::string, std::string>>& blobs,
+              const Counters& counters) {
+  const bool writes = backend.rank() == 0;
+  saveWith(backend, dir, counters, [&](const std::string& path) {
+    // Every rank runs every gather of produce(), whatever happens to rank 0's file, or the
+    // others would wait for it; a write error is thrown once the gathers are over.
+    std::optional<ShardFileWriter> writer;
+    std::string error;
+    try {
+      writer.emplace(path, writes ? state.layout : std::vector<SliceLayout>{}, blobs);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    state.produce([&](const torch::Tensor& array) {
+      if (!writes || !error.empty()) return;
+      try {
+        writer->append(array);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    });
+    if (!error.empty()) throw CommunicationError(error);
+    return writer->commit();
+  });
 }
 
 bool verifyShare(const std::string& dir, int rank, int world) {

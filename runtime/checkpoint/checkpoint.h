@@ -21,6 +21,7 @@
 // Thread-safety: one training thread.
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -38,6 +39,19 @@ using Counters = std::map<std::string, std::string>;
 
 void save(Backend& backend, const std::string& dir, const std::vector<Slice>& slices,
           const std::vector<std::pair<std::string, std::string>>& blobs, const Counters& counters);
+
+// The full layout (FSDP's FULL_STATE_DICT): rank 0's file holds every parameter whole, each array
+// gathered while the file is written, so no rank holds more than one unit's array at a time;
+// every rank's file holds its own blobs. `produce` is a collective that every rank runs: it
+// hands each array, in `layout`'s order, to the function it is given (rank 0 writes them, the
+// others drop them). The protocol and its guarantees are save()'s.
+struct FullState {
+  std::vector<SliceLayout> layout;  // rank 0's slices, in the order produce() gives their arrays
+  std::function<void(const std::function<void(const torch::Tensor&)>& write)> produce;
+};
+void saveFull(Backend& backend, const std::string& dir, const FullState& state,
+              const std::vector<std::pair<std::string, std::string>>& blobs,
+              const Counters& counters);
 
 // The complete checkpoint `path` names (see above); throws InvalidArgument when there is none.
 // Without `checksums` files are checked by size only (verifyShare then checks the CRCs, the

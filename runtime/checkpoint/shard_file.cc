@@ -30,12 +30,12 @@ bool plainName(const std::string& name) {
 
 }  // namespace
 
-std::pair<uint64_t, uint32_t> writeShardFile(
-    const std::string& path, const std::vector<Slice>& slices,
-    const std::vector<std::pair<std::string, std::string>>& blobs) {
+namespace {
+std::string headerOf(const std::vector<SliceLayout>& layout,
+                     const std::vector<std::pair<std::string, std::string>>& blobs) {
   std::ostringstream header;
   uint64_t offset = 0;
-  for (const auto& s : slices) {
+  for (const auto& s : layout) {
     if (!plainName(s.param)) {
       throw InvalidArgument("checkpoint: parameter name '" + s.param +
                             "' has spaces or control characters; rename it");
@@ -43,7 +43,7 @@ std::pair<uint64_t, uint32_t> writeShardFile(
     header << "slice " << s.param << ' ' << s.begin << ' ' << s.end << ' ' << s.shape.size();
     for (int64_t d : s.shape) header << ' ' << d;
     header << ' ' << s.arrays.size();
-    for (const auto& [name, tensor] : s.arrays) {
+    for (const auto& name : s.arrays) {
       header << ' ' << name << ' ' << offset;
       offset += static_cast<uint64_t>(s.end - s.begin) * sizeof(float);
     }
@@ -56,22 +56,59 @@ std::pair<uint64_t, uint32_t> writeShardFile(
   const std::string text = header.str();
   char first[64];
   std::snprintf(first, sizeof(first), "%s %d %020zu\n", kMagic, kFormat, text.size());
-  DurableFile file(path);
-  file.append(first, std::strlen(first));
-  file.append(text.data(), text.size());
-  for (const auto& s : slices) {
-    for (const auto& [name, tensor] : s.arrays) {
-      const torch::Tensor t = tensor.to(torch::kFloat).contiguous();
-      if (t.numel() != s.end - s.begin) {
-        throw InvalidArgument("checkpoint: slice of '" + s.param + "' array " + name +
-                              " has the wrong size");
-      }
-      file.append(t.data_ptr<float>(), static_cast<size_t>(t.numel()) * sizeof(float));
-    }
+  return first + text;
+}
+}  // namespace
+
+ShardFileWriter::ShardFileWriter(const std::string& path, std::vector<SliceLayout> layout,
+                                 const std::vector<std::pair<std::string, std::string>>& blobs)
+    : layout_(std::move(layout)), blobs_(blobs), file_(path) {
+  const std::string header = headerOf(layout_, blobs_);
+  file_.append(header.data(), header.size());
+  while (slice_ < layout_.size() && layout_[slice_].arrays.empty()) ++slice_;
+}
+
+void ShardFileWriter::append(const torch::Tensor& array) {
+  if (slice_ >= layout_.size()) throw InvalidArgument("checkpoint: more arrays than the layout");
+  const SliceLayout& s = layout_[slice_];
+  const torch::Tensor t = array.to(torch::kFloat).contiguous();
+  if (t.numel() != s.end - s.begin) {
+    throw InvalidArgument("checkpoint: slice of '" + s.param + "' array " + s.arrays[array_] +
+                          " has the wrong size");
   }
-  for (const auto& [name, bytes] : blobs) file.append(bytes.data(), bytes.size());
-  file.commit();
-  return {file.size(), file.crc()};
+  file_.append(t.data_ptr<float>(), static_cast<size_t>(t.numel()) * sizeof(float));
+  if (++array_ == s.arrays.size()) {
+    array_ = 0;
+    do {
+      ++slice_;
+    } while (slice_ < layout_.size() && layout_[slice_].arrays.empty());
+  }
+}
+
+std::pair<uint64_t, uint32_t> ShardFileWriter::commit() {
+  if (slice_ < layout_.size()) {
+    throw InvalidArgument("checkpoint: the arrays of '" + layout_[slice_].param +
+                          "' never came; the file is not written");
+  }
+  for (const auto& [name, bytes] : blobs_) file_.append(bytes.data(), bytes.size());
+  file_.commit();
+  return {file_.size(), file_.crc()};
+}
+
+std::pair<uint64_t, uint32_t> writeShardFile(
+    const std::string& path, const std::vector<Slice>& slices,
+    const std::vector<std::pair<std::string, std::string>>& blobs) {
+  std::vector<SliceLayout> layout;
+  for (const auto& s : slices) {
+    SliceLayout l{s.param, s.shape, s.begin, s.end, {}};
+    for (const auto& [name, tensor] : s.arrays) l.arrays.push_back(name);
+    layout.push_back(std::move(l));
+  }
+  ShardFileWriter writer(path, std::move(layout), blobs);
+  for (const auto& s : slices) {
+    for (const auto& [name, tensor] : s.arrays) writer.append(tensor);
+  }
+  return writer.commit();
 }
 
 ShardFileReader::ShardFileReader(std::string path) : path_(std::move(path)) {

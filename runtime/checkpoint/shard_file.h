@@ -34,7 +34,34 @@ struct Slice {
   std::vector<std::pair<std::string, torch::Tensor>> arrays;  // float32, end - begin elements
 };
 
-// Writes a rank's file durably; returns its size and CRC-32C for the manifest.
+// Where a slice goes in a file: its parameter, range and the names of its arrays, without them.
+struct SliceLayout {
+  std::string param;
+  std::vector<int64_t> shape;
+  int64_t begin = 0, end = 0;
+  std::vector<std::string> arrays;
+};
+
+// Writes a rank's file durably with its slices' data streamed in: the header (from the layout)
+// at once, then each array in the layout's order (append), then the blobs (commit). Nothing is
+// visible at `path` before commit.
+class ShardFileWriter {
+ public:
+  ShardFileWriter(const std::string& path, std::vector<SliceLayout> layout,
+                  const std::vector<std::pair<std::string, std::string>>& blobs);
+  // The next array of the layout: end - begin elements, converted to float32.
+  void append(const torch::Tensor& array);
+  // Returns the file's size and CRC-32C for the manifest; throws if arrays are missing.
+  std::pair<uint64_t, uint32_t> commit();
+
+ private:
+  std::vector<SliceLayout> layout_;
+  std::vector<std::pair<std::string, std::string>> blobs_;
+  DurableFile file_;
+  size_t slice_ = 0, array_ = 0;  // what append() writes next
+};
+
+// Writes a rank's file of `slices` (their arrays in hand) durably; returns its size and CRC-32C.
 std::pair<uint64_t, uint32_t> writeShardFile(
     const std::string& path, const std::vector<Slice>& slices,
     const std::vector<std::pair<std::string, std::string>>& blobs);

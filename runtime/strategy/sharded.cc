@@ -753,6 +753,57 @@ void ShardedStrategy::visitFullParameters(const ParameterVisitor& visit) {
 // ---- checkpoints
 // ---------------------------------------------------------------------------------
 
+checkpoint::FullState ShardedStrategy::fullState() {
+  // At stage 0 every rank holds everything, and rank 0's slices are already whole.
+  if (options_.stage == 0) return streamSlices(stateSlices());
+  checkpoint::FullState state;
+  std::vector<std::string> arrays = {"param"};
+  for (const auto& name : optimizer_.stateNames()) arrays.push_back(name);
+  // Unit by unit, array by array (one array of one unit gathered at a time), each parameter.
+  for (const auto& u : units_) {
+    for (const auto& array : arrays) {
+      for (size_t i = 0; i < u.flat.params().size(); ++i) {
+        const auto& p = u.flat.params()[i];
+        state.layout.push_back({u.flat.names()[i], p.sizes().vec(), 0, p.numel(), {array}});
+      }
+    }
+  }
+  for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
+    if (!item.value().requires_grad()) {  // frozen: whole everywhere
+      state.layout.push_back(
+          {item.key(), item.value().sizes().vec(), 0, item.value().numel(), {"param"}});
+    }
+  }
+  state.produce = [this, arrays](const std::function<void(const torch::Tensor&)>& write) {
+    std::lock_guard<std::mutex> lock(mu_);
+    torch::NoGradGuard no_grad;
+    for (auto& u : units_) {
+      waitGather(u);
+      const std::vector<torch::Tensor> optimizer_state = stateNow(u);
+      for (size_t k = 0; k < arrays.size(); ++k) {
+        torch::Tensor full;
+        if (k == 0 && u.flat.resident() && !mixed()) {
+          full = u.flat.full();  // whole already (stages 1-2, a unit in use)
+        } else {  // the fp32 shards of every rank (of this node, under hybrid sharding)
+          const torch::Tensor shard = k == 0 ? masterNow(u) : optimizer_state[k - 1];
+          full = torch::empty({u.flat.padded()}, shard.options());
+          shards_
+              ->allGather(shard.data_ptr(), full.data_ptr(),
+                          static_cast<size_t>(u.flat.shardNumel()), DType::kFloat32)
+              ->wait();
+        }
+        for (size_t i = 0; i < u.flat.params().size(); ++i) {
+          write(full.narrow(0, u.flat.offset(i), u.flat.params()[i].numel()));
+        }
+      }
+    }
+    for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
+      if (!item.value().requires_grad()) write(item.value().detach().reshape({-1}));
+    }
+  };
+  return state;
+}
+
 std::vector<checkpoint::Slice> ShardedStrategy::stateSlices() {
   std::lock_guard<std::mutex> lock(mu_);
   torch::NoGradGuard no_grad;

@@ -91,6 +91,7 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   MemoryReport memoryReport() const override;
   std::vector<const torch::nn::Module*> unitModules() const override;
   std::vector<checkpoint::Slice> stateSlices() override;
+  checkpoint::FullState fullState() override;
   void loadStateSlices(const checkpoint::Source& reader) override;
   void visitFullParameters(const ParameterVisitor& visit) override;
 

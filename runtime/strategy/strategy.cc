@@ -156,11 +156,18 @@ class DdpStrategy final : public Strategy {
   }
   std::vector<checkpoint::Slice> stateSlices() override {
     // Every rank holds the same: each saves every world-th parameter, so they write in parallel.
+    return slicesOf(rank_, world_);
+  }
+  checkpoint::FullState fullState() override {
+    return streamSlices(rank_ == 0 ? slicesOf(0, 1) : std::vector<checkpoint::Slice>{});
+  }
+  // The parameters (and their optimizer state) at positions rank, rank + every, ...
+  std::vector<checkpoint::Slice> slicesOf(int rank, int every) {
     std::vector<checkpoint::Slice> out;
     auto& state = optimizer_.state();
     size_t index = 0;
     for (const auto& item : model_->named_parameters()) {
-      if (index++ % static_cast<size_t>(world_) != static_cast<size_t>(rank_)) continue;
+      if (index++ % static_cast<size_t>(every) != static_cast<size_t>(rank)) continue;
       const torch::Tensor& p = item.value();  // the optimizer's key is this TensorImpl
       checkpoint::Slice slice{
           item.key(), p.sizes().vec(), 0, p.numel(), {{"param", p.detach().reshape({-1})}}};
@@ -209,6 +216,22 @@ std::vector<std::pair<std::string, torch::Tensor>> Strategy::fullParameters() {
     out.emplace_back(name, value.to(torch::kFloat).clone());
   });
   return out;
+}
+
+checkpoint::FullState streamSlices(std::vector<checkpoint::Slice> slices) {
+  checkpoint::FullState state;
+  for (const auto& s : slices) {
+    checkpoint::SliceLayout layout{s.param, s.shape, s.begin, s.end, {}};
+    for (const auto& [name, array] : s.arrays) layout.arrays.push_back(name);
+    state.layout.push_back(std::move(layout));
+  }
+  state.produce = [slices = std::make_shared<std::vector<checkpoint::Slice>>(std::move(slices))](
+                      const std::function<void(const torch::Tensor&)>& write) {
+    for (const auto& s : *slices) {
+      for (const auto& [name, array] : s.arrays) write(array);
+    }
+  };
+  return state;
 }
 
 std::string MemoryReport::str() const {

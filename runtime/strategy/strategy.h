@@ -89,11 +89,19 @@ class Strategy {
   // state (its arrays by name), as slices of parameters by name: every element is in exactly
   // one rank's slices, whatever the strategy. Not a collective.
   virtual std::vector<checkpoint::Slice> stateSlices() = 0;
+  // The same state in the full layout (checkpoint::saveFull): every parameter whole in rank 0's
+  // file, gathered one unit and one array at a time where it is sharded. Not a collective
+  // itself; its produce() is.
+  virtual checkpoint::FullState fullState() = 0;
   // Loads parameters and optimizer state from a checkpoint of any strategy and world size
   // (state arrays it lacks start at zero); a collective. The optimizer's step count comes from
   // the counter "optimizer_steps".
   virtual void loadStateSlices(const checkpoint::Source& reader) = 0;
 };
+
+// A full-layout state of slices already in hand (on rank 0; none elsewhere): what strategies
+// whose rank 0 holds everything save.
+checkpoint::FullState streamSlices(std::vector<checkpoint::Slice> slices);
 
 // What makeStrategy needs beyond the environment.
 struct StrategyOptions {

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "ranks.h"
 #include "rendezvous/error.h"
@@ -40,8 +41,9 @@ struct Job {
   std::string save{};    // where to save at the end
   int64_t save_at = -1;  // and after this step, to save_at_dir
   std::string save_at_dir{};
-  int64_t seed = 42;   // the model's initial weights (a resumed job's are overwritten)
-  std::string nvme{};  // offload optimizer state and parameters to this directory
+  int64_t seed = 42;               // the model's initial weights (a resumed job's are overwritten)
+  std::string nvme{};              // offload optimizer state and parameters to this directory
+  std::string layout = "sharded";  // saveState's: sharded | full
 };
 
 // The data of optimizer step s: the same whatever the world size.
@@ -83,6 +85,7 @@ Ended run(const Job& job) {
     world.env.mixed_precision = job.precision;
     world.env.fsdp_transformer_layer_cls = {"Block"};
     world.env.fsdp_auto_wrap_policy = "TRANSFORMER_BASED_WRAP";
+    world.env.state_dict_type = job.layout;
     if (!job.nvme.empty()) {
       world.env.offload_optimizer = world.env.offload_params = "nvme";
       world.env.offload_optimizer_nvme_path = world.env.offload_param_nvme_path = job.nvme;
@@ -162,6 +165,49 @@ TEST_CASE("A resumed job ends bit for bit where the uninterrupted one ends", "[c
           CHECK(sameBytes(base + "/resumed/" + file, base + "/uninterrupted/" + file));
         }
       }
+    }
+  }
+}
+
+TEST_CASE("The full layout has every parameter whole in rank 0's file and resumes exactly",
+          "[checkpoint]") {
+  torch::set_num_threads(1);
+  cxxlaunch::testing::TempDir dir;
+  int case_id = 0;
+  for (const std::string precision : {"no", "bf16"}) {
+    for (const std::string strategy : {"ddp", "zero1", "zero2", "zero3", "fsdp_full_shard"}) {
+      INFO(strategy << " " << precision);
+      const std::string base = dir.path() + "/" + std::to_string(case_id++);
+      Job whole{.strategy = strategy, .precision = precision, .layout = "full"};
+      whole.save_at = 2;
+      whole.save_at_dir = base + "/step2";
+      const Ended uninterrupted = run(whole);
+      const checkpoint::ShardFileReader first(base + "/step2/rank0.bin"),
+          second(base + "/step2/rank1.bin");
+      CHECK(second.slices().empty());  // rank 1 keeps only its generator state
+      CHECK(second.hasBlob("rng_cpu"));
+      std::set<std::string> whole_params;
+      for (const auto& slice : first.slices()) {
+        CHECK(slice.begin == 0);
+        int64_t numel = 1;
+        for (int64_t d : slice.shape) numel *= d;
+        CHECK(slice.end == numel);
+        whole_params.insert(slice.param);
+      }
+      CHECK(whole_params.size() == uninterrupted.params.size());
+      Job resumed = whole;
+      resumed.from_step = 2;
+      resumed.load = base + "/step2";
+      resumed.save_at = -1;
+      resumed.seed = 7;
+      CHECK(maxRelativeDifference(run(resumed), uninterrupted) == 0);
+      // A full checkpoint loads into another strategy at another world size.
+      Job elsewhere = resumed;
+      elsewhere.strategy = strategy == "zero3" ? "zero2" : "zero3";
+      elsewhere.world = 4;
+      elsewhere.layout = "sharded";
+      CHECK(maxRelativeDifference(run(elsewhere), uninterrupted) <
+            (precision == "no" ? 1e-5 : 2e-2));
     }
   }
 }
