@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Checkpoint save and load throughput against the disk's own, in the same run: the example GPT
 (101M parameters by default: a 1.2 GB checkpoint with AdamW's state) at world 2 saves one
-checkpoint (`--save_every`) and a second job loads it (`resume`), under ZeRO-3 (every rank writes
-its shard in parallel) and DDP (rank 0 writes everything). The disk's speed is dd's: a write of
+checkpoint (`--save_every`) and a second job loads it (`resume`), in each layout: sharded under
+ZeRO-3 (every rank writes its shard in parallel) and DDP (the ranks share the parameters), and
+full under ZeRO-3 (gathered unit by unit, rank 0 writes everything). The disk's speed is dd's: a write of
 the same size with fsync, and a read of it with the page cache dropped (as before each load).
 Target (issue: checkpoints): at least 0.7 of the disk's sequential write and read speed.
 
@@ -36,13 +37,14 @@ def dd(args):
     return int(m.group(1)) / float(m.group(2)) / 1e9
 
 
-def train(a, folder, strategy):
+def train(a, folder, strategy, layout):
     argv = [os.path.join(ROOT, "build/bin/cxxlaunch"), "run", "--nproc_per_node=2",
             "--checkpoint_dir", folder, os.path.join(ROOT, "build/bin/train"), "--model", "gpt",
             "--steps", "1", "--warmup", "0", "--batch_size", "1", "--seq_len", "32", "--vocab",
             "64", "--d_model", str(a.d_model), "--layers", str(a.layers), "--heads", "4",
             "--save_every", "1", "--print_every", "1"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", CXXLAUNCH_STRATEGY=strategy)
+    env = dict(os.environ, OMP_NUM_THREADS="1", CXXLAUNCH_STRATEGY=strategy,
+               CXXLAUNCH_STATE_DICT_TYPE=layout)
     out = subprocess.run(argv, capture_output=True, text=True, env=env)
     if out.returncode != 0:
         sys.exit(f"{strategy} failed:\n{out.stdout}\n{out.stderr}")
@@ -63,12 +65,12 @@ def main():
     work = tempfile.mkdtemp(prefix="cxxlaunch-ckpt-bench-", dir=a.dir)
     try:
         rows = []
-        for strategy in ["zero3", "ddp"]:
-            folder = os.path.join(work, strategy)
-            size, save = rate("saved", train(a, folder, strategy))
+        for strategy, layout in [("zero3", "sharded"), ("ddp", "sharded"), ("zero3", "full")]:
+            folder = os.path.join(work, strategy + "-" + layout)
+            size, save = rate("saved", train(a, folder, strategy, layout))
             dropped = drop_caches()
-            _, load = rate("resumed from", train(a, folder, strategy))
-            rows.append((strategy, size, save, load))
+            _, load = rate("resumed from", train(a, folder, strategy, layout))
+            rows.append((f"{strategy} {layout}", size, save, load))
         probe = os.path.join(work, "dd.bin")
         count = max(1, int(rows[0][1] * 1e9 / (64 << 20)))
         disk_write = dd(["if=/dev/zero", f"of={probe}", "bs=64M", f"count={count}", "conv=fsync"])
@@ -79,10 +81,10 @@ def main():
     print(f"GPT d_model {a.d_model} x {a.layers} layers at world 2, checkpoints under {a.dir}; "
           f"disk (dd, {count * 64} MiB): write with fsync {disk_write:.2f} GB/s, read "
           f"{disk_read:.2f} GB/s{'' if dropped else ' (page cache NOT dropped: not root)'}")
-    print(f"{'strategy':10s} {'GB':>6s} {'save GB/s':>10s} {'x disk':>7s} {'load GB/s':>10s} "
+    print(f"{'strategy':14s} {'GB':>6s} {'save GB/s':>10s} {'x disk':>7s} {'load GB/s':>10s} "
           f"{'x disk':>7s}")
     for strategy, size, save, load in rows:
-        print(f"{strategy:10s} {size:6.3f} {save:10.2f} {save / disk_write:7.2f} {load:10.2f} "
+        print(f"{strategy:14s} {size:6.3f} {save:10.2f} {save / disk_write:7.2f} {load:10.2f} "
               f"{load / disk_read:7.2f}")
 
 

@@ -233,13 +233,34 @@ void Accelerator::saveState(const std::string& dir) {
 std::string Accelerator::loadState(const std::string& path) {
   if (!strategy_) throw InvalidArgument("Accelerator::loadState before prepare");
   requireHostState(device(), "Accelerator::loadState");
-  // The newest checkpoint whose files have their sizes; the ranks share checking their
-  // checksums, and a mismatch anywhere sends every rank to the slow search (every checksum).
+  auto everywhere = [&](bool good) {
+    int32_t all = good ? 1 : 0;
+    world_.backend->allreduce(&all, 1, DType::kInt32, ReduceOp::kMin)->wait();
+    return all == 1;
+  };
+  // The newest checkpoint whose files have their sizes. Its files check each chunk as it is read
+  // (format 2: one pass); older ones are checked first, the ranks sharing the files. A mismatch
+  // anywhere sends every rank to the slow search (every checksum) and loads what it finds.
   std::string dir = checkpoint::find(path, /*checksums=*/false);
-  int32_t intact = checkpoint::verifyShare(dir, rank(), worldSize()) ? 1 : 0;
-  world_.backend->allreduce(&intact, 1, DType::kInt32, ReduceOp::kMin)->wait();
-  if (intact == 0) dir = checkpoint::find(path, /*checksums=*/true);
-  const checkpoint::Reader reader(dir);
+  {
+    const checkpoint::Reader reader(dir);
+    if (reader.checksReads()) {
+      restoreFrom(reader);
+      const auto problem = reader.corruption();
+      if (problem) std::cerr << "cxxlaunch: " << *problem << "; looking for an intact checkpoint\n";
+      if (everywhere(!problem)) return dir;
+    } else if (everywhere(checkpoint::verifyShare(dir, rank(), worldSize()))) {
+      restoreFrom(reader);
+      return dir;
+    }
+  }
+  dir = checkpoint::find(path, /*checksums=*/true);
+  restoreFrom(checkpoint::Reader(dir));
+  return dir;
+}
+
+void Accelerator::restoreFrom(const checkpoint::Reader& reader) {
+  const std::string& dir = reader.directory();
   strategy_->loadStateSlices(reader);
   torch::NoGradGuard no_grad;
   for (const auto& item : model_->named_buffers()) {
@@ -251,8 +272,10 @@ std::string Accelerator::loadState(const std::string& path) {
     }
     std::memcpy(b.data_ptr(), bytes->data(), bytes->size());
   }
+  const auto rng = reader.blob(rank(), "rng_cpu");
+  if (reader.corruption()) return;  // loadState loads another checkpoint over all of this
   // Each rank its own generator; a rank the saving job did not have keeps its own.
-  if (const auto rng = reader.blob(rank(), "rng_cpu")) {
+  if (rng) {
     torch::Tensor state = torch::empty({static_cast<int64_t>(rng->size())}, torch::kUInt8);
     std::memcpy(state.data_ptr(), rng->data(), rng->size());
     at::Generator generator = at::detail::getDefaultCPUGenerator();
@@ -267,7 +290,6 @@ std::string Accelerator::loadState(const std::string& path) {
     if (const auto state = reader.counter("loss_scaler")) scaler_->restore(*state);
   }
   strategy_->zeroGrad();
-  return dir;
 }
 
 namespace {

@@ -205,6 +205,7 @@ class Accelerator {
 
  private:
   void checkpointUnits(const torch::nn::Module& model);  // fsdp_activation_checkpointing
+  void restoreFrom(const checkpoint::Reader& reader);    // loadState's work, from one checkpoint
 
   World world_;
   int accumulation_steps_ = 1;

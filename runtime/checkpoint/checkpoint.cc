@@ -278,6 +278,17 @@ Reader::Reader(const std::string& dir) : dir_(dir) {
   }
 }
 
+bool Reader::checksReads() const {
+  return std::all_of(files_.begin(), files_.end(), [](const auto& f) { return f->checksReads(); });
+}
+
+std::optional<std::string> Reader::corruption() const {
+  for (const auto& f : files_) {
+    if (auto problem = f->corruption()) return problem;
+  }
+  return std::nullopt;
+}
+
 std::optional<std::string> Reader::counter(const std::string& key) const {
   auto it = counters_.find(key);
   if (it == counters_.end()) return std::nullopt;

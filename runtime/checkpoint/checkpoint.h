@@ -16,7 +16,9 @@
 // Loading picks a checkpoint: `path` itself when it is complete (manifest present, every file
 // of the listed size and checksum), else `<path>.old`, else the complete subdirectory of `path`
 // with the highest step (an incomplete or corrupt one is skipped with a note). The files need
-// a filesystem every rank sees (as PyTorch DCP assumes).
+// a filesystem every rank sees (as PyTorch DCP assumes). Accelerator::loadState first takes the
+// newest whose files have their sizes and checks the checksums of what it reads (one pass);
+// only if something fails its checksum does every rank search again, reading every file.
 //
 // Thread-safety: one training thread.
 
@@ -96,6 +98,10 @@ class Reader final : public Source {
   bool has(const std::string& param, const std::string& array) const override;
   // Rank `rank`'s blob, if its file has it.
   std::optional<std::string> blob(int rank, const std::string& name) const;
+  // Whether every file checks what is read from it (format 2), and the first thing read so far
+  // that failed its checksum (shard_file.h): a load is then one pass over the data.
+  bool checksReads() const;
+  std::optional<std::string> corruption() const;
 
  private:
   struct Piece {

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -16,7 +17,15 @@ namespace cxxlaunch::runtime::checkpoint {
 namespace {
 
 constexpr const char kMagic[] = "cxxlaunch-checkpoint";
-constexpr int kFormat = 1;
+constexpr int kFormat = 2;  // 1: without the checksums (still read)
+constexpr const char kChecksumsMagic[] = "cxxlaunch-checksums";
+constexpr size_t kFooterBytes = sizeof(kChecksumsMagic) + 20 + 1;  // magic, ' ', offset, '\n'
+
+std::string hex(uint32_t v) {
+  char text[16];
+  std::snprintf(text, sizeof(text), "%08x", v);
+  return text;
+}
 constexpr size_t kMaxHeader = 256u << 20;
 constexpr int64_t kMaxDims = 16;
 
@@ -65,6 +74,7 @@ ShardFileWriter::ShardFileWriter(const std::string& path, std::vector<SliceLayou
     : layout_(std::move(layout)), blobs_(blobs), file_(path) {
   const std::string header = headerOf(layout_, blobs_);
   file_.append(header.data(), header.size());
+  data_start_ = header.size();
   while (slice_ < layout_.size() && layout_[slice_].arrays.empty()) ++slice_;
 }
 
@@ -76,7 +86,15 @@ void ShardFileWriter::append(const torch::Tensor& array) {
     throw InvalidArgument("checkpoint: slice of '" + s.param + "' array " + s.arrays[array_] +
                           " has the wrong size");
   }
-  file_.append(t.data_ptr<float>(), static_cast<size_t>(t.numel()) * sizeof(float));
+  const float* data = t.data_ptr<float>();
+  file_.append(data, static_cast<size_t>(t.numel()) * sizeof(float));
+  const int64_t chunks = (t.numel() + kChunkElements - 1) / kChunkElements;
+  checksums_ += "array " + std::to_string(chunks);
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t n = std::min(kChunkElements, t.numel() - c * kChunkElements);
+    checksums_ += ' ' + hex(crc32c(0, data + c * kChunkElements, static_cast<size_t>(n) * 4));
+  }
+  checksums_ += '\n';
   if (++array_ == s.arrays.size()) {
     array_ = 0;
     do {
@@ -90,7 +108,17 @@ std::pair<uint64_t, uint32_t> ShardFileWriter::commit() {
     throw InvalidArgument("checkpoint: the arrays of '" + layout_[slice_].param +
                           "' never came; the file is not written");
   }
-  for (const auto& [name, bytes] : blobs_) file_.append(bytes.data(), bytes.size());
+  for (const auto& [name, bytes] : blobs_) {
+    file_.append(bytes.data(), bytes.size());
+    checksums_ += "blob " + hex(crc32c(0, bytes.data(), bytes.size())) + '\n';
+  }
+  const uint64_t at = file_.size() - data_start_;
+  const std::string text = "checksums\n" + checksums_;
+  file_.append(text.data(), text.size());
+  char footer[64];
+  std::snprintf(footer, sizeof(footer), "%s %020llu\n", kChecksumsMagic,
+                static_cast<unsigned long long>(at));
+  file_.append(footer, std::strlen(footer));
   file_.commit();
   return {file_.size(), file_.crc()};
 }
@@ -131,14 +159,15 @@ ShardFileReader::ShardFileReader(std::string path) : path_(std::move(path)) {
       std::strcmp(magic, kMagic) != 0 || first[first_len - 1] != '\n') {
     throw bad("no cxxlaunch checkpoint header");
   }
-  if (format != kFormat) throw bad("format " + std::to_string(format) + " is not 1");
+  if (format != 1 && format != 2) throw bad("format " + std::to_string(format) + " is not 1 or 2");
   if (header_bytes > kMaxHeader || first_len + header_bytes > size_) {
     throw bad("header length beyond the file");
   }
   std::string text(header_bytes, '\0');
   pread(first_len, text.data(), text.size());
   const uint64_t data_start = first_len + header_bytes;
-  const uint64_t data_bytes = size_ - data_start;
+  uint64_t data_bytes = size_ - data_start;
+  if (format == 2) readChecksums(data_start, data_bytes);  // and the data ends before them
   std::istringstream in(text);
   std::string line;
   auto inData = [&](uint64_t offset, uint64_t bytes) {
@@ -190,7 +219,82 @@ ShardFileReader::ShardFileReader(std::string path) : path_(std::move(path)) {
       throw bad("unknown header line '" + kind + "'");
     }
   }
+  if (!checked_) return;
+  // Each array and blob has its checksums, in the header's order.
+  size_t next = 0;
+  for (const auto& s : slices_) {
+    for (const auto& [name, offset] : s.arrays) {
+      if (next >= pending_.size()) throw bad("fewer checksums than arrays");
+      auto& chunks = pending_[next++];
+      const int64_t numel = s.end - s.begin;
+      if (static_cast<int64_t>(chunks.size()) != (numel + kChunkElements - 1) / kChunkElements) {
+        throw bad("slice '" + s.param + "' array '" + name + "' has the wrong number of checksums");
+      }
+      array_checksums_[offset] = {numel, std::move(chunks), "'" + s.param + "' " + name};
+    }
+  }
+  for (const auto& [name, where] : blobs_) {
+    if (next >= pending_.size() || pending_[next].size() != 1)
+      throw bad("blob '" + name + "' checksum");
+    blob_checksums_[where.first] = pending_[next++].front();
+  }
+  if (next != pending_.size()) throw bad("more checksums than arrays and blobs");
+  pending_.clear();
 }
+
+void ShardFileReader::readChecksums(uint64_t data_start, uint64_t& data_bytes) {
+  auto bad = [&](const std::string& why) {
+    return InvalidArgument("checkpoint file '" + path_ + "' is corrupt: " + why);
+  };
+  if (data_bytes < kFooterBytes) throw bad("no checksums at its end");
+  char footer[kFooterBytes + 1] = {};
+  pread(size_ - kFooterBytes, footer, kFooterBytes);
+  char magic[32] = {};
+  unsigned long long at = 0;
+  if (std::sscanf(footer, "%31s %llu", magic, &at) != 2 ||
+      std::strcmp(magic, kChecksumsMagic) != 0 || footer[kFooterBytes - 1] != '\n' ||
+      at > data_bytes - kFooterBytes) {
+    throw bad("no checksums at its end");
+  }
+  const uint64_t bytes = data_bytes - kFooterBytes - at;
+  if (bytes > kMaxHeader) throw bad("checksums too long");
+  std::string text(bytes, '\0');
+  pread(data_start + at, text.data(), text.size());
+  std::istringstream in(text);
+  std::string line;
+  if (!std::getline(in, line) || line != "checksums") throw bad("no checksums line");
+  while (std::getline(in, line)) {
+    // "array <chunks> <crc>..." or "blob <crc>", in the header's order, CRCs as 8 hex digits.
+    std::istringstream words(line);
+    std::string kind, word;
+    long long count = 1;
+    words >> kind;
+    if (kind == "array") words >> count;
+    if (!words || (kind != "array" && kind != "blob") || count < 0 ||
+        count > (int64_t{1} << 40) / kChunkElements) {
+      throw bad("a checksums line is malformed");
+    }
+    std::vector<uint32_t> values;
+    for (long long c = 0; c < count; ++c) {
+      if (!(words >> word) || word.size() != 8 ||
+          word.find_first_not_of("0123456789abcdef") != std::string::npos) {
+        throw bad("a checksums line is malformed");
+      }
+      values.push_back(static_cast<uint32_t>(std::stoul(word, nullptr, 16)));
+    }
+    pending_.push_back(std::move(values));
+  }
+  data_bytes = at;
+  checked_ = true;
+}
+
+void ShardFileReader::check(uint32_t expected, const void* data, size_t bytes,
+                            const std::string& what) const {
+  if (crc32c(0, data, bytes) == expected || corruption_) return;
+  corruption_ = "checkpoint file '" + path_ + "': " + what + " does not match its checksum";
+}
+
+std::optional<std::string> ShardFileReader::corruption() const { return corruption_; }
 
 ShardFileReader::~ShardFileReader() {
   if (fd_ >= 0) ::close(fd_);
@@ -212,8 +316,36 @@ void ShardFileReader::pread(uint64_t offset, void* out, size_t bytes) const {
 
 void ShardFileReader::read(uint64_t offset, int64_t slice_begin, int64_t from, int64_t to,
                            float* out) const {
-  pread(offset + static_cast<uint64_t>(from - slice_begin) * sizeof(float), out,
-        static_cast<size_t>(to - from) * sizeof(float));
+  const auto it = array_checksums_.find(offset);
+  if (it == array_checksums_.end()) {  // format 1
+    pread(offset + static_cast<uint64_t>(from - slice_begin) * sizeof(float), out,
+          static_cast<size_t>(to - from) * sizeof(float));
+    return;
+  }
+  // Chunk by chunk: straight into `out` where a chunk lies inside [from, to), else through a
+  // buffer (at most the first and the last chunk).
+  const ArrayChecksums& sums = it->second;
+  const int64_t f = from - slice_begin, t = to - slice_begin;  // in the array
+  std::vector<float> edge;
+  for (int64_t c = f / kChunkElements; c * kChunkElements < t; ++c) {
+    const int64_t cb = c * kChunkElements, ce = std::min(cb + kChunkElements, sums.numel);
+    const std::string what = sums.name + ", elements " + std::to_string(slice_begin + cb) + " to " +
+                             std::to_string(slice_begin + ce) + ",";
+    const uint64_t at = offset + static_cast<uint64_t>(cb) * sizeof(float);
+    const auto bytes = static_cast<size_t>(ce - cb) * sizeof(float);
+    if (f <= cb && ce <= t) {
+      float* into = out + (cb - f);
+      pread(at, into, bytes);
+      check(sums.chunks[static_cast<size_t>(c)], into, bytes, what);
+    } else {
+      edge.resize(static_cast<size_t>(ce - cb));
+      pread(at, edge.data(), bytes);
+      check(sums.chunks[static_cast<size_t>(c)], edge.data(), bytes, what);
+      const int64_t a = std::max(cb, f), b = std::min(ce, t);
+      std::memcpy(out + (a - f), edge.data() + (a - cb),
+                  static_cast<size_t>(b - a) * sizeof(float));
+    }
+  }
 }
 
 bool ShardFileReader::hasBlob(const std::string& name) const {
@@ -231,6 +363,9 @@ std::string ShardFileReader::blob(const std::string& name) const {
     }
     std::string bytes(where.second, '\0');
     pread(where.first, bytes.data(), bytes.size());
+    if (const auto sum = blob_checksums_.find(where.first); sum != blob_checksums_.end()) {
+      check(sum->second, bytes.data(), bytes.size(), "blob '" + name + "'");
+    }
     return bytes;
   }
   throw InvalidArgument("checkpoint file '" + path_ + "' has no '" + name + "'");

@@ -5,20 +5,28 @@
 // its elements, not a shard, a checkpoint saved by any strategy at any world size loads into any
 // other: the reader finds, for each range it needs, the slices that cover it.
 //
-//   "cxxlaunch-checkpoint 1 <header bytes>\n"
+//   "cxxlaunch-checkpoint 2 <header bytes>\n"
 //   "slice <param> <begin> <end> <ndim> <dims...> <arrays> (<array> <offset>)...\n" ...
 //   "blob <name> <offset> <bytes>\n" ...
-//   the data: each array (end - begin float32) and blob at its offset from the header's end.
+//   the data: each array (end - begin float32) and blob at its offset from the header's end;
+//   then the checksums: "checksums\n", a line per array (in the header's order) with the
+//   CRC-32C of each kChunkElements-element chunk, a line per blob with its CRC-32C; and last
+//   "cxxlaunch-checksums <offset of the checksums, 20 digits>\n".
 //
-// The reader checks everything it parses (counts, ranges, offsets against the file's size) and
-// reads with pread, so a corrupt or crafted file is an error, never an out-of-bounds read, and
-// memory stays bounded by what the caller asks for.
+// The checksums make a load one pass: the reader checks each chunk it reads (a read that starts
+// or ends inside a chunk reads the whole chunk) and records a mismatch rather than throwing, so
+// that every rank finishes the load's collectives and all agree to fall back (checkpoint.h).
+// Format 1 (no checksums) is still read. The reader checks everything it parses (counts,
+// ranges, offsets against the file's size) and reads with pread, so a corrupt or crafted file is
+// an error, never an out-of-bounds read, and memory stays bounded by what the caller asks for.
 //
 // Thread-safety: none.
 
 #include <torch/types.h>
 
 #include <cstdint>
+#include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -45,6 +53,9 @@ struct SliceLayout {
 // Writes a rank's file durably with its slices' data streamed in: the header (from the layout)
 // at once, then each array in the layout's order (append), then the blobs (commit). Nothing is
 // visible at `path` before commit.
+// The elements each checksum of an array covers (4 MiB).
+inline constexpr int64_t kChunkElements = int64_t{1} << 20;
+
 class ShardFileWriter {
  public:
   ShardFileWriter(const std::string& path, std::vector<SliceLayout> layout,
@@ -58,7 +69,9 @@ class ShardFileWriter {
   std::vector<SliceLayout> layout_;
   std::vector<std::pair<std::string, std::string>> blobs_;
   DurableFile file_;
+  uint64_t data_start_ = 0;
   size_t slice_ = 0, array_ = 0;  // what append() writes next
+  std::string checksums_;         // the checksums' lines so far
 };
 
 // Writes a rank's file of `slices` (their arrays in hand) durably; returns its size and CRC-32C.
@@ -87,14 +100,30 @@ class ShardFileReader {
   bool hasBlob(const std::string& name) const;
   std::string blob(const std::string& name) const;
 
+  // Whether reads are checked (format 2), and the first thing read that failed its checksum.
+  bool checksReads() const { return checked_; }
+  std::optional<std::string> corruption() const;
+
  private:
   void pread(uint64_t offset, void* out, size_t bytes) const;
+  void readChecksums(uint64_t data_start, uint64_t& data_bytes);
+  void check(uint32_t expected, const void* data, size_t bytes, const std::string& what) const;
 
   std::string path_;
   int fd_ = -1;
   uint64_t size_ = 0;
   std::vector<SliceInfo> slices_;
   std::vector<std::pair<std::string, std::pair<uint64_t, uint64_t>>> blobs_;
+  bool checked_ = false;
+  struct ArrayChecksums {
+    int64_t numel;
+    std::vector<uint32_t> chunks;
+    std::string name;  // "'<param>' <array>", for the message
+  };
+  std::map<uint64_t, ArrayChecksums> array_checksums_;  // by the array's offset
+  std::map<uint64_t, uint32_t> blob_checksums_;         // by the blob's offset
+  std::vector<std::vector<uint32_t>> pending_;  // the checksums' lines, until matched to arrays
+  mutable std::optional<std::string> corruption_;
 };
 
 }  // namespace cxxlaunch::runtime::checkpoint

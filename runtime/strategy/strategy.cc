@@ -5,6 +5,7 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -155,19 +156,23 @@ class DdpStrategy final : public Strategy {
     for (const auto& item : model_->named_parameters()) visit(item.key(), item.value().detach());
   }
   std::vector<checkpoint::Slice> stateSlices() override {
-    // Every rank holds the same: each saves every world-th parameter, so they write in parallel.
+    // Every rank holds the same, so they share the writing: each parameter goes to the rank with
+    // the fewest elements so far (the same choice on every rank), and they write in parallel.
     return slicesOf(rank_, world_);
   }
   checkpoint::FullState fullState() override {
     return streamSlices(rank_ == 0 ? slicesOf(0, 1) : std::vector<checkpoint::Slice>{});
   }
-  // The parameters (and their optimizer state) at positions rank, rank + every, ...
-  std::vector<checkpoint::Slice> slicesOf(int rank, int every) {
+  // The parameters (and their optimizer state) that fall to `rank` of `ranks`.
+  std::vector<checkpoint::Slice> slicesOf(int rank, int ranks) {
     std::vector<checkpoint::Slice> out;
     auto& state = optimizer_.state();
-    size_t index = 0;
+    std::vector<int64_t> load(static_cast<size_t>(ranks), 0);
     for (const auto& item : model_->named_parameters()) {
-      if (index++ % static_cast<size_t>(every) != static_cast<size_t>(rank)) continue;
+      const auto owner =
+          static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+      load[owner] += item.value().numel();
+      if (owner != static_cast<size_t>(rank)) continue;
       const torch::Tensor& p = item.value();  // the optimizer's key is this TensorImpl
       checkpoint::Slice slice{
           item.key(), p.sizes().vec(), 0, p.numel(), {{"param", p.detach().reshape({-1})}}};
