@@ -22,11 +22,12 @@
 #include <set>
 #include <thread>
 
+#include "common/env_names.h"
+#include "common/error.h"
+#include "common/host.h"
 #include "launcher/failure.h"
 #include "launcher/output.h"
 #include "launcher/process.h"
-#include "rendezvous/error.h"
-#include "runtime/env_names.h"
 
 namespace cxxlaunch::launcher {
 namespace fs = std::filesystem;
@@ -47,12 +48,6 @@ sigset_t agentSignals() {
   return mask;
 }
 
-std::string hostName() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof(name) - 1) != 0) return "localhost";
-  return name;
-}
-
 std::string substituteLocalRank(std::string arg, int local_rank) {
   static const std::string kMacro = "${local_rank}";
   for (size_t at = arg.find(kMacro); at != std::string::npos; at = arg.find(kMacro, at)) {
@@ -67,7 +62,7 @@ struct Worker {
   pid_t pid = -1;
   bool running = false;
   std::string error_file;
-  std::array<int, 2> fds{-1, -1};  // stdout, stderr read ends
+  std::array<int, 2> fds{-1, -1};            // stdout, stderr read ends
   std::array<bool, 2> paused{false, false};  // not read while its console is full
   std::array<std::unique_ptr<StreamSink>, 2> sinks;
 };

@@ -16,7 +16,9 @@
 
 #include "launcher/config.h"
 #include "launcher/process.h"
-#include "rendezvous/file.h"
+#include "common/did_you_mean.h"
+#include "common/file.h"
+#include "common/host.h"
 #include "rendezvous/run_state.h"
 
 namespace cxxlaunch::launcher {
@@ -106,35 +108,17 @@ void parseNnodes(RendezvousOptions& r, const std::string& flag, const std::strin
 }
 
 std::string parseEndpoint(const std::string& flag, const std::string& value) {
-  const std::string want = "HOST or HOST:PORT with a port 1-65535";
-  if (value.empty()) fail(flag, value, want);
-  std::string host = value, port = "29400";  // torchrun's c10d default port
-  if (value.front() == '[') {                // [ipv6]:port
-    auto close = value.find(']');
-    if (close == std::string::npos) fail(flag, value, want);
-    host = value.substr(0, close + 1);
-    if (close + 1 < value.size()) {
-      if (value[close + 1] != ':') fail(flag, value, want);
-      port = value.substr(close + 2);
-    }
-  } else if (auto colon = value.rfind(':'); colon != std::string::npos) {
-    host = value.substr(0, colon);
-    port = value.substr(colon + 1);
-  }
-  if (host.empty()) fail(flag, value, want);
-  return host + ":" + std::to_string(parseInt(flag, port, 1, 65535, want));
+  const auto parsed = parseHostPort(value, 29400);  // torchrun's c10d default port
+  if (!parsed) fail(flag, value, "HOST or HOST:PORT with a port 1-65535");
+  return formatHostPort(parsed->host, parsed->port);
 }
 
 std::string readTokenFile(const std::string& path) {
-  std::string text;
   try {
-    text = readRegularFile(path, "--rdzv_conf token_file", 64 << 10);
+    return cxxlaunch::readTokenFile(path, "--rdzv_conf token_file");
   } catch (const InvalidArgument& e) {
     throw UsageError(e.what());
   }
-  std::string token = text.substr(0, text.find('\n'));
-  if (token.empty()) throw UsageError("--rdzv_conf token_file: '" + path + "' is empty");
-  return token;
 }
 
 void parseRdzvConf(RendezvousOptions& r, const std::string& flag, const std::string& value) {
@@ -524,9 +508,7 @@ void applyConfig(const Config& c, Parsed& p, const std::map<std::string, std::st
                           "choose a port that every machine can reach");
       }
       const std::string ip = c.text("main_process_ip");
-      o.rdzv.endpoint =
-          parseEndpoint("main_process_ip",
-                        (ip.find(':') != std::string::npos ? "[" + ip + "]" : ip) + ":" + port);
+      o.rdzv.endpoint = parseEndpoint("main_process_ip", formatHostPort(ip, port));
       // Every machine reads the same file, so an id derived from it is the same everywhere.
       std::string id = "accelerate-" + ip + "-" + port;
       std::replace_if(

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "launcher/options.h"
-#include "rendezvous/error.h"
+#include "common/error.h"
 
 namespace cxxlaunch::launcher {
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 
 namespace cxxlaunch::launcher {
 
@@ -138,7 +138,7 @@ Config resolveConfig(const ConfigLayers& layers);
 // throws ConfigError naming the setting at fault.
 void validateConfig(const Config& config);
 
-// The training settings the workers read (runtime/env_names.h, "training settings"), derived
+// The training settings the workers read (common/env_names.h, "training settings"), derived
 // from the config. A CXXLAUNCH_* variable of that name in `env` wins over a value derived from
 // the file, not over one derived from a flag.
 std::map<std::string, std::string> workerSettings(const Config& config,
@@ -147,8 +147,5 @@ std::map<std::string, std::string> workerSettings(const Config& config,
 // The `cxxlaunch config --print` table: every key, its value and its source, then the worker
 // settings.
 std::string describeConfig(const Config& config, const std::map<std::string, std::string>& env);
-
-// Closest candidate within a small edit distance, or "".
-std::string closestMatch(const std::string& word, const std::vector<std::string>& candidates);
 
 }  // namespace cxxlaunch::launcher

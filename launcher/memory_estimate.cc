@@ -10,7 +10,7 @@
 
 #include "launcher/cli.h"
 #include "launcher/config.h"
-#include "rendezvous/file.h"
+#include "common/file.h"
 #include "rendezvous/run_state.h"
 
 namespace cxxlaunch::launcher {

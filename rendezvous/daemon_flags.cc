@@ -3,13 +3,11 @@
 #include <charconv>
 #include <cstdlib>
 
-#include "rendezvous/error.h"
-#include "rendezvous/file.h"
+#include "common/error.h"
+#include "common/file.h"
 
 namespace cxxlaunch::rendezvous {
 namespace {
-
-constexpr size_t kMaxTokenFileBytes = 64 << 10;
 
 [[noreturn]] void fail(const std::string& flag, const std::string& value, const std::string& want) {
   throw InvalidArgument(flag + ": '" + value + "' is not " + want);
@@ -24,8 +22,6 @@ int64_t parseCount(const std::string& flag, const std::string& value, int64_t lo
   }
   return v;
 }
-
-std::string firstLine(const std::string& text) { return text.substr(0, text.find('\n')); }
 
 }  // namespace
 
@@ -68,8 +64,7 @@ ServerOptions parseDaemonFlags(const std::vector<std::string>& args) {
     } else if (flag == "--port") {
       o.port = static_cast<int>(parseCount(flag, value, 0, 65535));
     } else if (flag == "--token-file") {
-      o.token = firstLine(readRegularFile(value, "--token-file", kMaxTokenFileBytes));
-      if (o.token.empty()) throw InvalidArgument("--token-file: '" + value + "' has no token");
+      o.token = readTokenFile(value, "--token-file");
     } else if (flag == "--tls-cert") {
       o.tls_cert_file = value;
     } else if (flag == "--tls-key") {

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 #include "runtime/world.h"
 
 using namespace cxxlaunch;

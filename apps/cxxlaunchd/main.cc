@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "rendezvous/daemon_flags.h"
-#include "rendezvous/error.h"
 #include "rendezvous/server.h"
 
 int main(int argc, char** argv) {

@@ -10,15 +10,15 @@
 
 #include <torch/torch.h>
 
-#include <chrono>
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <string>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 #include "runtime/accelerator.h"
 #include "runtime/fused_adamw.h"
 
@@ -43,7 +43,7 @@ struct Flags {
   int64_t hidden = 256;  // mlp width
   int64_t print_every = 5;
   uint64_t seed = 1234;
-  std::string dump_params;  // rank 0 writes the final parameters here (float32, by name)
+  std::string dump_params;     // rank 0 writes the final parameters here (float32, by name)
   std::string checkpoint_dir;  // overrides the launcher's --checkpoint_dir
   int64_t save_every = 0;      // optimizer steps between checkpoints; 0: none
   int64_t crash_at_step = 0;   // demos and tests: the last rank exits 3 there, first attempt only
@@ -291,8 +291,8 @@ int train(const Flags& f, Accelerator& acc, Dataset dataset, Model model, LossFn
   acc.prepare(model.ptr(), *optimizer, &schedule);
   auto loader = acc.prepareDataLoader(std::move(dataset), static_cast<size_t>(f.batch_size));
   acc.print("training ", f.model, " (", numel, " parameters) on ", acc.worldSize(),
-            " process(es), ",
-            acc.describeBatch(static_cast<size_t>(f.batch_size)), "; ", acc.describeStrategy());
+            " process(es), ", acc.describeBatch(static_cast<size_t>(f.batch_size)), "; ",
+            acc.describeStrategy());
   // A restarted (or re-formed) job goes on from the newest complete checkpoint, and skips the
   // batches the saved run had already trained on: the sampler's order is the same each epoch.
   int64_t skip = 0;

@@ -11,7 +11,7 @@
 
 #include <iostream>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 #include "runtime/accelerator.h"
 
 using namespace cxxlaunch;

@@ -5,7 +5,8 @@
 #include <iostream>
 #include <sstream>
 
-#include "rendezvous/error.h"
+#include "common/atomic_file.h"
+#include "common/error.h"
 
 namespace cxxlaunch::runtime::checkpoint {
 namespace {
@@ -137,7 +138,7 @@ void save(Backend& backend, const std::string& dir, const std::vector<Slice>& sl
           << all[2 * static_cast<size_t>(r) + 1] << "\n";
       }
       m << "end\n";
-      writeFileDurably(staging + "/" + kManifest, m.str());
+      writeFileAtomically(staging + "/" + kManifest, m.str());
       // The swap: a crash between the renames leaves `old` complete.
       fs::remove_all(old);
       if (fs::exists(dir)) fs::rename(dir, old);

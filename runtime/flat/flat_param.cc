@@ -3,7 +3,7 @@
 #include <ATen/native/Resize.h>
 #include <torch/torch.h>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 
 namespace cxxlaunch::runtime {
 

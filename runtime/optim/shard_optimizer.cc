@@ -7,7 +7,7 @@
 
 #include <cmath>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 #include "runtime/kernels/cpu/optimizers.h"
 
 namespace cxxlaunch::runtime {

@@ -20,7 +20,7 @@
 #include <random>
 #include <vector>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 #include "runtime/kernels/cpu/optimizers.h"
 #include "runtime/kernels/cuda/device.h"
 #include "runtime/kernels/cuda/optimizers.h"

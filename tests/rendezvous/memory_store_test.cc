@@ -1,10 +1,11 @@
+#include "rendezvous/memory_store.h"
+
 #include <catch2/catch.hpp>
 #include <limits>
 #include <memory>
 #include <thread>
 
-#include "rendezvous/error.h"
-#include "rendezvous/memory_store.h"
+#include "common/error.h"
 #include "rendezvous/prefix_store.h"
 
 using namespace cxxlaunch;
