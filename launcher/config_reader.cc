@@ -39,6 +39,25 @@ class Loader {
  public:
   Loader(Config& config, std::string name) : config_(config), name_(std::move(name)) {}
 
+  // Throws one ConfigError naming every unknown key met, with the closest known key of each.
+  void reportUnknownKeys() const {
+    if (unknown_.empty()) return;
+    const Unknown& first = unknown_.front();
+    if (unknown_.size() == 1) {
+      throw ConfigError(position(name_, first.mark) + ": unknown key '" + first.key + "'" +
+                        (first.best.empty() ? "" : "; did you mean " + first.best + "?") +
+                        " (see docs/config.md)");
+    }
+    std::string message =
+        position(name_, first.mark) + ": " + std::to_string(unknown_.size()) + " unknown keys: ";
+    for (size_t i = 0; i < unknown_.size(); ++i) {
+      const Unknown& u = unknown_[i];
+      message += (i == 0 ? "'" : ", '") + u.key + "' (line " + std::to_string(u.mark.line + 1) +
+                 (u.best.empty() ? "" : "; did you mean " + u.best + "?") + ")";
+    }
+    throw ConfigError(message + " (see docs/config.md)");
+  }
+
   void loadMap(const YAML::Node& map, const std::string& prefix) {
     for (const auto& entry : map) {
       const YAML::Node key_node = entry.first;
@@ -78,10 +97,10 @@ class Loader {
       }
       const KeySpec* spec = findKey(key);
       if (spec == nullptr) {
+        // Collected, not thrown: a file with several is fixed in one go, as accelerate's.
         const std::string best = closestMatch(key_node.Scalar(), knownKeysUnder(prefix));
-        throw ConfigError(position(name_, key_node.Mark()) + ": unknown key '" + key + "'" +
-                          (best.empty() ? "" : "; did you mean " + prefix + best + "?") +
-                          " (see docs/config.md)");
+        unknown_.push_back({key_node.Mark(), key, best.empty() ? "" : prefix + best});
+        continue;
       }
       if (value.IsNull()) continue;  // accelerate writes None as null: unset
       if (!value.IsScalar()) {
@@ -93,8 +112,13 @@ class Loader {
   }
 
  private:
+  struct Unknown {
+    YAML::Mark mark;
+    std::string key, best;  // best: the closest known key, or ""
+  };
   Config& config_;
   std::string name_;
+  std::vector<Unknown> unknown_;
 };
 
 }  // namespace
@@ -117,7 +141,9 @@ Config parseConfigText(const std::string& text, const std::string& name) {
         ": a config file is a mapping of keys, such as `distributed_type: MULTI_GPU`");
   }
   try {
-    Loader(config, name).loadMap(root, "");
+    Loader loader(config, name);
+    loader.loadMap(root, "");
+    loader.reportUnknownKeys();
   } catch (const YAML::Exception& e) {
     throw ConfigError(position(name, e.mark) + ": " + e.msg);
   }
