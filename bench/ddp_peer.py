@@ -39,8 +39,8 @@ class Gpt(nn.Module):
 
     def forward(self, idx):
         t = idx.shape[1]
-        causal = torch.ones(t, t, dtype=torch.bool).triu(1)
-        x = self.tokens(idx) + self.positions(torch.arange(t))
+        causal = torch.ones(t, t, dtype=torch.bool, device=idx.device).triu(1)
+        x = self.tokens(idx) + self.positions(torch.arange(t, device=idx.device))
         for block in self.blocks:
             x = block(x, causal)
         return self.head(self.ln(x))

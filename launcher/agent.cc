@@ -229,9 +229,9 @@ std::vector<std::string> Agent::workerEnvironment(const Worker& worker,
     if (!world.tls_cert.empty()) put(env::kTlsCert, world.tls_cert);
     if (!world.tls_key.empty()) put(env::kTlsKey, world.tls_key);
   }
-  if (!options_.gpus.empty()) {
-    put(env::kDevice, std::to_string(options_.gpus[static_cast<size_t>(worker.local_rank)]));
-  }
+  // Every worker sees the chosen GPUs (CUDA_VISIBLE_DEVICES, in worker_env) and uses the one at
+  // its local rank.
+  if (!options_.gpus.empty()) put(env::kDevice, std::to_string(worker.local_rank));
   for (const auto& [name, value] : options_.worker_env) put(name.c_str(), value);
   return envv;
 }

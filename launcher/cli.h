@@ -38,7 +38,7 @@ struct HostInfo {
 // Parses the arguments after `cxxlaunch run`. The first non-flag argument is the program; it and
 // everything after it go to the workers verbatim. accelerate's flags and config file
 // (--config_file, or the default file) are resolved first (launcher/config.h); torchrun's flags
-// win over them.
+// win over them. --help (before the program) throws cli::HelpRequested with runHelp()'s text.
 LaunchOptions parseRunArgs(const std::vector<std::string>& args, const HostInfo& host);
 
 // `cxxlaunch status --rdzv_endpoint HOST:PORT --rdzv_id ID [--rdzv_conf token_file=...]`.

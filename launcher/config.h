@@ -8,6 +8,11 @@
 // the environment layer and docs/config.md. Plain data and free functions; no I/O except
 // loadConfigFile/writeConfigFile. Errors are ConfigError (an InvalidArgument: exit code 2) whose
 // message starts with the place at fault: FILE:LINE:COLUMN, --flag or the variable's name.
+//
+// One job per file: the schema in config_schema.cc, value parsing in config_value.cc, reading
+// YAML in config_reader.cc, writing it in config_writer.cc, layering in config_layers.cc, the
+// checks across keys in config_validation.cc, the worker environment in worker_env.cc, the
+// --print table in config_print.cc (their shared helpers: config_internal.h).
 
 #include <map>
 #include <string>

@@ -8,6 +8,7 @@
 
 #include "common/host.h"
 #include "launcher/flag_values.h"
+#include "launcher/gpus.h"
 #include "rendezvous/run_state.h"
 
 namespace cxxlaunch::launcher {
@@ -157,6 +158,10 @@ void validateLaunch(LaunchOptions& options, bool nproc_explicit) {
                        std::to_string(options.nproc_per_node) + "; give one GPU id per worker");
     }
     options.nproc_per_node = static_cast<int>(options.gpus.size());
+  }
+  if (!options.gpus.empty()) {
+    options.worker_env["CUDA_VISIBLE_DEVICES"] = visibleDevices(
+        options.gpus, std::getenv("CUDA_VISIBLE_DEVICES"));  // NOLINT(concurrency-mt-unsafe)
   }
   // Each bound holds alone; their product is the job's world size, the largest rank offset + 1.
   const long long world = static_cast<long long>(options.rdzv.max_nodes) * options.nproc_per_node;

@@ -1,5 +1,9 @@
 #include "runtime/accelerator.h"
 
+#if defined(CXXLAUNCH_TORCH_CUDA)
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
@@ -78,6 +82,8 @@ void Accelerator::checkpointActivations(const torch::nn::Module& block, bool on)
 
 void Accelerator::prepare(std::shared_ptr<torch::nn::Module> model,
                           torch::optim::Optimizer& optimizer, LrScheduler* scheduler) {
+  // As accelerate's prepare: the model trains on this worker's device (a GPU under NCCL).
+  model->to(device());
   StrategyOptions options;
   options.bucket_bytes = bucket_bytes_;
   options.find_unused_parameters = find_unused_;
@@ -371,8 +377,14 @@ std::optional<std::string> Accelerator::resume() {
 }
 
 MemoryReport Accelerator::memoryReport() const {
-  if (strategy_) return strategy_->memoryReport();
-  return {};
+  MemoryReport report = strategy_ ? strategy_->memoryReport() : MemoryReport{};
+#if defined(CXXLAUNCH_TORCH_CUDA)
+  if (device().is_cuda()) {  // [0]: the aggregate over LibTorch's small and large pools
+    report.device_peak = static_cast<size_t>(
+        c10::cuda::CUDACachingAllocator::getDeviceStats(device().index()).allocated_bytes[0].peak);
+  }
+#endif
+  return report;
 }
 
 std::string Accelerator::describeStrategy() const {

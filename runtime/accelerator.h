@@ -86,8 +86,9 @@ class Accelerator {
   // every shard unit (or, where nothing is sharded at rest, for the modules that would be).
   void checkpointActivations(const torch::nn::Module& block, bool on = true);
 
-  // Makes `model` data-parallel with the configured strategy and remembers the optimizer and
-  // scheduler that step() drives (a sharded strategy runs the optimizer's update on its shards).
+  // Moves `model` to device() and makes it data-parallel with the configured strategy, and
+  // remembers the optimizer and scheduler that step() drives (a sharded strategy runs the
+  // optimizer's update on its shards). Batches are the trainer's to move: `x.to(acc.device())`.
   // With mixed precision, the calling thread's forward passes run under autocast from here on
   // (precision/policy.h). Throws InvalidArgument for what this build cannot run, saying what to
   // change.

@@ -54,7 +54,10 @@ int rankInGroup(const std::vector<int>& ranks, int rank) {
 
 std::string groupKey(const std::vector<int>& ranks, const std::string& partition) {
   std::string key = "group/" + partition;
-  for (int r : ranks) key += "/" + std::to_string(r);
+  for (int r : ranks) {
+    key += '/';  // not `"/" + to_string(r)`: GCC 12 at -O3 warns of a false overflow in it
+    key += std::to_string(r);
+  }
   return key;
 }
 

@@ -169,8 +169,8 @@ struct GptImpl : torch::nn::Module {
 
   torch::Tensor forward(const torch::Tensor& idx) {
     const auto t = idx.size(1);
-    auto causal = torch::ones({t, t}, torch::kBool).triu(1);
-    auto x = tokens(idx) + positions(torch::arange(t, torch::kLong));
+    auto causal = torch::ones({t, t}, idx.options().dtype(torch::kBool)).triu(1);
+    auto x = tokens(idx) + positions(torch::arange(t, idx.options().dtype(torch::kLong)));
     // Through unitForward: under ZeRO-3 / FULL_SHARD each block's parameters are gathered just
     // in time; under every other strategy it is block->forward(x, causal).
     for (auto& block : blocks) x = unitForward(block, x, causal);
@@ -297,7 +297,8 @@ int train(const Flags& f, Accelerator& acc, Dataset dataset, Model model, LossFn
       }()));
       std::vector<torch::Tensor> ys;
       for (auto& e : batch) ys.push_back(e.target);
-      auto target = torch::stack(ys);
+      auto target = torch::stack(ys).to(acc.device());
+      data = data.to(acc.device());
       auto loss = loss_fn(model->forward(data), target);
       loss_sum += loss.template item<double>();
       ++loss_count;

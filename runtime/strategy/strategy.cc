@@ -214,7 +214,8 @@ std::vector<std::pair<std::string, torch::Tensor>> Strategy::fullParameters() {
 std::string MemoryReport::str() const {
   return "parameters " + humanBytes(parameters) + ", gradients " + humanBytes(gradients) +
          ", optimizer state " + humanBytes(optimizer_state) + ", total " + humanBytes(total()) +
-         (offloaded > 0 ? "; offloaded to nvme " + humanBytes(offloaded) : "");
+         (offloaded > 0 ? "; offloaded to nvme " + humanBytes(offloaded) : "") +
+         (device_peak > 0 ? "; GPU peak " + humanBytes(device_peak) : "");
 }
 
 std::unique_ptr<Strategy> makeStrategy(const WorkerEnv& env, std::shared_ptr<Backend> backend,

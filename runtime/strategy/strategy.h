@@ -38,6 +38,9 @@ struct MemoryReport {
   size_t gradients = 0;        // full gradient buffers alive now, and gradient shards
   size_t optimizer_state = 0;  // moments / momentum buffers (nvme offload: the staging slots)
   size_t offloaded = 0;        // on disk (nvme offload), not in memory
+  // The GPU's peak of allocated bytes (LibTorch's caching allocator: activations included), from
+  // Accelerator::memoryReport on a GPU worker; 0 elsewhere.
+  size_t device_peak = 0;
   size_t total() const { return parameters + gradients + optimizer_state; }
   std::string str() const;
 };

@@ -104,15 +104,36 @@ TEST_CASE("Every rank gets the torchrun environment contract", "[launcher][integ
 
 TEST_CASE("A user's OMP_NUM_THREADS, --master_port and --gpus reach the workers",
           "[launcher][integration]") {
-  auto r =
-      run(launch({"--gpus", "3,5", "--master_port", "29877"}, {"env"}), {{"OMP_NUM_THREADS", "7"}});
+  auto r = run(launch({"--gpus", "3,5", "--master_port", "29877"}, {"env"}),
+               {{"OMP_NUM_THREADS", "7"}, {"CUDA_VISIBLE_DEVICES", ""}});
   REQUIRE(r.exit_code == 0);
   for (int rank = 0; rank < 2; ++rank) {
     auto vars = envOf(r.out, rank);
     CHECK(vars["OMP_NUM_THREADS"] == "7");
     CHECK(vars["MASTER_PORT"] == "29877");
-    CHECK(vars["CXXLAUNCH_DEVICE"] == (rank == 0 ? "3" : "5"));
+    // As accelerate: every worker sees the chosen GPUs and uses the one at its local rank.
+    CHECK(vars["CUDA_VISIBLE_DEVICES"] == "3,5");
+    CHECK(vars["CXXLAUNCH_DEVICE"] == std::to_string(rank));
   }
+}
+
+TEST_CASE("The ids of --gpus count within the launcher's own CUDA_VISIBLE_DEVICES",
+          "[launcher][integration]") {
+  auto r = run(launch({"--gpus", "1,3"}, {"env"}),
+               {{"CUDA_VISIBLE_DEVICES", "GPU-aa,GPU-bb,GPU-cc,GPU-dd"}});
+  REQUIRE(r.exit_code == 0);
+  for (int rank = 0; rank < 2; ++rank) {
+    auto vars = envOf(r.out, rank);
+    CHECK(vars["CUDA_VISIBLE_DEVICES"] == "GPU-bb,GPU-dd");
+    CHECK(vars["CXXLAUNCH_DEVICE"] == std::to_string(rank));
+  }
+  // An id the inherited list does not have: one line, exit 2, no worker started.
+  auto bad =
+      run(launch({"--gpus", "0,2"}, {"print", "started"}), {{"CUDA_VISIBLE_DEVICES", "4,5"}});
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.err.find("--gpus 2: this shell's CUDA_VISIBLE_DEVICES=4,5 shows 2 GPU(s)") !=
+        std::string::npos);
+  CHECK(bad.out.find("started") == std::string::npos);
 }
 
 TEST_CASE("Arguments pass verbatim with ${local_rank} substituted", "[launcher][integration]") {

@@ -79,9 +79,10 @@ int main(int argc, char** argv) {
       for (size_t j = i + 1; j < steps.size(); ++j) std::cout << steps[j] << "\n";
       break;
     }
-    const bool active = (only_rank < 0 || only_rank == rank) &&
-                        (attempt_below < 0 || attempt < attempt_below);
-    const bool takes_arg = step != "env" && step != "trap" && step != "ignore-term" && step != "wait";
+    const bool active =
+        (only_rank < 0 || only_rank == rank) && (attempt_below < 0 || attempt < attempt_below);
+    const bool takes_arg =
+        step != "env" && step != "trap" && step != "ignore-term" && step != "wait";
     const std::string arg = takes_arg ? need(i) : "";
     if (!active) continue;
     if (step == "print") {
@@ -91,12 +92,26 @@ int main(int argc, char** argv) {
     } else if (step == "partial") {
       std::cout << arg << std::flush;
     } else if (step == "env") {
-      for (const char* name :
-           {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-            "GROUP_WORLD_SIZE", "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR",
-            "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
-            "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "OMP_NUM_THREADS",
-            "CXXLAUNCH_DEVICE", "CXXLAUNCH_STORE_ENDPOINT", "CXXLAUNCH_STORE_PREFIX"}) {
+      for (const char* name : {"RANK",
+                               "LOCAL_RANK",
+                               "WORLD_SIZE",
+                               "LOCAL_WORLD_SIZE",
+                               "GROUP_RANK",
+                               "GROUP_WORLD_SIZE",
+                               "ROLE_NAME",
+                               "ROLE_RANK",
+                               "ROLE_WORLD_SIZE",
+                               "MASTER_ADDR",
+                               "MASTER_PORT",
+                               "TORCHELASTIC_RESTART_COUNT",
+                               "TORCHELASTIC_MAX_RESTARTS",
+                               "TORCHELASTIC_RUN_ID",
+                               "TORCHELASTIC_ERROR_FILE",
+                               "OMP_NUM_THREADS",
+                               "CXXLAUNCH_DEVICE",
+                               "CUDA_VISIBLE_DEVICES",
+                               "CXXLAUNCH_STORE_ENDPOINT",
+                               "CXXLAUNCH_STORE_PREFIX"}) {
         const char* v = std::getenv(name);
         if (v != nullptr) std::cout << name << "=" << v << "\n";
       }

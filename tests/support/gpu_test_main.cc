@@ -1,7 +1,7 @@
-// The main of kernels_cuda_test. Catch2 v2 (Debian 12's) has no SKIP, so without a CUDA device
-// the program exits with 77 before running any test, and ctest (SKIP_RETURN_CODE 77) reports
-// each test as skipped rather than passed. Listing the tests, which catch_discover_tests does at
-// build time, works without a device.
+// The main of the GPU tests (kernels_cuda_test, runtime_nccl_test). Catch2 v2 (Debian 12's) has no
+// SKIP, so without a CUDA device the program exits with 77 before running any test, and ctest
+// (SKIP_RETURN_CODE 77) reports each test as skipped rather than passed. Listing the tests, which
+// catch_discover_tests does at build time, works without a device.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 #include <cstdio>
@@ -15,7 +15,7 @@ int main(int argc, char** argv) {
   const bool only_lists = config.listTests || config.listTestNamesOnly || config.listTags ||
                           config.listReporters || config.showHelp || config.libIdentify;
   if (!only_lists && cxxlaunch::runtime::kernels::cuda::deviceCount() == 0) {
-    std::fprintf(stderr, "kernels_cuda_test: no CUDA device here; skipped (exit code 77)\n");
+    std::fprintf(stderr, "%s: no CUDA device here; skipped (exit code 77)\n", argv[0]);
     return 77;
   }
   return session.run();

@@ -1,0 +1,226 @@
+#!/usr/bin/env bash
+# The GPU check: one call on a machine with an NVIDIA GPU (the H200 of docs/gpu-results.md)
+# builds the runtime, its CUDA kernels, the NCCL backend, the example trainer and the GPU tests
+# and benchmarks against the machine's CUDA LibTorch and the bundle that scripts/gpu-bundle.sh
+# made here, then runs them and prints a results table (also written to $OUT/gpu-results.md when
+# OUT is set). Each step says PASS, FAIL or SKIP; one failing step does not stop the others.
+#
+# With --dry-run (what the test suite runs, on a machine without a GPU) it does every step that
+# needs no GPU, against Debian's LibTorch and the bundle instead of the system's libraries: the
+# configure and build, the CPU kernels' test, the backend test over the bundle's Gloo, the GPU
+# tests' own skip path, the trainer's modes on CPU; and it names each step it skipped.
+#
+# usage: scripts/gpu-check.sh [--dry-run] [--bundle DIR] [--build DIR]
+#   DIR defaults: .gpu-bundle (made by scripts/gpu-bundle.sh), build-gpu
+# Exit code: 0 when no step failed, 1 otherwise, 2 for a bad command line.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root="$PWD"
+
+dry=0
+bundle=.gpu-bundle
+build=build-gpu
+while (($#)); do
+  case "$1" in
+    --dry-run) dry=1 ;;
+    --bundle) bundle="${2:?--bundle needs a folder}"; shift ;;
+    --build) build="${2:?--build needs a folder}"; shift ;;
+    -h | --help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "gpu-check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+[ -d "$bundle" ] || { echo "gpu-check: no bundle at $bundle: run scripts/gpu-bundle.sh where the Debian packages are" >&2; exit 2; }
+bundle="$(cd "$bundle" && pwd)"
+mkdir -p "$build/logs"
+build="$(cd "$build" && pwd)"
+logs="$build/logs"
+results="${OUT:-$build}/gpu-results.md"
+jobs="$(nproc)"
+# Our binaries find the bundle's libraries (gRPC, Gloo, ...) here; the Python peers run without.
+ours() { LD_LIBRARY_PATH="$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"; }
+
+rows=()
+failed=0
+record() {  # record STATUS STEP DETAIL
+  rows+=("| $2 | $1 | $3 |")
+  printf 'gpu-check: %-4s %s: %s\n' "$1" "$2" "$3"
+  [ "$1" != FAIL ] || failed=$((failed + 1))
+}
+# run_step NAME COMMAND...: the command's output goes to logs/NAME.log, its tail to the console
+# when it fails.
+run_step() {
+  local name="$1"
+  shift
+  "$@" >"$logs/$name.log" 2>&1
+  local rc=$?
+  ((rc != 0 && rc != 77)) || return "$rc"  # 77: a GPU test without a GPU, a skip
+  echo "---- $name failed (exit $rc); the end of $logs/$name.log:" >&2
+  tail -n 25 "$logs/$name.log" >&2
+  return "$rc"
+}
+finish() {
+  {
+    echo "## GPU check, $(date -u +%Y-%m-%d) ($([ "$dry" = 1 ] && echo 'dry run, no GPU' || echo 'on a GPU'))"
+    echo
+    echo "machine: $machine"
+    echo
+    echo "| step | result | detail |"
+    echo "|---|---|---|"
+    printf '%s\n' "${rows[@]}"
+    echo
+    echo "$failed step(s) failed; logs in $logs"
+  } >"$results"
+  echo
+  cat "$results"
+  exit $((failed > 0))
+}
+
+# ---- the machine ----------------------------------------------------------------------------------
+torch_prefix=""
+if [ "$dry" = 1 ]; then
+  machine="$(uname -m), $(nproc) cores, no GPU (dry run); LibTorch: Debian's"
+  record SKIP "machine" "dry run: no GPU is used"
+else
+  gpus="$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null)"
+  if [ -z "$gpus" ]; then
+    machine="no GPU found"
+    record FAIL "machine" "nvidia-smi lists no GPU (use --dry-run on a machine without one)"
+    finish
+  fi
+  torch_line="$(python3 -c 'import torch; print(torch.__version__, torch.version.cuda, torch.utils.cmake_prefix_path)' 2>&1)"
+  torch_prefix="${torch_line##* }"
+  machine="$(echo "$gpus" | head -1) x $(echo "$gpus" | wc -l); $(nproc) cores; torch ${torch_line% *}"
+  record PASS "machine" "$machine"
+fi
+gpu_count=0
+[ "$dry" = 1 ] || gpu_count="$(nvidia-smi -L | wc -l)"
+
+# ---- configure and build ----------------------------------------------------------------------
+export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1 CCACHE_SLOPPINESS=pch_defines,time_macros
+export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
+configure=(cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release
+  "-DCXXLAUNCH_BUNDLE=$bundle" -DCMAKE_CUDA_ARCHITECTURES=90 -DCXXLAUNCH_WERROR=OFF)
+[ -z "$torch_prefix" ] || configure+=("-DCMAKE_PREFIX_PATH=$torch_prefix")
+if ! run_step configure "${configure[@]}"; then
+  record FAIL "configure" "cmake against the bundle failed: $logs/configure.log"
+  finish
+fi
+record PASS "configure" "$(grep -o 'NCCL backend [a-z]*\|CUDA kernels [a-z]*' "$logs/configure.log" | paste -sd, -)"
+
+targets=(train kernels_cpu_test runtime_backend_test kernels_bench)
+known_targets="$(cmake --build "$build" --target help)"
+for gpu_target in kernels_cuda_test runtime_nccl_test; do
+  if grep -q "^$gpu_target:" <<<"$known_targets"; then targets+=("$gpu_target"); fi
+done
+started=$SECONDS
+if ! run_step build cmake --build "$build" -j "$jobs" --target "${targets[@]}"; then
+  record FAIL "build" "$logs/build.log"
+  finish
+fi
+record PASS "build" "${targets[*]} in $((SECONDS - started)) s"
+bin="$build/bin"
+
+# ---- tests ----------------------------------------------------------------------------------------
+run_test() {  # run_test NAME BINARY: Catch2's summary line as the detail; exit 77 is a skip
+  local name="$1" binary="$2"
+  run_step "$name" ours "$binary"
+  local rc=$?
+  local summary
+  summary="$(grep -E 'All tests passed|test cases:' "$logs/$name.log" | tail -1)"
+  case "$rc" in
+    0) record PASS "$name" "$summary" ;;
+    77) record SKIP "$name" "no CUDA device here (the test exits 77)" ;;
+    *) record FAIL "$name" "exit $rc; $summary" ;;
+  esac
+}
+run_test kernels_cpu_test "$build/tests/kernels/kernels_cpu_test"
+run_test runtime_backend_test "$build/tests/runtime/runtime_backend_test"
+for gpu_test in kernels_cuda_test:kernels runtime_nccl_test:runtime; do
+  name="${gpu_test%%:*}"
+  if [ -x "$build/tests/${gpu_test##*:}/$name" ]; then
+    run_test "$name" "$build/tests/${gpu_test##*:}/$name"
+  else
+    record SKIP "$name" "not built (no nvcc or no NCCL)"
+  fi
+done
+
+# ---- the example trainer in each mode ----------------------------------------------------------
+# A few steps each of DDP, ZeRO-2, ZeRO-3 and FULL_SHARD with CPU offload, bf16, one worker per
+# GPU (on CPU in the dry run: two workers); the loss must fall, and every mode must end near DDP.
+if [ "$dry" = 1 ]; then
+  where=(--cpu --nproc_per_node 2)
+  model=(--model gpt --steps 40 --print_every 5)  # the trainer's small GPT: a second a mode
+else
+  where=(--nproc_per_node "$gpu_count")
+  model=(--model gpt --d_model 512 --layers 4 --heads 8 --seq_len 256 --vocab 1024 --batch_size 8
+    --steps 30 --print_every 5)
+fi
+declare -A mode_flags=(
+  [ddp]=""
+  [zero2]="--use_deepspeed --zero_stage 2"
+  [zero3]="--use_deepspeed --zero_stage 3"
+  [fsdp_full_shard_offload]="--use_fsdp --fsdp_sharding_strategy FULL_SHARD --fsdp_offload_params true"
+)
+ddp_loss=""
+for mode in ddp zero2 zero3 fsdp_full_shard_offload; do
+  # shellcheck disable=SC2206  # the flags are words
+  flags=(${mode_flags[$mode]})
+  if ! run_step "train_$mode" ours "$bin/cxxlaunch" run "${where[@]}" "${flags[@]}" \
+    --mixed_precision bf16 "$bin/train" "${model[@]}"; then
+    record FAIL "train $mode" "$logs/train_$mode.log"
+    continue
+  fi
+  losses="$(grep -o 'loss [0-9.]*' "$logs/train_$mode.log" | cut -d' ' -f2)"
+  first="$(echo "$losses" | head -1)"
+  last="$(echo "$losses" | tail -1)"
+  step_time="$(grep -o 'mean step time [0-9.]* ms' "$logs/train_$mode.log" | head -1)"
+  [ "$mode" != ddp ] || ddp_loss="$last"
+  verdict="$(python3 -c "
+import math, sys
+first, last, ddp = (float(v) if v else math.nan for v in sys.argv[1:4])
+if not last < first: print('FAIL: the loss did not fall')
+elif not math.isnan(ddp) and abs(last - ddp) > 0.05 * ddp: print('FAIL: more than 5% from DDP')
+else: print('PASS')" "$first" "$last" "$ddp_loss")"
+  record "${verdict%%:*}" "train $mode" "loss $first -> $last (DDP $ddp_loss), $step_time${verdict#PASS}"
+done
+
+# ---- benchmarks ---------------------------------------------------------------------------------
+if [ "$dry" = 1 ]; then
+  record SKIP "bench fused AdamW" "needs a GPU (vs torch.optim.AdamW(fused=True) and the copy bandwidth)"
+  record SKIP "bench GPT 1B ZeRO-3 vs FSDP2" "needs a GPU"
+else
+  elements=$((256 << 20))
+  if run_step bench_adamw ours "$bin/kernels_bench" --elements "$elements" --repeat 10 &&
+    run_step bench_adamw_torch python3 bench/gpu_adamw_peer.py --elements "$elements" --repeat 10; then
+    ours_gbs="$(awk '/^cuda +adamw/ {print $3}' "$logs/bench_adamw.log")"
+    copy_gbs="$(awk '/^cuda +adamw/ {print $8}' "$logs/bench_adamw.log")"
+    torch_gbs="$(awk '/^torch fused adamw/ {print $4}' "$logs/bench_adamw_torch.log")"
+    detail="$(python3 -c "
+import sys; o, c, t = map(float, sys.argv[1:4])
+print('ours %.0f GB/s = %.2f of the copy (%.0f GB/s; target 0.85) and %.2fx torch fused (%.0f GB/s; target 1.0)' % (o, o / c, c, o / t, t))
+print('PASS' if o >= 0.85 * c and o >= t else 'FAIL')" "$ours_gbs" "$copy_gbs" "$torch_gbs" 2>&1)"
+    record "$(echo "$detail" | tail -1)" "bench fused AdamW" "$(echo "$detail" | head -1)"
+  else
+    record FAIL "bench fused AdamW" "$logs/bench_adamw.log, $logs/bench_adamw_torch.log"
+  fi
+  gpt=(--d_model 2048 --layers 18 --heads 16 --seq_len 1024 --vocab 32000 --batch_size 8 --steps 10)
+  if run_step bench_gpt_zero3 ours "$bin/cxxlaunch" run --nproc_per_node 1 --use_deepspeed \
+    --zero_stage 3 --mixed_precision bf16 "$bin/train" --model gpt "${gpt[@]}" --print_every 10 &&
+    run_step bench_gpt_fsdp2 python3 bench/fsdp2_peer.py "${gpt[@]}"; then
+    ours_ms="$(grep -o 'mean step time [0-9.]*' "$logs/bench_gpt_zero3.log" | awk '{print $4}')"
+    ours_peak="$(grep -o 'GPU peak [0-9.]* [KMG]iB' "$logs/bench_gpt_zero3.log" | awk '{print $3 $4}')"
+    peer_ms="$(grep -o 'mean step time [0-9.]*' "$logs/bench_gpt_fsdp2.log" | awk '{print $4}')"
+    peer_peak="$(grep -o 'GPU peak [0-9.]* [KMG]iB' "$logs/bench_gpt_fsdp2.log" | awk '{print $3 $4}')"
+    detail="$(python3 -c "
+import sys
+def gib(t): return float(t[:-3]) / {'K': 2**20, 'M': 2**10, 'G': 1}[t[-3]]
+o, p = float(sys.argv[1]), float(sys.argv[2]); om, pm = gib(sys.argv[3]), gib(sys.argv[4])
+print('step %.0f ms vs FSDP2 %.0f ms = %.2fx (target 1.1); peak %.1f GiB vs %.1f GiB' % (o, p, o / p, om, pm))
+print('PASS' if o <= 1.1 * p and om <= pm else 'FAIL')" "$ours_ms" "$peer_ms" "$ours_peak" "$peer_peak" 2>&1)"
+    record "$(echo "$detail" | tail -1)" "bench GPT 1B ZeRO-3 vs FSDP2" "$(echo "$detail" | head -1)"
+  else
+    record FAIL "bench GPT 1B ZeRO-3 vs FSDP2" "$logs/bench_gpt_zero3.log, $logs/bench_gpt_fsdp2.log"
+  fi
+fi
+finish
