@@ -187,8 +187,21 @@ torch::Tensor Accelerator::gather(const torch::Tensor& tensor) {
   return output;
 }
 
+namespace {
+// Checkpoints read and write the state's bytes in host memory. A GPU worker's state would have to
+// be staged through it, which is not built yet: say so rather than read device memory.
+void requireHostState(const torch::Device& device, const char* call) {
+  if (device.is_cuda()) {
+    throw InvalidArgument(std::string(call) +
+                          ": checkpoints of GPU workers are not built yet (this build saves and "
+                          "loads state in host memory; train on CPU workers to checkpoint)");
+  }
+}
+}  // namespace
+
 void Accelerator::saveState(const std::string& dir) {
   if (!strategy_) throw InvalidArgument("Accelerator::saveState before prepare");
+  requireHostState(device(), "Accelerator::saveState");
   std::vector<std::pair<std::string, std::string>> blobs;
   at::Generator generator = at::detail::getDefaultCPUGenerator();
   torch::Tensor rng;
@@ -216,6 +229,7 @@ void Accelerator::saveState(const std::string& dir) {
 
 std::string Accelerator::loadState(const std::string& path) {
   if (!strategy_) throw InvalidArgument("Accelerator::loadState before prepare");
+  requireHostState(device(), "Accelerator::loadState");
   // The newest checkpoint whose files have their sizes; the ranks share checking their
   // checksums, and a mismatch anywhere sends every rank to the slow search (every checksum).
   std::string dir = checkpoint::find(path, /*checksums=*/false);
@@ -296,6 +310,7 @@ class ModelSource final : public checkpoint::Source {
 void Accelerator::saveModel(const std::string& dir, uint64_t max_file_bytes,
                             c10::ScalarType dtype) {
   if (!strategy_) throw InvalidArgument("Accelerator::saveModel before prepare");
+  requireHostState(device(), "Accelerator::saveModel");
   std::optional<checkpoint::SafetensorsWriter> writer;
   std::string error;
   try {
@@ -330,6 +345,7 @@ void Accelerator::saveModel(const std::string& dir, uint64_t max_file_bytes,
 
 void Accelerator::loadModel(const std::string& dir) {
   if (!strategy_) throw InvalidArgument("Accelerator::loadModel before prepare");
+  requireHostState(device(), "Accelerator::loadModel");
   const ModelSource source(dir);
   strategy_->loadStateSlices(source);
   torch::NoGradGuard no_grad;

@@ -8,9 +8,11 @@
 #include <nccl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "common/error.h"
 #include "common/host.h"
@@ -109,6 +111,60 @@ class NcclWork final : public Work {
   std::string where_;
 };
 
+// NCCL reads and writes device memory only. The control values every strategy exchanges (a
+// flag, a gradient norm, a few shapes) live in host memory, so a host pointer is staged through
+// device memory: copied in before the collective, and the collective's result copied back before
+// it returns (such a collective completes before its Work is handed out).
+class HostStaging {
+ public:
+  explicit HostStaging(const std::string& where) : where_(where) {}
+  HostStaging(const HostStaging&) = delete;
+  HostStaging& operator=(const HostStaging&) = delete;
+  ~HostStaging() {
+    for (auto& b : buffers_) cudaFree(b.device);
+  }
+
+  // `p` as NCCL can use it: `p` itself when it is device memory, else a device copy of its
+  // `bytes` (filled from `p` when `in`, written back to it by finish() when `out`).
+  void* use(const void* p, size_t bytes, bool in, bool out) {
+    cudaPointerAttributes attributes{};
+    if (cudaPointerGetAttributes(&attributes, p) != cudaSuccess) {
+      (void)cudaGetLastError();  // a plain host pointer on old drivers: clear the sticky error
+      attributes.type = cudaMemoryTypeUnregistered;
+    }
+    if (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged) {
+      return const_cast<void*>(p);
+    }
+    Buffer b{const_cast<void*>(p), nullptr, bytes, out};
+    CXXLAUNCH_CUDA_CHECK(cudaMalloc(&b.device, std::max<size_t>(bytes, 1)), where_);
+    buffers_.push_back(b);
+    if (in) CXXLAUNCH_CUDA_CHECK(cudaMemcpy(b.device, p, bytes, cudaMemcpyHostToDevice), where_);
+    return b.device;
+  }
+
+  // `work` as is when nothing was staged; else once it is done and the results are back.
+  WorkPtr finish(WorkPtr work) {
+    if (buffers_.empty()) return work;
+    work->wait();
+    for (const auto& b : buffers_) {
+      if (b.out) {
+        CXXLAUNCH_CUDA_CHECK(cudaMemcpy(b.host, b.device, b.bytes, cudaMemcpyDeviceToHost), where_);
+      }
+    }
+    return work;
+  }
+
+ private:
+  struct Buffer {
+    void* host;
+    void* device;
+    size_t bytes;
+    bool out;
+  };
+  const std::string& where_;
+  std::vector<Buffer> buffers_;
+};
+
 class NcclBackend final : public Backend {
  public:
   explicit NcclBackend(const BackendOptions& options)
@@ -146,33 +202,43 @@ class NcclBackend final : public Backend {
   std::string transport() const override { return "nccl"; }
 
   WorkPtr allreduce(void* data, size_t count, DType dtype, ReduceOp op) override {
-    return enqueue([&] {
-      CXXLAUNCH_NCCL_CHECK(
-          ncclAllReduce(data, data, count, ncclType(dtype), ncclOp(op), comm_, stream_), where_);
-    });
+    HostStaging staging(where_);
+    void* d = staging.use(data, count * dtypeSize(dtype), true, true);
+    return staging.finish(enqueue([&] {
+      CXXLAUNCH_NCCL_CHECK(ncclAllReduce(d, d, count, ncclType(dtype), ncclOp(op), comm_, stream_),
+                           where_);
+    }));
   }
 
   WorkPtr reduceScatter(const void* input, void* output, size_t count, DType dtype,
                         ReduceOp op) override {
-    return enqueue([&] {
+    HostStaging staging(where_);
+    const size_t bytes = count * dtypeSize(dtype);
+    const void* in = staging.use(input, bytes * static_cast<size_t>(size_), true, false);
+    void* out = staging.use(output, bytes, false, true);
+    return staging.finish(enqueue([&] {
       CXXLAUNCH_NCCL_CHECK(
-          ncclReduceScatter(input, output, count, ncclType(dtype), ncclOp(op), comm_, stream_),
-          where_);
-    });
+          ncclReduceScatter(in, out, count, ncclType(dtype), ncclOp(op), comm_, stream_), where_);
+    }));
   }
 
   WorkPtr allGather(const void* input, void* output, size_t count, DType dtype) override {
-    return enqueue([&] {
-      CXXLAUNCH_NCCL_CHECK(ncclAllGather(input, output, count, ncclType(dtype), comm_, stream_),
-                           where_);
-    });
+    HostStaging staging(where_);
+    const size_t bytes = count * dtypeSize(dtype);
+    const void* in = staging.use(input, bytes, true, false);
+    void* out = staging.use(output, bytes * static_cast<size_t>(size_), false, true);
+    return staging.finish(enqueue([&] {
+      CXXLAUNCH_NCCL_CHECK(ncclAllGather(in, out, count, ncclType(dtype), comm_, stream_), where_);
+    }));
   }
 
   WorkPtr broadcast(void* data, size_t count, DType dtype, int root) override {
-    return enqueue([&] {
-      CXXLAUNCH_NCCL_CHECK(ncclBroadcast(data, data, count, ncclType(dtype), root, comm_, stream_),
+    HostStaging staging(where_);
+    void* d = staging.use(data, count * dtypeSize(dtype), true, true);
+    return staging.finish(enqueue([&] {
+      CXXLAUNCH_NCCL_CHECK(ncclBroadcast(d, d, count, ncclType(dtype), root, comm_, stream_),
                            where_);
-    });
+    }));
   }
 
   std::unique_ptr<Backend> subgroup(const std::vector<int>& ranks,

@@ -1,6 +1,5 @@
 #include "runtime/flat/flat_param.h"
 
-#include <ATen/native/Resize.h>
 #include <torch/torch.h>
 
 #include "common/error.h"
@@ -45,17 +44,31 @@ void FlatParameter::convert(torch::ScalarType dtype) {
   pointParamsIntoBuffer();  // copy_ converts, rounding to nearest even
 }
 
-void FlatParameter::release() {
+namespace {
+// The storage's bytes replaced by `bytes` others, from the pool or from its own allocator (the
+// CPU's, or LibTorch's CUDA caching allocator on the current device), its identity kept: every
+// view and autograd's saved tensors point at it. The old bytes go to the pool, if any; their
+// contents are not kept (a restore is followed by a gather).
+void resizeStorage(const torch::Tensor& t, size_t bytes, BufferPool* pool) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  c10::Allocator* allocator = storage->allocator();
+  const size_t old_bytes = storage->nbytes();
+  c10::DataPtr old = storage->set_data_ptr(pool != nullptr ? pool->take(bytes, allocator)
+                                                           : allocator->allocate(bytes));
+  storage->set_nbytes(bytes);
+  if (pool != nullptr) pool->give(std::move(old), old_bytes);
+}
+}  // namespace
+
+void FlatParameter::release(BufferPool* pool) {
   if (!resident_) return;
-  // The storage keeps its identity (every view points at it); only its bytes go.
-  at::native::resize_bytes_cpu(full_.storage().unsafeGetStorageImpl(), 0);
+  resizeStorage(full_, 0, pool);
   resident_ = false;
 }
 
-void FlatParameter::restore() {
+void FlatParameter::restore(BufferPool* pool) {
   if (resident_) return;
-  at::native::resize_bytes_cpu(full_.storage().unsafeGetStorageImpl(),
-                               static_cast<size_t>(padded_) * full_.element_size());
+  resizeStorage(full_, static_cast<size_t>(padded_) * full_.element_size(), pool);
   resident_ = true;
 }
 

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/flat/buffer_pool.h"
+
 namespace cxxlaunch::runtime {
 
 class FlatParameter {
@@ -40,9 +42,10 @@ class FlatParameter {
   torch::Tensor shard() const { return full_.narrow(0, shard_begin_, shard_numel_); }
 
   // Frees the buffer's memory; the parameters' views stay (reading them is an error until
-  // restore()). restore() allocates it again; the content is undefined until written.
-  void release();
-  void restore();
+  // restore()). restore() allocates it again; the content is undefined until written. With a
+  // pool, the memory goes to it and comes from it.
+  void release(BufferPool* pool = nullptr);
+  void restore(BufferPool* pool = nullptr);
   // Re-creates the buffer in `dtype` (values converted) and re-points the parameters into it:
   // mixed precision's compute copies.
   void convert(torch::ScalarType dtype);

@@ -1,6 +1,5 @@
 #include "runtime/optim/shard_optimizer.h"
 
-#include <ATen/Parallel.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
@@ -8,12 +7,10 @@
 #include <cmath>
 
 #include "common/error.h"
-#include "runtime/kernels/cpu/optimizers.h"
+#include "runtime/optim/device_kernels.h"
 
 namespace cxxlaunch::runtime {
 namespace {
-
-constexpr int64_t kGrain = 32768;  // elements per task: amortises a task, still shares out
 
 template <typename Options>
 const Options* optionsAs(const torch::optim::OptimizerParamGroup& group) {
@@ -41,6 +38,12 @@ ShardOptimizer::ShardOptimizer(torch::optim::Optimizer& optimizer) : optimizer_(
   const auto& groups = optimizer.param_groups();
   if (groups.empty()) throw InvalidArgument("the optimizer has no parameter groups");
   const auto& first = groups.front();
+  for (const auto& group : groups) {
+    if (!group.params().empty()) {  // prepare() moved the model: its device is the shards'
+      device_ = group.params().front().device();
+      break;
+    }
+  }
   if (optionsAs<torch::optim::AdamWOptions>(first) != nullptr) {
     kind_ = Kind::kAdamW;
   } else if (optionsAs<torch::optim::AdamOptions>(first) != nullptr) {
@@ -113,7 +116,9 @@ std::vector<torch::Tensor> ShardOptimizer::state(size_t index) {
   // Allocated at the first step, as torch::optim does: before it, the memory serves the
   // model's set-up (whole units not yet released).
   if (shard.own_state && shard.state.empty()) {
-    for (size_t i = 0; i < stateArrays(); ++i) shard.state.push_back(torch::zeros({shard.numel}));
+    for (size_t i = 0; i < stateArrays(); ++i) {
+      shard.state.push_back(torch::zeros({shard.numel}, torch::TensorOptions(device_)));
+    }
   }
   return shard.state;
 }
@@ -138,9 +143,7 @@ void ShardOptimizer::step(size_t index, float* param, const float* grad, float* 
                                   .nesterov = o.nesterov(),
                                   .first_step = steps_ == 1};
       float* buf = o.momentum() != 0 ? state[0] + seg.begin : nullptr;
-      at::parallel_for(0, seg.end - seg.begin, kGrain, [&](int64_t b, int64_t e) {
-        kernels::sgdStep(p + b, g + b, buf == nullptr ? nullptr : buf + b, e - b, s);
-      });
+      device_kernels::sgdStep(device_, p, g, buf, seg.end - seg.begin, s);
       continue;
     }
     kernels::AdamScalars s;
@@ -153,9 +156,7 @@ void ShardOptimizer::step(size_t index, float* param, const float* grad, float* 
     }
     float* m = state[0] + seg.begin;
     float* v = state[1] + seg.begin;
-    at::parallel_for(0, seg.end - seg.begin, kGrain, [&](int64_t b, int64_t e) {
-      kernels::adamStep(p + b, g + b, m + b, v + b, e - b, s);
-    });
+    device_kernels::adamStep(device_, p, g, m, v, seg.end - seg.begin, s);
   }
 }
 

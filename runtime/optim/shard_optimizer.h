@@ -1,6 +1,6 @@
 #pragma once
 // ShardOptimizer: the optimizer a trainer built (torch::optim::AdamW, Adam or SGD, FusedAdamW
-// too), run as fused one-pass kernels (kernels/cpu/optimizers.h) on the flat float32 shards a
+// too), run as fused one-pass kernels (device_kernels.h: CPU or CUDA) on the flat float32 shards a
 // sharded strategy owns. Hyperparameters and parameter groups come from the trainer's optimizer
 // and are read again at every step, so an LR scheduler driving it keeps working; the trainer's
 // optimizer itself never steps and holds no state.
@@ -9,7 +9,7 @@
 // group each. Elementwise optimizers give the same result on any cut of the parameters; one that
 // needs a whole parameter (LAMB, second-order methods) cannot be sharded and is refused.
 //
-// Thread-safety: one thread; step() splits its loops across LibTorch's intra-op threads.
+// Thread-safety: one thread; on CPU step() splits its loops across LibTorch's intra-op threads.
 
 #include <torch/optim/optimizer.h>
 
@@ -69,6 +69,7 @@ class ShardOptimizer {
   };
   torch::optim::Optimizer& optimizer_;
   Kind kind_;
+  c10::Device device_ = c10::kCPU;  // where the parameters, so the shards and state, live
   int64_t steps_ = 0;
   std::vector<Shard> shards_;
 };

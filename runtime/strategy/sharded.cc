@@ -9,7 +9,7 @@
 
 #include "common/error.h"
 #include "runtime/host_memory.h"
-#include "runtime/kernels/cpu/optimizers.h"
+#include "runtime/optim/device_kernels.h"
 #include "runtime/strategy/grad_hooks.h"
 #include "runtime/strategy/model_state.h"
 #include "runtime/tensor_ops.h"
@@ -40,6 +40,12 @@ ShardedStrategy::ShardedStrategy(std::shared_ptr<Backend> backend,
   lean_ = options_.stage == 3 || !options_.nvme_optimizer_dir.empty() ||
           !options_.nvme_param_dir.empty();
   if (lean_) returnFreedHostMemory();
+  // Two gathers in flight and two gradients being reduced: what a step frees and allocates again.
+  constexpr size_t kReusedBuffers = 4;
+  if (options_.stage == 3 && !model_->parameters().empty() &&
+      model_->parameters().front().device().is_cpu()) {
+    pool_ = std::make_unique<BufferPool>(kReusedBuffers);
+  }
   if (options_.sync_module_states) broadcastModuleState(*backend_, *model_, 0);
   shards_ = backend_;
   if (options_.hybrid) connectHybridGroups();
@@ -214,9 +220,11 @@ void ShardedStrategy::buildUnits() {
     u.master = own_master ? u.flat.shard().clone() : u.flat.shard();
     // Before the gradient accumulators exist: they take the parameters' dtype.
     u.flat.convert(options_.compute_dtype);
+    const auto on_device = u.flat.full().options();  // the parameters' device
     if (options_.stage <= 1) {
-      u.grad_full = torch::zeros({u.flat.padded()}, options_.compute_dtype);
-      u.grad_shard = mixed() ? torch::zeros({sn}, torch::kFloat) : u.grad_full.narrow(0, sb, sn);
+      u.grad_full = torch::zeros({u.flat.padded()}, on_device.dtype(options_.compute_dtype));
+      u.grad_shard = mixed() ? torch::zeros({sn}, on_device.dtype(torch::kFloat))
+                             : u.grad_full.narrow(0, sb, sn);
       auto* base = static_cast<char*>(u.grad_full.data_ptr());
       for (size_t i = 0; i < u.flat.params().size(); ++i) {
         const auto& p = u.flat.params()[i];
@@ -226,7 +234,7 @@ void ShardedStrategy::buildUnits() {
             [keep = u.grad_full](void*) {}, u.grad_full.options()));
       }
     } else {
-      u.grad_shard = torch::zeros({sn}, torch::kFloat);
+      u.grad_shard = torch::zeros({sn}, on_device.dtype(torch::kFloat));
     }
     std::vector<ShardOptimizer::Segment> segments;
     for (size_t i = 0; i < u.flat.params().size(); ++i) {
@@ -481,7 +489,7 @@ size_t ShardedStrategy::previousInForward(size_t unit) const {
 void ShardedStrategy::prefetch(size_t i) {
   Unit& u = units_[i];
   if (u.gather || u.flat.resident()) return;
-  u.flat.restore();
+  u.flat.restore(pool_.get());
   // In the compute dtype: a bf16 gather moves half the bytes.
   const torch::Tensor master = masterNow(u);
   u.gather_input = mixed() ? master.to(options_.compute_dtype) : master;
@@ -505,7 +513,7 @@ void ShardedStrategy::release(size_t i) {
   Unit& u = units_[i];
   if (options_.stage != 3 || !u.routed) return;
   waitGather(u);  // never free memory a collective is still writing
-  u.flat.release();
+  u.flat.release(pool_.get());
 }
 
 // ---- backward -----------------------------------------------------------------------------------
@@ -545,7 +553,9 @@ void ShardedStrategy::markReady(size_t index) {
     }
   } else {
     if (!u.grad_full.defined()) {
-      u.grad_full = torch::zeros({u.flat.padded()}, options_.compute_dtype);
+      const auto options = u.flat.full().options().dtype(options_.compute_dtype);
+      u.grad_full =
+          pool_ ? pool_->zeros(u.flat.padded(), options) : torch::zeros({u.flat.padded()}, options);
     }
     if (grad.defined()) {
       u.grad_full.narrow(0, u.flat.offset(p.index), param.numel()).view_as(param).copy_(grad);
@@ -575,7 +585,7 @@ void ShardedStrategy::launchReady() {
                                      dtypeOf(u.grad_full), ReduceOp::kAvg);
       continue;
     }
-    u.grad_incoming = torch::empty({u.flat.shardNumel()}, options_.compute_dtype);
+    u.grad_incoming = torch::empty({u.flat.shardNumel()}, u.grad_full.options());
     u.reduce = shards_->reduceScatter(u.grad_full.data_ptr(), u.grad_incoming.data_ptr(),
                                       static_cast<size_t>(u.flat.shardNumel()),
                                       dtypeOf(u.grad_full), ReduceOp::kAvg);
@@ -597,7 +607,11 @@ void ShardedStrategy::completeOldestReduction() {
   }
   u.grad_shard.add_(u.grad_incoming);  // accumulated across micro-steps in the fp32 shard
   u.grad_incoming = torch::Tensor();
-  u.grad_full = torch::Tensor();
+  if (pool_) {
+    pool_->recycle(u.grad_full);
+  } else {
+    u.grad_full = torch::Tensor();
+  }
 }
 
 void ShardedStrategy::afterBackward(bool sync) {
@@ -631,7 +645,7 @@ void ShardedStrategy::afterBackward(bool sync) {
 double ShardedStrategy::clipGradNorm(double max_norm) {
   double squares = 0;
   for (const auto& u : units_) {
-    squares += kernels::sumOfSquares(u.grad_shard.data_ptr<float>(), u.flat.shardNumel());
+    squares += device_kernels::sumOfSquares(u.grad_shard);
   }
   if (options_.stage > 0) {  // each shard holds a part of the gradient
     shards_->allreduce(&squares, 1, DType::kFloat64, ReduceOp::kSum)->wait();
@@ -640,8 +654,7 @@ double ShardedStrategy::clipGradNorm(double max_norm) {
   const double coefficient = max_norm / (norm + 1e-6);
   if (max_norm > 0 && coefficient < 1) {
     for (auto& u : units_) {
-      kernels::scaleInPlace(u.grad_shard.data_ptr<float>(), u.flat.shardNumel(),
-                            static_cast<float>(coefficient));
+      device_kernels::scaleInPlace(u.grad_shard, static_cast<float>(coefficient));
     }
   }
   return norm;
@@ -650,9 +663,8 @@ double ShardedStrategy::clipGradNorm(double max_norm) {
 bool ShardedStrategy::unscaleGradients(double factor) {
   int32_t overflow = 0;
   for (auto& u : units_) {
-    float* grad = u.grad_shard.data_ptr<float>();
-    if (!kernels::allFinite(grad, u.flat.shardNumel())) overflow = 1;
-    kernels::scaleInPlace(grad, u.flat.shardNumel(), static_cast<float>(factor));
+    if (!device_kernels::allFinite(u.grad_shard)) overflow = 1;
+    device_kernels::scaleInPlace(u.grad_shard, static_cast<float>(factor));
   }
   backend_->allreduce(&overflow, 1, DType::kInt32, ReduceOp::kMax)->wait();
   return overflow == 0;
@@ -703,6 +715,7 @@ MemoryReport ShardedStrategy::memoryReport() const {
   for (const auto* file : {param_file_.get(), state_file_.get()}) {
     if (file != nullptr) report.offloaded += file->size();
   }
+  if (pool_) report.kept_for_reuse = pool_->bytes();
   return report;
 }
 
@@ -845,7 +858,7 @@ void ShardedStrategy::publish(Unit& u) {
   // gather (from the master).
   if (options_.stage == 0 || !u.flat.resident()) return;
   if (options_.stage == 3 && u.routed) {
-    u.flat.release();
+    u.flat.release(pool_.get());
     return;
   }
   shards_

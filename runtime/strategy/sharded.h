@@ -170,6 +170,8 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   bool in_forward_ = false;
   bool sync_ = true;
   bool lean_ = false;  // memory is the point: freed host memory returned to the kernel
+  // ZeRO-3 on CPU: the units' gathered buffers and full gradients, reused (flat/buffer_pool.h).
+  std::unique_ptr<BufferPool> pool_;
   std::vector<torch::Tensor> frozen_;  // parameters without gradients: whole, never sharded
   std::unique_ptr<NvmeFile> param_file_, state_file_;  // nvme offload
   std::vector<AlignedBuffer> slots_;  // staging: unit k+1 read, k updated, k-1 written

@@ -215,6 +215,7 @@ std::string MemoryReport::str() const {
   return "parameters " + humanBytes(parameters) + ", gradients " + humanBytes(gradients) +
          ", optimizer state " + humanBytes(optimizer_state) + ", total " + humanBytes(total()) +
          (offloaded > 0 ? "; offloaded to nvme " + humanBytes(offloaded) : "") +
+         (kept_for_reuse > 0 ? "; kept for reuse " + humanBytes(kept_for_reuse) : "") +
          (device_peak > 0 ? "; GPU peak " + humanBytes(device_peak) : "");
 }
 
@@ -229,6 +230,13 @@ std::unique_ptr<Strategy> makeStrategy(const WorkerEnv& env, std::shared_ptr<Bac
                         "state already live in host memory; nothing to offload\n"
                       : "cxxlaunch: offload to cpu of a GPU run is not built yet: parameters and "
                         "optimizer state stay on the GPU (nvme offload works)\n");
+  }
+  if (backend->name() == "nccl" &&
+      (env.offload_optimizer == "nvme" || env.offload_params == "nvme")) {
+    throw InvalidArgument(
+        "nvme offload runs on CPU workers in this build (its staging slots are host memory); a "
+        "GPU run keeps its state on the GPU: drop offload_optimizer_device/offload_param_device "
+        "nvme");
   }
   checkSameModel(*backend, *model);
   const bool replicated = name == "ddp" || name == "fsdp_no_shard";

@@ -41,6 +41,9 @@ struct MemoryReport {
   // The GPU's peak of allocated bytes (LibTorch's caching allocator: activations included), from
   // Accelerator::memoryReport on a GPU worker; 0 elsewhere.
   size_t device_peak = 0;
+  // Freed buffers a step will allocate again, kept (ZeRO-3 on CPU: flat/buffer_pool.h); not
+  // model state, so not in total().
+  size_t kept_for_reuse = 0;
   size_t total() const { return parameters + gradients + optimizer_state; }
   std::string str() const;
 };

@@ -117,7 +117,7 @@ TEST_CASE("A user's OMP_NUM_THREADS, --master_port and --gpus reach the workers"
   }
 }
 
-TEST_CASE("The ids of --gpus count within the launcher's own CUDA_VISIBLE_DEVICES",
+TEST_CASE("GPU ids count within the launcher's own CUDA_VISIBLE_DEVICES",
           "[launcher][integration]") {
   auto r = run(launch({"--gpus", "1,3"}, {"env"}),
                {{"CUDA_VISIBLE_DEVICES", "GPU-aa,GPU-bb,GPU-cc,GPU-dd"}});

@@ -2,7 +2,7 @@
 // N (one thread per device) when there are N > 1 devices. Rank r contributes the values
 // (r + 1) * (i % 7 + 1), small integers that every dtype holds exactly, so each result is known
 // without arithmetic on the GPU: sums, averages, maxima, minima, scatters, gathers, broadcasts,
-// in fp32, bf16 and int64, and a subgroup of the world.
+// in fp32, bf16 and int64, a subgroup of the world, and host memory (staged by the backend).
 //
 // Needs a GPU: labelled `gpu` (the default test preset excludes it), and without a device the
 // program exits with 77 before any test (tests/support/gpu_test_main.cc), which ctest reports as
@@ -89,6 +89,8 @@ struct OnDevice {
 // assertions are not thread-safe).
 struct Seen {
   std::vector<double> sum, avg, max, min, scattered, gathered, broadcast, subgroup_sum;
+  double host_sum = 0;                 // a host value, staged through device memory
+  std::vector<int64_t> host_gathered;  // host input and output
 };
 
 std::vector<Seen> runCollectives(int world, DType dtype) {
@@ -130,6 +132,12 @@ std::vector<Seen> runCollectives(int world, DType dtype) {
     OnDevice in_group(mine, dtype);
     group->allreduce(in_group.buffer.data(), kCount, dtype, ReduceOp::kSum)->wait();
     s.subgroup_sum = in_group.read();
+    // Host memory: the control values strategies exchange (flags, norms, shapes).
+    s.host_sum = rank + 1;
+    backend->allreduce(&s.host_sum, 1, DType::kFloat64, ReduceOp::kSum)->wait();
+    const int64_t shape[2] = {rank, 10 * rank};
+    s.host_gathered.resize(2 * static_cast<size_t>(world));
+    backend->allGather(shape, s.host_gathered.data(), 2, DType::kInt64)->wait();
   });
   return seen;
 }
@@ -152,7 +160,10 @@ void checkClosedForm(int world, DType dtype) {
       const size_t global = static_cast<size_t>(rank) * kCount + i;  // this rank's chunk
       REQUIRE(s.scattered[i] == rank_sum * static_cast<double>(global % 7 + 1));
     }
+    REQUIRE(s.host_sum == rank_sum);
     for (int from = 0; from < world; ++from) {
+      REQUIRE(s.host_gathered[2 * static_cast<size_t>(from)] == from);
+      REQUIRE(s.host_gathered[2 * static_cast<size_t>(from) + 1] == 10 * from);
       for (size_t i = 0; i < kCount; ++i) {
         REQUIRE(s.gathered[static_cast<size_t>(from) * kCount + i] == contribution(from, i));
       }
