@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/command_line.h"
 #include "runtime/kernels/cpu/optimizers.h"
 #if defined(CXXLAUNCH_HAVE_CUDA_KERNELS)
 #include "runtime/kernels/cuda/device.h"
@@ -40,32 +41,19 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "--help" || flag == "-h") {
-      std::printf("usage: kernels_bench [--elements N] [--threads N] [--repeat N]\n");
-      std::exit(0);
-    }
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "kernels_bench: %s needs a value (see --help)\n", flag.c_str());
-      std::exit(2);
-    }
-    const long long value = std::atoll(argv[++i]);
-    if (value <= 0) {
-      std::fprintf(stderr, "kernels_bench: %s wants a positive number\n", flag.c_str());
-      std::exit(2);
-    }
-    if (flag == "--elements") {
-      o.elements = value;
-    } else if (flag == "--threads") {
-      o.threads = static_cast<int>(value);
-    } else if (flag == "--repeat") {
-      o.repeat = static_cast<int>(value);
-    } else {
-      std::fprintf(stderr, "kernels_bench: unknown flag %s (see --help)\n", flag.c_str());
-      std::exit(2);
-    }
-  }
+  CLI::App app("Memory bandwidth of the fused AdamW step against a copy of the same bytes.",
+               "kernels_bench");
+  cxxlaunch::cli::useConventions(app);
+  app.add_option(cxxlaunch::cli::spellings("elements"), o.elements, "floats per buffer")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
+      ->capture_default_str();
+  app.add_option(cxxlaunch::cli::spellings("threads"), o.threads, "CPU threads")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  app.add_option(cxxlaunch::cli::spellings("repeat"), o.repeat, "runs; the median is printed")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  cxxlaunch::cli::parseOrExit(app, argc, argv);
   return o;
 }
 

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "common/command_line.h"
 #include "proto/rendezvous.grpc.pb.h"
 
 namespace {
@@ -75,8 +76,7 @@ Result measure(const std::string& endpoint, int n, int connections, const std::s
   for (int c = 0; c < connections; ++c) {
     grpc::ChannelArguments args;
     args.SetInt("cxxlaunch.bench.connection", c);  // distinct args: distinct connections
-    auto channel =
-        grpc::CreateCustomChannel(endpoint, grpc::InsecureChannelCredentials(), args);
+    auto channel = grpc::CreateCustomChannel(endpoint, grpc::InsecureChannelCredentials(), args);
     channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10));
     stubs.push_back(rdzv::Rendezvous::NewStub(channel));
   }
@@ -158,29 +158,25 @@ int main(int argc, char** argv) {
   std::vector<int> sizes = {64, 256, 1024};
   int connections = 16;
   int repeat = 5;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--daemon") {
-      daemon_path = value;
-    } else if (flag == "--repeat") {
-      repeat = std::max(1, std::atoi(value.c_str()));
-    } else if (flag == "--connections") {
-      connections = std::max(1, std::atoi(value.c_str()));
-    } else if (flag == "--nodes") {
-      sizes.clear();
-      for (size_t at = 0; at < value.size();) {
-        size_t comma = value.find(',', at);
-        sizes.push_back(std::atoi(value.substr(at, comma - at).c_str()));
-        at = comma == std::string::npos ? value.size() : comma + 1;
-      }
-    } else {
-      std::cerr << "unknown flag " << flag << "\n";
-      return 2;
-    }
-  }
+  CLI::App app(
+      "Rendezvous join time at N nodes against N sequential round trips to the same daemon.",
+      "rendezvous_join_bench");
+  cxxlaunch::cli::useConventions(app);
+  app.add_option(cxxlaunch::cli::spellings("daemon"), daemon_path, "the cxxlaunchd binary")
+      ->capture_default_str();
+  app.add_option(cxxlaunch::cli::spellings("repeat"), repeat, "runs per size; medians printed")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  app.add_option(cxxlaunch::cli::spellings("connections"), connections, "gRPC channels")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  app.add_option(cxxlaunch::cli::spellings("nodes"), sizes, "node counts, e.g. 64,256")
+      ->delimiter(',')
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->check(CLI::Range(1, 1 << 20));
+  cxxlaunch::cli::parseOrExit(app, argc, argv);
   Daemon daemon(daemon_path);
-  std::printf("%8s %16s %22s %8s\n", "nodes", "join-complete ms", "N sequential RTTs ms",
-              "ratio");
+  std::printf("%8s %16s %22s %8s\n", "nodes", "join-complete ms", "N sequential RTTs ms", "ratio");
   bool ok = true;
   double first_ratio = 0, last_ratio = 0;
   for (int n : sizes) {

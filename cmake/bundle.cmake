@@ -3,8 +3,9 @@
 # prebuilt, the rendezvous library prebuilt (the runtime's store client: gRPC and Protobuf come
 # with it as shared libraries, never as headers), and the headers and libraries of Gloo,
 # nlohmann-json, Catch2 and CLI11. Everything else (LibTorch, CUDA, NCCL) is the machine's own.
-# Only the runtime, its apps, benchmarks and tests are built; the launcher, the rendezvous and
-# their tests are not.
+# Only common/, the runtime, its apps, benchmarks and tests are built; the launcher, the
+# rendezvous and their tests are not (the prebuilt rendezvous library links the common/ built
+# here).
 
 set(_bundle "${CXXLAUNCH_BUNDLE}")
 foreach(_needed bin/cxxlaunch bin/cxxlaunchd lib/libcxxlaunch_rendezvous.a lib/libcxxlaunch_proto.a
@@ -36,7 +37,7 @@ set_target_properties(cxxlaunch_proto PROPERTIES
 add_library(cxxlaunch_rendezvous STATIC IMPORTED)
 set_target_properties(cxxlaunch_rendezvous PROPERTIES
   IMPORTED_LOCATION "${_bundle}/lib/libcxxlaunch_rendezvous.a"
-  INTERFACE_LINK_LIBRARIES "cxxlaunch_proto;Threads::Threads")
+  INTERFACE_LINK_LIBRARIES "cxxlaunch_proto;cxxlaunch_common;Threads::Threads")
 target_include_directories(cxxlaunch_rendezvous INTERFACE ${CXXLAUNCH_INCLUDE_ROOT})
 
 # The binaries, where the tests and scripts look for them. They find their libraries through

@@ -22,11 +22,12 @@
 #include <set>
 #include <thread>
 
+#include "common/env_names.h"
+#include "common/error.h"
+#include "common/host.h"
 #include "launcher/failure.h"
 #include "launcher/output.h"
 #include "launcher/process.h"
-#include "rendezvous/error.h"
-#include "runtime/env_names.h"
 
 namespace cxxlaunch::launcher {
 namespace fs = std::filesystem;
@@ -45,12 +46,6 @@ sigset_t agentSignals() {
   sigaddset(&mask, SIGCHLD);
   for (int sig : kForwarded) sigaddset(&mask, sig);
   return mask;
-}
-
-std::string hostName() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof(name) - 1) != 0) return "localhost";
-  return name;
 }
 
 std::string substituteLocalRank(std::string arg, int local_rank) {

@@ -1,7 +1,7 @@
 #pragma once
 // The node agent: runs this node's share of a job.
 //   1. learn this node's place in the world (NodeRendezvous::join),
-//   2. spawn the local workers with the environment contract (runtime/env_names.h),
+//   2. spawn the local workers with the environment contract (common/env_names.h),
 //   3. monitor them from one event loop: exits (SIGCHLD via signalfd), output pipes, forwarded
 //      signals and the shutdown-grace timer; nothing polls on a timer,
 //   4. the first failing worker stops the group (SIGTERM, SIGKILL after the grace) and the nodes

@@ -1,15 +1,19 @@
 #pragma once
-// The `cxxlaunch run` command line: torchrun's flags and accelerate's (both --dash-form and
-// --under_score form) and the config file, parsed and validated into LaunchOptions. Nothing here
-// spawns or writes anything: a bad command line or config throws (UsageError, ConfigError)
-// before anything is spawned.
+// The launcher's command lines: `cxxlaunch run` (torchrun's flags and accelerate's, both
+// --dash-form and --under_score form, and the config file) parsed and validated into
+// LaunchOptions, and `cxxlaunch status`. Nothing here spawns or writes anything: a bad command
+// line or config throws (UsageError, ConfigError) before anything is spawned.
+//
+// Where each part lives: the flag table and its parsing in run_flags.cc, the flags' values in
+// flag_values.cc, config -> launch options and the checks across flags in launch_options.cc,
+// PATH lookup in program_path.cc, hardware detection in host_info.cc, status in status_args.cc.
 
 #include <map>
 #include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "launcher/options.h"
-#include "rendezvous/error.h"
 
 namespace cxxlaunch::launcher {
 
@@ -34,18 +38,8 @@ struct HostInfo {
 // Parses the arguments after `cxxlaunch run`. The first non-flag argument is the program; it and
 // everything after it go to the workers verbatim. accelerate's flags and config file
 // (--config_file, or the default file) are resolved first (launcher/config.h); torchrun's flags
-// win over them.
+// win over them. --help (before the program) throws cli::HelpRequested with runHelp()'s text.
 LaunchOptions parseRunArgs(const std::vector<std::string>& args, const HostInfo& host);
-
-// For the small commands (status, estimate-memory): the flag at args[i] and its value, from
-// "--flag VALUE" or "--flag=VALUE"; advances `i` past what it used. `name` is the flag without
-// its dashes, in under_score form. Throws UsageError when the value is missing.
-struct FlagArg {
-  std::string given;  // as typed, for messages
-  std::string name;
-  std::string value;
-};
-FlagArg nextFlagArg(const std::vector<std::string>& args, size_t& i);
 
 // `cxxlaunch status --rdzv_endpoint HOST:PORT --rdzv_id ID [--rdzv_conf token_file=...]`.
 struct StatusOptions {

@@ -8,12 +8,17 @@
 // the environment layer and docs/config.md. Plain data and free functions; no I/O except
 // loadConfigFile/writeConfigFile. Errors are ConfigError (an InvalidArgument: exit code 2) whose
 // message starts with the place at fault: FILE:LINE:COLUMN, --flag or the variable's name.
+//
+// One job per file: the schema in config_schema.cc, value parsing in config_value.cc, reading
+// YAML in config_reader.cc, writing it in config_writer.cc, layering in config_layers.cc, the
+// checks across keys in config_validation.cc, the worker environment in worker_env.cc, the
+// --print table in config_print.cc (their shared helpers: config_internal.h).
 
 #include <map>
 #include <string>
 #include <vector>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 
 namespace cxxlaunch::launcher {
 
@@ -138,7 +143,7 @@ Config resolveConfig(const ConfigLayers& layers);
 // throws ConfigError naming the setting at fault.
 void validateConfig(const Config& config);
 
-// The training settings the workers read (runtime/env_names.h, "training settings"), derived
+// The training settings the workers read (common/env_names.h, "training settings"), derived
 // from the config. A CXXLAUNCH_* variable of that name in `env` wins over a value derived from
 // the file, not over one derived from a flag.
 std::map<std::string, std::string> workerSettings(const Config& config,
@@ -147,8 +152,5 @@ std::map<std::string, std::string> workerSettings(const Config& config,
 // The `cxxlaunch config --print` table: every key, its value and its source, then the worker
 // settings.
 std::string describeConfig(const Config& config, const std::map<std::string, std::string>& env);
-
-// Closest candidate within a small edit distance, or "".
-std::string closestMatch(const std::string& word, const std::vector<std::string>& candidates);
 
 }  // namespace cxxlaunch::launcher

@@ -8,8 +8,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/atomic_file.h"
+#include "common/error.h"
 #include "launcher/process.h"
-#include "rendezvous/error.h"
 
 namespace cxxlaunch::launcher {
 namespace {
@@ -68,12 +69,12 @@ std::string formatFailureTable(const RunReport& report) {
   std::ostringstream out;
   const std::string rule(72, '=');
   out << rule << "\n"
-      << report.program << " FAILED (run " << report.run_id << ", " << report.restarts
-      << " of " << report.max_restarts << " restarts used)\n"
+      << report.program << " FAILED (run " << report.run_id << ", " << report.restarts << " of "
+      << report.max_restarts << " restarts used)\n"
       << rule << "\n";
   char line[256];
-  std::snprintf(line, sizeof(line), "  %-5s %-6s %-16s %-8s %-14s %-20s\n", "rank", "local",
-                "host", "pid", "status", "time");
+  std::snprintf(line, sizeof(line), "  %-5s %-6s %-16s %-8s %-14s %-20s\n", "rank", "local", "host",
+                "pid", "status", "time");
   out << line;
   std::vector<const Failure*> sorted;
   for (const auto& f : report.failures) sorted.push_back(&f);
@@ -82,8 +83,8 @@ std::string formatFailureTable(const RunReport& report) {
   for (const Failure* f : sorted) {
     std::snprintf(line, sizeof(line), "%s %-5d %-6d %-16s %-8d %-14s %-20s\n",
                   f == &root ? "*" : " ", f->global_rank, f->local_rank,
-                  f->host.substr(0, 16).c_str(), static_cast<int>(f->pid),
-                  f->statusText().c_str(), isoTime(f->time).c_str());
+                  f->host.substr(0, 16).c_str(), static_cast<int>(f->pid), f->statusText().c_str(),
+                  isoTime(f->time).c_str());
     out << line;
     if (!f->error_message.empty()) out << "      error: " << firstLine(f->error_message) << "\n";
   }
@@ -99,15 +100,16 @@ std::string formatFailureTable(const RunReport& report) {
 void writeRunSummary(const std::string& path, const RunReport& report) {
   nlohmann::json failures = nlohmann::json::array();
   for (const auto& f : report.failures) {
-    failures.push_back({{"rank", f.global_rank},
-                        {"local_rank", f.local_rank},
-                        {"host", f.host},
-                        {"pid", f.pid},
-                        {"exit_code", f.signal != 0 ? nlohmann::json() : nlohmann::json(f.exit_code)},
-                        {"signal", f.signal != 0 ? nlohmann::json(signalName(f.signal)) : nlohmann::json()},
-                        {"time", isoTime(f.time)},
-                        {"error", f.error_message},
-                        {"stderr_tail", f.stderr_tail}});
+    failures.push_back(
+        {{"rank", f.global_rank},
+         {"local_rank", f.local_rank},
+         {"host", f.host},
+         {"pid", f.pid},
+         {"exit_code", f.signal != 0 ? nlohmann::json() : nlohmann::json(f.exit_code)},
+         {"signal", f.signal != 0 ? nlohmann::json(signalName(f.signal)) : nlohmann::json()},
+         {"time", isoTime(f.time)},
+         {"error", f.error_message},
+         {"stderr_tail", f.stderr_tail}});
   }
   nlohmann::json json = {{"run_id", report.run_id},
                          {"program", report.program},
@@ -120,15 +122,7 @@ void writeRunSummary(const std::string& path, const RunReport& report) {
                          {"log_dir", report.log_dir},
                          {"failures", failures}};
   if (!report.failures.empty()) json["root_cause_rank"] = rootCause(report.failures).global_rank;
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << json.dump(2) << "\n";
-    if (!out) throw SystemError("write " + tmp, errno);
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) throw SystemError("rename " + tmp, ec.value());
+  writeFileAtomically(path, json.dump(2) + "\n");
 }
 
 }  // namespace cxxlaunch::launcher

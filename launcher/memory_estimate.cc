@@ -8,9 +8,10 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "common/command_line.h"
+#include "common/file.h"
 #include "launcher/cli.h"
 #include "launcher/config.h"
-#include "rendezvous/file.h"
 #include "rendezvous/run_state.h"
 
 namespace cxxlaunch::launcher {
@@ -92,17 +93,37 @@ std::vector<MemoryRow> estimateMemory(const MemoryEstimateOptions& o) {
 }
 
 MemoryEstimateOptions parseEstimateArgs(const std::vector<std::string>& args) {
+  CLI::App app("Memory per rank of the model states in each mode (DDP, ZeRO-1/2/3, offload).",
+               "cxxlaunch estimate-memory");
+  cli::useConventions(app);
+  CLI::Option* params = app.add_option(cli::spellings("params"))
+                            ->type_name("N")
+                            ->description("parameters of the model, e.g. 7e9");
+  CLI::Option* config = app.add_option(cli::spellings("config"))
+                            ->type_name("FILE")
+                            ->description("YAML list of the layers' parameter counts");
+  CLI::Option* num_processes = app.add_option(cli::spellings("num_processes"))
+                                   ->type_name("N")
+                                   ->description("ranks that share the model (default 1)");
+  CLI::Option* dtypes = app.add_option(cli::spellings("dtypes"))
+                            ->type_name("LIST")
+                            ->description("fp32,bf16,fp16 (default all)");
+  try {
+    cli::parse(app, args);
+  } catch (const InvalidArgument& e) {
+    throw UsageError(e.what());
+  }
   MemoryEstimateOptions options;
   bool have_size = false;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const auto [given, flag, value] = nextFlagArg(args, i);
-    if (flag == "params") {
+  // In the order typed, so that the first mistake is the one reported.
+  for (const auto& [option, value] : cli::givenInOrder(app)) {
+    if (option == params) {
       options.params = parseCount("--params", value);
       have_size = true;
-    } else if (flag == "config") {
+    } else if (option == config) {
       loadLayers(value, options);
       have_size = true;
-    } else if (flag == "num_processes") {
+    } else if (option == num_processes) {
       const double ranks = parseCount("--num_processes", value);
       // Checked before the conversion: a double past int's range does not convert.
       if (ranks != std::floor(ranks) || ranks > static_cast<double>(rendezvous::kMaxWorldSize)) {
@@ -110,7 +131,7 @@ MemoryEstimateOptions parseEstimateArgs(const std::vector<std::string>& args) {
                          std::to_string(rendezvous::kMaxWorldSize));
       }
       options.ranks = static_cast<int>(ranks);
-    } else if (flag == "dtypes") {
+    } else if (option == dtypes) {
       options.dtypes.clear();
       std::istringstream in(value);
       std::string dtype;
@@ -124,10 +145,6 @@ MemoryEstimateOptions parseEstimateArgs(const std::vector<std::string>& args) {
         options.dtypes.push_back(dtype);
       }
       if (options.dtypes.empty()) throw UsageError("--dtypes: give at least one of fp32,bf16,fp16");
-    } else {
-      throw UsageError("unknown flag '" + given +
-                       "'; usage: cxxlaunch estimate-memory --params 7e9 | --config layers.yaml "
-                       "[--num_processes N] [--dtypes fp32,bf16,fp16]");
     }
   }
   if (!have_size) {

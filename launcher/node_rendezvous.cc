@@ -13,10 +13,11 @@
 #include <mutex>
 #include <thread>
 
+#include "common/error.h"
+#include "common/host.h"
 #include "launcher/process.h"
 #include "rendezvous/client.h"
 #include "rendezvous/daemon_flags.h"
-#include "rendezvous/error.h"
 #include "rendezvous/server.h"
 
 namespace cxxlaunch::launcher {
@@ -42,11 +43,11 @@ int reserveFreePort() {
   return ntohs(addr.sin_port);
 }
 
-std::pair<std::string, int> splitEndpoint(const std::string& endpoint) {
-  auto colon = endpoint.rfind(':');
-  std::string host = endpoint.substr(0, colon);
-  if (host.size() > 1 && host.front() == '[') host = host.substr(1, host.size() - 2);
-  return {host, std::stoi(endpoint.substr(colon + 1))};
+// `endpoint` was checked when the flag was parsed (launcher/cli): it has a valid port.
+HostPort splitEndpoint(const std::string& endpoint) {
+  const auto parsed = parseHostPort(endpoint, 0);
+  if (!parsed) throw InvalidArgument("'" + endpoint + "' is not HOST:PORT");
+  return *parsed;
 }
 
 // The address of this machine that traffic to `host` leaves from: what other nodes can reach
@@ -78,7 +79,9 @@ Decision decisionOf(const rdzv::Verdict& verdict, const std::string& self) {
   Decision d;
   d.reason = verdict.reason;
   switch (verdict.action) {
-    case rdzv::Action::kRestart: d.kind = Decision::Kind::kRestart; break;
+    case rdzv::Action::kRestart:
+      d.kind = Decision::Kind::kRestart;
+      break;
     case rdzv::Action::kFail:
       d.kind = Decision::Kind::kFail;
       if (verdict.root_cause) {
@@ -89,8 +92,12 @@ Decision decisionOf(const rdzv::Verdict& verdict, const std::string& self) {
         }
       }
       break;
-    case rdzv::Action::kClosed: d.kind = Decision::Kind::kDone; break;
-    case rdzv::Action::kContinue: d.kind = Decision::Kind::kWait; break;
+    case rdzv::Action::kClosed:
+      d.kind = Decision::Kind::kDone;
+      break;
+    case rdzv::Action::kContinue:
+      d.kind = Decision::Kind::kWait;
+      break;
   }
   return d;
 }
@@ -119,12 +126,12 @@ class RemoteRendezvous final : public NodeRendezvous {
     run_id_ = options.run_id;
     // The hosting launcher talks to its own server without the network.
     client_ = server_ ? std::make_unique<rdzv::RendezvousClient>(client_options_, run_id_,
-                                                                  server_->inProcessChannel())
+                                                                 server_->inProcessChannel())
                       : std::make_unique<rdzv::RendezvousClient>(client_options_, run_id_);
 
     node_.addr = !r.local_addr.empty() ? r.local_addr
-                 : !r.multiNode()     ? options.master_addr
-                                      : localAddressToward(splitEndpoint(endpoint).first);
+                 : !r.multiNode()      ? options.master_addr
+                                       : localAddressToward(splitEndpoint(endpoint).host);
     node_.id = node_.addr + "_" + std::to_string(::getpid()) + "_" + randomHex(6);
     node_.local_world_size = options.nproc_per_node;
     node_.master_port = options.master_port != 0 ? options.master_port : reserveFreePort();
@@ -196,7 +203,8 @@ class RemoteRendezvous final : public NodeRendezvous {
           client_->requestRestart(node_.id, round_, {node_.id, rank, exit_code, description}),
           node_.id));
     } catch (const Error& e) {
-      return {Decision::Kind::kFail, std::string("cannot reach the rendezvous: ") + e.what(), {}, {}};
+      return {
+          Decision::Kind::kFail, std::string("cannot reach the rendezvous: ") + e.what(), {}, {}};
     }
   }
 
@@ -214,8 +222,8 @@ class RemoteRendezvous final : public NodeRendezvous {
   void finish() override {
     unwatch();
     if (server_ && ended_ && num_nodes_ > 1) {
-      server_->waitUntilSettled(run_id_,
-                                options_.keep_alive_interval * (options_.keep_alive_max_misses + 1));
+      server_->waitUntilSettled(
+          run_id_, options_.keep_alive_interval * (options_.keep_alive_max_misses + 1));
       // A node counts as told when its answer is written, not when it has arrived: the process
       // exits right after this, and would cut the last answers off (the peer then waits out the
       // eviction timeout for a server that is gone). Shutdown lets calls in flight complete.
@@ -227,7 +235,11 @@ class RemoteRendezvous final : public NodeRendezvous {
   // Hosts the server when the endpoint is on this machine and free (or there is none).
   void host(const std::string& endpoint, const LaunchOptions& options) {
     rdzv::ServerOptions server;
-    if (!endpoint.empty()) std::tie(server.host, server.port) = splitEndpoint(endpoint);
+    if (!endpoint.empty()) {
+      const HostPort where = splitEndpoint(endpoint);
+      server.host = where.host;
+      server.port = where.port;
+    }
     server.token = options.rdzv.token;
     server.tls_cert_file = options.rdzv.tls_cert;
     server.tls_key_file = options.rdzv.tls_key;
@@ -309,9 +321,13 @@ class RemoteRendezvous final : public NodeRendezvous {
         if (since >= lost_after) {
           report = true;
           decision = left_ ? Decision{Decision::Kind::kDone,
-                                      std::string("the rendezvous server is gone: ") + e.what(), {}, {}}
+                                      std::string("the rendezvous server is gone: ") + e.what(),
+                                      {},
+                                      {}}
                            : Decision{Decision::Kind::kFail,
-                                      std::string("lost the rendezvous server: ") + e.what(), {}, {}};
+                                      std::string("lost the rendezvous server: ") + e.what(),
+                                      {},
+                                      {}};
         } else {
           // Look again when the server would count as lost, if that comes before the interval.
           pause =

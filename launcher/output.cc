@@ -8,7 +8,7 @@
 #include <climits>
 #include <memory>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 
 namespace cxxlaunch::launcher {
 

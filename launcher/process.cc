@@ -14,7 +14,7 @@
 #include <memory>
 #include <random>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 
 extern char** environ;  // NOLINT(readability-redundant-declaration)
 

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/command_line.h"
 #include "launcher/config.h"
 
 // Set by launcher/CMakeLists.txt from the headers it found; absent means not found.
@@ -76,14 +77,18 @@ std::string self() {
 }  // namespace
 
 std::string parseEnvArgs(const std::vector<std::string>& args) {
-  if (args.empty()) return "";
-  for (const std::string flag : {"--config_file", "--config-file"}) {
-    if (args.size() == 2 && args[0] == flag && !args[1].empty()) return args[1];
-    if (args.size() == 1 && args[0].starts_with(flag + "=") && args[0].size() > flag.size() + 1) {
-      return args[0].substr(flag.size() + 1);
-    }
+  CLI::App app("Versions, hardware and config, for a bug report.", "cxxlaunch env");
+  cli::useConventions(app);
+  std::string file;
+  CLI::Option* given =
+      app.add_option(cli::spellings("config_file"), file, "the config to show")->type_name("FILE");
+  try {
+    cli::parse(app, args);
+  } catch (const InvalidArgument& e) {
+    throw UsageError(e.what());
   }
-  throw UsageError("usage: cxxlaunch env [--config_file FILE]");
+  if (given->count() != 0 && file.empty()) throw UsageError("--config_file: give a file name");
+  return file;
 }
 
 std::string describeSystem(const std::string& version, const std::string& config_file,

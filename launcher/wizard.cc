@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <functional>
 
+#include "common/command_line.h"
+
 namespace cxxlaunch::launcher {
 namespace {
 
@@ -367,40 +369,31 @@ Config defaultConfig(const HostInfo& host, const std::string& mixed_precision) {
 }
 
 ConfigCommand parseConfigArgs(const std::vector<std::string>& args) {
+  CLI::App app(
+      "Writes a config file by answering questions; `config default` writes one from the "
+      "hardware; `config --print` shows each setting and where it comes from.",
+      "cxxlaunch config");
+  cli::useConventions(app);
   ConfigCommand command;
-  size_t i = 0;
-  if (!args.empty() && args[0] == "default") {
-    command.action = ConfigCommand::kDefault;
-    i = 1;
+  bool print = false;
+  app.add_flag(cli::spellings("print"), print, "show the resolved settings, write nothing");
+  app.add_flag(cli::spellings("force"), command.force, "replace an existing file without asking");
+  app.add_option(cli::spellings("config_file"), command.file,
+                 "the file (default: " + defaultConfigPath() + ")")
+      ->type_name("FILE");
+  CLI::App* by_default =
+      app.add_subcommand("default", "write a config for this machine's hardware");
+  by_default->fallthrough();  // --config_file and --force after `default` too
+  by_default
+      ->add_option(cli::spellings("mixed_precision"), command.mixed_precision, "no, fp16 or bf16")
+      ->type_name("no|fp16|bf16");
+  try {
+    cli::parse(app, args);
+  } catch (const InvalidArgument& e) {
+    throw UsageError(e.what());
   }
-  for (; i < args.size(); ++i) {
-    std::string flag = args[i], value;
-    const bool has_value = flag.find('=') != std::string::npos;
-    if (has_value) {
-      value = flag.substr(flag.find('=') + 1);
-      flag = flag.substr(0, flag.find('='));
-    }
-    std::replace(flag.begin(), flag.end(), '-', '_');
-    auto take = [&]() {
-      if (has_value) return value;
-      if (i + 1 >= args.size()) throw UsageError(flag + " needs a value");
-      return args[++i];
-    };
-    if (flag == "__print") {
-      command.action = ConfigCommand::kPrint;
-    } else if (flag == "__force") {
-      command.force = true;
-    } else if (flag == "__config_file") {
-      command.file = take();
-    } else if (flag == "__mixed_precision" && command.action == ConfigCommand::kDefault) {
-      command.mixed_precision = take();
-    } else {
-      throw UsageError("unknown argument '" + args[i] +
-                       "'; usage: cxxlaunch config [--config_file F] [--force] | "
-                       "config default [--mixed_precision no|fp16|bf16] [--config_file F] "
-                       "[--force] | config --print [--config_file F]");
-    }
-  }
+  if (by_default->parsed()) command.action = ConfigCommand::kDefault;
+  if (print) command.action = ConfigCommand::kPrint;
   return command;
 }
 

@@ -2,14 +2,14 @@
 
 #include <charconv>
 #include <cstdlib>
+#include <vector>
 
-#include "rendezvous/error.h"
-#include "rendezvous/file.h"
+#include "common/command_line.h"
+#include "common/error.h"
+#include "common/file.h"
 
 namespace cxxlaunch::rendezvous {
 namespace {
-
-constexpr size_t kMaxTokenFileBytes = 64 << 10;
 
 [[noreturn]] void fail(const std::string& flag, const std::string& value, const std::string& want) {
   throw InvalidArgument(flag + ": '" + value + "' is not " + want);
@@ -25,72 +25,98 @@ int64_t parseCount(const std::string& flag, const std::string& value, int64_t lo
   return v;
 }
 
-std::string firstLine(const std::string& text) { return text.substr(0, text.find('\n')); }
+// The daemon's numeric flags: each row its name, meaning, range and where its value goes, so
+// that a value past its bound is one clear error, never an overflow later.
+struct NumberFlag {
+  const char* name;
+  const char* value_name;
+  const char* help;
+  int64_t lo, hi;
+  void (*store)(ServerOptions&, int64_t);
+};
+
+const std::vector<NumberFlag>& numberFlags() {
+  static const std::vector<NumberFlag> table = {
+      {"port", "PORT", "port to listen on (default 29400; 0 picks a free one)", 0, 65535,
+       [](ServerOptions& o, int64_t v) { o.port = static_cast<int>(v); }},
+      {"store-max-keys", "N", "keys in a run's store (default 100000)", 1, 1'000'000'000,
+       [](ServerOptions& o, int64_t v) { o.store_limits.max_keys = v; }},
+      {"store-max-bytes", "N", "bytes of keys and values in a run's store (default 64 MiB)", 1,
+       int64_t{1} << 40, [](ServerOptions& o, int64_t v) { o.store_limits.max_bytes = v; }},
+      {"store-max-key-bytes", "N", "bytes of one key (default 4096)", 1, 1 << 20,
+       [](ServerOptions& o, int64_t v) { o.store_limits.max_key_bytes = v; }},
+      {"store-max-value-bytes", "N", "bytes of one value (default 16 MiB)", 1, 1 << 30,
+       [](ServerOptions& o, int64_t v) { o.store_limits.max_value_bytes = v; }},
+      {"max-message-bytes", "N", "bytes of one request or answer (default 64 MiB)", 4096, 1 << 30,
+       [](ServerOptions& o, int64_t v) { o.max_message_bytes = static_cast<int>(v); }},
+      {"run-retention", "SECONDS",
+       "how long a finished run, or one whose nodes all went silent, stays after its last call "
+       "(default 600)",
+       0, 7 * 24 * 3600,
+       [](ServerOptions& o, int64_t v) { o.run_retention = std::chrono::seconds(v); }},
+  };
+  return table;
+}
+
+// What the command line said, as text until each value is checked.
+struct DaemonFlags {
+  std::string host, token_file, tls_cert, tls_key, tls_ca;
+  std::vector<std::string> numbers = std::vector<std::string>(numberFlags().size());
+};
+
+void addDaemonFlags(CLI::App& app, DaemonFlags& f) {
+  cli::useConventions(app);
+  app.footer("The store limits are per run; a call past one gets RESOURCE_EXHAUSTED naming it.");
+  app.add_option(cli::spellings("host"), f.host,
+                 "address to bind (default 127.0.0.1: loopback only)")
+      ->type_name("ADDR");
+  app.add_option(cli::spellings("token-file"), f.token_file,
+                 "file whose first line is the job token every call must carry (default: "
+                 "$CXXLAUNCH_TOKEN, else none)")
+      ->type_name("FILE");
+  app.add_option(cli::spellings("tls-cert"), f.tls_cert, "serve TLS only, with this certificate")
+      ->type_name("FILE");
+  app.add_option(cli::spellings("tls-key"), f.tls_key, "the certificate's key")->type_name("FILE");
+  app.add_option(cli::spellings("tls-ca"), f.tls_ca,
+                 "also require client certificates signed by this CA")
+      ->type_name("FILE");
+  for (size_t i = 0; i < numberFlags().size(); ++i) {
+    const NumberFlag& n = numberFlags()[i];
+    app.add_option(cli::spellings(n.name), f.numbers[i], n.help)->type_name(n.value_name);
+  }
+}
+
+constexpr const char* kDaemonDescription =
+    "cxxlaunchd: the standalone rendezvous daemon; nodes of many jobs (run ids) meet here.\n"
+    "Prints \"cxxlaunchd listening on HOST:PORT\" once it serves; SIGINT/SIGTERM stop it.\n"
+    "Exit codes: 0 stopped by a signal, 1 cannot serve, 2 bad flags.";
 
 }  // namespace
 
-const char* daemonUsage() {
-  return "usage: cxxlaunchd [--host ADDR] [--port PORT] [--token-file FILE]\n"
-         "                  [--tls-cert FILE --tls-key FILE [--tls-ca FILE]] [limits]\n"
-         "  --host        address to bind (default 127.0.0.1: loopback only)\n"
-         "  --port        port to listen on (default 29400; 0 picks a free one)\n"
-         "  --token-file  file whose first line is the job token every call must carry\n"
-         "                (default: $CXXLAUNCH_TOKEN, else none)\n"
-         "  --tls-cert/--tls-key  serve TLS only; --tls-ca also requires client certificates\n"
-         "limits (per run; a call past one gets RESOURCE_EXHAUSTED naming it):\n"
-         "  --store-max-keys N          keys in a run's store (default 100000)\n"
-         "  --store-max-bytes N         bytes of keys and values in a run's store (default 64 "
-         "MiB)\n"
-         "  --store-max-key-bytes N     bytes of one key (default 4096)\n"
-         "  --store-max-value-bytes N   bytes of one value (default 16 MiB)\n"
-         "  --max-message-bytes N       bytes of one request or answer (default 64 MiB)\n"
-         "  --run-retention SECONDS     how long a finished run, or one whose nodes all went\n"
-         "                              silent, stays after its last call (default 600)\n";
+std::string daemonUsage() {
+  CLI::App app(kDaemonDescription, "cxxlaunchd");
+  DaemonFlags flags;
+  addDaemonFlags(app, flags);
+  return app.help();
 }
 
 ServerOptions parseDaemonFlags(const std::vector<std::string>& args) {
+  CLI::App app(kDaemonDescription, "cxxlaunchd");
+  DaemonFlags f;
+  addDaemonFlags(app, f);
+  cli::parse(app, args);
   ServerOptions o;
   o.port = 29400;
   if (const char* token = std::getenv("CXXLAUNCH_TOKEN")) o.token = token;  // NOLINT
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string flag = args[i], value;
-    if (auto eq = flag.find('='); eq != std::string::npos) {
-      value = flag.substr(eq + 1);
-      flag = flag.substr(0, eq);
-    } else if (i + 1 < args.size()) {
-      value = args[++i];
-    } else {
-      throw InvalidArgument(flag + " needs a value");
-    }
-    StoreLimits& limits = o.store_limits;
-    if (flag == "--host") {
-      o.host = value;
-    } else if (flag == "--port") {
-      o.port = static_cast<int>(parseCount(flag, value, 0, 65535));
-    } else if (flag == "--token-file") {
-      o.token = firstLine(readRegularFile(value, "--token-file", kMaxTokenFileBytes));
-      if (o.token.empty()) throw InvalidArgument("--token-file: '" + value + "' has no token");
-    } else if (flag == "--tls-cert") {
-      o.tls_cert_file = value;
-    } else if (flag == "--tls-key") {
-      o.tls_key_file = value;
-    } else if (flag == "--tls-ca") {
-      o.tls_ca_file = value;
-    } else if (flag == "--store-max-keys") {
-      limits.max_keys = parseCount(flag, value, 1, 1'000'000'000);
-    } else if (flag == "--store-max-bytes") {
-      limits.max_bytes = parseCount(flag, value, 1, int64_t{1} << 40);
-    } else if (flag == "--store-max-key-bytes") {
-      limits.max_key_bytes = parseCount(flag, value, 1, 1 << 20);
-    } else if (flag == "--store-max-value-bytes") {
-      limits.max_value_bytes = parseCount(flag, value, 1, 1 << 30);
-    } else if (flag == "--max-message-bytes") {
-      o.max_message_bytes = static_cast<int>(parseCount(flag, value, 4096, 1 << 30));
-    } else if (flag == "--run-retention") {
-      o.run_retention = std::chrono::seconds(parseCount(flag, value, 0, 7 * 24 * 3600));
-    } else {
-      throw InvalidArgument("unknown flag '" + flag + "'");
-    }
+  if (!f.host.empty()) o.host = f.host;
+  if (!f.token_file.empty()) o.token = readTokenFile(f.token_file, "--token-file");
+  o.tls_cert_file = f.tls_cert;
+  o.tls_key_file = f.tls_key;
+  o.tls_ca_file = f.tls_ca;
+  for (size_t i = 0; i < numberFlags().size(); ++i) {
+    const NumberFlag& n = numberFlags()[i];
+    if (f.numbers[i].empty()) continue;
+    n.store(o, parseCount("--" + std::string(n.name), f.numbers[i], n.lo, n.hi));
   }
   if (o.tls_cert_file.empty() != o.tls_key_file.empty()) {
     throw InvalidArgument("--tls-cert and --tls-key go together");

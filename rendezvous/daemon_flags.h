@@ -10,11 +10,11 @@
 
 namespace cxxlaunch::rendezvous {
 
-// What `cxxlaunchd --help` prints.
-const char* daemonUsage();
+// What `cxxlaunchd --help` prints, generated from the flag table.
+std::string daemonUsage();
 
-// Throws InvalidArgument naming the flag and what it accepts. $CXXLAUNCH_TOKEN is the token
-// unless --token-file gives one.
+// Throws InvalidArgument naming the flag and what it accepts (cli::HelpRequested for --help).
+// $CXXLAUNCH_TOKEN is the token unless --token-file gives one.
 ServerOptions parseDaemonFlags(const std::vector<std::string>& args);
 
 // Why serving `options` is open to anyone who can reach it (not loopback and no TLS; worse with

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <charconv>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 
 namespace cxxlaunch::rendezvous {
 

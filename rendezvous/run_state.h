@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 
 namespace cxxlaunch::rendezvous {
 
@@ -105,7 +105,7 @@ struct NodeState {
 
 struct RunStatus {
   int64_t round = 0;
-  std::string state;  // "joining", "running", "closed", "failed"
+  std::string state;                    // "joining", "running", "closed", "failed"
   std::vector<NodeState> participants;  // running: the round's nodes; joining: who has joined
   std::vector<NodeState> waiting;       // nodes waiting for room in a later round
   int restart_count = 0;

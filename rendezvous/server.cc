@@ -11,6 +11,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/host.h"
 #include "proto/rendezvous.grpc.pb.h"
 #include "rendezvous/memory_store.h"
 #include "rendezvous/wire.h"
@@ -654,11 +655,6 @@ class UndecodableRequestFactory final
   }
 };
 
-std::string hostPort(const std::string& host, int port) {
-  const bool ipv6 = host.find(':') != std::string::npos;
-  return (ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
-}
-
 }  // namespace
 
 struct RendezvousServer::Impl {
@@ -689,7 +685,7 @@ RendezvousServer::RendezvousServer(const ServerOptions& options)
     credentials = grpc::InsecureServerCredentials();
   }
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(hostPort(options.host, options.port), credentials, &impl_->port);
+  builder.AddListeningPort(formatHostPort(options.host, options.port), credentials, &impl_->port);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a taken port must fail, not share
@@ -701,7 +697,7 @@ RendezvousServer::RendezvousServer(const ServerOptions& options)
   impl_->server = builder.BuildAndStart();
   if (!impl_->server || impl_->port == 0) {
     impl_->core.stop();
-    throw CommunicationError("cannot listen on " + hostPort(options.host, options.port) +
+    throw CommunicationError("cannot listen on " + formatHostPort(options.host, options.port) +
                              ": the port is taken or the address is not on this machine");
   }
 }
@@ -711,7 +707,7 @@ RendezvousServer::~RendezvousServer() { shutdown(); }
 int RendezvousServer::port() const { return impl_->port; }
 
 std::string RendezvousServer::endpoint() const {
-  return hostPort(impl_->options.host, impl_->port);
+  return formatHostPort(impl_->options.host, impl_->port);
 }
 
 std::shared_ptr<grpc::Channel> RendezvousServer::inProcessChannel() {

@@ -1,6 +1,6 @@
 #include "rendezvous/store.h"
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 
 namespace cxxlaunch::rendezvous {
 

@@ -7,7 +7,7 @@
 #include <mutex>
 #include <sstream>
 
-#include "rendezvous/file.h"
+#include "common/file.h"
 
 namespace cxxlaunch::rendezvous::wire {
 

@@ -11,7 +11,8 @@
 #include <cstring>
 #include <map>
 
-#include "rendezvous/error.h"
+#include "common/atomic_file.h"
+#include "common/error.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/checkpoint/files.h"
 #include "runtime/checkpoint/safetensors.h"
@@ -387,7 +388,7 @@ void Accelerator::loadModel(const std::string& dir) {
 }
 
 void Accelerator::save(const std::string& path, const std::string& bytes) const {
-  if (isMainProcess()) checkpoint::writeFileDurably(path, bytes);
+  if (isMainProcess()) writeFileAtomically(path, bytes);
 }
 
 void Accelerator::save(const std::string& path,

@@ -12,7 +12,7 @@
 //   }
 //
 // Settings (strategy, gradient accumulation, clipping, mixed precision, backend) come from the
-// environment the launcher sets (runtime/env_names.h); AcceleratorOptions can override them.
+// environment the launcher sets (common/env_names.h); AcceleratorOptions can override them.
 // The strategy (DDP, ZeRO-1/2/3, FSDP: strategy/strategy.h) is the launch's choice; the only
 // thing a trainer does for it is to run its big repeated blocks through unitForward
 // (strategy/unit.h), which is a plain forward call unless parameters are sharded at rest.

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 
 namespace cxxlaunch::runtime {
 

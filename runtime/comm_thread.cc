@@ -1,6 +1,6 @@
 #include "runtime/comm_thread.h"
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 
 namespace cxxlaunch::runtime {
 

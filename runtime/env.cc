@@ -3,8 +3,8 @@
 #include <charconv>
 #include <cstdlib>
 
-#include "rendezvous/error.h"
-#include "runtime/env_names.h"
+#include "common/env_names.h"
+#include "common/error.h"
 
 namespace cxxlaunch::runtime {
 namespace {

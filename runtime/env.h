@@ -1,5 +1,5 @@
 #pragma once
-// WorkerEnv: the launcher's contract (runtime/env_names.h) read once into a typed struct.
+// WorkerEnv: the launcher's contract (common/env_names.h) read once into a typed struct.
 // A program started without the launcher gets a world of one: rank 0 of 1, no store.
 // readWorkerEnv() throws InvalidArgument naming the variable when a value is malformed.
 // Thread-safety: reads the process environment; call it before starting threads that setenv.
@@ -32,7 +32,7 @@ struct WorkerEnv {
   std::string node_addr = "127.0.0.1";  // where other ranks reach this one
   std::string tls_ca, tls_cert, tls_key;
 
-  // Training settings (runtime/env_names.h), validated.
+  // Training settings (common/env_names.h), validated.
   std::string strategy = "ddp";
   std::string mixed_precision = "no";
   int gradient_accumulation_steps = 1;

@@ -7,7 +7,7 @@
 #include <map>
 #include <vector>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 #include "runtime/backend.h"
 #include "runtime/comm_thread.h"
 #include "runtime/reduce.h"

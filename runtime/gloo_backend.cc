@@ -17,7 +17,8 @@
 #include <cstring>
 #include <vector>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
+#include "common/host.h"
 #include "rendezvous/prefix_store.h"
 #include "runtime/backend.h"
 #include "runtime/comm_thread.h"
@@ -50,11 +51,6 @@ class GlooStoreAdapter final : public gloo::rendezvous::Store {
   std::shared_ptr<rendezvous::Store> store_;
   std::chrono::milliseconds timeout_;
 };
-
-std::string hostName() {
-  char name[256] = {};
-  return ::gethostname(name, sizeof(name) - 1) == 0 ? name : "?";
-}
 
 class GlooBackend final : public Backend {
  public:

@@ -14,17 +14,13 @@
 #include <thread>
 #include <vector>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
+#include "common/host.h"
 #include "rendezvous/store.h"
 #include "runtime/backend.h"
 
 namespace cxxlaunch::runtime {
 namespace {
-
-std::string hostName() {
-  char name[256] = {};
-  return ::gethostname(name, sizeof(name) - 1) == 0 ? name : "?";
-}
 
 #define CXXLAUNCH_CUDA_CHECK(call, where)                                                     \
   do {                                                                                        \

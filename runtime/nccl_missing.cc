@@ -1,6 +1,6 @@
 // Built when CUDA or NCCL was not found: the NCCL backend says so plainly.
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 #include "runtime/backend.h"
 
 namespace cxxlaunch::runtime {

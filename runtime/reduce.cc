@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 #include "runtime/kernels/element_math.h"
 
 namespace cxxlaunch::runtime {

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 
 namespace cxxlaunch::runtime {
 

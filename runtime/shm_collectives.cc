@@ -19,8 +19,8 @@
 #include <random>
 #include <utility>
 
-#include "rendezvous/error.h"
-#include "runtime/env_names.h"
+#include "common/env_names.h"
+#include "common/error.h"
 #include "runtime/reduce.h"
 
 namespace cxxlaunch::runtime {

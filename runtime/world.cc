@@ -1,7 +1,7 @@
 #include "runtime/world.h"
 
+#include "common/error.h"
 #include "rendezvous/client.h"
-#include "rendezvous/error.h"
 #include "rendezvous/memory_store.h"
 
 namespace cxxlaunch::runtime {

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 packages=(
   build-essential cmake ninja-build ccache pkg-config time openssl
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libyaml-cpp-dev nlohmann-json3-dev catch2
+  libyaml-cpp-dev libcli11-dev nlohmann-json3-dev catch2
   libtorch-dev libgloo-dev  # the runtime: LibTorch 1.13 (CPU) and Gloo
   python3-torch  # the peer for benchmarks and the PyTorch compatibility test, never a dependency
   # Debian's LibTorch calls whichever BLAS provides libblas.so.3; with only the reference BLAS a

@@ -18,7 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "rendezvous/error.h"
+#include "common/command_line.h"
+#include "common/error.h"
 #include "runtime/world.h"
 
 using namespace cxxlaunch;
@@ -38,30 +39,24 @@ struct Flags {
 
 Flags parse(int argc, char** argv) {
   Flags f;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw InvalidArgument(flag + " needs a value");
-      return argv[++i];
-    };
-    if (flag == "--op") {
-      f.op = value();
-    } else if (flag == "--min_bytes") {
-      f.min_bytes = std::stoull(value());
-    } else if (flag == "--max_bytes") {
-      f.max_bytes = std::stoull(value());
-    } else if (flag == "--iters") {
-      f.iters = std::stoi(value());
-    } else if (flag == "--warmup") {
-      f.warmup = std::stoi(value());
-    } else if (flag == "--check") {
-      f.check = true;
-    } else if (flag == "--backend") {
-      f.backend = value();
-    } else {
-      throw InvalidArgument("unknown flag '" + flag + "'");
-    }
-  }
+  CLI::App app(
+      "A per-size table of each collective's time and bus bandwidth, as nccl-tests prints.",
+      "collectives");
+  cli::useConventions(app);
+  app.add_option(cli::spellings("op"), f.op,
+                 "all, allreduce, all_gather, reduce_scatter or broadcast")
+      ->capture_default_str();
+  app.add_option(cli::spellings("min_bytes"), f.min_bytes, "smallest message")
+      ->capture_default_str();
+  app.add_option(cli::spellings("max_bytes"), f.max_bytes, "largest message")
+      ->capture_default_str();
+  app.add_option(cli::spellings("iters"), f.iters, "timed iterations per size")
+      ->capture_default_str();
+  app.add_option(cli::spellings("warmup"), f.warmup, "untimed iterations first")
+      ->capture_default_str();
+  app.add_flag(cli::spellings("check"), f.check, "check every element; exit 1 on a wrong result");
+  app.add_option(cli::spellings("backend"), f.backend, "gloo or nccl (default: the launcher's)");
+  cli::parseOrExit(app, argc, argv);
   if (f.op != "all" && f.op != "allreduce" && f.op != "all_gather" && f.op != "reduce_scatter" &&
       f.op != "broadcast") {
     throw InvalidArgument("--op must be all, allreduce, all_gather, reduce_scatter or broadcast");

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "common/command_line.h"
+#include "common/did_you_mean.h"
 #include "launcher/agent.h"
 #include "launcher/cli.h"
 #include "launcher/memory_estimate.h"
@@ -17,26 +19,10 @@
 
 namespace {
 
-constexpr const char* kUsage =
-    "usage: cxxlaunch COMMAND [flags]\n"
-    "commands:\n"
-    "  run (alias launch)   start workers: cxxlaunch run --nproc_per_node=N PROGRAM [ARGS...]\n"
-    "  status               a run's rendezvous: cxxlaunch status --rdzv_endpoint H:P --rdzv_id ID\n"
-    "  config               write a config file by answering questions (config default: from the\n"
-    "                       hardware; config --print: each setting and where it comes from)\n"
-    "  env                  versions, hardware and config, for a bug report\n"
-    "  test                 run the self-test through the launcher with your config\n"
-    "  estimate-memory      memory per rank: cxxlaunch estimate-memory --params 7e9 "
-    "--num_processes 8\n"
-    "  --version            print the version\n"
-    "Run 'cxxlaunch run --help' for the flags.\n";
+using namespace cxxlaunch::launcher;
+using Args = std::vector<std::string>;
 
-int run(const std::vector<std::string>& args) {
-  using namespace cxxlaunch::launcher;
-  if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
-    std::cout << runHelp();
-    return kExitOk;
-  }
+int run(const Args& args) {
   LaunchOptions options = parseRunArgs(args, HostInfo::detect());
   for (const auto& note : options.config_notes) std::cerr << "cxxlaunch: note: " << note << "\n";
   blockAgentSignals();  // before the rendezvous starts any thread
@@ -49,47 +35,117 @@ int run(const std::vector<std::string>& args) {
   std::_Exit(exit_code);
 }
 
+struct Command {
+  std::vector<std::string> names;  // the first is the name, the others aliases
+  std::string summary;
+  int (*main)(const Args& args);
+};
+
+// The commands, as `cxxlaunch --help` lists them; each parses its own flags (with CLI11).
+const std::vector<Command>& commands() {
+  static const std::vector<Command> table = {
+      {{"run", "launch"}, "start workers: cxxlaunch run --nproc_per_node=N PROGRAM [ARGS...]", run},
+      {{"status"},
+       "a run's rendezvous: cxxlaunch status --rdzv_endpoint H:P --rdzv_id ID",
+       [](const Args& args) {
+         std::cout << describeRun(parseStatusArgs(args));
+         return kExitOk;
+       }},
+      {{"config"},
+       "write a config file by answering questions (config default: from the hardware; "
+       "config --print: each setting and where it comes from)",
+       [](const Args& args) {
+         std::cout << runConfigCommand(parseConfigArgs(args), HostInfo::detect());
+         return kExitOk;
+       }},
+      {{"env"},
+       "versions, hardware and config, for a bug report",
+       [](const Args& args) {
+         std::cout << describeSystem(CXXLAUNCH_VERSION, parseEnvArgs(args), HostInfo::detect());
+         return kExitOk;
+       }},
+      {{"test"},
+       "run the self-test through the launcher with your config",
+       [](const Args& args) { return runSelfTest(args, std::cout); }},
+      {{"estimate-memory", "estimate_memory"},
+       "memory per rank: cxxlaunch estimate-memory --params 7e9 --num_processes 8",
+       [](const Args& args) {
+         std::cout << formatEstimate(parseEstimateArgs(args));
+         return kExitOk;
+       }},
+  };
+  return table;
+}
+
+std::string commandList() {
+  std::string text = "Commands (cxxlaunch COMMAND --help for each one's flags):\n";
+  for (const Command& c : commands()) {
+    std::string names = c.names[0];
+    for (size_t i = 1; i < c.names.size(); ++i) names += " (alias " + c.names[i] + ")";
+    text += "  " + names + std::string(names.size() < 28 ? 28 - names.size() : 1, ' ') + c.summary +
+            "\n";
+  }
+  return text;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  using namespace cxxlaunch::launcher;
-  std::vector<std::string> args(argv + 1, argv + argc);
-  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
-    std::cout << kUsage;
-    return args.empty() ? kExitUsage : kExitOk;
+  CLI::App app("The C++ torchrun/accelerate: launches LibTorch trainers on one or many machines.",
+               "cxxlaunch");
+  cxxlaunch::cli::useConventions(app);
+  app.prefix_command();  // the command and its arguments are left for the command to parse
+  app.footer(commandList());
+  bool version = false;
+  app.add_flag("--version", version, "print the version");
+  const Args given(argv + 1, argv + argc);
+  Args rest;
+  try {
+    cxxlaunch::cli::parse(app, given);
+    rest = app.remaining();
+    if (!rest.empty() && rest[0].starts_with("-")) cxxlaunch::cli::throwUnknownFlag(app, rest[0]);
+  } catch (const cxxlaunch::cli::HelpRequested& help) {
+    std::cout << help.text;
+    return kExitOk;
+  } catch (const cxxlaunch::InvalidArgument& e) {
+    std::cerr << "cxxlaunch: error: " << e.what() << "\n";
+    return kExitUsage;
   }
-  if (args[0] == "--version") {
+  if (version) {
     std::cout << "cxxlaunch " << CXXLAUNCH_VERSION << "\n";
     return kExitOk;
   }
-  const std::string command = args[0];
-  args.erase(args.begin());
-  try {
-    if (command == "run" || command == "launch") return run(args);
-    if (command == "config") {
-      std::cout << runConfigCommand(parseConfigArgs(args), HostInfo::detect());
-      return kExitOk;
+  if (rest.empty() || rest[0] == "help") {
+    std::cout << app.help();
+    return rest.empty() ? kExitUsage : kExitOk;
+  }
+  const std::string name = rest[0];
+  const Args args(rest.begin() + 1, rest.end());
+  const Command* command = nullptr;
+  std::vector<std::string> names;
+  for (const Command& c : commands()) {
+    for (const auto& n : c.names) {
+      if (n == name) command = &c;
+      names.push_back(n);
     }
-    if (command == "env") {
-      std::cout << describeSystem(CXXLAUNCH_VERSION, parseEnvArgs(args), HostInfo::detect());
-      return kExitOk;
-    }
-    if (command == "test") return runSelfTest(args, std::cout);
-    if (command == "estimate-memory" || command == "estimate_memory") {
-      std::cout << formatEstimate(parseEstimateArgs(args));
-      return kExitOk;
-    }
-    if (command == "status") {
-      std::cout << describeRun(parseStatusArgs(args));
-      return kExitOk;
-    }
-    std::cerr << "cxxlaunch: unknown command '" << command << "'\n" << kUsage;
+  }
+  if (command == nullptr) {
+    const std::string best = cxxlaunch::closestMatch(name, names);
+    std::cerr << "cxxlaunch: error: unknown command '" << name << "'"
+              << (best.empty() ? "" : "; did you mean " + best + "?")
+              << " (see cxxlaunch --help)\n";
     return kExitUsage;
+  }
+  try {
+    return command->main(args);
+  } catch (const cxxlaunch::cli::HelpRequested& help) {
+    std::cout << help.text;
+    return kExitOk;
   } catch (const cxxlaunch::InvalidArgument& e) {
-    std::cerr << "cxxlaunch " << command << ": error: " << e.what() << "\n";
+    std::cerr << "cxxlaunch " << name << ": error: " << e.what() << "\n";
     return kExitUsage;
   } catch (const std::exception& e) {
-    std::cerr << "cxxlaunch " << command << ": " << e.what() << "\n";
+    std::cerr << "cxxlaunch " << name << ": " << e.what() << "\n";
     return kExitInternal;
   }
 }

@@ -1,26 +1,22 @@
-// cxxlaunchd: the standalone rendezvous daemon. Nodes of many jobs (run ids) meet here.
-//   cxxlaunchd [--host 127.0.0.1] [--port 29400] [--token-file F] [--tls-cert F --tls-key F
-//              [--tls-ca F]] [--store-max-keys N] [--store-max-bytes N] [--store-max-key-bytes N]
-//              [--store-max-value-bytes N] [--max-message-bytes N] [--run-retention SECONDS]
-// Prints "cxxlaunchd listening on HOST:PORT" once it serves; SIGINT/SIGTERM stop it.
-// Exit codes: 0 stopped by a signal, 1 cannot serve (port taken, address not local), 2 bad flags.
+// cxxlaunchd: the standalone rendezvous daemon. Nodes of many jobs (run ids) meet here. Its flags
+// (rendezvous/daemon_flags.h, `cxxlaunchd --help`): --host, --port, --token-file, --tls-cert,
+// --tls-key, --tls-ca and the store limits. Prints "cxxlaunchd listening on HOST:PORT" once it
+// serves; SIGINT/SIGTERM stop it. Exit codes: 0 stopped by a signal, 1 cannot serve (port taken,
+// address not local), 2 bad flags.
 
 #include <csignal>
 #include <iostream>
 #include <string>
 #include <vector>
 
+#include "common/command_line.h"
+#include "common/error.h"
 #include "rendezvous/daemon_flags.h"
-#include "rendezvous/error.h"
 #include "rendezvous/server.h"
 
 int main(int argc, char** argv) {
   using namespace cxxlaunch::rendezvous;
-  std::vector<std::string> args(argv + 1, argv + argc);
-  if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
-    std::cout << daemonUsage();
-    return 0;
-  }
+  const std::vector<std::string> args(argv + 1, argv + argc);
   // Block the stop signals before gRPC starts its threads; the main thread waits for them.
   sigset_t stop;
   sigemptyset(&stop);
@@ -30,8 +26,11 @@ int main(int argc, char** argv) {
   ServerOptions options;
   try {
     options = parseDaemonFlags(args);
+  } catch (const cxxlaunch::cli::HelpRequested& help) {
+    std::cout << help.text;
+    return 0;
   } catch (const cxxlaunch::InvalidArgument& e) {
-    std::cerr << "cxxlaunchd: error: " << e.what() << "\n" << daemonUsage();
+    std::cerr << "cxxlaunchd: error: " << e.what() << "\n";
     return 2;
   }
   try {

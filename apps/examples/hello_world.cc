@@ -3,7 +3,7 @@
 
 #include <iostream>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 #include "runtime/env.h"
 
 int main() {
@@ -11,8 +11,8 @@ int main() {
     const auto env = cxxlaunch::runtime::readWorkerEnv();
     std::cout << "hello from rank " << env.rank << " of " << env.world_size << " (local rank "
               << env.local_rank << " of " << env.local_world_size << ", node " << env.node_rank
-              << " of " << env.num_nodes << ", master " << env.master_addr << ":"
-              << env.master_port << ", restart " << env.restart_count << ")" << std::endl;
+              << " of " << env.num_nodes << ", master " << env.master_addr << ":" << env.master_port
+              << ", restart " << env.restart_count << ")" << std::endl;
     return 0;
   } catch (const cxxlaunch::Error& e) {
     std::cerr << "hello_world: " << e.what() << "\n";

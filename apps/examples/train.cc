@@ -18,7 +18,8 @@
 #include <iostream>
 #include <string>
 
-#include "rendezvous/error.h"
+#include "common/command_line.h"
+#include "common/error.h"
 #include "runtime/accelerator.h"
 #include "runtime/fused_adamw.h"
 
@@ -51,62 +52,34 @@ struct Flags {
 
 Flags parse(int argc, char** argv) {
   Flags f;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "--help" || flag == "-h") {
-      std::cout << "usage: train [--model gpt|mlp] [--steps N] [--batch_size B] [--lr X]\n"
-                   "             [--optimizer adamw|torch_adamw|sgd]\n"
-                   "             [--schedule constant|linear|cosine]\n"
-                   "             [--warmup N] [--seq_len N] [--vocab N] [--d_model N]\n"
-                   "             [--layers N] [--heads N] [--hidden N] [--print_every N]\n"
-                   "             [--seed N] [--dump_params FILE]\n"
-                   "             [--checkpoint_dir DIR] [--save_every N] [--crash_at_step N]\n";
-      std::exit(0);
-    }
-    if (i + 1 >= argc) throw InvalidArgument(flag + " needs a value");
-    const std::string v = argv[++i];
-    auto integer = [&] { return std::stoll(v); };
-    if (flag == "--model")
-      f.model = v;
-    else if (flag == "--steps")
-      f.steps = integer();
-    else if (flag == "--batch_size")
-      f.batch_size = integer();
-    else if (flag == "--lr")
-      f.lr = std::stod(v);
-    else if (flag == "--optimizer")
-      f.optimizer = v;
-    else if (flag == "--schedule")
-      f.schedule = v;
-    else if (flag == "--warmup")
-      f.warmup = integer();
-    else if (flag == "--seq_len")
-      f.seq_len = integer();
-    else if (flag == "--vocab")
-      f.vocab = integer();
-    else if (flag == "--d_model")
-      f.d_model = integer();
-    else if (flag == "--layers")
-      f.layers = integer();
-    else if (flag == "--heads")
-      f.heads = integer();
-    else if (flag == "--hidden")
-      f.hidden = integer();
-    else if (flag == "--print_every")
-      f.print_every = integer();
-    else if (flag == "--seed")
-      f.seed = static_cast<uint64_t>(integer());
-    else if (flag == "--dump_params")
-      f.dump_params = v;
-    else if (flag == "--checkpoint_dir")
-      f.checkpoint_dir = v;
-    else if (flag == "--save_every")
-      f.save_every = integer();
-    else if (flag == "--crash_at_step")
-      f.crash_at_step = integer();
-    else
-      throw InvalidArgument("unknown flag '" + flag + "' (see --help)");
-  }
+  CLI::App app(
+      "An example trainer: a small GPT (or MLP) on synthetic data, through the Accelerator.",
+      "train");
+  cli::useConventions(app);
+  auto add = [&](const char* name, auto& value, const char* help) {
+    app.add_option(cli::spellings(name), value, help)->capture_default_str();
+  };
+  add("model", f.model, "gpt or mlp");
+  add("steps", f.steps, "optimizer steps");
+  add("batch_size", f.batch_size, "examples per process per micro-step");
+  add("lr", f.lr, "learning rate");
+  add("optimizer", f.optimizer, "adamw, torch_adamw or sgd");
+  add("schedule", f.schedule, "constant, linear or cosine");
+  add("warmup", f.warmup, "warm-up steps of the schedule");
+  add("seq_len", f.seq_len, "tokens per example");
+  add("vocab", f.vocab, "vocabulary size");
+  add("d_model", f.d_model, "model width");
+  add("layers", f.layers, "transformer blocks");
+  add("heads", f.heads, "attention heads");
+  add("hidden", f.hidden, "MLP width");
+  add("print_every", f.print_every, "steps between loss lines");
+  add("seed", f.seed, "random seed");
+  add("dump_params", f.dump_params, "rank 0 writes the final parameters here (float32, by name)");
+  add("checkpoint_dir", f.checkpoint_dir, "overrides the launcher's --checkpoint_dir");
+  add("save_every", f.save_every, "optimizer steps between checkpoints; 0: none");
+  add("crash_at_step", f.crash_at_step,
+      "demos and tests: the last rank exits 3 there, first attempt only");
+  cli::parseOrExit(app, argc, argv);
   if (f.model != "gpt" && f.model != "mlp") throw InvalidArgument("--model must be gpt or mlp");
   if (f.optimizer != "adamw" && f.optimizer != "torch_adamw" && f.optimizer != "sgd") {
     throw InvalidArgument("--optimizer must be adamw, torch_adamw or sgd");

@@ -11,7 +11,8 @@
 
 #include <iostream>
 
-#include "rendezvous/error.h"
+#include "common/command_line.h"
+#include "common/error.h"
 #include "runtime/accelerator.h"
 
 using namespace cxxlaunch;
@@ -88,7 +89,13 @@ bool checkDdpParity(Accelerator& acc) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  CLI::App app(
+      "The worker `cxxlaunch test` starts: checks the collectives and DDP against one process "
+      "under the launcher's environment. Takes no flags.",
+      "cxxlaunch_selftest");
+  cli::useConventions(app);
+  cli::parseOrExit(app, argc, argv);
   try {
     torch::set_num_threads(1);
     AcceleratorOptions options;

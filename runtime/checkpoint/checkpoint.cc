@@ -6,7 +6,8 @@
 #include <optional>
 #include <sstream>
 
-#include "rendezvous/error.h"
+#include "common/atomic_file.h"
+#include "common/error.h"
 
 namespace cxxlaunch::runtime::checkpoint {
 namespace {
@@ -142,7 +143,7 @@ void saveWith(Backend& backend, const std::string& dir, const Counters& counters
           << all[2 * static_cast<size_t>(r) + 1] << "\n";
       }
       m << "end\n";
-      writeFileDurably(staging + "/" + kManifest, m.str());
+      writeFileAtomically(staging + "/" + kManifest, m.str());
       // The swap: a crash between the renames leaves `old` complete.
       fs::remove_all(old);
       if (fs::exists(dir)) fs::rename(dir, old);

@@ -8,10 +8,9 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <vector>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 
 namespace cxxlaunch::runtime::checkpoint {
 namespace {
@@ -51,11 +50,6 @@ __attribute__((target("sse4.2"))) uint32_t crc32cHardware(uint32_t crc, const un
                            "' failed: " + std::strerror(errno));
 }
 
-std::string parentOf(const std::string& path) {
-  const auto parent = std::filesystem::path(path).parent_path();
-  return parent.empty() ? "." : parent.string();
-}
-
 }  // namespace
 
 uint32_t crc32c(uint32_t crc, const void* data, size_t bytes) {
@@ -64,56 +58,10 @@ uint32_t crc32c(uint32_t crc, const void* data, size_t bytes) {
   return hardware ? crc32cHardware(crc, p, bytes) : crc32cTable(crc, p, bytes);
 }
 
-void fsyncDirectory(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) fail("opening directory", dir);
-  const int rc = ::fsync(fd);
-  const int saved = errno;
-  ::close(fd);
-  errno = saved;
-  if (rc != 0) fail("fsync of directory", dir);
-}
-
-DurableFile::DurableFile(std::string path) : path_(std::move(path)), tmp_(path_ + ".tmp") {
-  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0) fail("creating", tmp_);
-}
-
-DurableFile::~DurableFile() {
-  if (fd_ >= 0) {
-    ::close(fd_);
-    ::unlink(tmp_.c_str());
-  }
-}
-
 void DurableFile::append(const void* data, size_t bytes) {
-  const char* p = static_cast<const char*>(data);
-  size_t done = 0;
-  while (done < bytes) {
-    const ssize_t n = ::write(fd_, p + done, bytes - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) fail("writing", tmp_);
-    done += static_cast<size_t>(n);
-  }
-  crc_ = crc32c(crc_, p, bytes);
+  file_.append(data, bytes);
+  crc_ = crc32c(crc_, data, bytes);
   size_ += bytes;
-}
-
-void DurableFile::commit() {
-  if (::fsync(fd_) != 0) fail("fsync of", tmp_);
-  if (::close(fd_) != 0) {
-    fd_ = -1;
-    fail("closing", tmp_);
-  }
-  fd_ = -1;
-  if (::rename(tmp_.c_str(), path_.c_str()) != 0) fail("renaming into", path_);
-  fsyncDirectory(parentOf(path_));
-}
-
-void writeFileDurably(const std::string& path, const std::string& bytes) {
-  DurableFile file(path);
-  file.append(bytes.data(), bytes.size());
-  file.commit();
 }
 
 std::pair<uint64_t, uint32_t> fileSizeAndCrc(const std::string& path) {

@@ -1,39 +1,30 @@
 #pragma once
-// Durable files for checkpoints: written under a temporary name, fsynced, renamed into place,
-// and the directory fsynced, so that after a crash a name holds either its old content or its
-// complete new one. CRC-32C for the manifest's checksums. Internal to runtime/.
+// Checkpoint files: written durably through common/atomic_file.h (temporary name, fsync,
+// rename, fsync of the folder) with the CRC-32C and size the manifest records; CRC-32C of files
+// read back. Internal to runtime/.
 
 #include <cstdint>
 #include <string>
 
+#include "common/atomic_file.h"
+
 namespace cxxlaunch::runtime::checkpoint {
 
-// Writes `bytes` to `path` durably (tmp + fsync + rename + fsync of the directory). Throws
-// CommunicationError naming the path and the system's reason (ENOSPC, EIO...).
-void writeFileDurably(const std::string& path, const std::string& bytes);
-
-// An open file being written durably: append, then commit() (fsync + rename + fsync of the
-// directory). Destroyed uncommitted, it removes its temporary file.
+// An AtomicFile that also counts the bytes and the CRC-32C of what was appended.
 class DurableFile {
  public:
-  explicit DurableFile(std::string path);
-  ~DurableFile();
-  DurableFile(const DurableFile&) = delete;
-  DurableFile& operator=(const DurableFile&) = delete;
+  explicit DurableFile(std::string path) : file_(std::move(path)) {}
 
   void append(const void* data, size_t bytes);
-  void commit();
+  void commit() { file_.commit(); }
   uint64_t size() const { return size_; }
   uint32_t crc() const { return crc_; }
 
  private:
-  std::string path_, tmp_;
-  int fd_ = -1;
+  AtomicFile file_;
   uint64_t size_ = 0;
   uint32_t crc_ = 0;
 };
-
-void fsyncDirectory(const std::string& dir);
 
 // CRC-32C of `bytes` continuing from `crc` (0 to start), as iSCSI and ext4 use it.
 uint32_t crc32c(uint32_t crc, const void* data, size_t bytes);

@@ -14,7 +14,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "rendezvous/error.h"
+#include "common/atomic_file.h"
+#include "common/error.h"
 #include "runtime/checkpoint/files.h"
 
 namespace cxxlaunch::runtime::checkpoint {
@@ -196,7 +197,7 @@ std::vector<std::string> SafetensorsWriter::finish() {
   }
   if (n > 1) {
     const json index = {{"metadata", {{"total_size", total_bytes_}}}, {"weight_map", weight_map}};
-    writeFileDurably(dir_ + "/" + kIndex, index.dump(2) + "\n");
+    writeFileAtomically(dir_ + "/" + kIndex, index.dump(2) + "\n");
     files.push_back(kIndex);
   } else {
     std::error_code ec;

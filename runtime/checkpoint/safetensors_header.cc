@@ -4,7 +4,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 
 namespace cxxlaunch::runtime::checkpoint {
 

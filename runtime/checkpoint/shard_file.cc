@@ -11,7 +11,7 @@
 #include <limits>
 #include <sstream>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 
 namespace cxxlaunch::runtime::checkpoint {
 namespace {

@@ -2,7 +2,7 @@
 
 #include <torch/torch.h>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 
 namespace cxxlaunch::runtime {
 

@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 
 namespace cxxlaunch::runtime {
 namespace {

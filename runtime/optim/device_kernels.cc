@@ -3,7 +3,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 #include "runtime/kernels/cpu/optimizers.h"
 #if defined(CXXLAUNCH_HAVE_CUDA_KERNELS)
 #include "runtime/kernels/cuda/optimizers.h"

@@ -6,7 +6,7 @@
 
 #include <cmath>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 #include "runtime/optim/device_kernels.h"
 
 namespace cxxlaunch::runtime {

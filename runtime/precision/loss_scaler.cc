@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 
 namespace cxxlaunch::runtime {
 

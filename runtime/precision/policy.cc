@@ -3,7 +3,7 @@
 #include <ATen/autocast_mode.h>
 #include <torch/version.h>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 
 namespace cxxlaunch::runtime {
 

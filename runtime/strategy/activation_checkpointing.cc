@@ -6,7 +6,7 @@
 
 #include <optional>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 #include "runtime/precision/policy.h"
 
 namespace cxxlaunch::runtime {

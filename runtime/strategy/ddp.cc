@@ -4,7 +4,7 @@
 
 #include <functional>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 #include "runtime/strategy/grad_hooks.h"
 #include "runtime/strategy/model_state.h"
 #include "runtime/tensor_ops.h"

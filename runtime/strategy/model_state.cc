@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 #include "runtime/tensor_ops.h"
 
 namespace cxxlaunch::runtime {

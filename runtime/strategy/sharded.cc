@@ -7,7 +7,7 @@
 #include <cstring>
 #include <set>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 #include "runtime/host_memory.h"
 #include "runtime/optim/device_kernels.h"
 #include "runtime/strategy/grad_hooks.h"

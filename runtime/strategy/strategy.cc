@@ -10,7 +10,7 @@
 #include <cstdio>
 #include <iostream>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 #include "runtime/optim/param_state_key.h"
 #include "runtime/strategy/ddp.h"
 #include "runtime/strategy/model_state.h"

@@ -4,7 +4,7 @@
 #include <set>
 #include <shared_mutex>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 
 namespace cxxlaunch::runtime::detail {
 namespace {

@@ -8,7 +8,7 @@
 #include <cstring>
 #include <string>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 #include "runtime/checkpoint/safetensors_header.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -415,8 +415,12 @@ TEST_CASE("Grandchildren that ignore SIGTERM do not outlive a clean job",
 TEST_CASE("A failed worker's grandchildren get the grace and then SIGKILL",
           "[launcher][integration][reliability]") {
   TempDir dir;
+  // Rank 1 fails only once rank 0's grandchild exists too: under load, rank 0 could otherwise be
+  // stopped before it started one, and the test would wait for a pid file never written.
+  const std::string both = "while [ ! -e " + dir.path() + "/gc.0 ]; do sleep 0.01; done; ";
   auto r =
-      run(grandparent(dir.path(), "if [ $LOCAL_RANK = 1 ]; then exit 3; fi; sleep 30"), {}, 30s);
+      run(grandparent(dir.path(), "if [ $LOCAL_RANK = 1 ]; then " + both + "exit 3; fi; sleep 30"),
+          {}, 30s);
   INFO(r.err);
   CHECK(r.exit_code == 3);
   CHECK(noneAlive(grandchildren(dir.path())));

@@ -8,9 +8,9 @@
 // Needs a GPU. Built wherever cxxlaunch_cuda is (CI compiles it without one) and registered
 // with ctest under the label `gpu`, which the default test preset excludes; on a GPU machine:
 //   ctest --test-dir build -L gpu        (or run build/tests/kernels/kernels_cuda_test)
-// Without a device the program exits with 77 before any test (tests/support/gpu_test_main.cc), which ctest
-// reports as skipped. Each case runs on counts that are and are not multiples of the 4-element
-// vectors, and on arrays offset by one element (the kernels' unaligned, scalar path).
+// Without a device the program exits with 77 before any test (tests/support/gpu_test_main.cc),
+// which ctest reports as skipped. Each case runs on counts that are and are not multiples of the
+// 4-element vectors, and on arrays offset by one element (the kernels' unaligned, scalar path).
 
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -20,7 +20,7 @@
 #include <random>
 #include <vector>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 #include "runtime/kernels/cpu/optimizers.h"
 #include "runtime/kernels/cuda/device.h"
 #include "runtime/kernels/cuda/optimizers.h"

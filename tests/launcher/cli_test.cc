@@ -1,6 +1,8 @@
+#include "launcher/cli.h"
+
 #include <catch2/catch.hpp>
 
-#include "launcher/cli.h"
+#include "common/command_line.h"
 
 using namespace cxxlaunch::launcher;
 using Args = std::vector<std::string>;
@@ -16,20 +18,96 @@ HostInfo host(int cpus = 8, int gpus = 0) {
 }  // namespace
 
 TEST_CASE("Both spellings and both value forms of a flag parse", "[cli]") {
-  for (const Args& args : {Args{"--nproc_per_node=3", "true"}, Args{"--nproc-per-node", "3", "true"},
-                           Args{"--nproc_per_node", "3", "true"}}) {
+  for (const Args& args :
+       {Args{"--nproc_per_node=3", "true"}, Args{"--nproc-per-node", "3", "true"},
+        Args{"--nproc_per_node", "3", "true"}}) {
     auto o = parseRunArgs(args, host());
     REQUIRE(o.nproc_per_node == 3);
     REQUIRE(o.program.ends_with("/true"));
   }
 }
 
+TEST_CASE("torchrun's own spellings parse, dashed and under_scored, with = and without", "[cli]") {
+  // As torchrun's documentation and scripts write them.
+  auto o = parseRunArgs(
+      {"--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=node0:29500",
+       "--rdzv-id=job", "--max-restarts=3", "--monitor-interval=5", "--master-addr", "10.0.0.1",
+       "--master-port", "29501", "--local-addr=10.0.0.2", "--log-dir=/tmp/l",
+       "--local-ranks-filter=0", "--rdzv-conf=join_timeout=30", "--run-id", "job2", "/bin/true"},
+      host());
+  CHECK(o.nproc_per_node == 2);
+  CHECK(o.rdzv.max_nodes == 2);
+  CHECK(o.rdzv.backend == "c10d");
+  CHECK(o.rdzv.endpoint == "node0:29500");
+  CHECK(o.run_id == "job2");  // --rdzv-id and --run-id are one flag: the last one wins
+  CHECK(o.max_restarts == 3);
+  CHECK(o.monitor_interval.count() == 5000);
+  CHECK(o.master_addr == "10.0.0.1");
+  CHECK(o.master_port == 29501);
+  CHECK(o.rdzv.local_addr == "10.0.0.2");
+  CHECK(o.log_dir == "/tmp/l");
+  CHECK(o.local_ranks_filter == std::set<int>{0});
+  CHECK(o.rdzv.join_timeout.count() == 30000);
+  auto u = parseRunArgs({"--nproc_per_node=2", "--max_restarts", "1", "--rdzv_endpoint", "node0",
+                         "--rdzv_id=j", "--nnodes", "1:2", "/bin/true"},
+                        host());
+  CHECK(u.nproc_per_node == 2);
+  CHECK(u.max_restarts == 1);
+  CHECK(u.rdzv.endpoint == "node0:29400");
+  CHECK(u.rdzv.min_nodes == 1);
+  CHECK(u.rdzv.max_nodes == 2);
+  // accelerate's flags too.
+  CHECK(parseRunArgs({"--num-processes=3", "--cpu", "/bin/true"}, host()).nproc_per_node == 3);
+  CHECK(parseRunArgs({"--num_processes", "4", "--cpu", "/bin/true"}, host()).nproc_per_node == 4);
+  // The same flag twice: the last one wins, as with argparse.
+  CHECK(parseRunArgs({"--nproc_per_node=2", "--nproc-per-node=5", "/bin/true"}, host())
+            .nproc_per_node == 5);
+  // A typo in either spelling is suggested in that spelling.
+  REQUIRE_THROWS_WITH(parseRunArgs({"--nproc-per-nod=2", "/bin/true"}, host()),
+                      Catch::Contains("did you mean --nproc-per-node?"));
+  REQUIRE_THROWS_WITH(parseRunArgs({"--max_restart=2", "/bin/true"}, host()),
+                      Catch::Contains("did you mean --max_restarts?"));
+}
+
+TEST_CASE("run --help comes from the flag table", "[cli]") {
+  try {
+    parseRunArgs({"--nproc_per_node=2", "--help"}, host());
+    FAIL("no help");
+  } catch (const cxxlaunch::cli::HelpRequested& help) {
+    CHECK(help.text == runHelp());
+    CHECK_THAT(help.text, Catch::Contains("--nproc_per_node N|cpu|gpu|auto"));
+    CHECK_THAT(help.text, Catch::Contains("--rdzv_endpoint"));
+    CHECK_THAT(help.text, !Catch::Contains("--nproc-per-node"));  // one spelling shown
+  }
+  // After the program, --help is the program's.
+  CHECK(parseRunArgs({"/bin/true", "--help"}, host()).args == Args{"--help"});
+}
+
 TEST_CASE("Every torchrun flag is accepted", "[cli]") {
-  auto o = parseRunArgs({"--standalone", "--max-restarts=2", "--monitor_interval", "0.5", "--role",
-                         "trainer", "--log-dir", "/tmp/x", "-r", "3", "--tee=0:1,1:2",
-                         "--local_ranks_filter", "0,1", "--master_addr", "10.1.1.1",
-                         "--master-port=29501", "--rdzv_id", "job-1", "--no_python",
-                         "--shutdown_grace", "2.5", "--nproc_per_node", "2", "/bin/true"},
+  auto o = parseRunArgs({"--standalone",
+                         "--max-restarts=2",
+                         "--monitor_interval",
+                         "0.5",
+                         "--role",
+                         "trainer",
+                         "--log-dir",
+                         "/tmp/x",
+                         "-r",
+                         "3",
+                         "--tee=0:1,1:2",
+                         "--local_ranks_filter",
+                         "0,1",
+                         "--master_addr",
+                         "10.1.1.1",
+                         "--master-port=29501",
+                         "--rdzv_id",
+                         "job-1",
+                         "--no_python",
+                         "--shutdown_grace",
+                         "2.5",
+                         "--nproc_per_node",
+                         "2",
+                         "/bin/true"},
                         host());
   REQUIRE(o.standalone);
   REQUIRE(o.max_restarts == 2);
@@ -48,9 +126,9 @@ TEST_CASE("Every torchrun flag is accepted", "[cli]") {
 }
 
 TEST_CASE("Everything after the program goes to it verbatim", "[cli]") {
-  auto o = parseRunArgs({"--nproc_per_node=2", "/bin/echo", "--nproc_per_node=9", "${local_rank}",
-                         "--", "-x"},
-                        host());
+  auto o = parseRunArgs(
+      {"--nproc_per_node=2", "/bin/echo", "--nproc_per_node=9", "${local_rank}", "--", "-x"},
+      host());
   REQUIRE(o.nproc_per_node == 2);
   REQUIRE(o.program == "/bin/echo");
   REQUIRE(o.args == Args{"--nproc_per_node=9", "${local_rank}", "--", "-x"});
@@ -116,21 +194,21 @@ TEST_CASE("Console selection follows redirects, tee and the rank filter", "[cli]
 
 TEST_CASE("Help lists every flag", "[cli]") {
   const std::string help = runHelp();
-  for (const char* flag : {"--nproc_per_node", "--gpus", "--standalone", "--max_restarts",
-                           "--monitor_interval", "--shutdown_grace", "--role", "--log_dir",
-                           "--redirects", "--tee", "--local_ranks_filter", "--master_addr",
-                           "--master_port", "--run_id", "--rdzv_id", "--no_python"}) {
+  for (const char* flag :
+       {"--nproc_per_node", "--gpus", "--standalone", "--max_restarts", "--monitor_interval",
+        "--shutdown_grace", "--role", "--log_dir", "--redirects", "--tee", "--local_ranks_filter",
+        "--master_addr", "--master_port", "--run_id", "--rdzv_id", "--no_python"}) {
     REQUIRE_THAT(help, Catch::Contains(flag));
   }
 }
 
 TEST_CASE("Multi-node flags parse", "[cli]") {
-  auto o = parseRunArgs({"--nnodes=2:4", "--rdzv-endpoint", "node0", "--rdzv_id", "job",
-                         "--rdzv_conf",
-                         "join_timeout=60,last_call_timeout=0,keep_alive_interval=0.5,"
-                         "keep_alive_max_misses=4,close_timeout=9,is_host=false,tls_ca=ca.pem",
-                         "--local_addr", "10.0.0.7", "true"},
-                        host());
+  auto o =
+      parseRunArgs({"--nnodes=2:4", "--rdzv-endpoint", "node0", "--rdzv_id", "job", "--rdzv_conf",
+                    "join_timeout=60,last_call_timeout=0,keep_alive_interval=0.5,"
+                    "keep_alive_max_misses=4,close_timeout=9,is_host=false,tls_ca=ca.pem",
+                    "--local_addr", "10.0.0.7", "true"},
+                   host());
   CHECK(o.rdzv.min_nodes == 2);
   CHECK(o.rdzv.max_nodes == 4);
   CHECK(o.rdzv.endpoint == "node0:29400");
@@ -200,6 +278,7 @@ TEST_CASE("cxxlaunch status takes an endpoint and a run id", "[cli]") {
   auto s = parseStatusArgs({"--rdzv_endpoint", "h:1", "--rdzv-id=job"});
   CHECK(s.rdzv.endpoint == "h:1");
   CHECK(s.run_id == "job");
-  REQUIRE_THROWS_WITH(parseStatusArgs({"--rdzv_id", "job"}), Catch::Contains("needs --rdzv_endpoint"));
+  REQUIRE_THROWS_WITH(parseStatusArgs({"--rdzv_id", "job"}),
+                      Catch::Contains("needs --rdzv_endpoint"));
   REQUIRE_THROWS_WITH(parseStatusArgs({"--bogus", "x"}), Catch::Contains("unknown flag '--bogus'"));
 }

@@ -154,6 +154,14 @@ TEST_CASE("An unknown key names its position and the closest known key", "[confi
   REQUIRE(errorOf("zzzzzzzz: 1\n") == "c.yaml:1:1: unknown key 'zzzzzzzz' (see docs/config.md)");
 }
 
+TEST_CASE("Several unknown keys are named in one error", "[config][errors]") {
+  REQUIRE(errorOf("num_proceses: 2\ndistributed_type: MULTI_CPU\nzzzzzzzz: 1\nfsdp_config:\n"
+                  "  fsdp_sharding_stratgy: FULL_SHARD\n") ==
+          "c.yaml:1:1: 3 unknown keys: 'num_proceses' (line 1; did you mean num_processes?), "
+          "'zzzzzzzz' (line 3), 'fsdp_config.fsdp_sharding_stratgy' (line 5; did you mean "
+          "fsdp_config.fsdp_sharding_strategy?) (see docs/config.md)");
+}
+
 TEST_CASE("Impossible combinations name the setting at fault", "[config][errors]") {
   REQUIRE(errorOf("distributed_type: MULTI_CPU\nmixed_precision: fp16\n") ==
           "c.yaml:2:18: fp16 needs a GPU, but this config trains on CPUs (distributed_type "
@@ -184,10 +192,11 @@ TEST_CASE("Impossible combinations name the setting at fault", "[config][errors]
                   "offload_param_device: nvme\n") ==
           "c.yaml:4:25: nvme offload needs a directory on local disk: set "
           "offload_param_nvme_path");
-  REQUIRE(errorOf("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n  "
-                  "offload_optimizer_device: nvme\n  offload_optimizer_nvme_path: /nonexistent\n") ==
-          "c.yaml:5:32: offload_optimizer_nvme_path '/nonexistent' is not an existing directory; "
-          "create it first");
+  REQUIRE(
+      errorOf("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n  "
+              "offload_optimizer_device: nvme\n  offload_optimizer_nvme_path: /nonexistent\n") ==
+      "c.yaml:5:32: offload_optimizer_nvme_path '/nonexistent' is not an existing directory; "
+      "create it first");
   REQUIRE(errorOf("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 2\n  "
                   "offload_param_device: nvme\n  offload_param_nvme_path: /tmp\n") ==
           "c.yaml:4:25: offload_param_device nvme needs zero_stage 3 (parameters sharded at "

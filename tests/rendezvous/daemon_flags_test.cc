@@ -9,8 +9,8 @@
 #include <chrono>
 #include <fstream>
 
-#include "rendezvous/error.h"
-#include "rendezvous/file.h"
+#include "common/error.h"
+#include "common/file.h"
 #include "support/subprocess.h"
 
 using namespace cxxlaunch;

@@ -1,11 +1,13 @@
+#include "rendezvous/memory_store.h"
+
 #include <catch2/catch.hpp>
 #include <limits>
 #include <memory>
 #include <thread>
 
-#include "rendezvous/error.h"
-#include "rendezvous/memory_store.h"
+#include "common/error.h"
 #include "rendezvous/prefix_store.h"
+#include "support/ranks.h"
 
 using namespace cxxlaunch;
 using namespace cxxlaunch::rendezvous;
@@ -37,13 +39,9 @@ TEST_CASE("MemoryStore get wakes when another thread sets the key", "[store]") {
 
 TEST_CASE("MemoryStore add counts atomically across threads", "[store]") {
   MemoryStore store;
-  std::vector<std::thread> threads;
-  for (int t = 0; t < 4; ++t) {
-    threads.emplace_back([&] {
-      for (int i = 0; i < 1000; ++i) store.add("n", 1);
-    });
-  }
-  for (auto& t : threads) t.join();
+  testing::onRanks(4, [&](int) {
+    for (int i = 0; i < 1000; ++i) store.add("n", 1);
+  });
   REQUIRE(store.add("n", 0) == 4000);
   REQUIRE(store.get("n", 1ms) == "4000");
   REQUIRE(store.add("n", -4001) == -1);

@@ -15,8 +15,8 @@
 #include <limits>
 #include <thread>
 
+#include "common/error.h"
 #include "rendezvous/client.h"
-#include "rendezvous/error.h"
 #include "support/subprocess.h"
 
 using namespace cxxlaunch;
@@ -93,8 +93,7 @@ TEST_CASE("The gRPC store has c10d semantics", "[server][store]") {
   REQUIRE_THROWS_AS(store.multiSet({"x"}, {}), InvalidArgument);
 }
 
-TEST_CASE("Blocking store calls wake on a write and time out naming the key",
-          "[server][store]") {
+TEST_CASE("Blocking store calls wake on a write and time out naming the key", "[server][store]") {
   RendezvousServer server({});
   auto placed = soloRun(server, "job");
   GrpcStore reader(clientFor(server), "job", placed.round);

@@ -10,8 +10,8 @@
 #include <string>
 #include <thread>
 
+#include "common/error.h"
 #include "rendezvous/client.h"
-#include "rendezvous/error.h"
 #include "rendezvous/server.h"
 
 using namespace cxxlaunch;

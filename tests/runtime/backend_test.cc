@@ -8,20 +8,13 @@
 #include <thread>
 #include <vector>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 #include "rendezvous/memory_store.h"
 #include "runtime/reduce.h"
+#include "support/ranks.h"
 
 using namespace cxxlaunch::runtime;
-
-namespace {
-template <typename Body>
-void onRanks(int world, Body body) {
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) threads.emplace_back(body, r);
-  for (auto& t : threads) t.join();
-}
-}  // namespace
+using cxxlaunch::testing::onRanks;
 
 TEST_CASE("Fake collectives give closed-form results for worlds 1 to 4", "[backend]") {
   for (int n = 1; n <= 4; ++n) {

@@ -14,17 +14,17 @@
 #include <mutex>
 #include <set>
 
-#include "ranks.h"
-#include "rendezvous/error.h"
+#include "common/error.h"
 #include "runtime/accelerator.h"
 #include "runtime/checkpoint/files.h"
 #include "runtime/checkpoint/safetensors.h"
+#include "support/ranks.h"
 #include "support/subprocess.h"
 #include "tower.h"
 
 using namespace cxxlaunch::runtime;
-using cxxlaunch::runtime::testing::onRanks;
 using cxxlaunch::runtime::testing::Tower;
+using cxxlaunch::testing::onRanks;
 namespace fs = std::filesystem;
 
 namespace {
@@ -97,13 +97,13 @@ Ended run(const Job& job) {
       const std::string loaded = acc.loadState(job.load);
       if (r == 0) ended.loaded = loaded;
     }
-    REQUIRE(acc.optimizerSteps() == job.from_step);
+    RANK_REQUIRE(acc.optimizerSteps() == job.from_step);
     const int64_t per_rank = job.global_batch / job.world;
     for (int64_t s = job.from_step; s < job.to_step; ++s) {
       auto [x, y] = batchOf(s, job.global_batch);
       acc.backward(torch::mse_loss(net->forward(x.narrow(0, r * per_rank, per_rank)),
                                    y.narrow(0, r * per_rank, per_rank)));
-      REQUIRE(acc.step());
+      RANK_REQUIRE(acc.step());
       if (s + 1 == job.save_at) acc.saveState(job.save_at_dir);
     }
     if (!job.save.empty()) acc.saveState(job.save);

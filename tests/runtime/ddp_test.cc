@@ -8,11 +8,11 @@
 #include <catch2/catch.hpp>
 #include <thread>
 
-#include "ranks.h"
 #include "runtime/accelerator.h"
+#include "support/ranks.h"
 
 using namespace cxxlaunch::runtime;
-using cxxlaunch::runtime::testing::onRanks;
+using cxxlaunch::testing::onRanks;
 
 namespace {
 
@@ -255,8 +255,14 @@ TEST_CASE("Accumulation over k micro-steps equals one big step and no_sync defer
 
   std::vector<Net> nets = {makeNet(), makeNet()};
   auto world = makeFakeWorld(2);
-  std::vector<bool> stepped(2), differed_inside_no_sync(2, false), matched_at_sync(2, true);
+  // What each rank saw, checked in the test thread (Catch2 is not thread-safe).
+  struct Saw {
+    bool stepped = false, differed_inside_no_sync = false, matched_at_sync = true;
+    std::vector<int> sync_gradients;  // acc.syncGradients() before each micro-batch
+  };
+  std::vector<Saw> saw(2);
   onRanks(2, [&](int r) {
+    Saw& mine = saw[static_cast<size_t>(r)];
     Net& net = nets[static_cast<size_t>(r)];
     AcceleratorOptions options;
     options.find_unused_parameters = true;
@@ -266,23 +272,26 @@ TEST_CASE("Accumulation over k micro-steps equals one big step and no_sync defer
     // Rank r sees examples [r*8, r*8+8) in two micro-batches of 4.
     for (int64_t m = 0; m < kAccumulation; ++m) {
       const int64_t first = r * kAccumulation * kMicro + m * kMicro;
-      CHECK(acc.syncGradients() == (m == kAccumulation - 1));
+      mine.sync_gradients.push_back(acc.syncGradients() ? 1 : 0);
       acc.backward(torch::mse_loss(net->forward(data.x.narrow(0, first, kMicro)),
                                    data.y.narrow(0, first, kMicro)));
       auto params = net->parameters();
       for (size_t i = 0; i < params.size(); ++i) {
         if (!reference_grads[i].defined()) continue;
         const bool close = torch::allclose(params[i].grad(), reference_grads[i], 1e-5, 1e-7);
-        if (m < kAccumulation - 1 && !close) differed_inside_no_sync[static_cast<size_t>(r)] = true;
-        if (m == kAccumulation - 1 && !close) matched_at_sync[static_cast<size_t>(r)] = false;
+        if (m < kAccumulation - 1 && !close) mine.differed_inside_no_sync = true;
+        if (m == kAccumulation - 1 && !close) mine.matched_at_sync = false;
       }
-      stepped[static_cast<size_t>(r)] = acc.step();
+      mine.stepped = acc.step();
     }
   });
-  for (int r = 0; r < 2; ++r) {
-    CHECK(stepped[static_cast<size_t>(r)]);
-    CHECK(differed_inside_no_sync[static_cast<size_t>(r)]);
-    CHECK(matched_at_sync[static_cast<size_t>(r)]);
+  std::vector<int> sync_only_last(static_cast<size_t>(kAccumulation), 0);
+  sync_only_last.back() = 1;
+  for (const Saw& s : saw) {
+    CHECK(s.sync_gradients == sync_only_last);
+    CHECK(s.stepped);
+    CHECK(s.differed_inside_no_sync);
+    CHECK(s.matched_at_sync);
   }
   CHECK(maxRelativeDifference(nets[0], reference) < 1e-6);
   CHECK(maxRelativeDifference(nets[1], reference) < 1e-6);
@@ -294,6 +303,7 @@ TEST_CASE("Accelerator helpers: gather, clipping, memory report, batch descripti
   auto world = makeFakeWorld(3);
   std::vector<torch::Tensor> gathered(3);
   std::vector<std::string> described(3);
+  std::vector<size_t> parameter_bytes(3);
   onRanks(3, [&](int r) {
     Accelerator acc(fakeWorld(world, r, 3, 2), AcceleratorOptions{});
     gathered[static_cast<size_t>(r)] = acc.gather(torch::full({2, 2}, static_cast<float>(r)));
@@ -302,13 +312,16 @@ TEST_CASE("Accelerator helpers: gather, clipping, memory report, batch descripti
     auto opt = makeOptimizer(net, "adamw");
     acc.prepare(net.ptr(), *opt);
     auto report = acc.memoryReport();
-    CHECK(report.parameters == (6 * 16 + 16 + 16 * 3 + 3 + 16 * 2 + 2) * sizeof(float));
+    parameter_bytes[static_cast<size_t>(r)] = static_cast<size_t>(report.parameters);
     acc.mainProcessFirst([] {});
     acc.waitForEveryone();
   });
   auto expected =
       torch::cat({torch::full({2, 2}, 0.f), torch::full({2, 2}, 1.f), torch::full({2, 2}, 2.f)});
   for (auto& g : gathered) CHECK(torch::equal(g, expected));
+  for (size_t bytes : parameter_bytes) {
+    CHECK(bytes == (6 * 16 + 16 + 16 * 3 + 3 + 16 * 2 + 2) * sizeof(float));
+  }
   CHECK(described[0] == "global batch 96 = 16 per process x 3 processes x 2 accumulation steps");
 
   // Clipping: a single process, gradients of norm 5 scaled to 1.

@@ -3,8 +3,8 @@
 #include <catch2/catch.hpp>
 #include <cstdlib>
 
-#include "rendezvous/error.h"
-#include "runtime/env_names.h"
+#include "common/env_names.h"
+#include "common/error.h"
 
 using namespace cxxlaunch;
 
@@ -110,8 +110,9 @@ TEST_CASE("The sharding settings are read, and malformed ones named", "[env]") {
   }
   {
     ScopedEnv vars({{env::kFsdpForwardPrefetch, "yes"}});
-    CHECK_THROWS_WITH(runtime::readWorkerEnv(),
-                      Catch::Contains("CXXLAUNCH_FSDP_FORWARD_PREFETCH='yes' is not true or false"));
+    CHECK_THROWS_WITH(
+        runtime::readWorkerEnv(),
+        Catch::Contains("CXXLAUNCH_FSDP_FORWARD_PREFETCH='yes' is not true or false"));
   }
   {
     ScopedEnv vars({{env::kFsdpBackwardPrefetch, "PRE"}});

@@ -5,7 +5,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 
 using namespace cxxlaunch::runtime;
 

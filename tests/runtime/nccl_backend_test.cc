@@ -18,7 +18,7 @@
 #include "runtime/backend.h"
 #include "runtime/kernels/cuda/device.h"
 #include "runtime/reduce.h"
-#include "tests/runtime/ranks.h"
+#include "tests/support/ranks.h"
 
 using namespace cxxlaunch::runtime;
 namespace cuda = cxxlaunch::runtime::kernels::cuda;
@@ -96,7 +96,7 @@ struct Seen {
 std::vector<Seen> runCollectives(int world, DType dtype) {
   auto store = std::make_shared<cxxlaunch::rendezvous::MemoryStore>();
   std::vector<Seen> seen(static_cast<size_t>(world));
-  testing::onRanks(world, [&](int rank) {
+  cxxlaunch::testing::onRanks(world, [&](int rank) {
     BackendOptions options;
     options.rank = rank;
     options.world_size = world;

@@ -8,25 +8,25 @@
 #include <torch/torch.h>
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
-#include <catch2/catch.hpp>
 #include <limits>
 #include <map>
 #include <mutex>
 #include <thread>
 
-#include "ranks.h"
-#include "tower.h"
-#include "support/subprocess.h"
 #include "runtime/accelerator.h"
 #include "runtime/strategy/unit.h"
+#include "support/ranks.h"
+#include "support/subprocess.h"
+#include "tower.h"
 
 using namespace cxxlaunch::runtime;
-using cxxlaunch::runtime::testing::onRanks;
 using cxxlaunch::runtime::testing::Block;
 using cxxlaunch::runtime::testing::BlockImpl;
 using cxxlaunch::runtime::testing::Tower;
+using cxxlaunch::testing::onRanks;
 
 namespace {
 
@@ -46,9 +46,9 @@ struct Run {
   int64_t batch = 4;      // examples per rank per micro-step
   std::string precision = "no";
   bool loss_scaling = false;
-  bool checkpointing = false;  // fsdp_activation_checkpointing
-  int nodes = 1;               // simulated: ranks [k * world / nodes, ...) are node k
-  bool wrap_blocks = false;    // Accelerator::wrap on every block (sharded from prepare on)
+  bool checkpointing = false;    // fsdp_activation_checkpointing
+  int nodes = 1;                 // simulated: ranks [k * world / nodes, ...) are node k
+  bool wrap_blocks = false;      // Accelerator::wrap on every block (sharded from prepare on)
   std::string nvme_optimizer{};  // offload directories
   std::string nvme_params{};
   int64_t overflow_rank = -1, overflow_step = -1;  // that rank's loss is inf at that micro-step
@@ -68,8 +68,8 @@ std::unique_ptr<torch::optim::Optimizer> makeOptimizer(Tower& net, const std::st
         net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9).nesterov(true));
   }
   if (kind == "adam") {
-    return std::make_unique<torch::optim::Adam>(
-        net->parameters(), torch::optim::AdamOptions(0.01).weight_decay(0.01));
+    return std::make_unique<torch::optim::Adam>(net->parameters(),
+                                                torch::optim::AdamOptions(0.01).weight_decay(0.01));
   }
   if (kind == "rmsprop") {
     return std::make_unique<torch::optim::RMSprop>(net->parameters(),
@@ -203,7 +203,9 @@ TEST_CASE("Every sharded strategy ends with DDP's parameters", "[sharded]") {
     for (const std::string optimizer : {"adamw", "sgd"}) {
       for (const auto& [accumulation, clipping] :
            std::vector<std::pair<int, double>>{{1, 0.0}, {2, 0.0}, {1, 0.05}, {2, 0.05}}) {
-        Run run{.world = world, .optimizer = optimizer, .accumulation = accumulation,
+        Run run{.world = world,
+                .optimizer = optimizer,
+                .accumulation = accumulation,
                 .clipping = clipping};
         const Result ddp = train(run);
         for (const auto& strategy : kShardedStrategies) {
@@ -277,10 +279,9 @@ TEST_CASE("Model state per rank follows the ZeRO formulas", "[sharded]") {
     const double psi = static_cast<double>(ddp.memory[0].parameters) / 4;  // float32 elements
     CHECK(ddp.memory[0].total() == static_cast<size_t>(16 * psi));         // 4 + 4 + 8 bytes
     const double n = world;
-    const std::map<std::string, double> expected = {
-        {"zero1", (4 + 4 + 8 / n) * psi},
-        {"zero2", (4 + 12 / n) * psi},
-        {"fsdp_shard_grad_op", (4 + 12 / n) * psi}};
+    const std::map<std::string, double> expected = {{"zero1", (4 + 4 + 8 / n) * psi},
+                                                    {"zero2", (4 + 12 / n) * psi},
+                                                    {"fsdp_shard_grad_op", (4 + 12 / n) * psi}};
     for (const auto& [strategy, bytes] : expected) {
       run.strategy = strategy;
       const Result r = train(run);
@@ -380,7 +381,10 @@ TEST_CASE("bf16: every strategy matches a one-process bf16 reference", "[sharded
   for (int world : {2, 4}) {
     for (const std::string strategy :
          {"ddp", "zero1", "zero2", "zero3", "fsdp_full_shard", "fsdp_hybrid_shard"}) {
-      Run run{.strategy = strategy, .world = world, .batch = 8 / world, .precision = "bf16",
+      Run run{.strategy = strategy,
+              .world = world,
+              .batch = 8 / world,
+              .precision = "bf16",
               .nodes = strategy == "fsdp_hybrid_shard" ? 2 : 1};
       const Result sharded = train(run);
       const double difference = maxRelativeUpdateDifference(sharded, bf16, initial);
@@ -471,8 +475,11 @@ TEST_CASE("HYBRID_SHARD: sharded in each node, replicated across nodes, DDP's pa
     for (const std::string optimizer : {"adamw", "sgd"}) {
       for (const auto& [accumulation, clipping] :
            std::vector<std::pair<int, double>>{{1, 0.0}, {2, 0.05}}) {
-        Run run{.world = world, .optimizer = optimizer, .accumulation = accumulation,
-                .clipping = clipping, .nodes = nodes};
+        Run run{.world = world,
+                .optimizer = optimizer,
+                .accumulation = accumulation,
+                .clipping = clipping,
+                .nodes = nodes};
         const Result ddp = train(run);
         for (const std::string strategy : {"fsdp_hybrid_shard", "fsdp_hybrid_shard_zero2"}) {
           run.strategy = strategy;
@@ -481,8 +488,8 @@ TEST_CASE("HYBRID_SHARD: sharded in each node, replicated across nodes, DDP's pa
           const Result hybrid = train(run);
           CHECK(maxRelativeDifference(hybrid, ddp) < 1e-5);
           const int per_node = world / nodes;
-          CHECK_THAT(hybrid.description, Catch::Contains("on 1/" + std::to_string(per_node) +
-                                                         " shards"));
+          CHECK_THAT(hybrid.description,
+                     Catch::Contains("on 1/" + std::to_string(per_node) + " shards"));
           if (nodes > 1) {
             CHECK_THAT(hybrid.description,
                        Catch::Contains("x " + std::to_string(nodes) + " node replicas"));
@@ -531,8 +538,8 @@ TEST_CASE("nvme offload: optimizer state and ZeRO-3 masters on disk, DDP's param
   for (const std::string optimizer : {"adamw", "sgd"}) {
     for (const auto& [accumulation, clipping] :
          std::vector<std::pair<int, double>>{{1, 0.0}, {2, 0.05}}) {
-      Run run{.world = 2, .optimizer = optimizer, .accumulation = accumulation,
-              .clipping = clipping};
+      Run run{
+          .world = 2, .optimizer = optimizer, .accumulation = accumulation, .clipping = clipping};
       const Result ddp = train(run);
       std::vector<Run> variants;
       for (const std::string strategy : {"zero1", "zero2", "zero3", "fsdp_full_shard"}) {

@@ -13,23 +13,18 @@
 #include <thread>
 #include <vector>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 #include "rendezvous/memory_store.h"
 #include "runtime/reduce.h"
+#include "support/ranks.h"
 
 using namespace cxxlaunch;
 using namespace cxxlaunch::runtime;
+using cxxlaunch::testing::onRanks;
 
 namespace {
 
 constexpr size_t kSlotBytes = 4096;  // small, so that a few thousand elements span many chunks
-
-template <typename Body>
-void onRanks(int world, Body body) {
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) threads.emplace_back(body, r);
-  for (auto& t : threads) t.join();
-}
 
 ShmOptions options(int rank, int world) {
   ShmOptions o;
@@ -61,7 +56,7 @@ TEST_CASE("Shared-memory allreduce and reduce-scatter are exact across chunks", 
     std::vector<std::vector<uint16_t>> bf16(n);
     onRanks(n, [&](int r) {
       auto shm = ShmCollectives::connect(store, options(r, n));
-      REQUIRE(shm != nullptr);
+      RANK_REQUIRE(shm != nullptr);
       sums[r].resize(count);
       for (size_t i = 0; i < count; ++i) sums[r][i] = static_cast<float>(r + 1) * i;
       shm->allreduce(sums[r].data(), count, DType::kFloat32, ReduceOp::kSum);
@@ -101,7 +96,7 @@ TEST_CASE("Shared-memory all-gather is exact across chunks, in place too", "[shm
     std::vector<std::vector<float>> gathered(n), in_place(n);
     onRanks(n, [&](int r) {
       auto shm = ShmCollectives::connect(store, options(r, n));
-      REQUIRE(shm != nullptr);
+      RANK_REQUIRE(shm != nullptr);
       std::vector<float> mine(count);
       for (size_t i = 0; i < count; ++i) mine[i] = static_cast<float>(r * 10000 + i);
       gathered[r].resize(count * static_cast<size_t>(n));
@@ -134,7 +129,7 @@ TEST_CASE("Every rank gets bitwise the same sum of inexact floats", "[shm]") {
     data[r].resize(count);
     for (auto& x : data[r]) x = normal(random) * 1e3f;
     auto shm = ShmCollectives::connect(store, options(r, n));
-    REQUIRE(shm != nullptr);
+    RANK_REQUIRE(shm != nullptr);
     shm->allreduce(data[r].data(), count, DType::kFloat32, ReduceOp::kSum);
   });
   CHECK(data[1] == data[0]);

@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "common/host.h"
 #include "runtime/kernels/cuda/check.h"
 #include "runtime/kernels/cuda/device.h"
 
@@ -16,13 +17,12 @@ void throwCudaError(const char* call, const char* where, cudaError_t err) {
   // Reported here, so not again by the next launch check (cudaGetLastError) of this thread. A
   // sticky error (a kernel fault) stays: every later call reports it.
   (void)cudaGetLastError();
-  char host[256] = {};
-  if (::gethostname(host, sizeof(host) - 1) != 0) host[0] = '?';
   int device = -1;
   const std::string device_text =
       cudaGetDevice(&device) == cudaSuccess ? std::to_string(device) : std::string("?");
   throw CudaError(std::string(call) + " failed" + where + ": " + cudaGetErrorName(err) + " (" +
-                  cudaGetErrorString(err) + ") on host " + host + ", CUDA device " + device_text);
+                  cudaGetErrorString(err) + ") on host " + hostName() + ", CUDA device " +
+                  device_text);
 }
 
 }  // namespace detail

@@ -8,7 +8,7 @@
 
 #include <cstddef>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 
 struct CUstream_st;
 

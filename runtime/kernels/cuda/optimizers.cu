@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <string>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 #include "runtime/kernels/cuda/check.h"
 #include "runtime/kernels/cuda/optimizers.h"
 #include "runtime/kernels/element_math.h"

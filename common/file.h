@@ -13,4 +13,9 @@ namespace cxxlaunch {
 // more than `max_bytes`. Opening never blocks (a FIFO with no writer is refused, not waited on).
 std::string readRegularFile(const std::string& path, const std::string& what, size_t max_bytes);
 
+// A job token: the first line of the file `path` (at most 64 KiB, read as above). `what` names
+// where the path came from ("--token-file"). Throws InvalidArgument when the file cannot be read
+// or its first line is empty.
+std::string readTokenFile(const std::string& path, const std::string& what);
+
 }  // namespace cxxlaunch

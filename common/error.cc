@@ -1,4 +1,4 @@
-#include "rendezvous/error.h"
+#include "common/error.h"
 
 #include <cstring>
 

@@ -66,9 +66,9 @@ class SystemError : public Error {
 
 // Checks a syscall-style return value (-1 means failure, errno set) and throws SystemError
 // naming the call. Evaluates `expr` exactly once and yields its value.
-#define CXXLAUNCH_SYSCALL(expr)                                     \
-  ([&]() {                                                          \
-    auto cxxlaunch_rc_ = (expr);                                    \
+#define CXXLAUNCH_SYSCALL(expr)                                            \
+  ([&]() {                                                                 \
+    auto cxxlaunch_rc_ = (expr);                                           \
     if (cxxlaunch_rc_ == -1) throw ::cxxlaunch::SystemError(#expr, errno); \
-    return cxxlaunch_rc_;                                           \
+    return cxxlaunch_rc_;                                                  \
   }())

@@ -1,4 +1,4 @@
-#include "rendezvous/file.h"
+#include "common/file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -7,7 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "rendezvous/error.h"
+#include "common/error.h"
 
 namespace cxxlaunch {
 
@@ -42,6 +42,15 @@ std::string readRegularFile(const std::string& path, const std::string& what, si
     if (text.size() > max_bytes) refuse("grew past " + std::to_string(max_bytes) + " bytes");
   }
   return text;
+}
+
+std::string readTokenFile(const std::string& path, const std::string& what) {
+  const std::string text = readRegularFile(path, what, 64 << 10);
+  std::string token = text.substr(0, text.find('\n'));
+  if (token.empty()) {
+    throw InvalidArgument(what + ": '" + path + "' has no token on its first line");
+  }
+  return token;
 }
 
 }  // namespace cxxlaunch

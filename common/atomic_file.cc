@@ -1,0 +1,84 @@
+#include "common/atomic_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <filesystem>
+
+#include "common/error.h"
+
+namespace cxxlaunch {
+namespace {
+
+[[noreturn]] void fail(const std::string& what, const std::string& path) {
+  throw SystemError(what + " '" + path + "'", errno);
+}
+
+std::string parentOf(const std::string& path) {
+  const auto parent = std::filesystem::path(path).parent_path();
+  return parent.empty() ? "." : parent.string();
+}
+
+}  // namespace
+
+void fsyncDirectory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) fail("opening directory", dir);
+  const int rc = ::fsync(fd);
+  const int saved = errno;
+  ::close(fd);
+  errno = saved;
+  if (rc != 0) fail("fsync of directory", dir);
+}
+
+AtomicFile::AtomicFile(std::string path)
+    : path_(std::move(path)), temp_(path_ + ".tmp." + std::to_string(::getpid())) {
+  fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) fail("creating", temp_);
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(temp_.c_str());
+  }
+}
+
+void AtomicFile::append(const void* data, size_t bytes) {
+  const char* p = static_cast<const char*>(data);
+  size_t done = 0;
+  while (done < bytes) {
+    const ssize_t n = ::write(fd_, p + done, bytes - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) fail("writing", temp_);
+    done += static_cast<size_t>(n);
+  }
+}
+
+void AtomicFile::commit() {
+  if (::fsync(fd_) != 0) fail("fsync of", temp_);
+  const int rc = ::close(fd_);
+  fd_ = -1;
+  if (rc != 0) {
+    const int saved = errno;
+    ::unlink(temp_.c_str());
+    errno = saved;
+    fail("closing", temp_);
+  }
+  if (::rename(temp_.c_str(), path_.c_str()) != 0) {
+    const int saved = errno;
+    ::unlink(temp_.c_str());
+    errno = saved;
+    fail("renaming into", path_);
+  }
+  fsyncDirectory(parentOf(path_));
+}
+
+void writeFileAtomically(const std::string& path, std::string_view bytes) {
+  AtomicFile file(path);
+  file.append(bytes.data(), bytes.size());
+  file.commit();
+}
+
+}  // namespace cxxlaunch

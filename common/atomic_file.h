@@ -1,0 +1,40 @@
+#pragma once
+// Files that are either old or complete, never half-written: written under a temporary name in
+// the same folder, fsynced, renamed over the final name and the folder fsynced, so that after a
+// crash or power loss the name holds either its previous content or all of the new one. The
+// config writer, run-summary.json and the checkpoints write through this. Not thread-safe: one
+// writer per object; writers of the same path in different processes do not collide (the
+// temporary name carries the pid), the last rename wins.
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace cxxlaunch {
+
+// An open file being written: append, then commit(). Destroyed uncommitted (an exception on the
+// way), it removes its temporary file and the final name is untouched. Every failing system call
+// throws SystemError naming it and the path (ENOSPC, EIO...).
+class AtomicFile {
+ public:
+  explicit AtomicFile(std::string path);
+  ~AtomicFile();
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+
+  void append(const void* data, size_t bytes);
+  // fsync, rename into place, fsync of the folder. Call once.
+  void commit();
+
+ private:
+  std::string path_, temp_;
+  int fd_ = -1;
+};
+
+// `bytes` as the whole content of `path`, through an AtomicFile.
+void writeFileAtomically(const std::string& path, std::string_view bytes);
+
+// Makes the folder's entries (a rename, a new file) durable. Throws SystemError.
+void fsyncDirectory(const std::string& dir);
+
+}  // namespace cxxlaunch

@@ -1,0 +1,91 @@
+// Layering: a Config holds each value with where it came from; resolveConfig applies file, then
+// CXXLAUNCH_* environment, then flags, and validates the result.
+
+#include <cstdlib>
+
+#include "launcher/config.h"
+#include "launcher/config_internal.h"
+
+extern char** environ;  // NOLINT(readability-redundant-declaration)
+
+namespace cxxlaunch::launcher {
+
+using namespace config_detail;  // NOLINT(google-build-using-namespace)
+
+std::string config_detail::originName(const Origin& origin) {
+  return origin.where.empty() ? "the default" : origin.where;
+}
+
+std::string Origin::describe() const {
+  switch (kind) {
+    case kDefault:
+      return "default";
+    case kFile:
+      return "file " + where;
+    case kEnv:
+      return "env " + where;
+    case kFlag:
+      return "flag " + where;
+  }
+  return where;
+}
+
+void Config::set(const std::string& key, const std::string& text, const Origin& origin) {
+  const KeySpec* spec = findKey(key);
+  if (spec == nullptr) throw ConfigError(originName(origin) + ": unknown key '" + key + "'");
+  std::string value, why;
+  if (!parseValue(*spec, text, value, why)) {
+    throw ConfigError(originName(origin) + ": " + key + ": " + why);
+  }
+  values_[key] = Setting{std::move(value), origin};
+}
+
+std::string Config::text(const std::string& key) const {
+  if (auto it = values_.find(key); it != values_.end()) return it->second.value;
+  const KeySpec* spec = findKey(key);
+  return spec != nullptr ? spec->default_value : "";
+}
+
+long long Config::integer(const std::string& key) const {
+  const std::string t = text(key);
+  return t.empty() ? 0 : std::stoll(t);
+}
+
+double Config::number(const std::string& key) const {
+  const std::string t = text(key);
+  return t.empty() ? 0 : std::strtod(t.c_str(), nullptr);
+}
+
+bool Config::flag(const std::string& key) const { return text(key) == "true"; }
+
+Origin Config::origin(const std::string& key) const {
+  if (auto it = values_.find(key); it != values_.end()) return it->second.origin;
+  return {};
+}
+
+std::map<std::string, std::string> configEnvironment() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    std::string entry(*e);
+    if (!entry.starts_with("CXXLAUNCH_")) continue;
+    const auto eq = entry.find('=');
+    if (eq != std::string::npos) env[entry.substr(0, eq)] = entry.substr(eq + 1);
+  }
+  return env;
+}
+
+Config resolveConfig(const ConfigLayers& layers) {
+  Config config;
+  if (!layers.file.empty()) config = loadConfigFile(layers.file);
+  for (const auto& spec : configSchema()) {
+    if (spec.env.empty()) continue;
+    if (auto it = layers.env.find(spec.env); it != layers.env.end()) {
+      config.set(spec.key, it->second, {Origin::kEnv, spec.env});
+    }
+  }
+  for (const auto& f : layers.flags) config.set(f.key, f.value, {Origin::kFlag, f.flag});
+  validateConfig(config);
+  return config;
+}
+
+}  // namespace cxxlaunch::launcher

@@ -1,0 +1,259 @@
+// `cxxlaunch run`'s command line: the flag table (torchrun's flags, then accelerate's, one per
+// config key that has a flag), parsed with CLI11 into RunFlags, then resolved into LaunchOptions
+// (launcher/launch_options.h). `cxxlaunch run --help` is generated from the same table.
+
+#include <algorithm>
+#include <cctype>
+#include <functional>
+#include <map>
+
+#include "common/command_line.h"
+#include "launcher/cli.h"
+#include "launcher/config.h"
+#include "launcher/flag_values.h"
+#include "launcher/launch_options.h"
+#include "launcher/process.h"
+#include "launcher/program_path.h"
+
+namespace cxxlaunch::launcher {
+namespace {
+
+struct FlagSpec {
+  std::string names;       // comma-separated, under_score form; a one-letter name is a short flag
+  std::string value_name;  // empty: a switch that takes no value
+  std::string help;
+  std::function<void(RunFlags&, const std::string& flag, const std::string& value)> apply;
+  // Config flags (accelerate's) feed the config's flag layer and are read first; torchrun's
+  // flags are applied after the config, so they win over it.
+  bool config = false;
+};
+
+// accelerate's `launch` flags: one per config key that has one, plus its hardware and paradigm
+// switches.
+std::vector<FlagSpec> configFlags() {
+  auto setKey = [](std::string key, std::string value) {
+    return [key, value](RunFlags& p, const std::string& flag, const std::string& given) {
+      p.config_flags.push_back({key, value.empty() ? given : value, "--" + flag});
+    };
+  };
+  std::vector<FlagSpec> flags = {
+      {"config_file", "FILE",
+       "accelerate-style YAML (default: " + defaultConfigPath() + " when it exists)",
+       [](RunFlags& p, const std::string& f, const std::string& v) {
+         if (v.empty()) failFlag(f, v, "a file name");
+         p.config_file = v;
+       },
+       true},
+      {"cpu", "", "train on CPUs (use_cpu: true)", setKey("use_cpu", "true"), true},
+      {"multi_gpu", "", "distributed_type: MULTI_GPU", setKey("distributed_type", "MULTI_GPU"),
+       true},
+      {"use_deepspeed", "", "distributed_type: DEEPSPEED (ZeRO; see --zero_stage)",
+       setKey("distributed_type", "DEEPSPEED"), true},
+      {"use_fsdp", "", "distributed_type: FSDP", setKey("distributed_type", "FSDP"), true},
+  };
+  for (const auto& spec : configSchema()) {
+    if (spec.flag.empty()) continue;
+    const bool is_switch = spec.key == "use_cpu" || spec.key == "debug";
+    std::string value_name = spec.type == KeyType::kBool     ? "true|false"
+                             : spec.type == KeyType::kText   ? "TEXT"
+                             : spec.type == KeyType::kGpuIds ? "IDS|all"
+                                                             : "N";
+    if (spec.type == KeyType::kChoice) {
+      value_name.clear();
+      for (const auto& choice : spec.choices)
+        value_name += (value_name.empty() ? "" : "|") + choice;
+    }
+    flags.push_back({spec.flag, is_switch ? "" : value_name,
+                     spec.help + " (config: " + spec.key + ")",
+                     setKey(spec.key, is_switch ? "true" : ""), true});
+  }
+  return flags;
+}
+
+const std::vector<FlagSpec>& flagTable() {
+  static const std::vector<FlagSpec> table = {
+      {"nproc_per_node", "N|cpu|gpu|auto", "workers on this node (default 1)",
+       [](RunFlags& p, const std::string&, const std::string& v) {
+         p.nproc_text = v;
+         p.nproc_explicit = v != "gpu" && v != "auto";
+       }},
+      {"gpus", "IDS", "GPU ids to use, e.g. 0,2: one worker per id",
+       [](RunFlags& p, const std::string& f, const std::string& v) {
+         p.options.gpus = parseIntList(f, v);
+       }},
+      {"standalone", "", "single-node job with a private rendezvous (the default here)",
+       [](RunFlags& p, const std::string&, const std::string&) { p.options.standalone = true; }},
+      {"max_restarts", "N", "restarts of the worker group before failing (default 0)",
+       [](RunFlags& p, const std::string& f, const std::string& v) {
+         p.options.max_restarts = parseInt(f, v, 0, 1'000'000, "a number >= 0");
+       }},
+      {"monitor_interval", "SECONDS",
+       "accepted for torchrun compatibility; cxxlaunch reacts to exits at once",
+       [](RunFlags& p, const std::string& f, const std::string& v) {
+         p.options.monitor_interval = parseSeconds(f, v, false);
+       }},
+      {"shutdown_grace", "SECONDS", "SIGTERM to SIGKILL grace when stopping workers (default 30)",
+       [](RunFlags& p, const std::string& f, const std::string& v) {
+         p.options.shutdown_grace = parseSeconds(f, v, true);
+       }},
+      {"role", "NAME", "worker role: ROLE_NAME (default 'default')",
+       [](RunFlags& p, const std::string& f, const std::string& v) {
+         if (v.empty()) failFlag(f, v, "a non-empty name");
+         p.options.role = v;
+       }},
+      {"log_dir", "DIR", "where per-attempt, per-rank logs go (default $TMPDIR/cxxlaunch)",
+       [](RunFlags& p, const std::string& f, const std::string& v) {
+         if (v.empty()) failFlag(f, v, "a directory");
+         p.options.log_dir = v;
+       }},
+      {"redirects,r", "SPEC", "streams kept off the console (files only): 0-3 or 0:3,1:1",
+       [](RunFlags& p, const std::string& f, const std::string& v) {
+         p.options.redirects = parseStreamSpec(f, v);
+       }},
+      {"tee,t", "SPEC", "streams echoed to the console as well (the default for all)",
+       [](RunFlags& p, const std::string& f, const std::string& v) {
+         p.options.tee = parseStreamSpec(f, v);
+       }},
+      {"local_ranks_filter", "RANKS", "only these local ranks reach the console, e.g. 0",
+       [](RunFlags& p, const std::string& f, const std::string& v) {
+         auto list = parseIntList(f, v);
+         p.options.local_ranks_filter = std::set<int>(list.begin(), list.end());
+       }},
+      {"master_addr", "HOST", "MASTER_ADDR given to workers (default 127.0.0.1)",
+       [](RunFlags& p, const std::string& f, const std::string& v) {
+         if (v.empty()) failFlag(f, v, "a host name or address");
+         p.options.master_addr = v;
+       }},
+      {"master_port", "PORT", "MASTER_PORT (default: a free port; 0 picks one too)",
+       [](RunFlags& p, const std::string& f, const std::string& v) {
+         p.options.master_port = parseInt(f, v, 0, 65535, "a port number 0-65535");
+       }},
+      {"run_id,rdzv_id", "ID", "job id: TORCHELASTIC_RUN_ID and the log folder (default random)",
+       [](RunFlags& p, const std::string& f, const std::string& v) {
+         const bool ok = !v.empty() && v.size() <= 128 && v != "." && v != ".." &&
+                         std::all_of(v.begin(), v.end(), [](unsigned char c) {
+                           return std::isalnum(c) || c == '-' || c == '_' || c == '.';
+                         });
+         if (!ok) failFlag(f, v, "an id of at most 128 letters, digits, '-', '_' or '.'");
+         p.options.run_id = v;
+         p.options.run_id_given = true;
+       }},
+      {"no_python", "", "accepted: cxxlaunch always executes the program itself",
+       [](RunFlags&, const std::string&, const std::string&) {}},
+      {"nnodes", "N|MIN:MAX", "nodes in the job; MIN:MAX for an elastic job (default 1)",
+       [](RunFlags& p, const std::string& f, const std::string& v) {
+         parseNnodes(p.options.rdzv, f, v);
+       }},
+      {"node_rank", "N", "this node's rank (static rendezvous backend)",
+       [](RunFlags& p, const std::string& f, const std::string& v) {
+         p.options.rdzv.node_rank = parseInt(f, v, 0, 65535, "a node rank >= 0");
+       }},
+      {"rdzv_backend", "c10d|static", "c10d: ranks by node id (default); static: by --node_rank",
+       [](RunFlags& p, const std::string& f, const std::string& v) {
+         if (v != "c10d" && v != "static") failFlag(f, v, "c10d or static");
+         p.options.rdzv.backend = v;
+       }},
+      {"rdzv_endpoint", "HOST[:PORT]",
+       "the rendezvous server (default port 29400); a launcher on that host hosts it",
+       [](RunFlags& p, const std::string& f, const std::string& v) {
+         p.options.rdzv.endpoint = parseEndpoint(f, v);
+       }},
+      {"rdzv_conf", "K=V,...",
+       "join_timeout, last_call_timeout, close_timeout, keep_alive_interval (seconds), "
+       "keep_alive_max_misses, is_host, token_file, tls_ca, tls_cert, tls_key",
+       [](RunFlags& p, const std::string& f, const std::string& v) {
+         parseRdzvConf(p.options.rdzv, f, v);
+       }},
+      {"local_addr", "ADDR", "address other nodes reach this node at (default: detected)",
+       [](RunFlags& p, const std::string& f, const std::string& v) {
+         if (v.empty()) failFlag(f, v, "an address");
+         p.options.rdzv.local_addr = v;
+       }},
+  };
+  static const std::vector<FlagSpec> all = [] {
+    std::vector<FlagSpec> both = table;
+    for (auto& flag : configFlags()) both.push_back(std::move(flag));
+    return both;
+  }();
+  return all;
+}
+
+constexpr const char* kRunDescription =
+    "Starts --nproc_per_node workers of PROGRAM with torchrun's environment.\n"
+    "Flags take --dash-form or --under_score form, and --flag VALUE or --flag=VALUE.\n"
+    "The first argument that is not a flag is PROGRAM; it and everything after it go to the\n"
+    "workers verbatim. In ARGS, ${local_rank} becomes each worker's local rank.";
+
+// The app for `cxxlaunch run`, one option per row of the table; `specs` maps them back.
+void addRunFlags(CLI::App& app, std::map<const CLI::Option*, const FlagSpec*>& specs) {
+  cli::useConventions(app);
+  app.prefix_command();  // the first argument it does not know starts the program
+  for (const FlagSpec& spec : flagTable()) {
+    CLI::Option* option =
+        spec.value_name.empty()
+            ? app.add_flag(cli::spellings(spec.names))->disable_flag_override()
+            : app.add_option(cli::spellings(spec.names))->type_name(spec.value_name);
+    option->description(spec.help);
+    specs[option] = &spec;
+  }
+}
+
+}  // namespace
+
+LaunchOptions parseRunArgs(const std::vector<std::string>& args, const HostInfo& host) {
+  CLI::App app(kRunDescription, "cxxlaunch run");
+  std::map<const CLI::Option*, const FlagSpec*> specs;
+  addRunFlags(app, specs);
+  std::vector<std::string> rest;
+  std::vector<cli::Given> given;
+  try {
+    cli::parse(app, args);
+    rest = app.remaining();
+    if (!rest.empty() && rest[0] != "--" && rest[0].size() > 1 && rest[0][0] == '-') {
+      cli::throwUnknownFlag(app, rest[0]);
+    }
+    given = cli::givenInOrder(app);
+  } catch (const UsageError&) {
+    throw;
+  } catch (const InvalidArgument& e) {
+    throw UsageError(e.what());
+  }
+  if (!rest.empty() && rest[0] == "--") rest.erase(rest.begin());
+  if (rest.empty()) throw UsageError("no program given: cxxlaunch run [flags] PROGRAM [ARGS...]");
+
+  RunFlags parsed;
+  parsed.nproc_text = std::to_string(host.default_nproc);
+  // accelerate's flags feed the config's flag layer, resolved first; torchrun's flags are applied
+  // after the config, so they win over it.
+  std::vector<std::pair<const FlagSpec*, std::string>> torchrun_flags;
+  for (const auto& [option, value] : given) {
+    const FlagSpec* spec = specs.at(option);
+    const std::string canonical = spec->names.substr(0, spec->names.find(','));
+    if (spec->config) {
+      spec->apply(parsed, canonical, value);
+    } else {
+      torchrun_flags.emplace_back(spec, value);
+    }
+  }
+  applyConfig(resolveConfig(configLayers(parsed.config_file, parsed.config_flags, host)), parsed,
+              host.env);
+  for (const auto& [spec, value] : torchrun_flags) {
+    spec->apply(parsed, spec->names.substr(0, spec->names.find(',')), value);
+  }
+  LaunchOptions options = std::move(parsed.options);
+  options.nproc_per_node = resolveNproc(parsed.nproc_text, options, host);
+  validateLaunch(options, parsed.nproc_explicit);
+  if (options.run_id.empty()) options.run_id = randomHex(12);
+  options.program = findProgram(rest[0], host.path);
+  options.args.assign(rest.begin() + 1, rest.end());
+  return options;
+}
+
+std::string runHelp() {
+  CLI::App app(kRunDescription, "cxxlaunch run");
+  std::map<const CLI::Option*, const FlagSpec*> specs;
+  addRunFlags(app, specs);
+  return app.help();
+}
+
+}  // namespace cxxlaunch::launcher

@@ -1,0 +1,90 @@
+// common/: host:port text, the atomic writer, the token reader and the command-line conventions.
+
+#include <sys/stat.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+
+#include "common/atomic_file.h"
+#include "common/command_line.h"
+#include "common/error.h"
+#include "common/file.h"
+#include "common/host.h"
+#include "support/subprocess.h"
+
+using namespace cxxlaunch;
+
+TEST_CASE("host:port parses and formats, IPv6 in brackets", "[common][host]") {
+  auto p = parseHostPort("node0:29500", 1);
+  REQUIRE(p);
+  CHECK(p->host == "node0");
+  CHECK(p->port == 29500);
+  CHECK(parseHostPort("node0", 29400)->port == 29400);
+  CHECK(parseHostPort("[::1]:5000", 0)->host == "::1");
+  CHECK(parseHostPort("[::1]", 7)->port == 7);
+  for (const char* bad : {"", ":1", "h:", "h:0", "h:65536", "h:x", "[::1", "[::1]x", "[]:1"}) {
+    INFO(bad);
+    CHECK_FALSE(parseHostPort(bad, 29400));
+  }
+  CHECK(formatHostPort("node0", 1) == "node0:1");
+  CHECK(formatHostPort("::1", 2) == "[::1]:2");
+  CHECK(formatHostPort("fe80::1", "29400") == "[fe80::1]:29400");
+  CHECK_FALSE(hostName().empty());
+}
+
+TEST_CASE("An atomic file is old or complete, and leaves no temporary behind", "[common][file]") {
+  testing::TempDir dir;
+  const std::string path = dir.path() + "/a.json";
+  writeFileAtomically(path, "one\n");
+  writeFileAtomically(path, "two\n");
+  CHECK(testing::readFile(path) == "two\n");
+  {
+    AtomicFile abandoned(path);
+    abandoned.append("three", 5);
+  }  // destroyed uncommitted: the old content stays
+  CHECK(testing::readFile(path) == "two\n");
+  size_t entries = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path())) {
+    (void)entry;
+    ++entries;
+  }
+  CHECK(entries == 1);
+  REQUIRE_THROWS_AS(writeFileAtomically(dir.path() + "/no/such/dir/x", "x"), SystemError);
+}
+
+TEST_CASE("A token file gives its first line, and an empty one is refused", "[common][file]") {
+  testing::TempDir dir;
+  std::ofstream(dir.path() + "/token") << "s3cret\nrest\n";
+  CHECK(readTokenFile(dir.path() + "/token", "--token-file") == "s3cret");
+  std::ofstream(dir.path() + "/empty") << "\n";
+  REQUIRE_THROWS_WITH(readTokenFile(dir.path() + "/empty", "--token-file"),
+                      Catch::Contains("has no token"));
+  REQUIRE_THROWS_WITH(readTokenFile("/dev/zero", "--token-file"),
+                      Catch::Contains("not a regular file"));
+}
+
+TEST_CASE("Command lines: both spellings, both value forms, one-line errors", "[common][cli]") {
+  auto parse = [](const std::vector<std::string>& args) {
+    CLI::App app("test", "prog");
+    cli::useConventions(app);
+    int steps = 0;
+    bool check = false;
+    app.add_option(cli::spellings("max_steps"), steps, "steps");
+    app.add_flag(cli::spellings("check"), check, "check")->disable_flag_override();
+    cli::parse(app, args);
+    return std::make_pair(steps, check);
+  };
+  CHECK(parse({"--max_steps=3"}).first == 3);
+  CHECK(parse({"--max-steps", "4"}).first == 4);
+  CHECK(parse({"--max-steps", "4", "--max_steps=5"}).first == 5);
+  CHECK(parse({"--check"}).second);
+  CHECK(cli::spellings("token-file,r") == "--token-file,--token_file,-r");
+  REQUIRE_THROWS_WITH(parse({"--max_step=3"}),
+                      "unknown flag '--max_step=3'; did you mean --max_steps? (see prog --help)");
+  REQUIRE_THROWS_WITH(parse({"--max_steps"}), "--max_steps needs a value");
+  REQUIRE_THROWS_WITH(parse({"--max_steps=x"}), "--max_steps: 'x' is not a valid value");
+  REQUIRE_THROWS_WITH(parse({"--check=1"}), "--check takes no value");
+  REQUIRE_THROWS_WITH(parse({"stray"}), "unexpected argument 'stray' (see prog --help)");
+  REQUIRE_THROWS_AS(parse({"--help"}), cli::HelpRequested);
+}
