@@ -7,6 +7,7 @@
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/timerfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include <algorithm>
 #include <array>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -62,6 +64,7 @@ struct Worker {
   pid_t pid = -1;
   bool running = false;
   std::string error_file;
+  std::string heartbeat_file;                // touched by the runtime (--watchdog_timeout)
   std::array<int, 2> fds{-1, -1};            // stdout, stderr read ends
   std::array<bool, 2> paused{false, false};  // not read while its console is full
   std::array<std::unique_ptr<StreamSink>, 2> sinks;
@@ -100,7 +103,7 @@ class Agent {
   }
 
   ~Agent() {
-    for (int fd : {epoll_fd_, signal_fd_, timer_fd_, news_fd_}) {
+    for (int fd : {epoll_fd_, signal_fd_, timer_fd_, news_fd_, tick_fd_}) {
       if (fd != -1) ::close(fd);
     }
   }
@@ -118,6 +121,7 @@ class Agent {
   AttemptResult monitor();
   void onSignal(std::vector<Failure>& failures, AttemptResult& result);
   void reap(std::vector<Failure>& failures);
+  void checkProgress(std::vector<Failure>& failures);  // --watchdog_timeout
   // How much readOutput takes: a few buffers unless the console is full (the loop's share), a few
   // buffers whatever the console (a dead worker's last words, for the failure tail), or all up
   // to EOF or an empty pipe (once the worker and everything it started are gone).
@@ -143,6 +147,7 @@ class Agent {
   int signal_fd_ = -1;
   int timer_fd_ = -1;
   int news_fd_ = -1;  // eventfd: the rendezvous has news, or a join finished
+  int tick_fd_ = -1;  // with --watchdog_timeout: a periodic timer to look at the heartbeats
   bool stopping_ = false;
   std::optional<std::chrono::steady_clock::time_point> kill_at_;  // when the grace ends
   std::array<bool, 2> console_watched_{false, false};             // EPOLLOUT registered for fd 1, 2
@@ -154,6 +159,7 @@ class Agent {
 constexpr uint64_t kSignalTag = ~uint64_t{0};
 constexpr uint64_t kTimerTag = ~uint64_t{0} - 1;
 constexpr uint64_t kNewsTag = ~uint64_t{0} - 2;
+constexpr uint64_t kTickTag = ~uint64_t{0} - 3;
 constexpr uint64_t kConsoleTag = ~uint64_t{0} - 4;  // + 1 for stdout, + 2 for stderr
 
 void Agent::setUpProcess() {
@@ -174,6 +180,21 @@ void Agent::setUpProcess() {
     event.events = EPOLLIN;
     event.data.u64 = tag;
     CXXLAUNCH_SYSCALL(::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &event));
+  }
+  if (options_.watchdog_timeout.count() > 0) {
+    // Looks at the heartbeats four times per timeout (at most once a second): a stall is seen
+    // within 1.25 timeouts.
+    tick_fd_ = CXXLAUNCH_SYSCALL(::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
+    const auto ms =
+        std::min<int64_t>(1000, std::max<int64_t>(1, options_.watchdog_timeout.count() / 4));
+    itimerspec every{};
+    every.it_value.tv_sec = every.it_interval.tv_sec = ms / 1000;
+    every.it_value.tv_nsec = every.it_interval.tv_nsec = (ms % 1000) * 1'000'000;
+    CXXLAUNCH_SYSCALL(::timerfd_settime(tick_fd_, 0, &every, nullptr));
+    epoll_event event{};
+    event.events = EPOLLIN;
+    event.data.u64 = kTickTag;
+    CXXLAUNCH_SYSCALL(::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, tick_fd_, &event));
   }
   // The contract's variables are ours to set; everything else the workers inherit.
   const std::vector<std::string> ours = {
@@ -232,6 +253,7 @@ std::vector<std::string> Agent::workerEnvironment(const Worker& worker,
   // Every worker sees the chosen GPUs (CUDA_VISIBLE_DEVICES, in worker_env) and uses the one at
   // its local rank.
   if (!options_.gpus.empty()) put(env::kDevice, std::to_string(worker.local_rank));
+  if (!worker.heartbeat_file.empty()) put(env::kHeartbeatFile, worker.heartbeat_file);
   for (const auto& [name, value] : options_.worker_env) put(name.c_str(), value);
   return envv;
 }
@@ -250,6 +272,7 @@ void Agent::spawnWorkers(int attempt, const WorldAssignment& world) {
     const fs::path dir = attempt_dir / std::to_string(w.local_rank);
     fs::create_directories(dir);
     w.error_file = (dir / "error.json").string();
+    if (options_.watchdog_timeout.count() > 0) w.heartbeat_file = (dir / "heartbeat").string();
     const std::string prefix = world.num_nodes > 1
                                    ? "[rank " + std::to_string(world.node_rank) + ":" +
                                          std::to_string(w.global_rank) + "]: "
@@ -446,6 +469,52 @@ void removeSharedMemoryOf(pid_t pid) {
 
 }  // namespace
 
+// A worker whose heartbeat (created by the runtime at its start, touched at every micro-step) is
+// older than --watchdog_timeout has stopped making progress (SIGSTOP, a deadlock, a hang outside
+// collectives): it is the job's failure, named with how long it was silent, and the job stops
+// (SIGTERM, then SIGKILL after the grace: a stopped process dies of SIGKILL only). Workers that
+// never created the file (no runtime) are not watched.
+void Agent::checkProgress(std::vector<Failure>& failures) {
+  if (stopping_) return;
+  // The rank silent the longest is the culprit: the others stopped beating later, in a
+  // collective waiting for it.
+  const auto now = std::chrono::system_clock::now();
+  Worker* stalled = nullptr;
+  std::chrono::milliseconds longest{0};
+  for (Worker& w : workers_) {
+    struct stat st {};
+    if (!w.running || ::stat(w.heartbeat_file.c_str(), &st) != 0) continue;
+    const auto beat = std::chrono::system_clock::time_point(
+        std::chrono::seconds(st.st_mtim.tv_sec) + std::chrono::nanoseconds(st.st_mtim.tv_nsec));
+    const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - beat);
+    if (silent >= options_.watchdog_timeout && silent > longest) {
+      stalled = &w;
+      longest = silent;
+    }
+  }
+  if (stalled == nullptr) return;
+  Worker& w = *stalled;
+  Failure f;
+  f.global_rank = w.global_rank;
+  f.local_rank = w.local_rank;
+  f.host = host_;
+  f.pid = w.pid;
+  f.time = now;
+  f.signal = SIGKILL;  // what ends it, if SIGTERM does not
+  char text[160];
+  std::snprintf(text, sizeof(text),
+                "made no progress for %.1f s (--watchdog_timeout %.1f s): stopped by the launcher",
+                static_cast<double>(longest.count()) / 1000,
+                static_cast<double>(options_.watchdog_timeout.count()) / 1000);
+  f.error_message = text;
+  readOutput(w, 1, Read::kLastWords);
+  f.stderr_tail = w.sinks[1]->tail();
+  failures.push_back(std::move(f));
+  say("cxxlaunch: rank " + std::to_string(w.global_rank) + " (pid " + std::to_string(w.pid) + ") " +
+      text + "; stopping " + std::to_string(running()) + " workers\n");
+  beginStop(SIGTERM);
+}
+
 void Agent::reap(std::vector<Failure>& failures) {
   // Collect every exit first: exits seen together count as failures together, before the stop.
   struct Exit {
@@ -533,6 +602,11 @@ AttemptResult Agent::monitor() {
         ssize_t ignored = ::read(timer_fd_, &expirations, sizeof(expirations));
         (void)ignored;
         signalWorkers(SIGKILL);
+      } else if (tag == kTickTag) {
+        uint64_t expirations = 0;
+        ssize_t ignored = ::read(tick_fd_, &expirations, sizeof(expirations));
+        (void)ignored;
+        checkProgress(failures);
       } else if (tag == kNewsTag) {
         uint64_t count = 0;
         ssize_t ignored = ::read(news_fd_, &count, sizeof(count));

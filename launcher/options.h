@@ -25,10 +25,10 @@ struct StreamSpec {
 struct RendezvousOptions {
   int min_nodes = 1;
   int max_nodes = 1;
-  int node_rank = -1;           // --node_rank, static backend only
-  std::string backend = "c10d"; // "c10d" (ranks by node id) or "static" (ranks by --node_rank)
-  std::string endpoint;         // host:port of the rendezvous server; empty: a private one
-  std::string local_addr;       // address advertised to other nodes; empty: detected
+  int node_rank = -1;            // --node_rank, static backend only
+  std::string backend = "c10d";  // "c10d" (ranks by node id) or "static" (ranks by --node_rank)
+  std::string endpoint;          // host:port of the rendezvous server; empty: a private one
+  std::string local_addr;        // address advertised to other nodes; empty: detected
   std::chrono::milliseconds join_timeout = std::chrono::seconds(600);
   std::chrono::milliseconds last_call_timeout = std::chrono::seconds(30);
   std::chrono::milliseconds close_timeout = std::chrono::seconds(300);  // exit barrier
@@ -48,8 +48,10 @@ struct LaunchOptions {
   int max_restarts = 0;
   std::chrono::milliseconds monitor_interval{100};  // accepted; the agent is event-driven
   std::chrono::milliseconds shutdown_grace = std::chrono::seconds(30);
+  // A runtime worker whose heartbeat is older than this is named and the job stopped; 0: off.
+  std::chrono::milliseconds watchdog_timeout{0};
   std::string role = "default";
-  std::string log_dir;  // empty: <tmp>/cxxlaunch
+  std::string log_dir;   // empty: <tmp>/cxxlaunch
   StreamSpec redirects;  // streams that go to log files only, not to the console
   StreamSpec tee;        // streams that go to the console as well (the default for all)
   std::optional<std::set<int>> local_ranks_filter;  // console shows only these local ranks
@@ -58,7 +60,7 @@ struct LaunchOptions {
   std::string run_id;   // empty: a random one
   bool run_id_given = false;
   RendezvousOptions rdzv;
-  std::string program;  // resolved path of the worker executable
+  std::string program;            // resolved path of the worker executable
   std::vector<std::string> args;  // passed verbatim, ${local_rank} substituted
   // Training settings resolved from the config (launcher/config.h), set in every worker's
   // environment over anything inherited.

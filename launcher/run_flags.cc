@@ -96,6 +96,12 @@ const std::vector<FlagSpec>& flagTable() {
        [](RunFlags& p, const std::string& f, const std::string& v) {
          p.options.shutdown_grace = parseSeconds(f, v, true);
        }},
+      {"watchdog_timeout", "SECONDS",
+       "stop the job when a runtime worker makes no progress (no micro-step) for this long "
+       "(default 0: off)",
+       [](RunFlags& p, const std::string& f, const std::string& v) {
+         p.options.watchdog_timeout = parseSeconds(f, v, true);
+       }},
       {"role", "NAME", "worker role: ROLE_NAME (default 'default')",
        [](RunFlags& p, const std::string& f, const std::string& v) {
          if (v.empty()) failFlag(f, v, "a non-empty name");

@@ -35,7 +35,8 @@ WorkerEnv withOverrides(WorkerEnv env, const AcceleratorOptions& options) {
 }  // namespace
 
 Accelerator::Accelerator(AcceleratorOptions options)
-    : Accelerator(World{withOverrides(readWorkerEnv(), options), nullptr, nullptr}, options) {}
+    : Accelerator(World{withOverrides(readWorkerEnv(), options), nullptr, nullptr, nullptr},
+                  options) {}
 
 Accelerator::Accelerator(World world, AcceleratorOptions options)
     : world_(std::move(world)),
@@ -49,9 +50,12 @@ Accelerator::Accelerator(World world, AcceleratorOptions options)
   keepFreedHostMemory();
   accumulation_steps_ = world_.env.gradient_accumulation_steps;
   clipping_ = world_.env.gradient_clipping;
+  if (!world_.heartbeat) {
+    world_.heartbeat = std::make_shared<Heartbeat>(world_.env.heartbeat_file);
+  }
   if (!world_.backend) {
     if (!world_.store) world_.store = storeFromEnv(world_.env);
-    world_.backend = backendFromEnv(world_.env, world_.store);
+    world_.backend = backendFromEnv(world_.env, world_.store, false, world_.heartbeat);
   }
   precision_ = precisionPolicy(world_.env.mixed_precision, device().type());
   if (precision_.scalesLoss() || options.loss_scaling) {
@@ -121,6 +125,7 @@ bool Accelerator::syncGradients() const { return (micro_step_ + 1) % accumulatio
 
 void Accelerator::backward(const torch::Tensor& loss) {
   if (!strategy_) throw InvalidArgument("Accelerator::backward before prepare(model, optimizer)");
+  world_.heartbeat->beat();  // progress, for the launcher's --watchdog_timeout
   const bool sync = syncGradients();
   strategy_->beforeBackward(sync);
   torch::Tensor scaled = accumulation_steps_ > 1 ? loss / accumulation_steps_ : loss;

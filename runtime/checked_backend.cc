@@ -123,13 +123,28 @@ class Tracker {
 
 class CheckedWork final : public Work {
  public:
-  CheckedWork(WorkPtr inner, std::shared_ptr<Tracker> tracker, int64_t seq)
-      : inner_(std::move(inner)), tracker_(std::move(tracker)), seq_(seq) {}
+  CheckedWork(WorkPtr inner, std::shared_ptr<Tracker> tracker, int64_t seq,
+              std::shared_ptr<Heartbeat> heartbeat)
+      : inner_(std::move(inner)),
+        tracker_(std::move(tracker)),
+        seq_(seq),
+        heartbeat_(std::move(heartbeat)) {}
   void wait(std::chrono::milliseconds timeout) override {
-    try {
-      inner_->wait(timeout);
-    } catch (const TimeoutError& e) {
-      tracker_->timedOut(seq_, e);
+    // In slices of a second when a heartbeat is watched: waiting for peers is not a stall.
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      try {
+        inner_->wait(heartbeat_ ? std::min(left, std::chrono::milliseconds(1000)) : left);
+        break;
+      } catch (const TimeoutError& e) {
+        // The collective's own failure (done, with its error), or this wait's end: report.
+        if (inner_->done() || std::chrono::steady_clock::now() >= deadline) {
+          tracker_->timedOut(seq_, e);
+        }
+        heartbeat_->beat();
+      }
     }
     tracker_->completed(seq_);
   }
@@ -139,6 +154,7 @@ class CheckedWork final : public Work {
   WorkPtr inner_;
   std::shared_ptr<Tracker> tracker_;
   int64_t seq_;
+  std::shared_ptr<Heartbeat> heartbeat_;
 };
 
 class CheckedBackend final : public Backend {
@@ -187,7 +203,7 @@ class CheckedBackend final : public Backend {
   WorkPtr run(Call call, Issue&& issue) {
     call.seq = tracker_->record(call);
     if (options_.debug && worldSize() > 1) compare(call);
-    return std::make_shared<CheckedWork>(issue(), tracker_, call.seq);
+    return std::make_shared<CheckedWork>(issue(), tracker_, call.seq, options_.heartbeat);
   }
 
   // Debug mode: every rank's description of this call, compared before it runs.

@@ -22,6 +22,7 @@
 
 #include "rendezvous/store.h"
 #include "runtime/backend.h"
+#include "runtime/heartbeat.h"
 
 namespace cxxlaunch::runtime {
 
@@ -30,6 +31,8 @@ struct CheckOptions {
   std::shared_ptr<rendezvous::Store> store;     // where timed-out ranks say where they are
   std::string prefix = "checked";               // its keys (one per group)
   std::chrono::milliseconds report_wait{3000};  // how long a timed-out rank waits for the others
+  // Beaten every second while a collective waits for its peers (heartbeat.h); null: none.
+  std::shared_ptr<Heartbeat> heartbeat;
 };
 
 std::unique_ptr<Backend> makeCheckedBackend(std::unique_ptr<Backend> inner, CheckOptions options);

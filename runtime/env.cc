@@ -117,6 +117,7 @@ WorkerEnv readWorkerEnv() {
   readString(env::kCheckpointDir, e.checkpoint_dir);
   readChoice(env::kStateDictType, e.state_dict_type, {"sharded", "full"});
   readBool(env::kDebug, e.debug);
+  readString(env::kHeartbeatFile, e.heartbeat_file);
   readInt(env::kCollectiveTimeout, e.collective_timeout_s);
   if (e.collective_timeout_s < 1 || e.collective_timeout_s > 7 * 24 * 3600) {
     throw InvalidArgument(std::string(env::kCollectiveTimeout) +

@@ -1,8 +1,8 @@
 #pragma once
-// ShmCollectives: allreduce, reduce-scatter and all-gather through one shared-memory segment, for worlds
-// whose ranks all run on this host. Each rank copies its data into its slot, every rank reduces
-// its share of the chunk from all slots in rank order, and everyone copies the result out: two
-// barriers per chunk, memory bandwidth instead of TCP loopback and Gloo's per-segment
+// ShmCollectives: allreduce, reduce-scatter and all-gather through one shared-memory segment, for
+// worlds whose ranks all run on this host. Each rank copies its data into its slot, every rank
+// reduces its share of the chunk from all slots in rank order, and everyone copies the result out:
+// two barriers per chunk, memory bandwidth instead of TCP loopback and Gloo's per-segment
 // handshakes. NCCL's SHM transport and DeepSpeed's CPU allreduce do the same. The Gloo backend
 // uses it when it can and keeps TCP for everything else (other collectives, several hosts).
 // Internal to runtime/.

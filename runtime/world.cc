@@ -27,7 +27,8 @@ std::shared_ptr<rendezvous::Store> storeFromEnv(const WorkerEnv& env) {
 }
 
 std::shared_ptr<Backend> backendFromEnv(const WorkerEnv& env,
-                                        std::shared_ptr<rendezvous::Store> store, bool use_gpu) {
+                                        std::shared_ptr<rendezvous::Store> store, bool use_gpu,
+                                        std::shared_ptr<Heartbeat> heartbeat) {
   BackendOptions options;
   options.rank = env.rank;
   options.world_size = env.world_size;
@@ -41,6 +42,7 @@ std::shared_ptr<Backend> backendFromEnv(const WorkerEnv& env,
   CheckOptions check;  // hangs that explain themselves (checked_backend.h)
   check.debug = env.debug;
   check.store = options.store;
+  check.heartbeat = std::move(heartbeat);
   return makeCheckedBackend(nccl ? makeNcclBackend(options) : makeGlooBackend(options),
                             std::move(check));
 }
@@ -49,7 +51,8 @@ World connectWorld(bool use_gpu) {
   World world;
   world.env = readWorkerEnv();
   world.store = storeFromEnv(world.env);
-  world.backend = backendFromEnv(world.env, world.store, use_gpu);
+  world.heartbeat = std::make_shared<Heartbeat>(world.env.heartbeat_file);
+  world.backend = backendFromEnv(world.env, world.store, use_gpu, world.heartbeat);
   return world;
 }
 

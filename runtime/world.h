@@ -9,6 +9,7 @@
 
 #include "runtime/backend.h"
 #include "runtime/env.h"
+#include "runtime/heartbeat.h"
 
 namespace cxxlaunch::rendezvous {
 class Store;
@@ -20,6 +21,7 @@ struct World {
   WorkerEnv env;
   std::shared_ptr<rendezvous::Store> store;  // this round's store (the launcher's)
   std::shared_ptr<Backend> backend;
+  std::shared_ptr<Heartbeat> heartbeat;  // for the launcher's --watchdog_timeout
 };
 
 // The store the launcher gave this worker (CXXLAUNCH_STORE_*), or a MemoryStore for a world of
@@ -27,10 +29,12 @@ struct World {
 std::shared_ptr<rendezvous::Store> storeFromEnv(const WorkerEnv& env);
 
 // env.backend: "gloo", "nccl", or "auto" (NCCL when compiled in and a device is assigned or
-// `use_gpu`, else Gloo). Connects the ranks: throws TimeoutError when they do not all come.
+// `use_gpu`, else Gloo). Connects the ranks: throws TimeoutError when they do not all come. The
+// backend is checked (checked_backend.h); its waits beat `heartbeat`, if given.
 std::shared_ptr<Backend> backendFromEnv(const WorkerEnv& env,
                                         std::shared_ptr<rendezvous::Store> store,
-                                        bool use_gpu = false);
+                                        bool use_gpu = false,
+                                        std::shared_ptr<Heartbeat> heartbeat = nullptr);
 
 World connectWorld(bool use_gpu = false);
 

@@ -136,6 +136,23 @@ TEST_CASE("GPU ids count within the launcher's own CUDA_VISIBLE_DEVICES",
   CHECK(bad.out.find("started") == std::string::npos);
 }
 
+TEST_CASE("A worker that stops making progress is named and the job stopped",
+          "[launcher][integration]") {
+  // Rank 1 beats once, then hangs outside anything the launcher could see exit; rank 0 beats
+  // and finishes. A worker that never beats (no runtime) is not watched: rank 0 here.
+  const auto start = std::chrono::steady_clock::now();
+  auto r = run(launch({"--nproc_per_node=2", "--watchdog_timeout", "1", "--shutdown_grace", "1"},
+                      {"rank", "1", "heartbeat", "sleep", "60"}));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  INFO(r.out << r.err);
+  CHECK(seconds < 10);
+  CHECK(r.exit_code == 128 + 9);
+  CHECK_THAT(r.err, Catch::Contains("cxxlaunch: rank 1 (pid "));
+  CHECK_THAT(r.err, Catch::Contains("(--watchdog_timeout 1.0 s): stopped by the launcher"));
+  CHECK_THAT(r.err, Catch::Contains("root cause (*): rank 1"));
+}
+
 TEST_CASE("Arguments pass verbatim with ${local_rank} substituted", "[launcher][integration]") {
   auto r = run(launch({"--nproc_per_node=2"},
                       {"argv", "--nproc_per_node=5", "shard-${local_rank}.bin", "a b", "--"}));

@@ -11,6 +11,7 @@
 //   wait-file PATH                            sleep until PATH exists
 //   pidfile DIR                               write DIR/rank<RANK>.pid
 //   error-file TEXT                           write TORCHELASTIC_ERROR_FILE as torchelastic does
+//   heartbeat                                 touch CXXLAUNCH_HEARTBEAT_FILE, as the runtime does
 //   rank R | rank all                         following steps only on global rank R (or all)
 //   attempt-below K                           following steps only while restart count < K
 //
@@ -81,8 +82,8 @@ int main(int argc, char** argv) {
     }
     const bool active =
         (only_rank < 0 || only_rank == rank) && (attempt_below < 0 || attempt < attempt_below);
-    const bool takes_arg =
-        step != "env" && step != "trap" && step != "ignore-term" && step != "wait";
+    const bool takes_arg = step != "env" && step != "trap" && step != "ignore-term" &&
+                           step != "wait" && step != "heartbeat";
     const std::string arg = takes_arg ? need(i) : "";
     if (!active) continue;
     if (step == "print") {
@@ -116,6 +117,9 @@ int main(int argc, char** argv) {
         if (v != nullptr) std::cout << name << "=" << v << "\n";
       }
       std::cout << std::flush;
+    } else if (step == "heartbeat") {
+      const char* file = std::getenv("CXXLAUNCH_HEARTBEAT_FILE");
+      if (file != nullptr) std::ofstream(file, std::ios::trunc).flush();
     } else if (step == "sleep") {
       std::this_thread::sleep_for(std::chrono::duration<double>(std::atof(arg.c_str())));
     } else if (step == "exit") {

@@ -1,0 +1,31 @@
+#pragma once
+// Heartbeat: this worker's sign of life for the launcher's --watchdog_timeout. The launcher names
+// a file (CXXLAUNCH_HEARTBEAT_FILE); beat() sets its time to now, creating it the first time, so
+// a worker is watched from its first beat on (not while it loads data before training). The
+// runtime beats at every micro-step and, while a collective waits for its peers, every second:
+// a rank that waits for a stalled one keeps beating, and only the stalled one goes silent.
+//
+// Thread-safety: beat() may be called from any thread.
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+namespace cxxlaunch::runtime {
+
+class Heartbeat {
+ public:
+  explicit Heartbeat(std::string path) : path_(std::move(path)) {}
+  ~Heartbeat();
+  Heartbeat(const Heartbeat&) = delete;
+  Heartbeat& operator=(const Heartbeat&) = delete;
+
+  void beat();
+
+ private:
+  const std::string path_;  // "": nobody watches, beat() does nothing
+  std::mutex mu_;
+  int fd_ = -1;
+};
+
+}  // namespace cxxlaunch::runtime
