@@ -11,6 +11,7 @@ build_dir=$(cd "$2" && pwd)
 # Under the build folder, so ccache (paths relative to CCACHE_BASEDIR) hits on every rerun.
 work=$(mktemp -d "$build_dir/standalone-test.XXXXXX")
 trap 'rm -rf "$work"' EXIT
+trap 'exit 143' TERM INT  # ctest's timeout: still clean up
 prefix=$work/prefix
 fail() {
   echo "standalone_test: FAIL: $*" >&2
