@@ -4,6 +4,8 @@
 # trainer at world 2 under the installed cxxlaunch, runs the installed `cxxlaunch test`, and
 # links the same trainer through pkg-config's cxxlaunch.pc.
 # Usage: standalone_test.sh SOURCE_DIR BUILD_DIR
+# The example is built as BUILD was: CXXLAUNCH_BUILD_TYPE, CXXLAUNCH_CXX_FLAGS and
+# CXXLAUNCH_LINKER_FLAGS (the sanitizer builds' -fsanitize=...) from the environment.
 set -euo pipefail
 source_dir=$(cd "$1" && pwd)
 build_dir=$(cd "$2" && pwd)
@@ -37,7 +39,9 @@ command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 cmake -S "$source_dir/examples/standalone" -B "$work/example" "${generator[@]}" \
-  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$prefix" "${launcher[@]}" \
+  -DCMAKE_BUILD_TYPE="${CXXLAUNCH_BUILD_TYPE:-RelWithDebInfo}" \
+  -DCMAKE_CXX_FLAGS="${CXXLAUNCH_CXX_FLAGS:-}" -DCMAKE_EXE_LINKER_FLAGS="${CXXLAUNCH_LINKER_FLAGS:-}" \
+  -DCMAKE_PREFIX_PATH="$prefix" "${launcher[@]}" \
   >"$work/configure.log" 2>&1 || {
   cat "$work/configure.log"
   fail "examples/standalone does not configure against the installed package"
@@ -75,7 +79,7 @@ torch_lib=$(dirname "$(find "$torch_lib/../.." "$torch_lib/../../../lib" -maxdep
   -name 'libtorch.so' 2>/dev/null | head -1)")
 object=$(find "$work/example" -name 'train.cc.o' | head -1)
 # shellcheck disable=SC2086  # the flags are words
-c++ "$object" -o "$work/pkg_config_train" $flags -L"$torch_lib" -Wl,-rpath,"$torch_lib" \
+c++ ${CXXLAUNCH_CXX_FLAGS:-} ${CXXLAUNCH_LINKER_FLAGS:-} "$object" -o "$work/pkg_config_train" $flags -L"$torch_lib" -Wl,-rpath,"$torch_lib" \
   -ltorch -ltorch_cpu -lc10 || fail "the link line of cxxlaunch.pc does not link the trainer"
 output=$("$work/pkg_config_train" 2>&1) || fail "the pkg-config build failed alone: $output"
 grep -q '^standalone: world 1 steps 100 final loss' <<<"$output" ||
