@@ -61,6 +61,8 @@ inline constexpr const char kStateDictType[] = "CXXLAUNCH_STATE_DICT_TYPE";  // 
 // The folder workers save checkpoints into and resume from (Accelerator::saveCheckpoint/resume).
 inline constexpr const char kCheckpointDir[] = "CXXLAUNCH_CHECKPOINT_DIR";
 inline constexpr const char kDebug[] = "CXXLAUNCH_DEBUG";  // true: check collectives' shapes
+// Not set by the launcher: seconds a collective may take before it fails (default 300).
+inline constexpr const char kCollectiveTimeout[] = "CXXLAUNCH_COLLECTIVE_TIMEOUT";
 inline constexpr const char kZero3Save16BitModel[] =
     "CXXLAUNCH_ZERO3_SAVE_16BIT_MODEL";  // true: ZeRO-3 saves a gathered 16-bit model
 inline constexpr const char kZero3InitFlag[] = "CXXLAUNCH_ZERO3_INIT_FLAG";  // true: build sharded

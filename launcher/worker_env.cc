@@ -69,8 +69,10 @@ std::map<std::string, std::string> workerSettings(const Config& c,
         {"deepspeed_config.offload_param_nvme_path"});
   }
   put(env::kCheckpointDir, c.text("cxxlaunch.checkpoint_dir"), {"cxxlaunch.checkpoint_dir"});
+  // saveState's layout: FSDP's fsdp_state_dict_type (FULL_STATE_DICT gathers to rank 0); every
+  // other mode saves one file per rank, as DeepSpeed's save_checkpoint writes its partitions.
   put(env::kStateDictType,
-      fsdp && c.text("fsdp_config.fsdp_state_dict_type") != "FULL_STATE_DICT" ? "sharded" : "full",
+      fsdp && c.text("fsdp_config.fsdp_state_dict_type") == "FULL_STATE_DICT" ? "full" : "sharded",
       {"distributed_type", "fsdp_config.fsdp_state_dict_type"});
   put(env::kDebug, c.text("debug"), {"debug"});
   put(env::kZero3Save16BitModel, c.text("deepspeed_config.zero3_save_16bit_model"),

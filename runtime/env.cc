@@ -116,6 +116,12 @@ WorkerEnv readWorkerEnv() {
   readString(env::kOffloadParamNvmePath, e.offload_param_nvme_path);
   readString(env::kCheckpointDir, e.checkpoint_dir);
   readChoice(env::kStateDictType, e.state_dict_type, {"sharded", "full"});
+  readBool(env::kDebug, e.debug);
+  readInt(env::kCollectiveTimeout, e.collective_timeout_s);
+  if (e.collective_timeout_s < 1 || e.collective_timeout_s > 7 * 24 * 3600) {
+    throw InvalidArgument(std::string(env::kCollectiveTimeout) +
+                          " must be between 1 and 604800 seconds");
+  }
   readChoice(env::kFsdpAutoWrapPolicy, e.fsdp_auto_wrap_policy,
              {"TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"});
   if (auto names = lookup(env::kFsdpTransformerLayerClsToWrap)) {

@@ -46,6 +46,8 @@ struct WorkerEnv {
   // saveState's layout: sharded (each rank its shard) | full (every parameter whole, gathered to
   // rank 0 while it writes: FSDP's FULL_STATE_DICT).
   std::string state_dict_type = "sharded";
+  bool debug = false;  // accelerate's debug: collectives compared across ranks before they run
+  int64_t collective_timeout_s = 300;  // how long one collective may take before it fails
   // FSDP (accelerate's values; read whatever the strategy, since ZeRO-3 chooses units alike).
   std::string fsdp_auto_wrap_policy;                    // "" | TRANSFORMER_BASED_WRAP | ...
   std::vector<std::string> fsdp_transformer_layer_cls;  // module type names

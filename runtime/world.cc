@@ -3,6 +3,7 @@
 #include "common/error.h"
 #include "rendezvous/client.h"
 #include "rendezvous/memory_store.h"
+#include "runtime/checked_backend.h"
 
 namespace cxxlaunch::runtime {
 
@@ -34,10 +35,14 @@ std::shared_ptr<Backend> backendFromEnv(const WorkerEnv& env,
   options.address = env.node_addr;
   options.device = env.device.value_or(env.local_rank);
   options.shared_memory = env.shared_memory;
+  options.timeout = std::chrono::seconds(env.collective_timeout_s);
   const bool nccl = env.backend == "nccl" ||
                     (env.backend == "auto" && ncclCompiledIn() && (use_gpu || env.device));
-  if (nccl) return makeNcclBackend(options);
-  return makeGlooBackend(options);
+  CheckOptions check;  // hangs that explain themselves (checked_backend.h)
+  check.debug = env.debug;
+  check.store = options.store;
+  return makeCheckedBackend(nccl ? makeNcclBackend(options) : makeGlooBackend(options),
+                            std::move(check));
 }
 
 World connectWorld(bool use_gpu) {

@@ -777,6 +777,9 @@ checkpoint::FullState ShardedStrategy::fullState() {
   state.produce = [this, arrays](const std::function<void(const torch::Tensor&)>& write) {
     std::lock_guard<std::mutex> lock(mu_);
     torch::NoGradGuard no_grad;
+    int64_t largest = 0;
+    for (const auto& u : units_) largest = std::max(largest, u.flat.padded());
+    torch::Tensor gathered;  // one buffer of the largest unit, reused for every array
     for (auto& u : units_) {
       waitGather(u);
       const std::vector<torch::Tensor> optimizer_state = stateNow(u);
@@ -786,7 +789,8 @@ checkpoint::FullState ShardedStrategy::fullState() {
           full = u.flat.full();  // whole already (stages 1-2, a unit in use)
         } else {  // the fp32 shards of every rank (of this node, under hybrid sharding)
           const torch::Tensor shard = k == 0 ? masterNow(u) : optimizer_state[k - 1];
-          full = torch::empty({u.flat.padded()}, shard.options());
+          if (!gathered.defined()) gathered = torch::empty({largest}, shard.options());
+          full = gathered.narrow(0, 0, u.flat.padded());
           shards_
               ->allGather(shard.data_ptr(), full.data_ptr(),
                           static_cast<size_t>(u.flat.shardNumel()), DType::kFloat32)

@@ -74,6 +74,29 @@ TEST_CASE("A killed peer makes the others fail with a clear error instead of han
   CHECK_THAT(r.err, Catch::Contains("rank 1 (pid"));  // named by the shared-memory watch
 }
 
+TEST_CASE("Debug mode: a mismatched all-reduce fails at once, naming both calls",
+          "[runtime][integration]") {
+  const auto start = std::chrono::steady_clock::now();
+  auto r = launch({"--nproc_per_node", "2", "--debug"}, RUNTIME_WORKER_BIN, {"--mismatch"});
+  INFO(r.out << r.err);
+  CHECK(std::chrono::steady_clock::now() - start < 10s);  // start-up included; the check: ms
+  CHECK(r.exit_code == 3);
+  CHECK_THAT(r.err, Catch::Contains("the ranks called different collectives at #"));
+  CHECK_THAT(r.err, Catch::Contains("rank 0: #"));
+  CHECK_THAT(r.err, Catch::Contains(" allreduce float32 x11"));
+  CHECK_THAT(r.err, Catch::Contains(" allreduce float32 x10"));
+}
+
+TEST_CASE("A collective that times out names the rank that was behind", "[runtime][integration]") {
+  auto r = launch({"--nproc_per_node", "2"}, RUNTIME_WORKER_BIN, {"--stall_rank", "1"},
+                  {{"CXXLAUNCH_COLLECTIVE_TIMEOUT", "2"}});
+  INFO(r.out << r.err);
+  CHECK(r.exit_code == 3);
+  CHECK_THAT(r.err, Catch::Contains("rank 0 timed out in #"));
+  CHECK_THAT(r.err, Catch::Contains("rank 1: no report (behind"));
+  CHECK_THAT(r.err, Catch::Contains("its last collectives:"));
+}
+
 TEST_CASE("DDP over Gloo in real processes matches one process", "[runtime][integration]") {
   for (int n : {2, 3}) {
     auto r = launch({"--nproc_per_node", std::to_string(n)}, SELFTEST_BIN, {});

@@ -245,17 +245,17 @@ TEST_CASE("distributed_type, zero_stage and the sharding strategy map to CXXLAUN
     std::string yaml, strategy, backend, offload_optimizer, offload_params, state_dict;
   };
   const std::vector<Case> cases = {
-      {"distributed_type: NO\n", "ddp", "auto", "none", "none", "full"},
-      {"distributed_type: MULTI_CPU\n", "ddp", "gloo", "none", "none", "full"},
-      {"distributed_type: MULTI_GPU\nuse_cpu: true\n", "ddp", "gloo", "none", "none", "full"},
+      {"distributed_type: NO\n", "ddp", "auto", "none", "none", "sharded"},
+      {"distributed_type: MULTI_CPU\n", "ddp", "gloo", "none", "none", "sharded"},
+      {"distributed_type: MULTI_GPU\nuse_cpu: true\n", "ddp", "gloo", "none", "none", "sharded"},
       {"distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 0\n", "ddp", "auto", "none",
-       "none", "full"},
+       "none", "sharded"},
       {"distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 1\n", "zero1", "auto", "none",
-       "none", "full"},
-      {"distributed_type: DEEPSPEED\n", "zero2", "auto", "none", "none", "full"},
+       "none", "sharded"},
+      {"distributed_type: DEEPSPEED\n", "zero2", "auto", "none", "none", "sharded"},
       {"distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n  "
        "offload_optimizer_device: cpu\n  offload_param_device: cpu\n",
-       "zero3", "auto", "cpu", "cpu", "full"},
+       "zero3", "auto", "cpu", "cpu", "sharded"},
       {"distributed_type: FSDP\n", "fsdp_full_shard", "auto", "none", "none", "full"},
       {"distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: 2\n", "fsdp_shard_grad_op",
        "auto", "none", "none", "full"},
@@ -269,7 +269,7 @@ TEST_CASE("distributed_type, zero_stage and the sharding strategy map to CXXLAUN
       {"distributed_type: FSDP\nfsdp_config:\n  fsdp_reshard_after_forward: false\n",
        "fsdp_shard_grad_op", "auto", "none", "none", "full"},
       {"distributed_type: MULTI_GPU\nfsdp_config:\n  fsdp_sharding_strategy: NO_SHARD\n", "ddp",
-       "auto", "none", "none", "full"},
+       "auto", "none", "none", "sharded"},
   };
   for (const auto& c : cases) {
     INFO(c.yaml);
