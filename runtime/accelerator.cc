@@ -286,6 +286,7 @@ void Accelerator::restoreFrom(const checkpoint::Reader& reader) {
   auto counter = [&](const char* key) { return std::stoll(reader.counter(key).value_or("0")); };
   optimizer_steps_ = counter("optimizer_steps");
   micro_step_ = counter("micro_step");
+  resume_skip_ = micro_step_;
   if (scheduler_ != nullptr) scheduler_->setStepCount(counter("scheduler_steps"));
   if (scaler_) {
     if (const auto state = reader.counter("loss_scaler")) scaler_->restore(*state);
@@ -416,6 +417,13 @@ std::optional<std::string> Accelerator::resume() {
     return std::nullopt;
   }
   return loadState(checkpoint_dir_);
+}
+
+int64_t Accelerator::takeResumeSkip(int64_t batches_per_epoch) {
+  if (!resume_skip_ || batches_per_epoch <= 0) return 0;
+  const int64_t skip = *resume_skip_ % batches_per_epoch;
+  resume_skip_.reset();
+  return skip;
 }
 
 MemoryReport Accelerator::memoryReport() const {

@@ -57,6 +57,25 @@ struct AcceleratorOptions {
   int checkpoint_total_limit = 0;
 };
 
+class Accelerator;
+
+// What prepareDataLoader returns: LibTorch's loader, resumed where a loaded checkpoint was.
+template <typename Loader>
+class PreparedDataLoader {
+ public:
+  PreparedDataLoader(std::unique_ptr<Loader> loader, Accelerator& acc, int64_t batches)
+      : loader_(std::move(loader)), acc_(acc), batches_(batches) {}
+  auto begin();
+  auto end() { return loader_->end(); }
+  int64_t batchesPerEpoch() const { return batches_; }
+  Loader& torchLoader() { return *loader_; }
+
+ private:
+  std::unique_ptr<Loader> loader_;
+  Accelerator& acc_;
+  int64_t batches_;
+};
+
 class Accelerator {
  public:
   // Reads the launcher's environment and connects to the other ranks.
@@ -97,15 +116,27 @@ class Accelerator {
 
   // A data loader over this rank's share of `dataset` (torch::data::samplers'
   // DistributedRandomSampler: shuffled, disjoint across ranks): `batch_size` examples per process
-  // per micro-step.
+  // per micro-step. Iterate it as LibTorch's (`for (auto& batch : *loader)`). It resumes where a
+  // saved run was: the first loader iterated after loadState (or resume) skips the batches of
+  // that epoch the saved run had drawn (microSteps() modulo the batches of an epoch; the
+  // sampler's order is the same every epoch), so a resumed run sees exactly the batches the
+  // uninterrupted one would have.
   template <typename Dataset>
   auto prepareDataLoader(Dataset dataset, size_t batch_size) {
+    const size_t examples = dataset.size().value();
     torch::data::samplers::DistributedRandomSampler sampler(
-        dataset.size().value(), static_cast<size_t>(worldSize()), static_cast<size_t>(rank()),
+        examples, static_cast<size_t>(worldSize()), static_cast<size_t>(rank()),
         /*allow_duplicates=*/true);
-    return torch::data::make_data_loader(std::move(dataset), std::move(sampler),
-                                         torch::data::DataLoaderOptions(batch_size));
+    // The sampler gives each rank ceil(examples / world) of them; the last batch may be short.
+    const size_t mine = (examples + static_cast<size_t>(worldSize()) - 1) / worldSize();
+    const auto batches = static_cast<int64_t>((mine + batch_size - 1) / batch_size);
+    auto loader = torch::data::make_data_loader(std::move(dataset), std::move(sampler),
+                                                torch::data::DataLoaderOptions(batch_size));
+    using Loader = typename decltype(loader)::element_type;
+    return std::make_unique<PreparedDataLoader<Loader>>(std::move(loader), *this, batches);
   }
+  // The batches a loader prepared after a load skips once (see prepareDataLoader); 0 after.
+  int64_t takeResumeSkip(int64_t batches_per_epoch);
 
   // loss.backward() for this micro-step: the loss is divided by the accumulation steps, and
   // gradients are only synchronised on the last micro-step of each accumulation cycle.
@@ -225,6 +256,14 @@ class Accelerator {
   std::unique_ptr<Strategy> strategy_;
   int64_t micro_step_ = 0;
   int64_t optimizer_steps_ = 0;
+  std::optional<int64_t> resume_skip_;  // micro-steps of the loaded run, until a loader takes them
 };
+
+template <typename Loader>
+auto PreparedDataLoader<Loader>::begin() {
+  auto it = loader_->begin();
+  for (int64_t skip = acc_.takeResumeSkip(batches_); skip > 0 && it != loader_->end(); --skip) ++it;
+  return it;
+}
 
 }  // namespace cxxlaunch::runtime

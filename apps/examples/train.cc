@@ -266,15 +266,12 @@ int train(const Flags& f, Accelerator& acc, Dataset dataset, Model model, LossFn
   acc.print("training ", f.model, " (", numel, " parameters) on ", acc.worldSize(),
             " process(es), ", acc.describeBatch(static_cast<size_t>(f.batch_size)), "; ",
             acc.describeStrategy());
-  // A restarted (or re-formed) job goes on from the newest complete checkpoint, and skips the
-  // batches the saved run had already trained on: the sampler's order is the same each epoch.
-  int64_t skip = 0;
+  // A restarted (or re-formed) job goes on from the newest complete checkpoint; the loader then
+  // skips the batches the saved run had already trained on.
   const auto resume_start = std::chrono::steady_clock::now();
   if (auto from = acc.resume()) {
     acc.print("resumed from ", *from, " at step ", acc.optimizerSteps(), " (",
               ioRate(*from, resume_start), ")");
-    const int64_t batches = static_cast<int64_t>(std::distance(loader->begin(), loader->end()));
-    skip = batches > 0 ? acc.microSteps() % batches : 0;
   }
 
   // The mean step time leaves out the first two steps (allocations, first buckets).
@@ -286,10 +283,6 @@ int train(const Flags& f, Accelerator& acc, Dataset dataset, Model model, LossFn
   int64_t loss_count = 0;
   while (acc.optimizerSteps() < f.steps) {
     for (auto& batch : *loader) {
-      if (skip > 0) {
-        --skip;
-        continue;
-      }
       auto data = torch::stack(std::vector<torch::Tensor>([&] {
         std::vector<torch::Tensor> v;
         for (auto& e : batch) v.push_back(e.data);
