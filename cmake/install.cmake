@@ -1,0 +1,77 @@
+# The installable package (docs/install.md): `cmake --install build --prefix P` puts in place
+#   bin/                       cxxlaunch, cxxlaunchd, cxxlaunch_selftest (`cxxlaunch test` runs the
+#                              self-test found next to its own binary)
+#   include/cxxlaunch/         the public headers under their in-tree paths (runtime/..., common/...),
+#                              so a trainer writes #include "runtime/accelerator.h" as ours do
+#   lib/                       the static libraries: the runtime and ours that it links
+#   lib/cmake/cxxlaunch/       the package config: find_package(cxxlaunch CONFIG), cxxlaunch::runtime
+#   lib/pkgconfig/cxxlaunch.pc the same link line for other build systems (LibTorch's flags aside)
+# Everything is relocatable: the config and the .pc file find the prefix from where they lie.
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+set(CXXLAUNCH_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/cxxlaunch)
+set(CXXLAUNCH_INSTALL_INCLUDEDIR ${CMAKE_INSTALL_INCLUDEDIR}/cxxlaunch)
+# Installed binaries keep the run paths of libraries outside the system's folders (CUDA's, a
+# LibTorch unpacked elsewhere), which CMake strips by default.
+set_target_properties(cxxlaunch cxxlaunchd cxxlaunch_selftest PROPERTIES
+  INSTALL_RPATH_USE_LINK_PATH ON)
+install(TARGETS cxxlaunch cxxlaunchd cxxlaunch_selftest RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+
+# The runtime and every library of ours it links, static: a user names cxxlaunch::runtime and
+# CMake brings the rest, ours and the dependencies the config finds.
+set(_cxxlaunch_libraries cxxlaunch_runtime cxxlaunch_kernels_cpu cxxlaunch_rendezvous
+    cxxlaunch_proto cxxlaunch_common)
+set(CXXLAUNCH_PACKAGE_WITH_CUDA OFF)
+if(TARGET cxxlaunch_cuda)
+  list(APPEND _cxxlaunch_libraries cxxlaunch_cuda)
+  set(CXXLAUNCH_PACKAGE_WITH_CUDA ON)
+  find_package(CUDAToolkit REQUIRED)  # runtime/ found it in its own scope: its folders for below
+endif()
+foreach(_library IN LISTS _cxxlaunch_libraries)
+  string(REGEX REPLACE "^cxxlaunch_" "" _name ${_library})
+  set_target_properties(${_library} PROPERTIES EXPORT_NAME ${_name})
+endforeach()
+install(TARGETS ${_cxxlaunch_libraries} EXPORT cxxlaunchTargets
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  INCLUDES DESTINATION ${CXXLAUNCH_INSTALL_INCLUDEDIR})
+install(EXPORT cxxlaunchTargets NAMESPACE cxxlaunch:: DESTINATION ${CXXLAUNCH_INSTALL_CMAKEDIR})
+
+# The public headers: these entry points and every header of ours they include, followed at
+# install time (cmake/install_headers.cmake), so the set cannot fall behind the code.
+set(CXXLAUNCH_PUBLIC_HEADERS runtime/accelerator.h runtime/env.h common/error.h common/env_names.h)
+install(CODE "
+  set(CXXLAUNCH_HEADER_SOURCE_DIR \"${CMAKE_SOURCE_DIR}\")
+  set(CXXLAUNCH_HEADER_ROOTS \"${CXXLAUNCH_PUBLIC_HEADERS}\")
+  set(CXXLAUNCH_HEADER_DESTINATION \"\${CMAKE_INSTALL_PREFIX}/${CXXLAUNCH_INSTALL_INCLUDEDIR}\")
+  include(\"${CMAKE_CURRENT_LIST_DIR}/install_headers.cmake\")")
+
+# The package config and its version (0.x: a minor version may break the interface).
+get_filename_component(CXXLAUNCH_TORCH_DIR "${Torch_DIR}" ABSOLUTE)
+get_filename_component(CXXLAUNCH_GLOO_DIR "${Gloo_DIR}" ABSOLUTE)
+configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/cxxlaunchConfig.cmake.in
+  ${CMAKE_BINARY_DIR}/cxxlaunchConfig.cmake INSTALL_DESTINATION ${CXXLAUNCH_INSTALL_CMAKEDIR})
+write_basic_package_version_file(${CMAKE_BINARY_DIR}/cxxlaunchConfigVersion.cmake
+  COMPATIBILITY SameMinorVersion)
+install(FILES ${CMAKE_BINARY_DIR}/cxxlaunchConfig.cmake
+              ${CMAKE_BINARY_DIR}/cxxlaunchConfigVersion.cmake
+        DESTINATION ${CXXLAUNCH_INSTALL_CMAKEDIR})
+
+# pkg-config: the prefix is found from the .pc file's own folder (${pcfiledir}).
+file(RELATIVE_PATH CXXLAUNCH_PC_TO_PREFIX "/prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/prefix")
+string(REGEX REPLACE "/$" "" CXXLAUNCH_PC_TO_PREFIX "${CXXLAUNCH_PC_TO_PREFIX}")
+set(CXXLAUNCH_PC_LIBS "-lcxxlaunch_runtime -lcxxlaunch_kernels_cpu")
+set(CXXLAUNCH_PC_DEPENDENCY_LIBS "-lgloo")
+if(CXXLAUNCH_PACKAGE_WITH_CUDA)
+  string(APPEND CXXLAUNCH_PC_LIBS " -lcxxlaunch_cuda")
+  string(APPEND CXXLAUNCH_PC_DEPENDENCY_LIBS " -L${CUDAToolkit_LIBRARY_DIR} -lcudart")
+endif()
+get_target_property(_runtime_links cxxlaunch_runtime LINK_LIBRARIES)
+if(NCCL_LIBRARY AND NCCL_LIBRARY IN_LIST _runtime_links)
+  string(APPEND CXXLAUNCH_PC_DEPENDENCY_LIBS " ${NCCL_LIBRARY}")
+endif()
+string(APPEND CXXLAUNCH_PC_LIBS " -lcxxlaunch_rendezvous -lcxxlaunch_proto -lcxxlaunch_common")
+string(REPLACE ";" " " CXXLAUNCH_PC_TORCH_CXX_FLAGS "${TORCH_CXX_FLAGS}")
+configure_file(${CMAKE_CURRENT_LIST_DIR}/cxxlaunch.pc.in ${CMAKE_BINARY_DIR}/cxxlaunch.pc @ONLY)
+install(FILES ${CMAKE_BINARY_DIR}/cxxlaunch.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

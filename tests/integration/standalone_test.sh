@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The installed package as a user meets it (docs/install.md): installs BUILD into a temporary
+# prefix, builds examples/standalone against that prefix with find_package(cxxlaunch), runs the
+# trainer at world 2 under the installed cxxlaunch, runs the installed `cxxlaunch test`, and
+# links the same trainer through pkg-config's cxxlaunch.pc.
+# Usage: standalone_test.sh SOURCE_DIR BUILD_DIR
+# The example is built as BUILD was: CXXLAUNCH_BUILD_TYPE, CXXLAUNCH_CXX_FLAGS and
+# CXXLAUNCH_LINKER_FLAGS (the sanitizer builds' -fsanitize=...) from the environment.
+set -euo pipefail
+source_dir=$(cd "$1" && pwd)
+build_dir=$(cd "$2" && pwd)
+
+# Under the build folder, so ccache (paths relative to CCACHE_BASEDIR) hits on every rerun.
+work=$(mktemp -d "$build_dir/standalone-test.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+trap 'exit 143' TERM INT  # ctest's timeout: still clean up
+prefix=$work/prefix
+fail() {
+  echo "standalone_test: FAIL: $*" >&2
+  exit 1
+}
+
+echo "== cmake --install $build_dir --prefix $prefix"
+cmake --install "$build_dir" --prefix "$prefix" >"$work/install.log" || {
+  cat "$work/install.log"
+  fail "cmake --install failed"
+}
+for f in bin/cxxlaunch bin/cxxlaunchd bin/cxxlaunch_selftest \
+  include/cxxlaunch/runtime/accelerator.h include/cxxlaunch/common/error.h \
+  lib/libcxxlaunch_runtime.a lib/cmake/cxxlaunch/cxxlaunchConfig.cmake \
+  lib/cmake/cxxlaunch/cxxlaunchConfigVersion.cmake lib/pkgconfig/cxxlaunch.pc; do
+  [ -e "$prefix/$f" ] || fail "the install has no $f"
+done
+
+echo "== configure and build examples/standalone against the prefix"
+export CCACHE_BASEDIR=$source_dir CCACHE_NOHASHDIR=1 CCACHE_SLOPPINESS=pch_defines,time_macros
+launcher=()
+command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+generator=()
+command -v ninja >/dev/null && generator=(-G Ninja)
+cmake -S "$source_dir/examples/standalone" -B "$work/example" "${generator[@]}" \
+  -DCMAKE_BUILD_TYPE="${CXXLAUNCH_BUILD_TYPE:-RelWithDebInfo}" \
+  -DCMAKE_CXX_FLAGS="${CXXLAUNCH_CXX_FLAGS:-}" -DCMAKE_EXE_LINKER_FLAGS="${CXXLAUNCH_LINKER_FLAGS:-}" \
+  -DCMAKE_PREFIX_PATH="$prefix" "${launcher[@]}" \
+  >"$work/configure.log" 2>&1 || {
+  cat "$work/configure.log"
+  fail "examples/standalone does not configure against the installed package"
+}
+grep -q "cxxlaunch_DIR:PATH=$prefix/lib/cmake/cxxlaunch" "$work/example/CMakeCache.txt" ||
+  fail "find_package(cxxlaunch) did not take the package from $prefix"
+cmake --build "$work/example" --parallel 2 || fail "examples/standalone does not build"
+trainer=$work/example/standalone_train
+
+echo "== $prefix/bin/cxxlaunch run --nproc_per_node=2 --cpu standalone_train"
+cd "$work"
+output=$("$prefix/bin/cxxlaunch" run --nproc_per_node=2 --cpu "$trainer" 2>&1) ||
+  fail "the trainer failed under the installed launcher (exit $?):
+$output"
+echo "$output"
+line=$(grep -E '^\[rank 0\]: standalone: world 2 steps 100 final loss [0-9.e+-]+$' <<<"$output") ||
+  fail "no 'standalone: world 2 steps 100 final loss L' line from rank 0"
+[ "$(grep -c 'standalone:' <<<"$output")" -eq 1 ] || fail "acc.print printed on more than rank 0"
+loss=${line##* }
+awk -v l="$loss" 'BEGIN { exit !(l < 1.0) }' || fail "final loss $loss: the MLP did not learn"
+
+echo "== $prefix/bin/cxxlaunch test"
+output=$("$prefix/bin/cxxlaunch" test 2>&1) || fail "the installed cxxlaunch test failed:
+$output"
+grep -q "your setup is ready" <<<"$output" || fail "cxxlaunch test did not say the setup is ready"
+
+echo "== pkg-config cxxlaunch: link the same trainer"
+export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
+flags=$(pkg-config --cflags --libs cxxlaunch) || fail "pkg-config cannot read cxxlaunch.pc"
+grep -q -- "-I$prefix/lib/pkgconfig/../../include/cxxlaunch" <<<"$flags" ||
+  fail "cxxlaunch.pc does not point into the prefix: $flags"
+# LibTorch has no .pc file: its libraries from where the example's find_package found them.
+torch_lib=$(sed -n 's|^Torch_DIR:PATH=||p' "$work/example/CMakeCache.txt")
+torch_lib=$(dirname "$(find "$torch_lib/../.." "$torch_lib/../../../lib" -maxdepth 1 \
+  -name 'libtorch.so' 2>/dev/null | head -1)")
+object=$(find "$work/example" -name 'train.cc.o' | head -1)
+# shellcheck disable=SC2086  # the flags are words
+c++ ${CXXLAUNCH_CXX_FLAGS:-} ${CXXLAUNCH_LINKER_FLAGS:-} "$object" -o "$work/pkg_config_train" $flags -L"$torch_lib" -Wl,-rpath,"$torch_lib" \
+  -ltorch -ltorch_cpu -lc10 || fail "the link line of cxxlaunch.pc does not link the trainer"
+output=$("$work/pkg_config_train" 2>&1) || fail "the pkg-config build failed alone: $output"
+grep -q '^standalone: world 1 steps 100 final loss' <<<"$output" ||
+  fail "the pkg-config build printed: $output"
+echo "standalone_test: ok"
