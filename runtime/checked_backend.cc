@@ -140,7 +140,7 @@ class CheckedWork final : public Work {
         break;
       } catch (const TimeoutError& e) {
         // The collective's own failure (done, with its error), or this wait's end: report.
-        if (inner_->done() || std::chrono::steady_clock::now() >= deadline) {
+        if (!heartbeat_ || inner_->done() || std::chrono::steady_clock::now() >= deadline) {
           tracker_->timedOut(seq_, e);
         }
         heartbeat_->beat();

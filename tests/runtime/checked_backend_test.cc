@@ -4,6 +4,8 @@
 
 #include "runtime/checked_backend.h"
 
+#include <sys/stat.h>
+
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <string>
@@ -13,6 +15,7 @@
 #include "common/error.h"
 #include "rendezvous/memory_store.h"
 #include "support/ranks.h"
+#include "support/subprocess.h"
 
 using namespace cxxlaunch::runtime;
 using cxxlaunch::testing::onRanks;
@@ -98,4 +101,24 @@ TEST_CASE("A timed-out collective names the rank that was behind and its own his
   CHECK_THAT(error, Catch::Contains("rank 1: no report (behind"));
   CHECK_THAT(error, Catch::Contains("#1 allreduce float32 x5"));
   CHECK_THAT(error, Catch::Contains("#2 barrier  (not completed)"));
+}
+
+TEST_CASE("A collective waiting for a late peer keeps beating the heartbeat", "[checked_backend]") {
+  cxxlaunch::testing::TempDir dir;
+  const std::string file = dir.path() + "/heartbeat";
+  auto heartbeat = std::make_shared<Heartbeat>(file);
+  auto world = makeFakeWorld(2);
+  onRanks(2, [&](int rank) {
+    CheckOptions options;
+    if (rank == 0) options.heartbeat = heartbeat;
+    auto backend = makeCheckedBackend(makeFakeBackend(world, rank), options);
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // late
+    backend->barrier()->wait();
+  });
+  struct stat st {};
+  REQUIRE(::stat(file.c_str(), &st) == 0);  // created by the first beat, during the wait
+  const auto beat = std::chrono::system_clock::time_point(
+      std::chrono::seconds(st.st_mtim.tv_sec) + std::chrono::nanoseconds(st.st_mtim.tv_nsec));
+  // Beaten every second of the 2.5 s wait: the last beat is at most about a second old.
+  CHECK(std::chrono::system_clock::now() - beat < std::chrono::milliseconds(1500));
 }
