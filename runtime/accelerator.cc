@@ -5,6 +5,7 @@
 #endif
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/cuda.h>
 
 #include <cmath>
 #include <cstdio>
@@ -55,7 +56,10 @@ Accelerator::Accelerator(World world, AcceleratorOptions options)
   }
   if (!world_.backend) {
     if (!world_.store) world_.store = storeFromEnv(world_.env);
-    world_.backend = backendFromEnv(world_.env, world_.store, false, world_.heartbeat);
+    // As accelerate: a worker that sees a GPU trains on it (over NCCL, with backend auto); the
+    // launcher's --cpu hides them (CUDA_VISIBLE_DEVICES empty).
+    world_.backend =
+        backendFromEnv(world_.env, world_.store, torch::cuda::is_available(), world_.heartbeat);
   }
   precision_ = precisionPolicy(world_.env.mixed_precision, device().type());
   if (precision_.scalesLoss() || options.loss_scaling) {
