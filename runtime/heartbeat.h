@@ -21,6 +21,7 @@ class Heartbeat {
   Heartbeat& operator=(const Heartbeat&) = delete;
 
   void beat();
+  bool watched() const { return !path_.empty(); }  // the launcher asked for beats
 
  private:
   const std::string path_;  // "": nobody watches, beat() does nothing

@@ -42,7 +42,8 @@ std::shared_ptr<Backend> backendFromEnv(const WorkerEnv& env,
   CheckOptions check;  // hangs that explain themselves (checked_backend.h)
   check.debug = env.debug;
   check.store = options.store;
-  check.heartbeat = std::move(heartbeat);
+  // Waits in slices only when someone watches the beats.
+  if (heartbeat && heartbeat->watched()) check.heartbeat = std::move(heartbeat);
   return makeCheckedBackend(nccl ? makeNcclBackend(options) : makeGlooBackend(options),
                             std::move(check));
 }
