@@ -87,7 +87,7 @@ inline constexpr const char kFsdpActivationCheckpointing[] =
 
 // Not a variable: the names of the runtime's shared-memory segments in /dev/shm start with this
 // and the creating worker's pid ("cxxlaunch-<pid>-..."), so that the launcher can remove what a
-// worker killed mid-setup left behind (runtime/shm_collectives.h).
+// worker killed mid-setup left behind (runtime/comm/shm_collectives.h).
 inline constexpr const char kShmNamePrefix[] = "cxxlaunch-";
 
 }  // namespace cxxlaunch::env

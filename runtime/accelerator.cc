@@ -17,8 +17,8 @@
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/checkpoint/files.h"
 #include "runtime/checkpoint/safetensors.h"
+#include "runtime/comm/tensor_ops.h"
 #include "runtime/host_memory.h"
-#include "runtime/tensor_ops.h"
 
 namespace cxxlaunch::runtime {
 namespace {

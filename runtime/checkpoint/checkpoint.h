@@ -31,8 +31,8 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/backend.h"
 #include "runtime/checkpoint/shard_file.h"
+#include "runtime/comm/backend.h"
 
 namespace cxxlaunch::runtime::checkpoint {
 

@@ -8,11 +8,11 @@
 #include <set>
 
 #include "common/error.h"
+#include "runtime/comm/tensor_ops.h"
 #include "runtime/host_memory.h"
 #include "runtime/optim/device_kernels.h"
 #include "runtime/strategy/grad_hooks.h"
 #include "runtime/strategy/model_state.h"
-#include "runtime/tensor_ops.h"
 
 namespace cxxlaunch::runtime {
 namespace {
