@@ -60,6 +60,8 @@ inline constexpr const char kOffloadParamNvmePath[] = "CXXLAUNCH_OFFLOAD_PARAM_N
 inline constexpr const char kStateDictType[] = "CXXLAUNCH_STATE_DICT_TYPE";  // full | sharded
 // The folder workers save checkpoints into and resume from (Accelerator::saveCheckpoint/resume).
 inline constexpr const char kCheckpointDir[] = "CXXLAUNCH_CHECKPOINT_DIR";
+// How many complete checkpoints saveCheckpoint keeps there (accelerate's total_limit); 0: all.
+inline constexpr const char kCheckpointTotalLimit[] = "CXXLAUNCH_CHECKPOINT_TOTAL_LIMIT";
 inline constexpr const char kDebug[] = "CXXLAUNCH_DEBUG";  // true: check collectives' shapes
 // With --watchdog_timeout: the file whose time the runtime touches at every micro-step, so that
 // the launcher sees a worker that stops making progress.

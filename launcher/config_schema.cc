@@ -159,6 +159,10 @@ std::vector<KeySpec> buildSchema() {
       textKey("cxxlaunch.checkpoint_dir", K::kText, "", "checkpoint_dir",
               "CXXLAUNCH_CHECKPOINT_DIR",
               "folder the workers save checkpoints into and resume from after a restart"),
+      rangeKey("cxxlaunch.checkpoint_total_limit", K::kInt, 0, 1e6, "0", "checkpoint_total_limit",
+               "CXXLAUNCH_CHECKPOINT_TOTAL_LIMIT",
+               "saveCheckpoint keeps the newest N complete checkpoints (accelerate's total_limit); "
+               "0: all"),
       textKey("cxxlaunch.log_dir", K::kText, "", "", "CXXLAUNCH_LOG_DIR",
               "per-rank logs (--log_dir; unset: $TMPDIR/cxxlaunch)"),
       textKey("cxxlaunch.token_file", K::kText, "", "", "CXXLAUNCH_TOKEN_FILE",
