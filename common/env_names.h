@@ -61,8 +61,8 @@ inline constexpr const char kStateDictType[] = "CXXLAUNCH_STATE_DICT_TYPE";  // 
 // The folder workers save checkpoints into and resume from (Accelerator::saveCheckpoint/resume).
 inline constexpr const char kCheckpointDir[] = "CXXLAUNCH_CHECKPOINT_DIR";
 inline constexpr const char kDebug[] = "CXXLAUNCH_DEBUG";  // true: check collectives' shapes
-// With --watchdog_timeout: the file whose time the runtime touches at every micro-step, so that
-// the launcher sees a worker that stops making progress.
+// Always set: the file whose time the runtime touches at every micro-step, so that the launcher
+// sees a worker that stops making progress (`cxxlaunch status`, --watchdog_timeout).
 inline constexpr const char kHeartbeatFile[] = "CXXLAUNCH_HEARTBEAT_FILE";
 // Not set by the launcher: seconds a collective may take before it fails (default 300).
 inline constexpr const char kCollectiveTimeout[] = "CXXLAUNCH_COLLECTIVE_TIMEOUT";
