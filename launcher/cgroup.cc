@@ -187,6 +187,10 @@ std::optional<std::string> ownCgroup() {
 
 void killCgroup(const char* dir) {
   if (writeFileIn(dir, "cgroup.kill", "1")) return;  // Linux 5.14: the kernel does it all
+  killCgroupByFreezing(dir);
+}
+
+void killCgroupByFreezing(const char* dir) {
   const bool frozen = writeFileIn(dir, "cgroup.freeze", "1");
   for (int round = 0; round < 1000 && killMembersBelow(dir, 0) > 0; ++round) {
     pause(1);

@@ -52,6 +52,9 @@ class JobCgroup {
 // on kernels without it freeze, kill each member until none is left, thaw.
 void killCgroup(const char* dir);
 
+// killCgroup's way on kernels without cgroup.kill (before 5.14), for tests on newer ones.
+void killCgroupByFreezing(const char* dir);
+
 // Kills (killCgroup) and removes the cgroup at `dir` and the cgroups below it (a launcher
 // started by a worker makes its own there), trying for at most `patience_ms` while processes are
 // still dying. Returns whether it is gone.
