@@ -60,11 +60,10 @@ Args detachedGrandparent(const std::string& dir, const Args& launcher_flags = {}
   const std::string gc = dir + "/gc.$LOCAL_RANK";
   Args argv = {CXXLAUNCH_BIN, "run", "--nproc_per_node=2", "--shutdown_grace=1"};
   argv.insert(argv.end(), launcher_flags.begin(), launcher_flags.end());
-  argv.insert(argv.end(),
-              {"/bin/sh", "-c",
-               "setsid /bin/sh -c 'trap \"\" TERM; echo $$ > " + gc + ".tmp; mv " + gc + ".tmp " +
-                   gc + "; exec sleep 523' & while [ ! -e " + gc +
-                   " ]; do sleep 0.01; done; sleep 600"});
+  argv.insert(argv.end(), {"/bin/sh", "-c",
+                           "setsid /bin/sh -c 'trap \"\" TERM; echo $$ > " + gc + ".tmp; mv " + gc +
+                               ".tmp " + gc + "; exec sleep 523' & while [ ! -e " + gc +
+                               " ]; do sleep 0.01; done; sleep 600"});
   return argv;
 }
 
@@ -113,9 +112,10 @@ TEST_CASE("Workers and what they start run in the job's cgroup, removed at the e
   CHECK_FALSE(fs::exists(dir));
 }
 
-TEST_CASE("After SIGKILL of the launcher no process of the job is left, not even one that left "
-          "its session and ignores SIGTERM",
-          "[confinement][integration][reliability]") {
+TEST_CASE(
+    "After SIGKILL of the launcher no process of the job is left, not even one that left "
+    "its session and ignores SIGTERM",
+    "[confinement][integration][reliability]") {
   TempDir dir;
   Subprocess launcher(detachedGrandparent(dir.path()));
   auto pids = grandchildren(dir.path());

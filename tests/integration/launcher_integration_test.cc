@@ -196,8 +196,8 @@ TEST_CASE("cxxlaunch status shows a stopped worker as silent, without --watchdog
   INFO(text);
   CHECK_THAT(workerRow(text, 1), Catch::Contains(std::to_string(workers[1])));
   ::kill(workers[1], SIGSTOP);
-  CHECK(eventually([&] { return workerRow(status(), 1).find("SILENT") != std::string::npos; },
-                   30s));
+  CHECK(
+      eventually([&] { return workerRow(status(), 1).find("SILENT") != std::string::npos; }, 30s));
   INFO(text);
   CHECK_THAT(workerRow(text, 1), Catch::Contains("stopped"));
   CHECK_THAT(workerRow(text, 0), !Catch::Contains("SILENT"));
@@ -548,6 +548,38 @@ TEST_CASE("A console nobody reads does not delay the reaction to a failed worker
   auto r = launcher.wait(20s);
   REQUIRE(r);
   CHECK(r->exit_code == 7);
+  CHECK_THAT(readFile(err), Catch::Contains("did not take the last"));
+  ::close(pipe_fds[0]);
+}
+
+TEST_CASE("SIGTERM ends a job whose console is never read",
+          "[launcher][integration][reliability]") {
+  // Both ranks write without end into a pipe nobody ever reads. Once the console's queue is full
+  // the launcher stops reading them; a SIGTERM must still stop them and end the job (it waited
+  // for the pipe before: for ever, with a reader that never comes).
+  int pipe_fds[2];
+  REQUIRE(::pipe(pipe_fds) == 0);
+  TempDir dir;
+  const std::string err = dir.path() + "/err";
+  const std::string script = "exec " + std::string(CXXLAUNCH_BIN) + " run --log_dir " + dir.path() +
+                             " --run_id flood --nproc_per_node=2 yes >&" +
+                             std::to_string(pipe_fds[1]) + " 2>" + err;
+  Subprocess launcher({"/bin/sh", "-c", script});
+  ::close(pipe_fds[1]);
+  auto logged = [&] {
+    std::error_code ec;
+    uintmax_t bytes = 0;
+    for (const char* rank : {"0", "1"}) {
+      const auto size = fs::file_size(dir.path() + "/flood/attempt_0/" + rank + "/stdout.log", ec);
+      if (!ec) bytes += size;
+    }
+    return bytes;
+  };
+  REQUIRE(eventually([&] { return logged() > 1'000'000; }, 30s));  // the 1 MiB queue is full
+  ::kill(launcher.pid(), SIGTERM);
+  auto r = launcher.wait(60s);
+  REQUIRE(r);
+  CHECK(r->exit_code == 128 + SIGTERM);
   CHECK_THAT(readFile(err), Catch::Contains("did not take the last"));
   ::close(pipe_fds[0]);
 }

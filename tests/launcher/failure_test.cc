@@ -1,8 +1,9 @@
+#include "launcher/failure.h"
+
 #include <catch2/catch.hpp>
 #include <csignal>
 #include <fstream>
 
-#include "launcher/failure.h"
 #include "support/subprocess.h"
 
 using namespace cxxlaunch::launcher;

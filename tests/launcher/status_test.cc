@@ -49,8 +49,8 @@ TEST_CASE("Status shows each worker's last progress and flags the silent ones", 
                                     60s);
   INFO(text);
   CHECK_THAT(text, Catch::Contains("silent: no progress for 60.0 s or more"));
-  CHECK_THAT(rowOf(text, 0), Catch::Contains("501") && Catch::Contains("sleeping") &&
-                                 Catch::Contains("0.2 s ago"));
+  CHECK_THAT(rowOf(text, 0),
+             Catch::Contains("501") && Catch::Contains("sleeping") && Catch::Contains("0.2 s ago"));
   CHECK_THAT(rowOf(text, 0), !Catch::Contains("SILENT"));
   CHECK_THAT(rowOf(text, 1), Catch::Contains("stopped") && Catch::Contains("75.0 s ago  SILENT"));
   CHECK_THAT(rowOf(text, 2), Catch::Contains("never (no heartbeat"));

@@ -1,8 +1,8 @@
 // The rendezvous state machine on a fake clock: no test here sleeps.
 
-#include <catch2/catch.hpp>
-
 #include "rendezvous/run_state.h"
+
+#include <catch2/catch.hpp>
 
 using namespace cxxlaunch;
 using namespace cxxlaunch::rendezvous;
@@ -73,7 +73,8 @@ TEST_CASE_METHOD(Fixture, "Static node ranks decide the order", "[run_state]") {
   const auto s = settings(2, 2);
   RunState run("job", s);
   CHECK_FALSE(run.join(node("z", 1, 0), s, now));
-  REQUIRE_THROWS_WITH(run.join(node("y", 1, 0), s, now), Catch::Contains("already taken by node z"));
+  REQUIRE_THROWS_WITH(run.join(node("y", 1, 0), s, now),
+                      Catch::Contains("already taken by node z"));
   REQUIRE_THROWS_WITH(run.join(node("x", 1, 2), s, now), Catch::Contains("out of range"));
   REQUIRE_THROWS_WITH(run.join(node("w", 1, -1), s, now), Catch::Contains("mixes static"));
   CHECK_THAT(run.waitingFor(), Catch::Contains("missing node ranks: 1"));
@@ -173,8 +174,7 @@ TEST_CASE_METHOD(Fixture, "A node joining a running round is admitted at the nex
   CHECK(run.placementOf("c"));
 }
 
-TEST_CASE_METHOD(Fixture, "A node beyond max waits without disturbing the round",
-                 "[run_state]") {
+TEST_CASE_METHOD(Fixture, "A node beyond max waits without disturbing the round", "[run_state]") {
   const auto s = settings(1, 2);
   RunState run("job", s);
   run.join(node("a"), s, now);
