@@ -304,7 +304,10 @@ void Agent::spawnWorkers(int attempt, const WorldAssignment& world) {
     for (const auto& arg : options_.args)
       spec.argv.push_back(substituteLocalRank(arg, w.local_rank));
     spec.env = workerEnvironment(w, world);
-    if (cgroup_ && !cgroup_refused_) spec.cgroup_procs_fd = cgroup_->procsFd();
+    if (cgroup_ && !cgroup_refused_) {
+      spec.cgroup_dir_fd = cgroup_->dirFd();
+      spec.cgroup_procs_fd = cgroup_->procsFd();
+    }
     SpawnedProcess process = spawnProcess(spec);
     w.pid = process.pid;
     w.running = true;

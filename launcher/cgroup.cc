@@ -228,15 +228,19 @@ std::unique_ptr<JobCgroup> JobCgroup::create(const std::string& name) {
   if (relative == "/") relative.clear();
   const std::string path = mount_point + relative + "/" + name;
   if (path.size() >= PATH_MAX || ::mkdir(path.c_str(), 0755) != 0) return nullptr;
-  const int fd = ::open((path + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC);
-  if (fd == -1) {
+  const int dir_fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  const int procs_fd = ::open((path + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC);
+  if (dir_fd == -1 || procs_fd == -1) {
+    if (dir_fd != -1) ::close(dir_fd);
+    if (procs_fd != -1) ::close(procs_fd);
     ::rmdir(path.c_str());
     return nullptr;
   }
-  return std::unique_ptr<JobCgroup>(new JobCgroup(path, fd));
+  return std::unique_ptr<JobCgroup>(new JobCgroup(path, dir_fd, procs_fd));
 }
 
 JobCgroup::~JobCgroup() {
+  ::close(dir_fd_);
   ::close(procs_fd_);
   removeCgroup(path_.c_str(), 5000);
 }

@@ -33,7 +33,9 @@ class JobCgroup {
 
   // Its folder, e.g. /sys/fs/cgroup/user.slice/.../cxxlaunch-job-42-1234.
   const std::string& path() const { return path_; }
-  // Its cgroup.procs, open for writing: a child writes "0" to it to enter.
+  // Its folder, open (clone3's CLONE_INTO_CGROUP), and its cgroup.procs, open for writing: a
+  // child writes "0" to it to enter.
+  int dirFd() const { return dir_fd_; }
   int procsFd() const { return procs_fd_; }
   // Whether any process is in it or in a cgroup below it.
   bool populated() const;
@@ -43,8 +45,10 @@ class JobCgroup {
   void killAll() const;
 
  private:
-  JobCgroup(std::string path, int procs_fd) : path_(std::move(path)), procs_fd_(procs_fd) {}
+  JobCgroup(std::string path, int dir_fd, int procs_fd)
+      : path_(std::move(path)), dir_fd_(dir_fd), procs_fd_(procs_fd) {}
   std::string path_;
+  int dir_fd_ = -1;
   int procs_fd_ = -1;
 };
 

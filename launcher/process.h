@@ -4,7 +4,8 @@
 //  - PR_SET_PDEATHSIG=SIGKILL (so a killed agent leaves no orphan), re-checked after setting it,
 //  - stdin from /dev/null, stdout and stderr into pipes the agent reads,
 //  - default signal dispositions and an empty signal mask (the agent blocks signals for signalfd).
-//  - in the job's cgroup, when there is one (cgroup.h): it enters before it execs.
+//  - in the job's cgroup, when there is one (cgroup.h): it starts there (clone3's
+//    CLONE_INTO_CGROUP) or, where that cannot be had, enters before it execs.
 // Everything the child needs is prepared before it exists, so spawning is safe with threads
 // running; the child borrows the agent's memory until it execs (clone with CLONE_VFORK).
 
@@ -19,7 +20,8 @@ struct SpawnSpec {
   std::string program;            // path to execute
   std::vector<std::string> argv;  // argv[0] included
   std::vector<std::string> env;   // complete environment, "NAME=value"
-  int cgroup_procs_fd = -1;       // a cgroup's cgroup.procs to enter before exec; -1: none
+  int cgroup_dir_fd = -1;         // the cgroup to start in (its folder, open); -1: none
+  int cgroup_procs_fd = -1;  // its cgroup.procs, to enter by where clone3 cannot start it there
 };
 
 struct SpawnedProcess {

@@ -19,6 +19,7 @@
 #include <sstream>
 
 #include "launcher/cgroup.h"
+#include "launcher/process.h"
 #include "support/subprocess.h"
 
 using namespace cxxlaunch::testing;
@@ -180,6 +181,33 @@ TEST_CASE("Without cgroup.kill, freezing and killing each member empties the cgr
   const std::string path = cgroup->path();
   cgroup.reset();  // removes it
   CHECK_FALSE(fs::exists(path));
+}
+
+TEST_CASE("A worker starts in the cgroup by clone3 or by its own write before exec",
+          "[confinement]") {
+  using namespace cxxlaunch::launcher;
+  auto cgroup = JobCgroup::create("cxxlaunch-test-spawn-" + std::to_string(::getpid()));
+  REQUIRE(cgroup != nullptr);
+  const std::string name = fs::path(cgroup->path()).filename().string();
+  for (const bool clone3 : {true, false}) {
+    INFO((clone3 ? "clone3 into the cgroup" : "write to cgroup.procs"));
+    SpawnSpec spec;
+    spec.program = "/bin/cat";
+    spec.argv = {"/bin/cat", "/proc/self/cgroup"};
+    spec.cgroup_dir_fd = clone3 ? cgroup->dirFd() : -1;
+    spec.cgroup_procs_fd = cgroup->procsFd();
+    const SpawnedProcess p = spawnProcess(spec);
+    CHECK(p.cgroup_error == 0);
+    int status = 0;
+    REQUIRE(::waitpid(p.pid, &status, 0) == p.pid);
+    std::string out;
+    char buffer[4096];
+    for (ssize_t n; (n = ::read(p.stdout_fd, buffer, sizeof(buffer))) > 0;) out.append(buffer, n);
+    ::close(p.stdout_fd);
+    ::close(p.stderr_fd);
+    CHECK(WIFEXITED(status));
+    CHECK_THAT(out, Catch::Contains("0::") && Catch::Contains("/" + name + "\n"));
+  }
 }
 
 int main(int argc, char** argv) {
