@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/limits.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -174,6 +175,29 @@ std::optional<std::pair<std::string, std::string>> cgroup2Mount() {
   return std::nullopt;
 }
 
+// A cgroup younger than this may be one its launcher has made but not locked yet.
+constexpr int kStaleAfterSeconds = 10;
+
+}  // namespace
+
+void collectStaleCgroups(const std::string& parent, int min_age_seconds) {
+  const std::time_t now = std::time(nullptr);
+  forEachChild(parent.c_str(), [&](const char* dir) {
+    const char* name = std::strrchr(dir, '/') + 1;
+    if (std::strncmp(name, "cxxlaunch-", 10) != 0) return;
+    const int fd = ::open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd == -1) return;
+    struct stat st {};
+    if (::fstat(fd, &st) == 0 && now - st.st_ctime >= min_age_seconds &&
+        ::flock(fd, LOCK_EX | LOCK_NB) == 0) {
+      removeCgroup(dir, 0);
+    }
+    ::close(fd);
+  });
+}
+
+namespace {
+
 // Our cgroup in the v2 hierarchy: the "0::PATH" line of /proc/self/cgroup.
 std::optional<std::string> ownCgroup() {
   std::ifstream in("/proc/self/cgroup");
@@ -226,9 +250,13 @@ std::unique_ptr<JobCgroup> JobCgroup::create(const std::string& name) {
     relative = relative.substr(root.size());
   }
   if (relative == "/") relative.clear();
-  const std::string path = mount_point + relative + "/" + name;
+  const std::string parent = mount_point + relative;
+  const std::string path = parent + "/" + name;
   if (path.size() >= PATH_MAX || ::mkdir(path.c_str(), 0755) != 0) return nullptr;
+  collectStaleCgroups(parent, kStaleAfterSeconds);
+  // Held while the launcher lives: a cgroup nobody holds is stale (collectStaleCgroups).
   const int dir_fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd != -1) ::flock(dir_fd, LOCK_SH | LOCK_NB);
   const int procs_fd = ::open((path + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC);
   if (dir_fd == -1 || procs_fd == -1) {
     if (dir_fd != -1) ::close(dir_fd);

@@ -56,6 +56,13 @@ class JobCgroup {
 // on kernels without it freeze, kill each member until none is left, thaw.
 void killCgroup(const char* dir);
 
+// The job cgroups below `parent` ("cxxlaunch-*") whose launcher and watchdog both died (killed
+// together, so nobody removed it): no launcher holds its lock (flock on its folder). What is
+// still in one outlived its job and is killed, and the cgroup removed, or left for the next
+// launcher while its processes are dying; nothing waits. Only those at least
+// `min_age_seconds` old: a younger one may not be locked yet. create() calls it.
+void collectStaleCgroups(const std::string& parent, int min_age_seconds);
+
 // killCgroup's way on kernels without cgroup.kill (before 5.14), for tests on newer ones.
 void killCgroupByFreezing(const char* dir);
 

@@ -210,6 +210,44 @@ TEST_CASE("A worker starts in the cgroup by clone3 or by its own write before ex
   }
 }
 
+TEST_CASE("A job cgroup whose launcher and watchdog both died is emptied and removed by the next",
+          "[confinement]") {
+  // Two job cgroups: one with a live holder (a launcher's lock), one abandoned with a process
+  // still in it (its launcher and watchdog were SIGKILLed together).
+  using namespace cxxlaunch::launcher;
+  auto held = JobCgroup::create("cxxlaunch-test-held-" + std::to_string(::getpid()));
+  auto abandoned = JobCgroup::create("cxxlaunch-test-abandoned-" + std::to_string(::getpid()));
+  REQUIRE(held != nullptr);
+  REQUIRE(abandoned != nullptr);
+  const std::string abandoned_dir = abandoned->path();
+  const pid_t orphan = ::fork();
+  REQUIRE(orphan != -1);
+  if (orphan == 0) {
+    if (::write(abandoned->procsFd(), "0", 1) != 1) ::_exit(3);
+    ::close(abandoned->dirFd());  // as exec would (close-on-exec): the lock is the launcher's
+    for (;;) ::pause();
+  }
+  REQUIRE(eventually([&] { return abandoned->members().size() == 1; }, 10s));
+  // Gone without cleaning up: its lock goes with its descriptors (a JobCgroup that is not
+  // destroyed, as after a SIGKILL).
+  ::close(abandoned->dirFd());
+  ::close(abandoned->procsFd());
+  JobCgroup* leaked = abandoned.release();
+  (void)leaked;
+  const std::string parent = fs::path(abandoned_dir).parent_path().string();
+  collectStaleCgroups(parent, 0);
+  int status = 0;
+  REQUIRE(::waitpid(orphan, &status, 0) == orphan);  // killed, or this hangs
+  CHECK(WIFSIGNALED(status));
+  CHECK(eventually(
+      [&] {
+        collectStaleCgroups(parent, 0);  // once its process is gone
+        return !fs::exists(abandoned_dir);
+      },
+      10s));
+  CHECK(fs::exists(held->path()));  // held: left alone
+}
+
 int main(int argc, char** argv) {
   Catch::Session session;
   if (const int rc = session.applyCommandLine(argc, argv); rc != 0) return rc;
