@@ -63,8 +63,8 @@ inline constexpr const char kCheckpointDir[] = "CXXLAUNCH_CHECKPOINT_DIR";
 // How many complete checkpoints saveCheckpoint keeps there (accelerate's total_limit); 0: all.
 inline constexpr const char kCheckpointTotalLimit[] = "CXXLAUNCH_CHECKPOINT_TOTAL_LIMIT";
 inline constexpr const char kDebug[] = "CXXLAUNCH_DEBUG";  // true: check collectives' shapes
-// With --watchdog_timeout: the file whose time the runtime touches at every micro-step, so that
-// the launcher sees a worker that stops making progress.
+// Always set: the file whose time the runtime touches at every micro-step, so that the launcher
+// sees a worker that stops making progress (`cxxlaunch status`, --watchdog_timeout).
 inline constexpr const char kHeartbeatFile[] = "CXXLAUNCH_HEARTBEAT_FILE";
 // Not set by the launcher: seconds a collective may take before it fails (default 300).
 inline constexpr const char kCollectiveTimeout[] = "CXXLAUNCH_COLLECTIVE_TIMEOUT";

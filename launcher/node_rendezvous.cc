@@ -4,6 +4,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -102,6 +103,33 @@ Decision decisionOf(const rdzv::Verdict& verdict, const std::string& self) {
   return d;
 }
 
+// How each worker is doing now, for the keep-alive that reports it: its state from /proc and
+// the time since its heartbeat file was last touched (none when it never beat: no runtime, or
+// not there yet).
+std::vector<rdzv::WorkerProgress> progressOf(const std::vector<LocalWorker>& workers) {
+  std::vector<rdzv::WorkerProgress> out;
+  out.reserve(workers.size());
+  const auto now = std::chrono::system_clock::now();
+  for (const auto& w : workers) {
+    rdzv::WorkerProgress p;
+    p.local_rank = w.local_rank;
+    p.rank = w.global_rank;
+    p.pid = w.pid;
+    p.state = w.running ? processState(w.pid) : "exited";
+    struct stat st {};
+    if (!w.heartbeat_file.empty() && ::stat(w.heartbeat_file.c_str(), &st) == 0) {
+      const auto beat = std::chrono::system_clock::time_point(
+          std::chrono::duration_cast<std::chrono::system_clock::duration>(
+              std::chrono::seconds(st.st_mtim.tv_sec) +
+              std::chrono::nanoseconds(st.st_mtim.tv_nsec)));
+      p.progress_age =
+          std::max(rdzv::Millis(0), std::chrono::duration_cast<rdzv::Millis>(now - beat));
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
 // Every job goes through a rendezvous server, a single-node job too: it hosts a private one on
 // loopback, so that its workers get a store (for Gloo and NCCL bootstrap) like any other job.
 
@@ -195,6 +223,11 @@ class RemoteRendezvous final : public NodeRendezvous {
   Decision news() override {
     std::lock_guard<std::mutex> lock(mu_);
     return remember(news_);
+  }
+
+  void publishWorkers(std::vector<LocalWorker> workers) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    workers_ = std::move(workers);
   }
 
   Decision workersFailed(int rank, int exit_code, const std::string& description) override {
@@ -306,6 +339,7 @@ class RemoteRendezvous final : public NodeRendezvous {
     while (!stop_) {
       wake_.wait_for(lock, pause, [&] { return stop_; });
       if (stop_) return;
+      const std::vector<LocalWorker> workers = workers_;
       lock.unlock();
       pause = std::min(pause * 2, interval);
       const auto silent = std::chrono::duration_cast<Millis>(Clock::now() - last_answer);
@@ -313,7 +347,8 @@ class RemoteRendezvous final : public NodeRendezvous {
       Decision decision;
       bool report = false;
       try {
-        decision = decisionOf(client_->keepAlive(node_.id, round_, deadline), node_.id);
+        decision = decisionOf(client_->keepAlive(node_.id, round_, deadline, progressOf(workers)),
+                              node_.id);
         last_answer = Clock::now();
         report = decision.kind != Decision::Kind::kWait;
       } catch (const Error& e) {
@@ -361,6 +396,7 @@ class RemoteRendezvous final : public NodeRendezvous {
   std::condition_variable wake_;
   bool stop_ = false;
   Decision news_;
+  std::vector<LocalWorker> workers_;  // reported with each keep-alive
   std::thread watcher_;
 };
 
