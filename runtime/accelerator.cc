@@ -203,32 +203,31 @@ torch::Tensor Accelerator::gather(const torch::Tensor& tensor) {
 }
 
 namespace {
-// Checkpoints read and write the state's bytes in host memory. A GPU worker's state would have to
-// be staged through it, which is not built yet: say so rather than read device memory.
-void requireHostState(const torch::Device& device, const char* call) {
-  if (device.is_cuda()) {
-    throw InvalidArgument(std::string(call) +
-                          ": checkpoints of GPU workers are not built yet (this build saves and "
-                          "loads state in host memory; train on CPU workers to checkpoint)");
-  }
+// The generators a checkpoint keeps: the CPU's, and the GPU's of a GPU worker (its dropout and
+// random initialisations), as accelerate saves both.
+std::vector<std::pair<std::string, at::Generator>> generatorsOf(const torch::Device& device) {
+  std::vector<std::pair<std::string, at::Generator>> out = {
+      {"rng_cpu", at::detail::getDefaultCPUGenerator()}};
+  if (device.is_cuda()) out.emplace_back("rng_cuda", at::globalContext().defaultGenerator(device));
+  return out;
 }
 }  // namespace
 
 void Accelerator::saveState(const std::string& dir) {
   if (!strategy_) throw InvalidArgument("Accelerator::saveState before prepare");
-  requireHostState(device(), "Accelerator::saveState");
   std::vector<std::pair<std::string, std::string>> blobs;
-  at::Generator generator = at::detail::getDefaultCPUGenerator();
-  torch::Tensor rng;
-  {
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    rng = generator.get_state();
+  for (auto& [name, generator] : generatorsOf(device())) {
+    torch::Tensor rng;
+    {
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      rng = generator.get_state();
+    }
+    blobs.emplace_back(name, std::string(static_cast<const char*>(rng.data_ptr()),
+                                         static_cast<size_t>(rng.nbytes())));
   }
-  blobs.emplace_back("rng_cpu", std::string(static_cast<const char*>(rng.data_ptr()),
-                                            static_cast<size_t>(rng.nbytes())));
   if (isMainProcess()) {  // buffers are the same everywhere (broadcast at prepare)
     for (const auto& item : model_->named_buffers()) {
-      const torch::Tensor b = item.value().contiguous();
+      const torch::Tensor b = item.value().to(torch::kCPU).contiguous();
       blobs.emplace_back("buffer:" + item.key(),
                          std::string(static_cast<const char*>(b.data_ptr()), b.nbytes()));
     }
@@ -248,7 +247,6 @@ void Accelerator::saveState(const std::string& dir) {
 
 std::string Accelerator::loadState(const std::string& path) {
   if (!strategy_) throw InvalidArgument("Accelerator::loadState before prepare");
-  requireHostState(device(), "Accelerator::loadState");
   auto everywhere = [&](bool good) {
     int32_t all = good ? 1 : 0;
     world_.backend->allreduce(&all, 1, DType::kInt32, ReduceOp::kMin)->wait();
@@ -286,15 +284,20 @@ void Accelerator::restoreFrom(const checkpoint::Reader& reader) {
       throw InvalidArgument("checkpoint '" + dir + "' has no buffer '" + item.key() +
                             "' of this model's size");
     }
-    std::memcpy(b.data_ptr(), bytes->data(), bytes->size());
+    // from_blob wants a mutable pointer; copy_ only reads it.
+    b.copy_(torch::from_blob(const_cast<char*>(bytes->data()), b.sizes(),
+                             b.options().device(torch::kCPU)));
   }
-  const auto rng = reader.blob(rank(), "rng_cpu");
+  std::vector<std::pair<at::Generator, std::string>> rngs;
+  for (auto& [name, generator] : generatorsOf(device())) {
+    if (auto state = reader.blob(rank(), name)) rngs.emplace_back(generator, std::move(*state));
+  }
   if (reader.corruption()) return;  // loadState loads another checkpoint over all of this
-  // Each rank its own generator; a rank the saving job did not have keeps its own.
-  if (rng) {
-    torch::Tensor state = torch::empty({static_cast<int64_t>(rng->size())}, torch::kUInt8);
-    std::memcpy(state.data_ptr(), rng->data(), rng->size());
-    at::Generator generator = at::detail::getDefaultCPUGenerator();
+  // Each rank its own generators; a rank the saving job did not have (or a CPU job's checkpoint
+  // in a GPU job) keeps its own.
+  for (auto& [generator, bytes] : rngs) {
+    torch::Tensor state = torch::empty({static_cast<int64_t>(bytes.size())}, torch::kUInt8);
+    std::memcpy(state.data_ptr(), bytes.data(), bytes.size());
     std::lock_guard<std::mutex> lock(generator.mutex());
     generator.set_state(state);
   }
@@ -352,7 +355,6 @@ class ModelSource final : public checkpoint::Source {
 void Accelerator::saveModel(const std::string& dir, uint64_t max_file_bytes,
                             c10::ScalarType dtype) {
   if (!strategy_) throw InvalidArgument("Accelerator::saveModel before prepare");
-  requireHostState(device(), "Accelerator::saveModel");
   std::optional<checkpoint::SafetensorsWriter> writer;
   std::string error;
   try {
@@ -387,7 +389,6 @@ void Accelerator::saveModel(const std::string& dir, uint64_t max_file_bytes,
 
 void Accelerator::loadModel(const std::string& dir) {
   if (!strategy_) throw InvalidArgument("Accelerator::loadModel before prepare");
-  requireHostState(device(), "Accelerator::loadModel");
   const ModelSource source(dir);
   strategy_->loadStateSlices(source);
   torch::NoGradGuard no_grad;

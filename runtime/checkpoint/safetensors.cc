@@ -139,7 +139,7 @@ SafetensorsWriter::~SafetensorsWriter() {
 }
 
 void SafetensorsWriter::add(const std::string& name, const torch::Tensor& tensor) {
-  const torch::Tensor t = tensor.detach().contiguous().clone();
+  const torch::Tensor t = tensor.detach().to(torch::kCPU).contiguous().clone();
   const uint64_t bytes = static_cast<uint64_t>(t.nbytes());
   dtypeName(t.scalar_type());  // refused now rather than at the flush
   if (!pending_.empty() && pending_bytes_ + bytes > max_bytes_) flush();
@@ -154,7 +154,7 @@ void writeSafetensorsFile(const std::string& path,
   uint64_t offset = 0;
   std::vector<torch::Tensor> data;
   for (const auto& [name, tensor] : tensors) {
-    data.push_back(tensor.detach().contiguous());
+    data.push_back(tensor.detach().to(torch::kCPU).contiguous());
     const uint64_t bytes = static_cast<uint64_t>(data.back().nbytes());
     header[name] = {{"dtype", dtypeName(data.back().scalar_type())},
                     {"shape", data.back().sizes().vec()},

@@ -81,7 +81,8 @@ ShardFileWriter::ShardFileWriter(const std::string& path, std::vector<SliceLayou
 void ShardFileWriter::append(const torch::Tensor& array) {
   if (slice_ >= layout_.size()) throw InvalidArgument("checkpoint: more arrays than the layout");
   const SliceLayout& s = layout_[slice_];
-  const torch::Tensor t = array.to(torch::kFloat).contiguous();
+  // A GPU worker's arrays come through host memory, one array at a time.
+  const torch::Tensor t = array.to(torch::kCPU, torch::kFloat).contiguous();
   if (t.numel() != s.end - s.begin) {
     throw InvalidArgument("checkpoint: slice of '" + s.param + "' array " + s.arrays[array_] +
                           " has the wrong size");

@@ -864,6 +864,10 @@ void ShardedStrategy::loadStateSlices(const checkpoint::Source& reader) {
       for (size_t k = 0; k < names.size(); ++k) state.push_back(torch::zeros({sn}));
     }
     std::vector<checkpoint::ReadRequest> reads;  // the unit's, read together
+    HostStaging staging;
+    float* master_at = staging.hostOf(master);
+    std::vector<float*> state_at;
+    for (const auto& t : state) state_at.push_back(staging.hostOf(t));
     for (size_t i = 0; i < u.flat.params().size(); ++i) {
       const auto& p = u.flat.params()[i];
       const std::string& name = u.flat.names()[i];
@@ -871,10 +875,9 @@ void ShardedStrategy::loadStateSlices(const checkpoint::Source& reader) {
       const int64_t a = std::max(off, sb), b = std::min(off + p.numel(), sb + sn);
       if (a >= b) continue;
       const auto shape = p.sizes().vec();
-      reads.push_back(
-          {name, "param", a - off, b - off, shape, master.data_ptr<float>() + (a - sb)});
+      reads.push_back({name, "param", a - off, b - off, shape, master_at + (a - sb)});
       for (size_t k = 0; k < names.size(); ++k) {
-        float* to = state[k].data_ptr<float>() + (a - sb);
+        float* to = state_at[k] + (a - sb);
         if (reader.has(name, names[k])) {
           reads.push_back({name, names[k], a - off, b - off, shape, to});
         } else {  // saved before any step, or by another optimizer: a fresh start
@@ -883,6 +886,7 @@ void ShardedStrategy::loadStateSlices(const checkpoint::Source& reader) {
       }
     }
     reader.readAll(reads);
+    staging.copyBack();
     const size_t bytes = NvmeFile::roundUp(static_cast<size_t>(sn) * 4);
     if (param_file_) {
       AlignedBuffer staging = alignedBuffer(static_cast<size_t>(sn));

@@ -17,6 +17,25 @@
 #include "runtime/strategy/sharded.h"
 
 namespace cxxlaunch::runtime {
+float* HostStaging::hostOf(const torch::Tensor& destination) {
+  if (destination.is_cpu() && destination.is_contiguous() &&
+      destination.scalar_type() == torch::kFloat) {
+    return destination.data_ptr<float>();
+  }
+  // With its present values: what no read covers (a shard's padding) stays as it was.
+  copies_.emplace_back(destination, destination.detach()
+                                        .to(torch::kCPU, torch::kFloat, /*non_blocking=*/false,
+                                            /*copy=*/true)
+                                        .reshape({-1}));
+  return copies_.back().second.data_ptr<float>();
+}
+
+void HostStaging::copyBack() {
+  torch::NoGradGuard no_grad;
+  for (auto& [destination, host] : copies_) destination.copy_(host.view(destination.sizes()));
+  copies_.clear();
+}
+
 namespace {
 
 size_t bytesOf(const torch::Tensor& t) {
@@ -54,10 +73,11 @@ std::vector<std::pair<std::string, torch::Tensor>> torchStateArrays(
 // (a fresh start).
 std::unique_ptr<torch::optim::OptimizerParamState> torchStateFrom(
     torch::optim::Optimizer& optimizer, const std::string& name, const torch::Tensor& param,
-    const checkpoint::Source& reader, int64_t steps, std::vector<checkpoint::ReadRequest>& reads) {
+    const checkpoint::Source& reader, int64_t steps, std::vector<checkpoint::ReadRequest>& reads,
+    HostStaging& staging) {
   auto read = [&](const char* array) {
     torch::Tensor t = torch::empty_like(param, at::MemoryFormat::Contiguous);
-    reads.push_back({name, array, 0, param.numel(), param.sizes().vec(), t.data_ptr<float>()});
+    reads.push_back({name, array, 0, param.numel(), param.sizes().vec(), staging.hostOf(t)});
     return t;
   };
   const bool adam_state = reader.has(name, "exp_avg") && reader.has(name, "exp_avg_sq");
@@ -193,21 +213,17 @@ class DdpStrategy final : public Strategy {
     // Everything read at once, straight into the parameters where they are plain float32 on the
     // CPU; the optimizer's state is installed only once all of it was read.
     std::vector<checkpoint::ReadRequest> reads;
-    std::vector<std::pair<torch::Tensor, torch::Tensor>> copies;  // (parameter, values read)
+    HostStaging staging;
     std::vector<std::pair<std::string, std::unique_ptr<torch::optim::OptimizerParamState>>> fresh;
     for (const auto& item : model_->named_parameters()) {
       torch::Tensor p = item.value();
-      torch::Tensor into = p;
-      if (!p.is_contiguous() || p.scalar_type() != torch::kFloat || !p.device().is_cpu()) {
-        into = torch::empty({p.numel()}, torch::kFloat);
-        copies.emplace_back(p, into);
-      }
-      reads.push_back({item.key(), "param", 0, p.numel(), p.sizes().vec(), into.data_ptr<float>()});
+      reads.push_back(
+          {item.key(), "param", 0, p.numel(), p.sizes().vec(), staging.hostOf(p.detach())});
       fresh.emplace_back(paramStateKey(state, p),
-                         torchStateFrom(optimizer_, item.key(), p, reader, steps, reads));
+                         torchStateFrom(optimizer_, item.key(), p, reader, steps, reads, staging));
     }
     reader.readAll(reads);
-    for (auto& [p, values] : copies) p.copy_(values.view(p.sizes()));
+    staging.copyBack();
     for (auto& [key, s] : fresh) {
       if (s) {
         state[key] = std::move(s);

@@ -99,6 +99,18 @@ class Strategy {
   virtual void loadStateSlices(const checkpoint::Source& reader) = 0;
 };
 
+// Where a load's reads land: float32 host memory. A tensor that is such memory (contiguous
+// float32 on the CPU) is read into directly; any other (a GPU worker's, another dtype) through a
+// host copy of it that copyBack() copies in once everything was read.
+class HostStaging {
+ public:
+  float* hostOf(const torch::Tensor& destination);
+  void copyBack();
+
+ private:
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> copies_;  // (destination, host)
+};
+
 // A full-layout state of slices already in hand (on rank 0; none elsewhere): what strategies
 // whose rank 0 holds everything save.
 checkpoint::FullState streamSlices(std::vector<checkpoint::Slice> slices);
