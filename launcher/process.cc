@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <random>
 
 #include "common/error.h"
@@ -104,22 +105,60 @@ SpawnedProcess spawnProcess(const SpawnSpec& spec) {
   return {pid, out[0], err[0]};
 }
 
+namespace {
+
+// The state letter and the parent of process `pid` (from /proc/PID/stat), or nullopt when it is
+// gone.
+std::optional<std::pair<char, long>> stateOf(const std::string& pid) {
+  std::ifstream in("/proc/" + pid + "/stat");
+  std::string stat;
+  if (!std::getline(in, stat)) return std::nullopt;
+  // pid (comm) state ppid ...; comm may hold spaces and parentheses: parse after the last ')'.
+  const auto close = stat.rfind(')');
+  if (close == std::string::npos) return std::nullopt;
+  char state = 0;
+  long ppid = 0;
+  if (std::sscanf(stat.c_str() + close + 1, " %c %ld", &state, &ppid) != 2) return std::nullopt;
+  return std::pair{state, ppid};
+}
+
+bool live(char state) { return state != 'Z' && state != 'X'; }
+
+// Our own children from /proc/self/task/TID/children (a child hangs under the thread that
+// forked it, an orphan under whichever thread took it in): a few small files instead of one per
+// process on the machine. nullopt where the kernel has no such files (CONFIG_PROC_CHILDREN).
+std::optional<std::vector<pid_t>> ownChildren() {
+  std::vector<pid_t> children;
+  std::error_code ec;
+  bool any = false;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    std::ifstream in(task.path() / "children");
+    if (!in) continue;  // a thread that ended meanwhile
+    any = true;
+    for (std::string pid; in >> pid;) {
+      // The list holds zombies too; a child may be one already.
+      if (auto state = stateOf(pid); state && live(state->first)) {
+        children.push_back(static_cast<pid_t>(std::stol(pid)));
+      }
+    }
+  }
+  if (ec || !any) return std::nullopt;
+  return children;
+}
+
+}  // namespace
+
 std::vector<pid_t> childrenOf(pid_t parent) {
+  if (parent == ::getpid()) {
+    if (auto own = ownChildren()) return *own;
+  }
   std::vector<pid_t> children;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
     const std::string name = entry.path().filename().string();
     if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream in(entry.path() / "stat");
-    std::string stat;
-    std::getline(in, stat);
-    // pid (comm) state ppid ...; comm may hold spaces and parentheses: parse after the last ')'.
-    const auto close = stat.rfind(')');
-    if (close == std::string::npos) continue;
-    char state = 0;
-    long ppid = 0;
-    if (std::sscanf(stat.c_str() + close + 1, " %c %ld", &state, &ppid) != 2) continue;
-    if (ppid == parent && state != 'Z' && state != 'X') {
+    const auto state = stateOf(name);
+    if (state && state->second == parent && live(state->first)) {
       children.push_back(static_cast<pid_t>(std::stol(name)));
     }
   }
