@@ -19,6 +19,15 @@
 
 extern char** environ;  // NOLINT(readability-redundant-declaration)
 
+// Built with -fsanitize=thread (GCC says so with a macro, Clang through __has_feature).
+#if defined(__SANITIZE_THREAD__)
+#define CXXLAUNCH_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define CXXLAUNCH_TSAN 1
+#endif
+#endif
+
 namespace cxxlaunch::launcher {
 namespace {
 
@@ -40,6 +49,7 @@ struct ChildArgs {
   int out_fd;
   int err_fd;
   int error = 0;
+  int error_fd = -1;  // a forked child (not sharing our memory) reports `error` through it
 };
 
 // Runs in the child, on its own stack, sharing the parent's memory until execve: only
@@ -48,6 +58,10 @@ int execChild(void* raw) {
   auto* args = static_cast<ChildArgs*>(raw);
   auto fail = [args]() {
     args->error = errno;
+    if (args->error_fd != -1) {
+      ssize_t ignored = ::write(args->error_fd, &args->error, sizeof(args->error));
+      (void)ignored;
+    }
     ::_exit(127);
   };
   if (::setpgid(0, 0) == -1) fail();
@@ -88,8 +102,28 @@ SpawnedProcess spawnProcess(const SpawnSpec& spec) {
   sigset_t all, old;
   sigfillset(&all);
   ::pthread_sigmask(SIG_SETMASK, &all, &old);
+#if defined(CXXLAUNCH_TSAN)
+  // ThreadSanitizer takes clone() for a fork, and with the child sharing our memory it then
+  // believes this process forked while it had threads: it kills the next thread we start.
+  // Under TSan the child is a plain fork (what TSan makes of vfork too) and reports a failed
+  // exec through a close-on-exec pipe: EOF means the exec happened.
+  (void)stack_top;
+  int report[2];
+  CXXLAUNCH_SYSCALL(::pipe2(report, O_CLOEXEC));
+  args.error_fd = report[1];
+  const pid_t pid = ::fork();
+  if (pid == 0) execChild(&args);
+  const int clone_errno = errno;
+  ::close(report[1]);
+  if (pid != -1) {
+    while (::read(report[0], &args.error, sizeof(args.error)) == -1 && errno == EINTR) {
+    }
+  }
+  ::close(report[0]);
+#else
   const pid_t pid = ::clone(execChild, stack_top, CLONE_VM | CLONE_VFORK | SIGCHLD, &args);
   const int clone_errno = errno;
+#endif
   ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
   ::close(out[1]);
   ::close(err[1]);
