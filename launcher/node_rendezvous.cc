@@ -247,6 +247,15 @@ class RemoteRendezvous final : public NodeRendezvous {
     client_->cancel();
   }
 
+  // One poll that does not wait, on the server this launcher hosts: a round that this join
+  // completes (a single-node job's) needs no thread to wait on.
+  std::optional<WorldAssignment> joinAtOnce() override {
+    if (!server_) return std::nullopt;
+    auto poll = client_->join(node_, settings_, rdzv::Millis(0));
+    if (!poll.placement) return std::nullopt;
+    return assignmentOf(*poll.placement);
+  }
+
   void watch(std::function<void()> news) override {
     unwatch();
     stop_ = false;

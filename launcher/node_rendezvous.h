@@ -26,7 +26,7 @@ struct WorldAssignment {
   int restart_count = 0;  // failure restarts of the job so far: TORCHELASTIC_RESTART_COUNT
   std::string master_addr;
   int master_port = 0;
-  std::string node_addr;  // this node's address, as the others reach it
+  std::string node_addr;       // this node's address, as the others reach it
   std::string store_endpoint;  // empty when there is no store for workers
   std::string store_prefix;
   std::string token;
@@ -52,6 +52,9 @@ class NodeRendezvous {
   // failed run, CommunicationError when cancelled.
   virtual WorldAssignment join() = 0;
   virtual void cancelJoin() {}
+  // Joins the next round when that needs no waiting and no network (a single-node job joining
+  // the server it hosts); nullopt: call join(). Throws as join() does.
+  virtual std::optional<WorldAssignment> joinAtOnce() { return std::nullopt; }
 
   // While workers run: `news` is called (from another thread) when the world changed under them
   // (a restart elsewhere, an eviction, a newcomer, the job failed); news() then says what to do.
