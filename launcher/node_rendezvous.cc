@@ -196,8 +196,8 @@ class RemoteRendezvous final : public NodeRendezvous {
                                               std::chrono::seconds(1), std::chrono::seconds(10));
     run_id_ = options.run_id;
     // The hosting launcher calls its own server directly.
-    client_ = server_ ? std::unique_ptr<Link>(std::make_unique<HostedLink>(*server_, run_id_))
-                      : std::make_unique<GrpcLink>(client_options_, run_id_);
+    link_ = server_ ? std::unique_ptr<Link>(std::make_unique<HostedLink>(*server_, run_id_))
+                    : std::make_unique<GrpcLink>(client_options_, run_id_);
 
     node_.addr = !r.local_addr.empty() ? r.local_addr
                  : !r.multiNode()      ? options.master_addr
@@ -226,7 +226,7 @@ class RemoteRendezvous final : public NodeRendezvous {
     while (Clock::now() < deadline) {
       const auto left = std::chrono::duration_cast<rdzv::Millis>(deadline - Clock::now());
       try {
-        auto poll = client_->join(node_, settings_, std::min(left, options_.keep_alive_interval));
+        auto poll = link_->join(node_, settings_, std::min(left, options_.keep_alive_interval));
         if (poll.placement) return assignmentOf(*poll.placement);
         last_news = poll.waiting_for;
       } catch (const TimeoutError& e) {
@@ -244,14 +244,14 @@ class RemoteRendezvous final : public NodeRendezvous {
 
   void cancelJoin() override {
     cancelled_ = true;
-    client_->cancel();
+    link_->cancel();
   }
 
   // One poll that does not wait, on the server this launcher hosts: a round that this join
   // completes (a single-node job's) needs no thread to wait on.
   std::optional<WorldAssignment> joinAtOnce() override {
     if (!server_) return std::nullopt;
-    auto poll = client_->join(node_, settings_, rdzv::Millis(0));
+    auto poll = link_->join(node_, settings_, rdzv::Millis(0));
     if (!poll.placement) return std::nullopt;
     return assignmentOf(*poll.placement);
   }
@@ -279,7 +279,7 @@ class RemoteRendezvous final : public NodeRendezvous {
   Decision workersFailed(int rank, int exit_code, const std::string& description) override {
     try {
       return remember(decisionOf(
-          client_->requestRestart(node_.id, round_, {node_.id, rank, exit_code, description}),
+          link_->requestRestart(node_.id, round_, {node_.id, rank, exit_code, description}),
           node_.id));
     } catch (const Error& e) {
       return {
@@ -290,7 +290,7 @@ class RemoteRendezvous final : public NodeRendezvous {
   Decision workersSucceeded() override {
     left_ = true;
     try {
-      return remember(decisionOf(client_->leave(node_.id, round_), node_.id));
+      return remember(decisionOf(link_->leave(node_.id, round_), node_.id));
     } catch (const Error& e) {
       return {Decision::Kind::kDone, std::string("the rendezvous is gone: ") + e.what(), {}, {}};
     }
@@ -392,7 +392,7 @@ class RemoteRendezvous final : public NodeRendezvous {
       Decision decision;
       bool report = false;
       try {
-        decision = decisionOf(client_->keepAlive(node_.id, round_, deadline), node_.id);
+        decision = decisionOf(link_->keepAlive(node_.id, round_, deadline), node_.id);
         last_answer = Clock::now();
         report = decision.kind != Decision::Kind::kWait;
       } catch (const Error& e) {
@@ -428,7 +428,7 @@ class RemoteRendezvous final : public NodeRendezvous {
   rdzv::ClientOptions client_options_;
   std::string run_id_;
   std::unique_ptr<rdzv::RendezvousServer> server_;
-  std::unique_ptr<Link> client_;  // after server_: it may refer to it
+  std::unique_ptr<Link> link_;  // after server_: it may refer to it
   rdzv::NodeSpec node_;
   rdzv::RunSettings settings_;
   int64_t round_ = 0;
