@@ -18,7 +18,6 @@ if(CXXLAUNCH_STATIC_DEPS)
   # gRPC's pkg-config file names the Abseil libraries this gRPC was built with.
   find_package(PkgConfig QUIET)
   if(PkgConfig_FOUND)
-    pkg_check_modules(_grpc_pc QUIET grpc++)
     execute_process(COMMAND ${PKG_CONFIG_EXECUTABLE} --static --libs-only-l grpc++
                     OUTPUT_VARIABLE _grpc_static_libs OUTPUT_STRIP_TRAILING_WHITESPACE
                     RESULT_VARIABLE _grpc_pc_result)
@@ -30,6 +29,7 @@ if(CXXLAUNCH_STATIC_DEPS)
       endforeach()
     endif()
   endif()
+  list(REMOVE_DUPLICATES _static_names)
   set(_static_archives "")
   set(_missing "")
   foreach(_name IN LISTS _static_names ITEMS yaml-cpp)
