@@ -36,9 +36,11 @@ class AtomicFile {
   void commit();
 
  private:
+  static constexpr size_t kWritebackBytes = size_t{8} << 20;
   std::string path_, temp_;
   Durability durability_;
   int fd_ = -1;
+  size_t written_ = 0, writeback_from_ = 0;  // bytes appended; the first not yet sent to disk
 };
 
 // `bytes` as the whole content of `path`, through an AtomicFile.

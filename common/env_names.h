@@ -60,9 +60,11 @@ inline constexpr const char kOffloadParamNvmePath[] = "CXXLAUNCH_OFFLOAD_PARAM_N
 inline constexpr const char kStateDictType[] = "CXXLAUNCH_STATE_DICT_TYPE";  // full | sharded
 // The folder workers save checkpoints into and resume from (Accelerator::saveCheckpoint/resume).
 inline constexpr const char kCheckpointDir[] = "CXXLAUNCH_CHECKPOINT_DIR";
+// How many complete checkpoints saveCheckpoint keeps there (accelerate's total_limit); 0: all.
+inline constexpr const char kCheckpointTotalLimit[] = "CXXLAUNCH_CHECKPOINT_TOTAL_LIMIT";
 inline constexpr const char kDebug[] = "CXXLAUNCH_DEBUG";  // true: check collectives' shapes
-// With --watchdog_timeout: the file whose time the runtime touches at every micro-step, so that
-// the launcher sees a worker that stops making progress.
+// Always set: the file whose time the runtime touches at every micro-step, so that the launcher
+// sees a worker that stops making progress (`cxxlaunch status`, --watchdog_timeout).
 inline constexpr const char kHeartbeatFile[] = "CXXLAUNCH_HEARTBEAT_FILE";
 // Not set by the launcher: seconds a collective may take before it fails (default 300).
 inline constexpr const char kCollectiveTimeout[] = "CXXLAUNCH_COLLECTIVE_TIMEOUT";
@@ -87,7 +89,7 @@ inline constexpr const char kFsdpActivationCheckpointing[] =
 
 // Not a variable: the names of the runtime's shared-memory segments in /dev/shm start with this
 // and the creating worker's pid ("cxxlaunch-<pid>-..."), so that the launcher can remove what a
-// worker killed mid-setup left behind (runtime/shm_collectives.h).
+// worker killed mid-setup left behind (runtime/comm/shm_collectives.h).
 inline constexpr const char kShmNamePrefix[] = "cxxlaunch-";
 
 }  // namespace cxxlaunch::env

@@ -17,6 +17,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -27,6 +28,7 @@
 #include "common/env_names.h"
 #include "common/error.h"
 #include "common/host.h"
+#include "launcher/cgroup.h"
 #include "launcher/failure.h"
 #include "launcher/output.h"
 #include "launcher/process.h"
@@ -64,7 +66,7 @@ struct Worker {
   pid_t pid = -1;
   bool running = false;
   std::string error_file;
-  std::string heartbeat_file;                // touched by the runtime (--watchdog_timeout)
+  std::string heartbeat_file;                // touched by the runtime: status, --watchdog_timeout
   std::array<int, 2> fds{-1, -1};            // stdout, stderr read ends
   std::array<bool, 2> paused{false, false};  // not read while its console is full
   std::array<std::unique_ptr<StreamSink>, 2> sinks;
@@ -122,6 +124,7 @@ class Agent {
   void onSignal(std::vector<Failure>& failures, AttemptResult& result);
   void reap(std::vector<Failure>& failures);
   void checkProgress(std::vector<Failure>& failures);  // --watchdog_timeout
+  void publishWorkers();                               // for the keep-alives (cxxlaunch status)
   // How much readOutput takes: a few buffers unless the console is full (the loop's share), a few
   // buffers whatever the console (a dead worker's last words, for the failure tail), or all up
   // to EOF or an empty pipe (once the worker and everything it started are gone).
@@ -151,6 +154,9 @@ class Agent {
   bool stopping_ = false;
   std::optional<std::chrono::steady_clock::time_point> kill_at_;  // when the grace ends
   std::array<bool, 2> console_watched_{false, false};             // EPOLLOUT registered for fd 1, 2
+  std::unique_ptr<JobCgroup> cgroup_;  // null: confined by process groups alone
+  bool cgroup_refused_ = false;        // a worker could not enter it; the rest do not try
+  std::string confinement_;            // which mechanism, for run-summary.json
   std::unique_ptr<GroupWatchdog> watchdog_;
   int late_signal_ = 0;  // a stop signal that came while stopLeftovers waited
 };
@@ -166,7 +172,10 @@ void Agent::setUpProcess() {
   // Reparent orphaned grandchildren to us so every exit is seen and reaped, and so that
   // stopLeftovers finds every process the workers left behind.
   CXXLAUNCH_SYSCALL(::prctl(PR_SET_CHILD_SUBREAPER, 1));
-  watchdog_ = std::make_unique<GroupWatchdog>();
+  // A cgroup per job where the machine gives one (cgroup.h); process groups in any case.
+  cgroup_ = JobCgroup::create("cxxlaunch-" + run_id_ + "-" + std::to_string(::getpid()));
+  confinement_ = cgroup_ ? "cgroup " + cgroup_->path() : "process groups";
+  watchdog_ = std::make_unique<GroupWatchdog>(cgroup_ ? cgroup_->path() : "");
   ::signal(SIGPIPE, SIG_IGN);  // a closed console must not kill the agent
   blockAgentSignals();
   const sigset_t mask = agentSignals();
@@ -272,7 +281,9 @@ void Agent::spawnWorkers(int attempt, const WorldAssignment& world) {
     const fs::path dir = attempt_dir / std::to_string(w.local_rank);
     fs::create_directories(dir);
     w.error_file = (dir / "error.json").string();
-    if (options_.watchdog_timeout.count() > 0) w.heartbeat_file = (dir / "heartbeat").string();
+    // Always: a touch per micro-step costs about a microsecond, and `cxxlaunch status` shows
+    // its age with or without --watchdog_timeout (docs/reliability.md).
+    w.heartbeat_file = (dir / "heartbeat").string();
     const std::string prefix = world.num_nodes > 1
                                    ? "[rank " + std::to_string(world.node_rank) + ":" +
                                          std::to_string(w.global_rank) + "]: "
@@ -293,9 +304,19 @@ void Agent::spawnWorkers(int attempt, const WorldAssignment& world) {
     for (const auto& arg : options_.args)
       spec.argv.push_back(substituteLocalRank(arg, w.local_rank));
     spec.env = workerEnvironment(w, world);
+    if (cgroup_ && !cgroup_refused_) {
+      spec.cgroup_dir_fd = cgroup_->dirFd();
+      spec.cgroup_procs_fd = cgroup_->procsFd();
+    }
     SpawnedProcess process = spawnProcess(spec);
     w.pid = process.pid;
     w.running = true;
+    if (process.cgroup_error != 0) {
+      cgroup_refused_ = true;
+      confinement_ = "process groups (cgroup " + cgroup_->path() +
+                     " refused a worker: " + std::strerror(process.cgroup_error) + ")";
+      say("cxxlaunch: confining by " + confinement_ + "\n");
+    }
     watchdog_->add(w.pid);  // its process group, in case we are SIGKILLed
     w.fds = {process.stdout_fd, process.stderr_fd};
     for (int s = 0; s < 2; ++s) {
@@ -306,6 +327,16 @@ void Agent::spawnWorkers(int attempt, const WorldAssignment& world) {
           ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, w.fds[static_cast<size_t>(s)], &event));
     }
   }
+  publishWorkers();
+}
+
+void Agent::publishWorkers() {
+  std::vector<LocalWorker> workers;
+  workers.reserve(workers_.size());
+  for (const Worker& w : workers_) {
+    workers.push_back({w.local_rank, w.global_rank, w.pid, w.running, w.heartbeat_file});
+  }
+  rendezvous_.publishWorkers(std::move(workers));
 }
 
 size_t Agent::running() const {
@@ -408,12 +439,13 @@ void Agent::updateConsoles() {
 }
 
 // Every worker has exited; whatever they started must not outlive them.
-//  1. SIGTERM to each worker's process group and to every child of ours (as child subreaper we
-//     inherit every orphan below the workers, however it detached), but for the watchdog.
+//  1. SIGTERM to each worker's process group, to every child of ours (as child subreaper we
+//     inherit every orphan below the workers, however it detached), but for the watchdog, and
+//     to every process in the job's cgroup, if there is one.
 //  2. Wait for them to exit, reaping as they go (each exit may hand us its own children, which
 //     get the same), until the stop's grace ends: the one already running when the workers were
 //     stopped, else a fresh shutdown_grace.
-//  3. SIGKILL whatever is left, until nothing is.
+//  3. SIGKILL whatever is left (the cgroup at once: cgroup.kill), until nothing is.
 //  4. Tell the watchdog the groups are empty.
 void Agent::stopLeftovers() {
   const auto deadline =
@@ -434,6 +466,16 @@ void Agent::stopLeftovers() {
       if (child == watchdog_->pid()) continue;
       any = true;
       if (kill || termed.insert(child).second) ::kill(child, kill ? SIGKILL : SIGTERM);
+    }
+    if (cgroup_ && cgroup_->populated()) {
+      any = true;
+      if (kill) {
+        cgroup_->killAll();
+      } else {
+        for (pid_t member : cgroup_->members()) {
+          if (termed.insert(member).second) ::kill(member, SIGTERM);
+        }
+      }
     }
     if (!any) break;
     // A stop signal now cuts the grace short (and ends the job as interrupted); SIGCHLD wakes
@@ -534,6 +576,7 @@ void Agent::reap(std::vector<Failure>& failures) {
       }
     }  // anything else is an orphaned grandchild, reaped as subreaper
   }
+  if (!exits.empty()) publishWorkers();
   const bool was_stopping = stopping_;
   bool failed = false;
   for (const Exit& e : exits) {
@@ -734,6 +777,7 @@ std::optional<Decision> Agent::waitForPeers(int& signal) {
 int Agent::finish(RunReport& report, const std::string& status, int exit_code) {
   report.status = status;
   report.exit_code = exit_code;
+  report.confinement = confinement_;
   writeRunSummary((run_dir_ / "run-summary.json").string(), report);
   rendezvous_.finish();
   // The job is over; a console that does not take its last lines within the bound only loses

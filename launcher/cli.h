@@ -41,10 +41,13 @@ struct HostInfo {
 // win over them. --help (before the program) throws cli::HelpRequested with runHelp()'s text.
 LaunchOptions parseRunArgs(const std::vector<std::string>& args, const HostInfo& host);
 
-// `cxxlaunch status --rdzv_endpoint HOST:PORT --rdzv_id ID [--rdzv_conf token_file=...]`.
+// `cxxlaunch status --rdzv_endpoint HOST:PORT --rdzv_id ID [--rdzv_conf token_file=...]
+// [--silent_after S]`.
 struct StatusOptions {
   std::string run_id;
   RendezvousOptions rdzv;
+  // A worker whose last progress is at least this old is flagged "silent".
+  std::chrono::milliseconds silent_after = std::chrono::seconds(60);
 };
 StatusOptions parseStatusArgs(const std::vector<std::string>& args);
 

@@ -138,6 +138,9 @@ struct ConfigLayers {
 
 // file, then env, then flags; then validateConfig.
 Config resolveConfig(const ConfigLayers& layers);
+// Reads the DeepSpeed JSON that deepspeed_config.deepspeed_config_file names, if set, into the
+// keys it corresponds to (deepspeed_config_file.cc); resolveConfig calls it after the layers.
+void applyDeepSpeedConfigFile(Config& config);
 
 // Impossible combinations (fp16 on CPU, num_processes not divisible by num_machines, ...):
 // throws ConfigError naming the setting at fault.

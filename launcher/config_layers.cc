@@ -84,6 +84,7 @@ Config resolveConfig(const ConfigLayers& layers) {
     }
   }
   for (const auto& f : layers.flags) config.set(f.key, f.value, {Origin::kFlag, f.flag});
+  applyDeepSpeedConfigFile(config);
   validateConfig(config);
   return config;
 }

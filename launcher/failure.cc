@@ -120,6 +120,7 @@ void writeRunSummary(const std::string& path, const RunReport& report) {
                          {"max_restarts", report.max_restarts},
                          {"world_size", report.world_size},
                          {"log_dir", report.log_dir},
+                         {"confinement", report.confinement},
                          {"failures", failures}};
   if (!report.failures.empty()) json["root_cause_rank"] = rootCause(report.failures).global_rank;
   // A report of a job that is over: nothing resumes from it, and the fsyncs of kPowerLoss were

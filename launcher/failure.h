@@ -51,6 +51,8 @@ struct RunReport {
   int max_restarts = 0;
   int world_size = 0;
   std::string log_dir;
+  // How the job's processes were confined: "cgroup PATH" or "process groups" (reliability.md).
+  std::string confinement;
   std::vector<Failure> failures;  // of the last attempt
 };
 

@@ -4,6 +4,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -102,6 +103,33 @@ Decision decisionOf(const rdzv::Verdict& verdict, const std::string& self) {
   return d;
 }
 
+// How each worker is doing now, for the keep-alive that reports it: its state from /proc and
+// the time since its heartbeat file was last touched (none when it never beat: no runtime, or
+// not there yet).
+std::vector<rdzv::WorkerProgress> progressOf(const std::vector<LocalWorker>& workers) {
+  std::vector<rdzv::WorkerProgress> out;
+  out.reserve(workers.size());
+  const auto now = std::chrono::system_clock::now();
+  for (const auto& w : workers) {
+    rdzv::WorkerProgress p;
+    p.local_rank = w.local_rank;
+    p.rank = w.global_rank;
+    p.pid = w.pid;
+    p.state = w.running ? processState(w.pid) : "exited";
+    struct stat st {};
+    if (!w.heartbeat_file.empty() && ::stat(w.heartbeat_file.c_str(), &st) == 0) {
+      const auto beat = std::chrono::system_clock::time_point(
+          std::chrono::duration_cast<std::chrono::system_clock::duration>(
+              std::chrono::seconds(st.st_mtim.tv_sec) +
+              std::chrono::nanoseconds(st.st_mtim.tv_nsec)));
+      p.progress_age =
+          std::max(rdzv::Millis(0), std::chrono::duration_cast<rdzv::Millis>(now - beat));
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
 // How this node's agent reaches the rendezvous: a server elsewhere (cxxlaunchd, another
 // node's launcher) over gRPC, or the one this launcher hosts, directly (no channel, no RPC: the
 // same calls on the same state, so the other nodes cannot tell the difference).
@@ -111,8 +139,8 @@ class Link {
   virtual rdzv::JoinPoll join(const rdzv::NodeSpec& node, const rdzv::RunSettings& settings,
                               rdzv::Millis poll) = 0;
   virtual void cancel() = 0;  // ends a join in progress: it throws CommunicationError
-  virtual rdzv::Verdict keepAlive(const std::string& node_id, int64_t round,
-                                  rdzv::Millis timeout) = 0;
+  virtual rdzv::Verdict keepAlive(const std::string& node_id, int64_t round, rdzv::Millis timeout,
+                                  const std::vector<rdzv::WorkerProgress>& workers) = 0;
   virtual rdzv::Verdict requestRestart(const std::string& node_id, int64_t round,
                                        const rdzv::FailureReport& failure) = 0;
   virtual rdzv::Verdict leave(const std::string& node_id, int64_t round) = 0;
@@ -127,9 +155,9 @@ class GrpcLink final : public Link {
     return client_.join(node, settings, poll);
   }
   void cancel() override { client_.cancel(); }
-  rdzv::Verdict keepAlive(const std::string& node_id, int64_t round,
-                          rdzv::Millis timeout) override {
-    return client_.keepAlive(node_id, round, timeout);
+  rdzv::Verdict keepAlive(const std::string& node_id, int64_t round, rdzv::Millis timeout,
+                          const std::vector<rdzv::WorkerProgress>& workers) override {
+    return client_.keepAlive(node_id, round, timeout, workers);
   }
   rdzv::Verdict requestRestart(const std::string& node_id, int64_t round,
                                const rdzv::FailureReport& failure) override {
@@ -155,8 +183,9 @@ class HostedLink final : public Link {
     cancelled_ = true;
     server_.wakeJoins();
   }
-  rdzv::Verdict keepAlive(const std::string& node_id, int64_t round, rdzv::Millis) override {
-    return server_.keepAlive(run_id_, node_id, round);
+  rdzv::Verdict keepAlive(const std::string& node_id, int64_t round, rdzv::Millis,
+                          const std::vector<rdzv::WorkerProgress>& workers) override {
+    return server_.keepAlive(run_id_, node_id, round, workers);
   }
   rdzv::Verdict requestRestart(const std::string& node_id, int64_t round,
                                const rdzv::FailureReport& failure) override {
@@ -276,6 +305,11 @@ class RemoteRendezvous final : public NodeRendezvous {
     return remember(news_);
   }
 
+  void publishWorkers(std::vector<LocalWorker> workers) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    workers_ = std::move(workers);
+  }
+
   Decision workersFailed(int rank, int exit_code, const std::string& description) override {
     try {
       return remember(decisionOf(
@@ -385,6 +419,7 @@ class RemoteRendezvous final : public NodeRendezvous {
     while (!stop_) {
       wake_.wait_for(lock, pause, [&] { return stop_; });
       if (stop_) return;
+      const std::vector<LocalWorker> workers = workers_;
       lock.unlock();
       pause = std::min(pause * 2, interval);
       const auto silent = std::chrono::duration_cast<Millis>(Clock::now() - last_answer);
@@ -392,7 +427,8 @@ class RemoteRendezvous final : public NodeRendezvous {
       Decision decision;
       bool report = false;
       try {
-        decision = decisionOf(link_->keepAlive(node_.id, round_, deadline), node_.id);
+        decision =
+            decisionOf(link_->keepAlive(node_.id, round_, deadline, progressOf(workers)), node_.id);
         last_answer = Clock::now();
         report = decision.kind != Decision::Kind::kWait;
       } catch (const Error& e) {
@@ -440,6 +476,7 @@ class RemoteRendezvous final : public NodeRendezvous {
   std::condition_variable wake_;
   bool stop_ = false;
   Decision news_;
+  std::vector<LocalWorker> workers_;  // reported with each keep-alive
   std::thread watcher_;
 };
 

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "launcher/options.h"
 
@@ -31,6 +32,16 @@ struct WorldAssignment {
   std::string store_prefix;
   std::string token;
   std::string tls_ca, tls_cert, tls_key;  // for workers' store connections
+};
+
+// A local worker as the agent knows it; its state and heartbeat age are read when a keep-alive
+// goes out, for `cxxlaunch status`.
+struct LocalWorker {
+  int local_rank = 0;
+  int global_rank = 0;
+  int pid = -1;
+  bool running = false;        // false once reaped: the pid may belong to someone else
+  std::string heartbeat_file;  // CXXLAUNCH_HEARTBEAT_FILE
 };
 
 // What happens next, as the nodes agreed.
@@ -61,6 +72,10 @@ class NodeRendezvous {
   virtual void watch(std::function<void()> news) { (void)news; }
   virtual void unwatch() {}
   virtual Decision news() { return {}; }
+
+  // The workers each keep-alive reports on (their state and time since their last heartbeat,
+  // read then), until the next call. Called from the agent's thread when they change.
+  virtual void publishWorkers(std::vector<LocalWorker> workers) { (void)workers; }
 
   // This node's workers failed (`rank`, `exit_code`, `description` of the root cause): restart
   // everywhere if restarts are left, else the job fails.

@@ -4,6 +4,8 @@
 //  - PR_SET_PDEATHSIG=SIGKILL (so a killed agent leaves no orphan), re-checked after setting it,
 //  - stdin from /dev/null, stdout and stderr into pipes the agent reads,
 //  - default signal dispositions and an empty signal mask (the agent blocks signals for signalfd).
+//  - in the job's cgroup, when there is one (cgroup.h): it starts there (clone3's
+//    CLONE_INTO_CGROUP) or, where that cannot be had, enters before it execs.
 // Everything the child needs is prepared before it exists, so spawning is safe with threads
 // running; the child borrows the agent's memory until it execs (clone with CLONE_VFORK).
 
@@ -18,12 +20,15 @@ struct SpawnSpec {
   std::string program;            // path to execute
   std::vector<std::string> argv;  // argv[0] included
   std::vector<std::string> env;   // complete environment, "NAME=value"
+  int cgroup_dir_fd = -1;         // the cgroup to start in (its folder, open); -1: none
+  int cgroup_procs_fd = -1;  // its cgroup.procs, to enter by where clone3 cannot start it there
 };
 
 struct SpawnedProcess {
   pid_t pid = -1;
   int stdout_fd = -1;  // read ends, non-blocking, close-on-exec
   int stderr_fd = -1;
+  int cgroup_error = 0;  // errno when it could not enter the cgroup (it runs outside it)
 };
 
 // Throws SystemError when fork or exec fails (exec errors are reported back through a pipe).
@@ -33,18 +38,25 @@ SpawnedProcess spawnProcess(const SpawnSpec& spec);
 // children are its workers and every orphaned process below them, however they detached.
 std::vector<pid_t> childrenOf(pid_t parent);
 
+// What /proc says `pid` is doing, as a word: "running", "sleeping", "disk-wait", "stopped"
+// (SIGSTOP), "traced", "zombie", "idle", or "gone" when there is no such process.
+std::string processState(pid_t pid);
+
 // A helper process that outlives a SIGKILLed agent for one purpose: when the agent is gone (its
 // end of a pipe closes) it sends SIGKILL to every process group the agent registered, so that
-// grandchildren of the workers do not live on under PID 1. (The workers themselves die of
-// PR_SET_PDEATHSIG; a process that left its worker's group with setsid escapes the watchdog,
-// see docs/reliability.md.) The agent unregisters a group once it is empty, so the watchdog
-// never signals a reused id. It ignores terminal signals and lives in its own process group.
+// grandchildren of the workers do not live on under PID 1, and kills and removes the job's
+// cgroup when there is one. (The workers themselves die of PR_SET_PDEATHSIG; without a cgroup,
+// a process that left its worker's group with setsid escapes the watchdog, see
+// docs/reliability.md.) The agent unregisters a group once it is empty, so the watchdog never
+// signals a reused id. It ignores terminal signals, lives in its own process group, and stays
+// out of the job's cgroup.
 class GroupWatchdog {
  public:
   // Forks the helper; it does only async-signal-safe work, so a threaded agent may start it.
-  // Throws SystemError.
-  GroupWatchdog();
-  // Closes the pipe: the helper kills what is still registered and exits; waits for that.
+  // `cgroup_dir`: the job's cgroup (JobCgroup::path), or "". Throws SystemError.
+  explicit GroupWatchdog(const std::string& cgroup_dir = "");
+  // Closes the pipe: the helper kills what is still registered (and the cgroup), removes the
+  // cgroup and exits; waits for that.
   ~GroupWatchdog();
   GroupWatchdog(const GroupWatchdog&) = delete;
   GroupWatchdog& operator=(const GroupWatchdog&) = delete;

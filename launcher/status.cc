@@ -6,6 +6,15 @@
 #include "rendezvous/client.h"
 
 namespace cxxlaunch::launcher {
+namespace {
+
+std::string seconds(std::chrono::milliseconds age) {
+  char text[64];
+  std::snprintf(text, sizeof(text), "%.1f s", static_cast<double>(age.count()) / 1000);
+  return text;
+}
+
+}  // namespace
 
 std::string describeRun(const StatusOptions& options) {
   rendezvous::ClientOptions client_options;
@@ -16,23 +25,29 @@ std::string describeRun(const StatusOptions& options) {
   client_options.tls_key_file = options.rdzv.tls_key;
   client_options.call_timeout = std::chrono::seconds(10);
   rendezvous::RendezvousClient client(client_options, options.run_id);
-  const auto s = client.status();
+  return formatRunStatus(options.run_id, options.rdzv.endpoint, client.status(),
+                         options.silent_after);
+}
+
+std::string formatRunStatus(const std::string& run_id, const std::string& endpoint,
+                            const rendezvous::RunStatus& s,
+                            std::chrono::milliseconds silent_after) {
   std::ostringstream out;
-  out << "run " << options.run_id << " at " << options.rdzv.endpoint << "\n"
+  out << "run " << run_id << " at " << endpoint << "\n"
       << "round " << s.round << ": " << s.state << "; nodes " << s.settings.min_nodes << ":"
       << s.settings.max_nodes << "; restarts " << s.restart_count << " of "
       << s.settings.max_restarts << "\n";
+  char line[512];
   auto table = [&](const char* title, const auto& nodes) {
     if (nodes.empty()) return;
     out << title << ":\n";
-    char line[512];
     std::snprintf(line, sizeof(line), "  %-5s %-40s %-16s %-7s %-14s %s\n", "rank", "node",
                   "address", "workers", "heartbeat age", "finished");
     out << line;
     for (const auto& n : nodes) {
       std::snprintf(line, sizeof(line), "  %-5s %-40s %-16s %-7d %-14s %s\n",
-                    n.node_rank >= 0 ? std::to_string(n.node_rank).c_str() : "-",
-                    n.spec.id.c_str(), n.spec.addr.c_str(), n.spec.local_world_size,
+                    n.node_rank >= 0 ? std::to_string(n.node_rank).c_str() : "-", n.spec.id.c_str(),
+                    n.spec.addr.c_str(), n.spec.local_world_size,
                     (std::to_string(n.heartbeat_age.count()) + " ms").c_str(),
                     n.finished ? "yes" : "no");
       out << line;
@@ -40,6 +55,42 @@ std::string describeRun(const StatusOptions& options) {
   };
   table(s.state == "joining" ? "joined" : "nodes", s.participants);
   table("waiting", s.waiting);
+
+  // Each worker as its node saw it at its last keep-alive (the node's heartbeat age above says
+  // how long ago): the ages are at least this old, never older than they were then.
+  bool any = false;
+  for (const auto& n : s.participants) any = any || !n.workers.empty();
+  if (!any) return out.str();
+  out << "workers (as of their node's last keep-alive; silent: no progress for "
+      << seconds(silent_after) << " or more):\n";
+  std::snprintf(line, sizeof(line), "  %-5s %-5s %-9s %-10s %s\n", "rank", "node", "pid", "state",
+                "last progress");
+  out << line;
+  int silent = 0;
+  for (const auto& n : s.participants) {
+    for (const auto& w : n.workers) {
+      std::string progress = "never (no heartbeat: not using the runtime, or not training yet)";
+      bool flagged = false;
+      if (w.progress_age) {
+        progress = seconds(*w.progress_age) + " ago";
+        flagged = w.state != "exited" && w.state != "zombie" && w.state != "gone" &&
+                  *w.progress_age >= silent_after;
+      }
+      if (flagged) {
+        progress += "  SILENT";
+        ++silent;
+      }
+      std::snprintf(line, sizeof(line), "  %-5d %-5s %-9d %-10s %s\n", w.rank,
+                    n.node_rank >= 0 ? std::to_string(n.node_rank).c_str() : "-", w.pid,
+                    w.state.c_str(), progress.c_str());
+      out << line;
+    }
+  }
+  if (silent > 0) {
+    out << silent << (silent == 1 ? " worker has" : " workers have") << " made no progress for "
+        << seconds(silent_after)
+        << " or more (stopped, deadlocked outside collectives, or in a long step)\n";
+  }
   return out.str();
 }
 

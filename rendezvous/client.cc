@@ -291,11 +291,13 @@ void RendezvousClient::cancel() {
   if (impl_->joining != nullptr) impl_->joining->TryCancel();
 }
 
-Verdict RendezvousClient::keepAlive(const std::string& node_id, int64_t round, Millis timeout) {
+Verdict RendezvousClient::keepAlive(const std::string& node_id, int64_t round, Millis timeout,
+                                    const std::vector<WorkerProgress>& workers) {
   rdzv::KeepAliveRequest req;
   req.set_run_id(impl_->run_id);
   req.set_node_id(node_id);
   req.set_round(round);
+  for (const auto& w : workers) wire::toProto(w, req.add_workers());
   return wire::fromProto(impl_->unary<rdzv::KeepAliveResponse>(
       "keep-alive",
       [&](grpc::ClientContext& ctx, auto& resp) {

@@ -81,8 +81,10 @@ class RendezvousClient {
   // settings that contradict the run's.
   JoinPoll join(const NodeSpec& node, const RunSettings& settings, Millis poll);
   // `timeout`: the call's deadline when shorter than the call timeout (a keep-alive must not
-  // outlast the interval it reports on); 0: the call timeout.
-  Verdict keepAlive(const std::string& node_id, int64_t round, Millis timeout = Millis(0));
+  // outlast the interval it reports on); 0: the call timeout. `workers`: how this node's workers
+  // are doing (for status); empty: no news.
+  Verdict keepAlive(const std::string& node_id, int64_t round, Millis timeout = Millis(0),
+                    const std::vector<WorkerProgress>& workers = {});
   Verdict requestRestart(const std::string& node_id, int64_t round, const FailureReport& failure);
   Verdict leave(const std::string& node_id, int64_t round);
   RunStatus status();

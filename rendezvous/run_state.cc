@@ -88,9 +88,10 @@ std::optional<Placement> RunState::join(const NodeSpec& node, const RunSettings&
   node.validate();
   settings.validate();
   if (!(settings == settings_)) {
-    throw InvalidArgument("run '" + run_id_ + "' was started with " + describe(settings_) +
-                          "; this node asks for " + describe(settings) +
-                          ": every node must use the same --nnodes, --max_restarts and --rdzv_conf");
+    throw InvalidArgument(
+        "run '" + run_id_ + "' was started with " + describe(settings_) + "; this node asks for " +
+        describe(settings) +
+        ": every node must use the same --nnodes, --max_restarts and --rdzv_conf");
   }
   checkNotFinal();
   if (phase_ == Phase::kRunning) {
@@ -115,8 +116,9 @@ std::optional<Placement> RunState::join(const NodeSpec& node, const RunSettings&
                             "--rdzv_backend");
     }
     if (node.node_rank >= settings_.max_nodes) {
-      throw InvalidArgument("node rank " + std::to_string(node.node_rank) + " is out of range for " +
-                            std::to_string(settings_.max_nodes) + " nodes");
+      throw InvalidArgument("node rank " + std::to_string(node.node_rank) +
+                            " is out of range for " + std::to_string(settings_.max_nodes) +
+                            " nodes");
     }
     if (node.node_rank >= 0) {
       for (const auto& [id, other] : joined_) {
@@ -162,8 +164,9 @@ void RunState::maybeComplete(SteadyTime now) {
     return;
   }
   const bool all_expected_back =
-      !expected_.empty() && std::all_of(expected_.begin(), expected_.end(),
-                                        [&](const std::string& id) { return contains(joined_, id); });
+      !expected_.empty() &&
+      std::all_of(expected_.begin(), expected_.end(),
+                  [&](const std::string& id) { return contains(joined_, id); });
   if (all_expected_back) return complete();
   if (!last_call_deadline_) last_call_deadline_ = now + settings_.last_call_timeout;
   if (now >= *last_call_deadline_) complete();
@@ -207,6 +210,7 @@ void RunState::startNextRound(SteadyTime now, const std::string& reason) {
   joined_.clear();
   joined_ranks_ = 0;
   last_call_deadline_.reset();
+  workers_.clear();  // the round's workers are being stopped; the next round reports its own
   // Nodes waiting for room are polling Join: they are in, as far as room allows.
   std::vector<NodeSpec> still_waiting;
   for (auto& node : waiting_) {
@@ -223,20 +227,36 @@ void RunState::startNextRound(SteadyTime now, const std::string& reason) {
 }
 
 Verdict RunState::keepAlive(const std::string& node_id, int64_t round, SteadyTime now) {
-  const bool tracked = rank_of_.count(node_id) != 0 || contains(joined_, node_id) ||
-                       contains(waiting_, node_id);
+  const bool tracked =
+      rank_of_.count(node_id) != 0 || contains(joined_, node_id) || contains(waiting_, node_id);
   if (tracked) beat(node_id, now);  // an evicted node stays evicted
   if (finalState()) informed_.insert(node_id);
   if (phase_ == Phase::kClosed) return {Action::kClosed, "every node finished", std::nullopt};
   if (phase_ == Phase::kFailed) return {Action::kFail, "no restarts left", root_cause_};
   if (round > round_) {
-    throw InvalidArgument("round " + std::to_string(round) + " does not exist (the run is at round " +
-                          std::to_string(round_) + ")");
+    throw InvalidArgument("round " + std::to_string(round) +
+                          " does not exist (the run is at round " + std::to_string(round_) + ")");
   }
   if (round < round_) return {Action::kRestart, superseded_reason_, std::nullopt};
   if (phase_ == Phase::kRunning && rank_of_.count(node_id) != 0) return {};
   return {Action::kRestart, "node " + node_id + " is not part of round " + std::to_string(round),
           std::nullopt};
+}
+
+void RunState::reportWorkers(const std::string& node_id, std::vector<WorkerProgress> workers) {
+  const NodeSpec* spec = specOf(node_id);
+  if (spec == nullptr || heartbeats_.count(node_id) == 0) return;  // evicted stays evicted
+  if (workers.size() > static_cast<size_t>(spec->local_world_size)) {
+    throw InvalidArgument("node " + node_id + " reported " + std::to_string(workers.size()) +
+                          " workers; it has " + std::to_string(spec->local_world_size));
+  }
+  for (const auto& w : workers) {
+    if (w.state.size() > kMaxWorkerStateBytes) {
+      throw InvalidArgument("a worker state must be at most " +
+                            std::to_string(kMaxWorkerStateBytes) + " bytes");
+    }
+  }
+  workers_[node_id] = std::move(workers);
 }
 
 Verdict RunState::requestRestart(const std::string& node_id, int64_t round,
@@ -248,8 +268,8 @@ Verdict RunState::requestRestart(const std::string& node_id, int64_t round,
     ++epoch_;
     root_cause_ = failure;
     informed_.insert(node_id);
-    return {Action::kFail,
-            "no restarts left (" + std::to_string(settings_.max_restarts) + " used)", root_cause_};
+    return {Action::kFail, "no restarts left (" + std::to_string(settings_.max_restarts) + " used)",
+            root_cause_};
   }
   ++restart_count_;
   root_cause_ = failure;
@@ -317,7 +337,19 @@ void RunState::beat(const std::string& id, SteadyTime now) {
   by_beat_.insert({now, id});
 }
 
+const NodeSpec* RunState::specOf(const std::string& id) const {
+  if (auto it = rank_of_.find(id); it != rank_of_.end()) {
+    return &participants_[static_cast<size_t>(it->second)];
+  }
+  if (auto it = joined_.find(id); it != joined_.end()) return &it->second;
+  for (const auto& node : waiting_) {
+    if (node.id == id) return &node;
+  }
+  return nullptr;
+}
+
 void RunState::forget(const std::string& id) {
+  workers_.erase(id);
   auto it = heartbeats_.find(id);
   if (it == heartbeats_.end()) return;
   by_beat_.erase({it->second, id});
@@ -406,10 +438,18 @@ RunStatus RunState::status(SteadyTime now) const {
   s.restart_count = restart_count_;
   s.settings = settings_;
   switch (phase_) {
-    case Phase::kJoining: s.state = "joining"; break;
-    case Phase::kRunning: s.state = "running"; break;
-    case Phase::kClosed: s.state = "closed"; break;
-    case Phase::kFailed: s.state = "failed"; break;
+    case Phase::kJoining:
+      s.state = "joining";
+      break;
+    case Phase::kRunning:
+      s.state = "running";
+      break;
+    case Phase::kClosed:
+      s.state = "closed";
+      break;
+    case Phase::kFailed:
+      s.state = "failed";
+      break;
   }
   auto state_of = [&](const NodeSpec& spec, int rank) {
     NodeState n;
@@ -420,6 +460,9 @@ RunStatus RunState::status(SteadyTime now) const {
       n.heartbeat_age = std::chrono::duration_cast<Millis>(now - beat->second);
     }
     n.finished = finished_.count(spec.id) != 0;
+    if (auto workers = workers_.find(spec.id); workers != workers_.end()) {
+      n.workers = workers->second;
+    }
     return n;
   };
   if (phase_ == Phase::kJoining) {

@@ -96,11 +96,25 @@ struct Verdict {
   std::optional<FailureReport> root_cause;  // with kFail
 };
 
+// One worker of a node as its agent saw it when it sent a keep-alive (`cxxlaunch status`).
+struct WorkerProgress {
+  int local_rank = 0;
+  int rank = 0;
+  int pid = 0;
+  std::string state;                   // "running", "sleeping", "stopped", "exited", ...
+  std::optional<Millis> progress_age;  // since its last heartbeat, then; none: it never beat
+  bool operator==(const WorkerProgress&) const = default;
+};
+
+// The longest `WorkerProgress::state` a report may carry.
+inline constexpr size_t kMaxWorkerStateBytes = 32;
+
 struct NodeState {
   NodeSpec spec;
   int node_rank = -1;  // in the running round, else -1
   Millis heartbeat_age{0};
   bool finished = false;
+  std::vector<WorkerProgress> workers;  // as of its last report; heartbeat_age says how old
 };
 
 struct RunStatus {
@@ -127,6 +141,12 @@ class RunState {
 
   // What a node of `round` must do now. Records the keep-alive.
   Verdict keepAlive(const std::string& node_id, int64_t round, SteadyTime now);
+
+  // What a node's agent says of its workers (sent with its keep-alives), kept for status() until
+  // the next report or until the node is forgotten. Ignored from a node the run does not track.
+  // Throws InvalidArgument for more workers than the node has, or a state past
+  // kMaxWorkerStateBytes.
+  void reportWorkers(const std::string& node_id, std::vector<WorkerProgress> workers);
 
   // The node's workers failed in `round`. The first report of a round spends one restart and
   // supersedes the round (kRestart) or, with none left, fails the run (kFail); later reports of
@@ -184,13 +204,15 @@ class RunState {
   void startNextRound(SteadyTime now, const std::string& reason);
   void beat(const std::string& id, SteadyTime now);  // records a keep-alive
   void forget(const std::string& id);
+  const NodeSpec* specOf(const std::string& id) const;  // a node the run tracks, or null
 
   std::string run_id_;
   RunSettings settings_;
   Phase phase_ = Phase::kJoining;
   int64_t round_ = 1;
   std::map<std::string, SteadyTime> heartbeats_;
-  std::set<std::pair<SteadyTime, std::string>> by_beat_;  // the same, oldest first
+  std::set<std::pair<SteadyTime, std::string>> by_beat_;        // the same, oldest first
+  std::map<std::string, std::vector<WorkerProgress>> workers_;  // by node, as last reported
   // Joining: who has joined round_ (by id), and who is expected back.
   std::map<std::string, NodeSpec> joined_;
   int64_t joined_ranks_ = 0;  // the sum of their local world sizes

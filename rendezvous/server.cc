@@ -652,6 +652,12 @@ class RendezvousService final : public rdzv::Rendezvous::CallbackService {
                                       rdzv::KeepAliveResponse* resp) override {
     return core_.answer(ctx, req->run_id(), [&] {
       Run& run = core_.runOf(req->run_id());
+      if (req->workers_size() > 0) {
+        std::vector<WorkerProgress> workers;
+        workers.reserve(static_cast<size_t>(req->workers_size()));
+        for (const auto& w : req->workers()) workers.push_back(wire::fromProto(w));
+        run.state.reportWorkers(req->node_id(), std::move(workers));
+      }
       wire::toProto(run.state.keepAlive(req->node_id(), req->round(), Clock::now()), resp);
       return grpc::Status::OK;
     });
@@ -801,8 +807,9 @@ JoinPoll RendezvousServer::join(const std::string& run_id, const NodeSpec& node,
 }
 
 Verdict RendezvousServer::keepAlive(const std::string& run_id, const std::string& node_id,
-                                    int64_t round) {
+                                    int64_t round, const std::vector<WorkerProgress>& workers) {
   return impl_->core.callHere(run_id, [&](RunState& state, SteadyTime now) {
+    if (!workers.empty()) state.reportWorkers(node_id, workers);
     return state.keepAlive(node_id, round, now);
   });
 }

@@ -72,7 +72,9 @@ class RendezvousServer {
   // it look at at once.
   JoinPoll join(const std::string& run_id, const NodeSpec& node, const RunSettings& settings,
                 Millis poll, const std::atomic<bool>& cancelled);
-  Verdict keepAlive(const std::string& run_id, const std::string& node_id, int64_t round);
+  // `workers`: how this node's workers are doing (for status), as RendezvousClient::keepAlive.
+  Verdict keepAlive(const std::string& run_id, const std::string& node_id, int64_t round,
+                    const std::vector<WorkerProgress>& workers = {});
   Verdict requestRestart(const std::string& run_id, const std::string& node_id, int64_t round,
                          const FailureReport& failure);
   Verdict leave(const std::string& run_id, const std::string& node_id, int64_t round);

@@ -124,6 +124,24 @@ void toProto(const Verdict& v, rdzv::KeepAliveResponse* p) {
   if (v.root_cause) toProto(*v.root_cause, p->mutable_root_cause());
 }
 
+WorkerProgress fromProto(const rdzv::WorkerProgress& p) {
+  WorkerProgress w;
+  w.local_rank = p.local_rank();
+  w.rank = p.rank();
+  w.pid = p.pid();
+  w.state = p.state();
+  if (p.progress_age_ms() >= 0) w.progress_age = Millis(p.progress_age_ms());
+  return w;
+}
+
+void toProto(const WorkerProgress& w, rdzv::WorkerProgress* p) {
+  p->set_local_rank(w.local_rank);
+  p->set_rank(w.rank);
+  p->set_pid(w.pid);
+  p->set_state(w.state);
+  p->set_progress_age_ms(w.progress_age ? w.progress_age->count() : -1);
+}
+
 namespace {
 NodeState fromProto(const rdzv::NodeStatus& p) {
   NodeState n;
@@ -133,6 +151,7 @@ NodeState fromProto(const rdzv::NodeStatus& p) {
   n.node_rank = p.node_rank();
   n.heartbeat_age = Millis(p.heartbeat_age_ms());
   n.finished = p.finished();
+  for (const auto& w : p.workers()) n.workers.push_back(wire::fromProto(w));
   return n;
 }
 
@@ -143,6 +162,7 @@ void toProto(const NodeState& n, rdzv::NodeStatus* p) {
   p->set_node_rank(n.node_rank);
   p->set_heartbeat_age_ms(n.heartbeat_age.count());
   p->set_finished(n.finished);
+  for (const auto& w : n.workers) wire::toProto(w, p->add_workers());
 }
 }  // namespace
 

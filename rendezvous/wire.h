@@ -27,6 +27,9 @@ void toProto(const FailureReport& f, rdzv::Failure* p);
 Verdict fromProto(const rdzv::KeepAliveResponse& p);
 void toProto(const Verdict& v, rdzv::KeepAliveResponse* p);
 
+WorkerProgress fromProto(const rdzv::WorkerProgress& p);
+void toProto(const WorkerProgress& w, rdzv::WorkerProgress* p);
+
 RunStatus fromProto(const rdzv::StatusResponse& p);
 void toProto(const RunStatus& s, rdzv::StatusResponse* p);
 

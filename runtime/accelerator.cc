@@ -17,8 +17,8 @@
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/checkpoint/files.h"
 #include "runtime/checkpoint/safetensors.h"
+#include "runtime/comm/tensor_ops.h"
 #include "runtime/host_memory.h"
-#include "runtime/tensor_ops.h"
 
 namespace cxxlaunch::runtime {
 namespace {
@@ -44,7 +44,13 @@ Accelerator::Accelerator(World world, AcceleratorOptions options)
       bucket_bytes_(options.bucket_bytes),
       find_unused_(options.find_unused_parameters),
       checkpoint_dir_(options.checkpoint_dir.value_or(world_.env.checkpoint_dir)),
-      checkpoint_total_limit_(options.checkpoint_total_limit) {
+      checkpoint_total_limit_(
+          options.checkpoint_total_limit.value_or(world_.env.checkpoint_total_limit)) {
+  if (checkpoint_total_limit_ < 0) {
+    throw InvalidArgument(
+        "AcceleratorOptions::checkpoint_total_limit is negative; give the "
+        "number of checkpoints to keep, or 0 for all");
+  }
   if (world_.env.gradient_accumulation_steps < 1) {
     throw InvalidArgument("gradient accumulation steps must be >= 1");
   }

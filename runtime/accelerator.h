@@ -54,7 +54,9 @@ struct AcceleratorOptions {
   bool find_unused_parameters = false;
   std::optional<std::string> checkpoint_dir;  // default: CXXLAUNCH_CHECKPOINT_DIR
   // saveCheckpoint keeps the newest this many (accelerate's total_limit); 0: all of them.
-  int checkpoint_total_limit = 0;
+  // Unset: the launch's (--checkpoint_total_limit, CXXLAUNCH_CHECKPOINT_TOTAL_LIMIT,
+  // cxxlaunch.checkpoint_total_limit), else 0.
+  std::optional<int64_t> checkpoint_total_limit;
 };
 
 class Accelerator;
@@ -246,7 +248,7 @@ class Accelerator {
   LrScheduler* scheduler_ = nullptr;
   std::shared_ptr<torch::nn::Module> model_;  // its buffers go into checkpoints
   std::string checkpoint_dir_;
-  int checkpoint_total_limit_ = 0;
+  int64_t checkpoint_total_limit_ = 0;
   std::vector<const torch::nn::Module*> wrapped_;
   std::vector<const torch::nn::Module*> checkpointed_;  // unmarked when this ends
   PrecisionPolicy precision_;

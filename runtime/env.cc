@@ -115,6 +115,12 @@ WorkerEnv readWorkerEnv() {
   readString(env::kOffloadOptimizerNvmePath, e.offload_optimizer_nvme_path);
   readString(env::kOffloadParamNvmePath, e.offload_param_nvme_path);
   readString(env::kCheckpointDir, e.checkpoint_dir);
+  readInt(env::kCheckpointTotalLimit, e.checkpoint_total_limit);
+  if (e.checkpoint_total_limit < 0) {
+    throw InvalidArgument(std::string(env::kCheckpointTotalLimit) + "=" +
+                          std::to_string(e.checkpoint_total_limit) +
+                          " is negative; give the number of checkpoints to keep, or 0 for all");
+  }
   readChoice(env::kStateDictType, e.state_dict_type, {"sharded", "full"});
   readBool(env::kDebug, e.debug);
   readString(env::kHeartbeatFile, e.heartbeat_file);

@@ -3,7 +3,7 @@
 #include "common/error.h"
 #include "rendezvous/client.h"
 #include "rendezvous/memory_store.h"
-#include "runtime/checked_backend.h"
+#include "runtime/comm/checked_backend.h"
 
 namespace cxxlaunch::runtime {
 

@@ -7,7 +7,7 @@
 
 #include <memory>
 
-#include "runtime/backend.h"
+#include "runtime/comm/backend.h"
 #include "runtime/env.h"
 #include "runtime/heartbeat.h"
 

@@ -1,10 +1,14 @@
 #include "runtime/checkpoint/checkpoint.h"
 
 #include <algorithm>
+#include <atomic>
+#include <exception>
 #include <filesystem>
 #include <iostream>
+#include <mutex>
 #include <optional>
 #include <sstream>
+#include <thread>
 
 #include "common/atomic_file.h"
 #include "common/error.h"
@@ -300,8 +304,13 @@ bool Reader::has(const std::string& param, const std::string& array) const {
   return pieces_.count({param, array}) != 0;
 }
 
-void Reader::read(const std::string& param, const std::string& array, int64_t begin, int64_t end,
-                  const std::vector<int64_t>& shape, float* out) const {
+void Source::readAll(const std::vector<ReadRequest>& requests) const {
+  for (const auto& r : requests) read(r.param, r.array, r.begin, r.end, r.shape, r.out);
+}
+
+void Reader::plan(const std::string& param, const std::string& array, int64_t begin, int64_t end,
+                  const std::vector<int64_t>& shape, float* out,
+                  std::vector<PieceRead>& reads) const {
   auto it = pieces_.find({param, array});
   if (it == pieces_.end()) {
     throw InvalidArgument("checkpoint '" + dir_ + "' has no " + array + " for '" + param +
@@ -315,7 +324,7 @@ void Reader::read(const std::string& param, const std::string& array, int64_t be
     }
     const int64_t from = std::max(begin, p.begin), to = std::min(end, p.end);
     if (from >= to) continue;
-    p.file->read(p.offset, p.begin, from, to, out + (from - begin));
+    reads.push_back({&p, from, to, out + (from - begin)});
     covered += to - from;
   }
   // Slices of one parameter never overlap (each element has one owner when saved).
@@ -323,6 +332,41 @@ void Reader::read(const std::string& param, const std::string& array, int64_t be
     throw InvalidArgument("checkpoint '" + dir_ + "' does not hold all of '" + param + "' (" +
                           array + "): incomplete or from another model");
   }
+}
+
+void Reader::read(const std::string& param, const std::string& array, int64_t begin, int64_t end,
+                  const std::vector<int64_t>& shape, float* out) const {
+  std::vector<PieceRead> reads;
+  plan(param, array, begin, end, shape, out, reads);
+  for (const auto& r : reads)
+    r.piece->file->read(r.piece->offset, r.piece->begin, r.from, r.to, r.out);
+}
+
+void Reader::readAll(const std::vector<ReadRequest>& requests) const {
+  std::vector<PieceRead> reads;  // every request checked before anything is read
+  for (const auto& r : requests) plan(r.param, r.array, r.begin, r.end, r.shape, r.out, reads);
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  std::exception_ptr failure;
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < reads.size();) {
+      const PieceRead& r = reads[i];
+      try {
+        r.piece->file->read(r.piece->offset, r.piece->begin, r.from, r.to, r.out);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!failure) failure = std::current_exception();
+        next = reads.size();
+      }
+    }
+  };
+  std::vector<std::thread> threads;  // this one and kReadThreads - 1 more
+  for (size_t t = 1; t < std::min<size_t>(kReadThreads, reads.size()); ++t) {
+    threads.emplace_back(work);
+  }
+  work();
+  for (auto& t : threads) t.join();
+  if (failure) std::rethrow_exception(failure);
 }
 
 std::optional<std::string> Reader::blob(int rank, const std::string& name) const {

@@ -290,11 +290,16 @@ void ShardFileReader::readChecksums(uint64_t data_start, uint64_t& data_bytes) {
 
 void ShardFileReader::check(uint32_t expected, const void* data, size_t bytes,
                             const std::string& what) const {
-  if (crc32c(0, data, bytes) == expected || corruption_) return;
+  if (crc32c(0, data, bytes) == expected) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (corruption_) return;
   corruption_ = "checkpoint file '" + path_ + "': " + what + " does not match its checksum";
 }
 
-std::optional<std::string> ShardFileReader::corruption() const { return corruption_; }
+std::optional<std::string> ShardFileReader::corruption() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return corruption_;
+}
 
 ShardFileReader::~ShardFileReader() {
   if (fd_ >= 0) ::close(fd_);

@@ -20,12 +20,14 @@
 // ranges, offsets against the file's size) and reads with pread, so a corrupt or crafted file is
 // an error, never an out-of-bounds read, and memory stays bounded by what the caller asks for.
 //
-// Thread-safety: none.
+// Thread-safety: ShardFileReader's read() and blob() may run on several threads at once (the
+// reads of a load do); everything else on one thread.
 
 #include <torch/types.h>
 
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -123,6 +125,7 @@ class ShardFileReader {
   std::map<uint64_t, ArrayChecksums> array_checksums_;  // by the array's offset
   std::map<uint64_t, uint32_t> blob_checksums_;         // by the blob's offset
   std::vector<std::vector<uint32_t>> pending_;  // the checksums' lines, until matched to arrays
+  mutable std::mutex mu_;                       // guards corruption_
   mutable std::optional<std::string> corruption_;
 };
 

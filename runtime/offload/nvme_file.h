@@ -19,8 +19,8 @@
 #include <memory>
 #include <string>
 
-#include "runtime/backend.h"
-#include "runtime/comm_thread.h"
+#include "runtime/comm/backend.h"
+#include "runtime/comm/comm_thread.h"
 
 namespace cxxlaunch::runtime {
 

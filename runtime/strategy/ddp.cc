@@ -5,9 +5,9 @@
 #include <functional>
 
 #include "common/error.h"
+#include "runtime/comm/tensor_ops.h"
 #include "runtime/strategy/grad_hooks.h"
 #include "runtime/strategy/model_state.h"
-#include "runtime/tensor_ops.h"
 
 namespace cxxlaunch::runtime {
 

@@ -28,7 +28,7 @@
 #include <mutex>
 #include <vector>
 
-#include "runtime/backend.h"
+#include "runtime/comm/backend.h"
 
 namespace cxxlaunch::runtime {
 

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "common/error.h"
-#include "runtime/tensor_ops.h"
+#include "runtime/comm/tensor_ops.h"
 
 namespace cxxlaunch::runtime {
 

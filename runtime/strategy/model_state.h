@@ -7,7 +7,7 @@
 
 #include <torch/nn/module.h>
 
-#include "runtime/backend.h"
+#include "runtime/comm/backend.h"
 
 namespace cxxlaunch::runtime {
 

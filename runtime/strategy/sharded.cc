@@ -8,11 +8,11 @@
 #include <set>
 
 #include "common/error.h"
+#include "runtime/comm/tensor_ops.h"
 #include "runtime/host_memory.h"
 #include "runtime/optim/device_kernels.h"
 #include "runtime/strategy/grad_hooks.h"
 #include "runtime/strategy/model_state.h"
-#include "runtime/tensor_ops.h"
 
 namespace cxxlaunch::runtime {
 namespace {
@@ -863,6 +863,7 @@ void ShardedStrategy::loadStateSlices(const checkpoint::Source& reader) {
     if (state_file_) {
       for (size_t k = 0; k < names.size(); ++k) state.push_back(torch::zeros({sn}));
     }
+    std::vector<checkpoint::ReadRequest> reads;  // the unit's, read together
     for (size_t i = 0; i < u.flat.params().size(); ++i) {
       const auto& p = u.flat.params()[i];
       const std::string& name = u.flat.names()[i];
@@ -870,16 +871,18 @@ void ShardedStrategy::loadStateSlices(const checkpoint::Source& reader) {
       const int64_t a = std::max(off, sb), b = std::min(off + p.numel(), sb + sn);
       if (a >= b) continue;
       const auto shape = p.sizes().vec();
-      reader.read(name, "param", a - off, b - off, shape, master.data_ptr<float>() + (a - sb));
+      reads.push_back(
+          {name, "param", a - off, b - off, shape, master.data_ptr<float>() + (a - sb)});
       for (size_t k = 0; k < names.size(); ++k) {
         float* to = state[k].data_ptr<float>() + (a - sb);
         if (reader.has(name, names[k])) {
-          reader.read(name, names[k], a - off, b - off, shape, to);
+          reads.push_back({name, names[k], a - off, b - off, shape, to});
         } else {  // saved before any step, or by another optimizer: a fresh start
           std::fill(to, to + (b - a), 0.0f);
         }
       }
     }
+    reader.readAll(reads);
     const size_t bytes = NvmeFile::roundUp(static_cast<size_t>(sn) * 4);
     if (param_file_) {
       AlignedBuffer staging = alignedBuffer(static_cast<size_t>(sn));

@@ -49,14 +49,15 @@ std::vector<std::pair<std::string, torch::Tensor>> torchStateArrays(
   return {};
 }
 
-// A fresh torch::optim state for `param` from the checkpoint, or null when the optimizer is none
-// of AdamW/Adam/SGD or the checkpoint has no state for the parameter (a fresh start).
+// A fresh torch::optim state for `param` whose tensors `reads` fill from the checkpoint, or null
+// when the optimizer is none of AdamW/Adam/SGD or the checkpoint has no state for the parameter
+// (a fresh start).
 std::unique_ptr<torch::optim::OptimizerParamState> torchStateFrom(
     torch::optim::Optimizer& optimizer, const std::string& name, const torch::Tensor& param,
-    const checkpoint::Source& reader, int64_t steps) {
+    const checkpoint::Source& reader, int64_t steps, std::vector<checkpoint::ReadRequest>& reads) {
   auto read = [&](const char* array) {
     torch::Tensor t = torch::empty_like(param, at::MemoryFormat::Contiguous);
-    reader.read(name, array, 0, param.numel(), param.sizes().vec(), t.data_ptr<float>());
+    reads.push_back({name, array, 0, param.numel(), param.sizes().vec(), t.data_ptr<float>()});
     return t;
   };
   const bool adam_state = reader.has(name, "exp_avg") && reader.has(name, "exp_avg_sq");
@@ -189,15 +190,27 @@ class DdpStrategy final : public Strategy {
     torch::NoGradGuard no_grad;
     const int64_t steps = std::stoll(reader.counter("optimizer_steps").value_or("0"));
     auto& state = optimizer_.state();
+    // Everything read at once, straight into the parameters where they are plain float32 on the
+    // CPU; the optimizer's state is installed only once all of it was read.
+    std::vector<checkpoint::ReadRequest> reads;
+    std::vector<std::pair<torch::Tensor, torch::Tensor>> copies;  // (parameter, values read)
+    std::vector<std::pair<std::string, std::unique_ptr<torch::optim::OptimizerParamState>>> fresh;
     for (const auto& item : model_->named_parameters()) {
       torch::Tensor p = item.value();
-      torch::Tensor values = torch::empty({p.numel()}, torch::kFloat);
-      reader.read(item.key(), "param", 0, p.numel(), p.sizes().vec(), values.data_ptr<float>());
-      p.copy_(values.view(p.sizes()));
-      const auto key = paramStateKey(state, p);
-      auto fresh = torchStateFrom(optimizer_, item.key(), p, reader, steps);
-      if (fresh) {
-        state[key] = std::move(fresh);
+      torch::Tensor into = p;
+      if (!p.is_contiguous() || p.scalar_type() != torch::kFloat || !p.device().is_cpu()) {
+        into = torch::empty({p.numel()}, torch::kFloat);
+        copies.emplace_back(p, into);
+      }
+      reads.push_back({item.key(), "param", 0, p.numel(), p.sizes().vec(), into.data_ptr<float>()});
+      fresh.emplace_back(paramStateKey(state, p),
+                         torchStateFrom(optimizer_, item.key(), p, reader, steps, reads));
+    }
+    reader.readAll(reads);
+    for (auto& [p, values] : copies) p.copy_(values.view(p.sizes()));
+    for (auto& [key, s] : fresh) {
+      if (s) {
+        state[key] = std::move(s);
       } else {
         state.erase(key);
       }

@@ -25,8 +25,8 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/backend.h"
 #include "runtime/checkpoint/checkpoint.h"
+#include "runtime/comm/backend.h"
 #include "runtime/env.h"
 #include "runtime/precision/policy.h"
 

@@ -3,17 +3,19 @@
 // after a job that died and after a restart of the worker group by --max_restarts. A resumed run
 // must end with the parameters of a run that was never interrupted, bit for bit.
 
+#include "runtime/checkpoint/checkpoint.h"  // first: LibTorch's logging (glog) defines CHECK
+                                            // too, and Catch's, included after it, must win
+
 #include <signal.h>
 
-// Before Catch: LibTorch's logging defines CHECK too, and Catch's must win.
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
 #include <random>
+#include <set>
 
-#include "runtime/checkpoint/checkpoint.h"
 #include "support/daemon.h"
 #include "support/subprocess.h"
 
@@ -87,6 +89,30 @@ TEST_CASE("A worker group restarted by --max_restarts resumes by itself",
   for (const std::string step : {"2", "4", "6"}) {
     CHECK(fs::exists(folder + "/checkpoint_" + step + "/manifest"));
   }
+}
+
+TEST_CASE("The launch's --checkpoint_total_limit keeps the newest complete checkpoints",
+          "[checkpoint][integration]") {
+  TempDir dir;
+  const std::string folder = dir.path() + "/checkpoints";
+  const Trained kept =
+      train(dir, "kept", 2, {"--checkpoint_dir", folder, "--checkpoint_total_limit", "2"},
+            {"--save_every", "1"});
+  INFO(kept.finished.out << kept.finished.err);
+  REQUIRE(kept.finished.exit_code == 0);
+  std::set<std::string> left;
+  for (const auto& entry : fs::directory_iterator(folder)) {
+    left.insert(entry.path().filename().string());
+  }
+  const std::set<std::string> newest = {"checkpoint_5", "checkpoint_6"};
+  CHECK(left == newest);
+  // The config's key and the variable reach the workers the same way (worker_env); a limit
+  // the launcher cannot take is one line and exit 2 before anything starts.
+  const Finished bad = run(
+      {CXXLAUNCH_BIN, "run", "--nproc_per_node", "2", "--checkpoint_total_limit", "-1", TRAIN_BIN},
+      {}, 30s);
+  CHECK(bad.exit_code == 2);
+  CHECK_THAT(bad.err, Catch::Contains("checkpoint_total_limit"));
 }
 
 TEST_CASE("A checkpoint of 4 workers resumes with 2", "[checkpoint][integration]") {

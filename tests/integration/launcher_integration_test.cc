@@ -153,6 +153,62 @@ TEST_CASE("A worker that stops making progress is named and the job stopped",
   CHECK_THAT(r.err, Catch::Contains("root cause (*): rank 1"));
 }
 
+namespace {
+
+// The row of global rank `rank` in `cxxlaunch status`'s workers table.
+std::string workerRow(const std::string& status, int rank) {
+  std::istringstream in(status);
+  bool in_workers = false;
+  for (std::string line; std::getline(in, line);) {
+    if (line.starts_with("workers")) in_workers = true;
+    if (in_workers && line.starts_with("  " + std::to_string(rank) + " ")) return line;
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("cxxlaunch status shows a stopped worker as silent, without --watchdog_timeout",
+          "[launcher][integration][status]") {
+  // Both ranks beat every 0.1 s (as the runtime does at each micro-step) until rank 1 is
+  // stopped; the launcher has no --watchdog_timeout and so stops nothing.
+  TempDir pids;
+  const std::string endpoint = "127.0.0.1:" + std::to_string(freePort());
+  Subprocess launcher(launch({"--nproc_per_node=2", "--rdzv_endpoint", endpoint, "--rdzv_id",
+                              "silent", "--rdzv_conf", "keep_alive_interval=0.2"},
+                             {"pidfile", pids.path(), "beating"}));
+  auto workers = waitForPids(pids.path(), 2);
+  std::string text;
+  auto status = [&] {
+    text = run({CXXLAUNCH_BIN, "status", "--rdzv_endpoint", endpoint, "--rdzv_id", "silent",
+                "--silent_after", "3"})
+               .out;
+    return text;
+  };
+  // Reported, with pids, and beating.
+  REQUIRE(eventually(
+      [&] {
+        status();
+        return workerRow(text, 0).find(" ago") != std::string::npos &&
+               workerRow(text, 1).find(" ago") != std::string::npos;
+      },
+      30s));
+  INFO(text);
+  CHECK_THAT(workerRow(text, 1), Catch::Contains(std::to_string(workers[1])));
+  ::kill(workers[1], SIGSTOP);
+  CHECK(
+      eventually([&] { return workerRow(status(), 1).find("SILENT") != std::string::npos; }, 30s));
+  INFO(text);
+  CHECK_THAT(workerRow(text, 1), Catch::Contains("stopped"));
+  CHECK_THAT(workerRow(text, 0), !Catch::Contains("SILENT"));
+  CHECK_THAT(text, Catch::Contains("1 worker has made no progress"));
+  ::kill(workers[1], SIGCONT);
+  ::kill(launcher.pid(), SIGTERM);
+  auto r = launcher.wait(30s);
+  REQUIRE(r);
+  CHECK(r->exit_code == 128 + SIGTERM);
+}
+
 TEST_CASE("Arguments pass verbatim with ${local_rank} substituted", "[launcher][integration]") {
   auto r = run(launch({"--nproc_per_node=2"},
                       {"argv", "--nproc_per_node=5", "shard-${local_rank}.bin", "a b", "--"}));
@@ -455,6 +511,21 @@ TEST_CASE("SIGKILL of the launcher leaves no grandchild alive",
   for (pid_t pid : pids) ::kill(pid, SIGKILL);  // a failed check must not leave them behind
 }
 
+TEST_CASE("Where no cgroup is to be had, the job is confined by process groups and says so",
+          "[launcher][integration][reliability]") {
+  // CXXLAUNCH_CGROUP=off stands for a machine without a writable cgroup v2 hierarchy.
+  TempDir logs;
+  auto r = run({CXXLAUNCH_BIN, "run", "--log_dir", logs.path(), "--run_id", "nocg",
+                "--nproc_per_node=2", "/bin/sh", "-c", "/bin/cat /proc/self/cgroup"},
+               {{"CXXLAUNCH_CGROUP", "off"}});
+  INFO(r.out << r.err);
+  CHECK(r.exit_code == 0);
+  CHECK(r.err.empty());  // silently
+  const auto summary = nlohmann::json::parse(readFile(logs.path() + "/nocg/run-summary.json"));
+  CHECK(summary["confinement"] == "process groups");
+  CHECK_THAT(r.out, !Catch::Contains("cxxlaunch-nocg-"));
+}
+
 TEST_CASE("A console nobody reads does not delay the reaction to a failed worker",
           "[launcher][integration][reliability]") {
   // Rank 0 floods stdout into a pipe nobody reads; rank 1 fails after 1 s. The launcher must
@@ -477,6 +548,40 @@ TEST_CASE("A console nobody reads does not delay the reaction to a failed worker
   auto r = launcher.wait(20s);
   REQUIRE(r);
   CHECK(r->exit_code == 7);
+  CHECK_THAT(readFile(err), Catch::Contains("did not take the last"));
+  ::close(pipe_fds[0]);
+}
+
+TEST_CASE("SIGTERM ends a job whose console is never read",
+          "[launcher][integration][reliability]") {
+  // Both ranks write without end into a pipe nobody ever reads. Once the console's queue is full
+  // the launcher stops reading them; a SIGTERM must still stop them and end the job (it waited
+  // for the pipe before: for ever, with a reader that never comes).
+  int pipe_fds[2];
+  REQUIRE(::pipe(pipe_fds) == 0);
+  TempDir dir;
+  const std::string err = dir.path() + "/err";
+  const std::string script = "exec " + std::string(CXXLAUNCH_BIN) + " run --log_dir " + dir.path() +
+                             " --run_id flood --nproc_per_node=2 yes >&" +
+                             std::to_string(pipe_fds[1]) + " 2>" + err;
+  Subprocess launcher({"/bin/sh", "-c", script});
+  ::close(pipe_fds[1]);
+  auto logged = [&] {
+    std::error_code ec;
+    uintmax_t bytes = 0;
+    for (const char* rank : {"0", "1"}) {
+      const auto size = fs::file_size(dir.path() + "/flood/attempt_0/" + rank + "/stdout.log", ec);
+      if (!ec) bytes += size;
+    }
+    return bytes;
+  };
+  // "y\n" is 12 bytes on the console ("[rank 0]: y\n"): 150 kB logged is more than the pipe
+  // holds, and most of the 1 MiB queue.
+  REQUIRE(eventually([&] { return logged() > 150'000; }, 30s));
+  ::kill(launcher.pid(), SIGTERM);
+  auto r = launcher.wait(60s);
+  REQUIRE(r);
+  CHECK(r->exit_code == 128 + SIGTERM);
   CHECK_THAT(readFile(err), Catch::Contains("did not take the last"));
   ::close(pipe_fds[0]);
 }

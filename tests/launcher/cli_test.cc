@@ -281,4 +281,10 @@ TEST_CASE("cxxlaunch status takes an endpoint and a run id", "[cli]") {
   REQUIRE_THROWS_WITH(parseStatusArgs({"--rdzv_id", "job"}),
                       Catch::Contains("needs --rdzv_endpoint"));
   REQUIRE_THROWS_WITH(parseStatusArgs({"--bogus", "x"}), Catch::Contains("unknown flag '--bogus'"));
+  CHECK(s.silent_after == std::chrono::seconds(60));
+  CHECK(parseStatusArgs({"--rdzv_endpoint", "h:1", "--rdzv_id", "job", "--silent-after", "2.5"})
+            .silent_after == std::chrono::milliseconds(2500));
+  REQUIRE_THROWS_AS(
+      parseStatusArgs({"--rdzv_endpoint", "h:1", "--rdzv_id", "job", "--silent_after", "0"}),
+      UsageError);
 }

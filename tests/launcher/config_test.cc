@@ -98,8 +98,14 @@ TEST_CASE("accelerate's keys that do not apply are reported with their position,
   REQUIRE_THAT(c.notes[0], Catch::Contains("fp8.yaml:6:1: fp8_config is accelerate's and does not "
                                            "apply to cxxlaunch; ignored"));
   REQUIRE(workerSettings(c, {}).at("CXXLAUNCH_MIXED_PRECISION") == "bf16");  // fp8 runs as bf16
-  const Config ds = loadConfigFile(std::string(SHARED_ACCELERATE_CONFIGS) + "/deepspeed.yaml");
-  REQUIRE(ds.ignored.count("deepspeed_config.deepspeed_config_file") == 1);
+  // accelerate's DeepSpeed example names a JSON of its templates (beside the examples' folder, as
+  // in accelerate's tree), and its stage is read from there.
+  ConfigLayers ds;
+  ds.file = std::string(SHARED_ACCELERATE_CONFIGS) + "/deepspeed.yaml";
+  const Config resolved = resolveConfig(ds);
+  REQUIRE(resolved.text("deepspeed_config.zero_stage") == "1");
+  REQUIRE_THAT(resolved.origin("deepspeed_config.zero_stage").where,
+               Catch::EndsWith("zero_stage1_config.json:32:18"));
 }
 
 TEST_CASE("The writer quotes strings so that YAML 1.1 readers keep NO and addresses as text",
@@ -237,6 +243,86 @@ TEST_CASE("Resolution: flag > CXXLAUNCH_* environment > file > default, with pro
                           Catch::Contains("fp16  (env CXXLAUNCH_MIXED_PRECISION)") &&
                           Catch::Contains("2  (flag --num_processes)") &&
                           Catch::Contains("  CXXLAUNCH_GRADIENT_ACCUMULATION_STEPS=8\n"));
+}
+
+TEST_CASE("A DeepSpeed config file's stage, offload, accumulation, clipping and precision are read",
+          "[config]") {
+  TempDir dir;
+  // As DeepSpeed projects write it: "auto" where accelerate fills in, sections cxxlaunch leaves
+  // to the trainer.
+  write(dir, "ds.json", R"({
+  "bf16": {"enabled": true},
+  "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
+  "zero_optimization": {
+    "stage": 3,
+    "offload_optimizer": {"device": "cpu", "pin_memory": true},
+    "overlap_comm": true,
+    "stage3_gather_16bit_weights_on_model_save": true
+  },
+  "gradient_accumulation_steps": 4,
+  "gradient_clipping": 1.0,
+  "train_micro_batch_size_per_gpu": "auto"
+})");
+  ConfigLayers layers;
+  layers.file = write(dir, "c.yaml",
+                      "distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n"
+                      "  deepspeed_config_file: ds.json\n");  // beside the YAML
+  layers.flags = {{"deepspeed_config.gradient_clipping", "0.5", "--gradient_clipping"}};
+  const Config c = resolveConfig(layers);
+  CHECK(c.text("deepspeed_config.zero_stage") == "3");
+  CHECK(c.origin("deepspeed_config.zero_stage").describe() ==
+        "file " + dir.path() + "/ds.json:5:14");
+  CHECK(c.text("deepspeed_config.offload_optimizer_device") == "cpu");
+  CHECK(c.text("deepspeed_config.offload_param_device") == "none");
+  CHECK(c.text("deepspeed_config.zero3_save_16bit_model") == "true");
+  CHECK(c.text("deepspeed_config.gradient_accumulation_steps") == "4");
+  CHECK(c.text("deepspeed_config.gradient_clipping") == "0.5");  // the flag wins
+  CHECK(c.text("mixed_precision") == "bf16");
+  CHECK_THAT(c.notes.back(), Catch::Contains("optimizer, train_micro_batch_size_per_gpu are "
+                                             "DeepSpeed's and not used by cxxlaunch"));
+  CHECK(workerSettings(c, {}).at("CXXLAUNCH_STRATEGY") == "zero3");
+
+  // "auto" leaves the default; the same setting in the YAML and the JSON is refused.
+  write(dir, "auto.json",
+        R"({"zero_optimization": {"stage": "auto"}, "bf16": {"enabled": "auto"}})");
+  layers.file = write(dir, "c.yaml",
+                      "distributed_type: DEEPSPEED\ndeepspeed_config:\n"
+                      "  deepspeed_config_file: auto.json\n");
+  layers.flags = {};
+  CHECK(resolveConfig(layers).text("deepspeed_config.zero_stage") == "2");
+  CHECK(errorOf("distributed_type: DEEPSPEED\nmixed_precision: fp16\ndeepspeed_config:\n"
+                "  deepspeed_config_file: " +
+                dir.path() + "/ds.json\n") ==
+        "c.yaml:2:18: mixed_precision is set here and, as fp16/bf16 .enabled, in the DeepSpeed "
+        "config file (" +
+            dir.path() + "/ds.json:2:23); set it in one of them (accelerate refuses both too)");
+}
+
+TEST_CASE("A DeepSpeed config file that is missing, not JSON or malformed is one clear error",
+          "[config][errors]") {
+  TempDir dir;
+  const std::string bad = write(dir, "bad.json", "{\"zero_optimization\": {\"stage\": 3");
+  const std::string list = write(dir, "list.json", "[1, 2]");
+  const std::string stage = write(dir, "stage.json", R"({"zero_optimization": {"stage": 7}})");
+  const std::string nested = write(dir, "nested.json", R"({"gradient_clipping": {"max": 1}})");
+  auto yaml = [](const std::string& file) {
+    return "distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: " + file +
+           "\n";
+  };
+  CHECK_THAT(errorOf(yaml(dir.path() + "/none.json")),
+             Catch::StartsWith("c.yaml:3:26: ") && Catch::Contains("none.json") &&
+                 Catch::Contains("relative paths are read from the current directory"));
+  CHECK_THAT(errorOf(yaml(bad)),
+             Catch::StartsWith(bad + ":1:") && Catch::Contains("not valid JSON"));
+  CHECK(errorOf(yaml(list)) == list +
+                                   ": a DeepSpeed config file is a JSON object, such as "
+                                   "{\"zero_optimization\": {\"stage\": 3}}");
+  CHECK(errorOf(yaml(stage)) == stage +
+                                    ":1:33: deepspeed_config.zero_stage: 7 is out of range; "
+                                    "use a whole number from 0 to 3");
+  CHECK(errorOf(yaml(nested)) == nested +
+                                     ":1:23: gradient_clipping must be a single value, not "
+                                     "a mapping");
 }
 
 TEST_CASE("distributed_type, zero_stage and the sharding strategy map to CXXLAUNCH_STRATEGY",

@@ -1,8 +1,9 @@
+#include "launcher/failure.h"
+
 #include <catch2/catch.hpp>
 #include <csignal>
 #include <fstream>
 
-#include "launcher/failure.h"
 #include "support/subprocess.h"
 
 using namespace cxxlaunch::launcher;
@@ -57,6 +58,7 @@ TEST_CASE("The failure table and run-summary.json name the root cause", "[failur
   report.status = "failed";
   report.exit_code = 139;
   report.log_dir = dir.path();
+  report.confinement = "process groups";
   report.failures.resize(2);
   report.failures[0].global_rank = 0;
   report.failures[0].exit_code = 1;
@@ -78,4 +80,5 @@ TEST_CASE("The failure table and run-summary.json name the root cause", "[failur
   REQUIRE_THAT(json, Catch::Contains(R"("root_cause_rank": 1)"));
   REQUIRE_THAT(json, Catch::Contains(R"("signal": "SIGSEGV")"));
   REQUIRE_THAT(json, Catch::Contains(R"("exit_code": 139)"));
+  REQUIRE_THAT(json, Catch::Contains(R"("confinement": "process groups")"));
 }

@@ -1,8 +1,8 @@
 // The rendezvous state machine on a fake clock: no test here sleeps.
 
-#include <catch2/catch.hpp>
-
 #include "rendezvous/run_state.h"
+
+#include <catch2/catch.hpp>
 
 using namespace cxxlaunch;
 using namespace cxxlaunch::rendezvous;
@@ -73,7 +73,8 @@ TEST_CASE_METHOD(Fixture, "Static node ranks decide the order", "[run_state]") {
   const auto s = settings(2, 2);
   RunState run("job", s);
   CHECK_FALSE(run.join(node("z", 1, 0), s, now));
-  REQUIRE_THROWS_WITH(run.join(node("y", 1, 0), s, now), Catch::Contains("already taken by node z"));
+  REQUIRE_THROWS_WITH(run.join(node("y", 1, 0), s, now),
+                      Catch::Contains("already taken by node z"));
   REQUIRE_THROWS_WITH(run.join(node("x", 1, 2), s, now), Catch::Contains("out of range"));
   REQUIRE_THROWS_WITH(run.join(node("w", 1, -1), s, now), Catch::Contains("mixes static"));
   CHECK_THAT(run.waitingFor(), Catch::Contains("missing node ranks: 1"));
@@ -173,8 +174,7 @@ TEST_CASE_METHOD(Fixture, "A node joining a running round is admitted at the nex
   CHECK(run.placementOf("c"));
 }
 
-TEST_CASE_METHOD(Fixture, "A node beyond max waits without disturbing the round",
-                 "[run_state]") {
+TEST_CASE_METHOD(Fixture, "A node beyond max waits without disturbing the round", "[run_state]") {
   const auto s = settings(1, 2);
   RunState run("job", s);
   run.join(node("a"), s, now);
@@ -293,4 +293,58 @@ TEST_CASE_METHOD(Fixture, "A finished run is settled once every node has been to
   CHECK_FALSE(run.everyoneInformed());
   CHECK(run.keepAlive("a", 1, now).action == Action::kClosed);
   CHECK(run.everyoneInformed());
+}
+
+// ---- workers' progress, for `cxxlaunch status` ------------------------------------------------
+
+namespace {
+
+WorkerProgress worker(int rank, const std::string& state, std::optional<Millis> age) {
+  WorkerProgress w;
+  w.local_rank = rank;
+  w.rank = rank;
+  w.pid = 100 + rank;
+  w.state = state;
+  w.progress_age = age;
+  return w;
+}
+
+}  // namespace
+
+TEST_CASE_METHOD(Fixture, "Status shows each node's last report of its workers", "[run_state]") {
+  const auto s = settings(1, 1);
+  RunState run("job", s);
+  run.join(node("a", 2), s, now);
+  run.reportWorkers("a", {worker(0, "sleeping", 100ms), worker(1, "stopped", 7s)});
+  auto status = run.status(now);
+  REQUIRE(status.participants.size() == 1);
+  CHECK(status.participants[0].workers ==
+        std::vector<WorkerProgress>{worker(0, "sleeping", 100ms), worker(1, "stopped", 7s)});
+  // The next report replaces it; one that never beat has no age.
+  run.reportWorkers("a", {worker(0, "running", std::nullopt), worker(1, "exited", 9s)});
+  status = run.status(now);
+  CHECK(status.participants[0].workers[0].progress_age == std::nullopt);
+  CHECK(status.participants[0].workers[1].state == "exited");
+}
+
+TEST_CASE_METHOD(Fixture, "Worker reports are bounded by the node's size and dropped with it",
+                 "[run_state]") {
+  const auto s = settings(1, 2, 1);
+  RunState run("job", s);
+  run.join(node("a", 1), s, now);
+  run.tick(now + 11s);  // last call: a alone
+  REQUIRE(run.status(now + 11s).state == "running");
+  REQUIRE_THROWS_WITH(run.reportWorkers("a", {worker(0, "running", 1s), worker(1, "running", 1s)}),
+                      Catch::Contains("reported 2 workers; it has 1"));
+  REQUIRE_THROWS_WITH(run.reportWorkers("a", {worker(0, std::string(33, 'x'), 1s)}),
+                      Catch::Contains("at most 32 bytes"));
+  run.reportWorkers("nobody", {worker(0, "running", 1s)});  // not tracked: ignored
+  run.reportWorkers("a", {worker(0, "running", 1s)});
+  CHECK(run.status(now + 11s).participants[0].workers.size() == 1);
+  // A new round stops the workers: their report goes with them.
+  run.requestRestart("a", 1, {"a", 0, 1, "x"}, now + 12s);
+  run.join(node("a", 1), s, now + 12s);
+  run.tick(now + 23s);
+  REQUIRE(run.status(now + 23s).state == "running");
+  CHECK(run.status(now + 23s).participants[0].workers.empty());
 }

@@ -169,6 +169,19 @@ TEST_CASE("Nodes join one round over gRPC and get distinct ranks", "[server][ren
   CHECK(status.participants.size() == 3);
 }
 
+TEST_CASE("Keep-alives carry the workers' progress to the status", "[server][rendezvous]") {
+  RendezvousServer server({});
+  RendezvousClient client(clientFor(server), "job");
+  const Placement p = joinUntilPlaced(client, node("a", 2), settings(1, 1));
+  WorkerProgress fresh{0, 0, 4242, "sleeping", 50ms};
+  WorkerProgress stopped{1, 1, 4243, "stopped", std::nullopt};
+  CHECK(client.keepAlive("a", p.round, 0ms, {fresh, stopped}).action == Action::kContinue);
+  CHECK(client.keepAlive("a", p.round).action == Action::kContinue);  // no news: the report stays
+  auto status = client.status();
+  REQUIRE(status.participants.size() == 1);
+  CHECK(status.participants[0].workers == std::vector<WorkerProgress>{fresh, stopped});
+}
+
 TEST_CASE("A lonely join reports who is missing", "[server][rendezvous]") {
   RendezvousServer server({});
   RendezvousClient client(clientFor(server), "job");

@@ -1,7 +1,7 @@
 // Collectives in closed form over the Fake backend (ranks as threads), and the 16-bit float
 // conversions the CPU backends reduce with.
 
-#include "runtime/backend.h"
+#include "runtime/comm/backend.h"
 
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -10,7 +10,7 @@
 
 #include "common/error.h"
 #include "rendezvous/memory_store.h"
-#include "runtime/reduce.h"
+#include "runtime/comm/reduce.h"
 #include "support/ranks.h"
 
 using namespace cxxlaunch::runtime;

@@ -2,7 +2,7 @@
 // fails at once on every rank, naming each rank's call; without it, a timed-out collective's
 // error names the rank that was behind, and lists this rank's last collectives.
 
-#include "runtime/checked_backend.h"
+#include "runtime/comm/checked_backend.h"
 
 #include <sys/stat.h>
 

@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "rendezvous/memory_store.h"
-#include "runtime/backend.h"
+#include "runtime/comm/backend.h"
+#include "runtime/comm/reduce.h"
 #include "runtime/kernels/cuda/device.h"
-#include "runtime/reduce.h"
 #include "tests/support/ranks.h"
 
 using namespace cxxlaunch::runtime;

@@ -3,7 +3,7 @@
 // when ranks are not on one host, nothing left in /dev/shm, and a timeout instead of a hang.
 // (A peer process that dies is tested with real processes in runtime_integration_test.)
 
-#include "runtime/shm_collectives.h"
+#include "runtime/comm/shm_collectives.h"
 
 #include <unistd.h>
 
@@ -15,7 +15,7 @@
 
 #include "common/error.h"
 #include "rendezvous/memory_store.h"
-#include "runtime/reduce.h"
+#include "runtime/comm/reduce.h"
 #include "support/ranks.h"
 
 using namespace cxxlaunch;

@@ -12,6 +12,7 @@
 //   pidfile DIR                               write DIR/rank<RANK>.pid
 //   error-file TEXT                           write TORCHELASTIC_ERROR_FILE as torchelastic does
 //   heartbeat                                 touch CXXLAUNCH_HEARTBEAT_FILE, as the runtime does
+//   beating                                   touch it every 0.1 s until a signal ends the process
 //   rank R | rank all                         following steps only on global rank R (or all)
 //   attempt-below K                           following steps only while restart count < K
 //
@@ -83,7 +84,7 @@ int main(int argc, char** argv) {
     const bool active =
         (only_rank < 0 || only_rank == rank) && (attempt_below < 0 || attempt < attempt_below);
     const bool takes_arg = step != "env" && step != "trap" && step != "ignore-term" &&
-                           step != "wait" && step != "heartbeat";
+                           step != "wait" && step != "heartbeat" && step != "beating";
     const std::string arg = takes_arg ? need(i) : "";
     if (!active) continue;
     if (step == "print") {
@@ -120,6 +121,12 @@ int main(int argc, char** argv) {
     } else if (step == "heartbeat") {
       const char* file = std::getenv("CXXLAUNCH_HEARTBEAT_FILE");
       if (file != nullptr) std::ofstream(file, std::ios::trunc).flush();
+    } else if (step == "beating") {
+      const char* file = std::getenv("CXXLAUNCH_HEARTBEAT_FILE");
+      for (;;) {
+        if (file != nullptr) std::ofstream(file, std::ios::trunc).flush();
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
     } else if (step == "sleep") {
       std::this_thread::sleep_for(std::chrono::duration<double>(std::atof(arg.c_str())));
     } else if (step == "exit") {

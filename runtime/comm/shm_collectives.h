@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "rendezvous/store.h"
-#include "runtime/backend.h"
+#include "runtime/comm/backend.h"
 
 namespace cxxlaunch::runtime {
 

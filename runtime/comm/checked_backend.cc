@@ -1,4 +1,4 @@
-#include "runtime/checked_backend.h"
+#include "runtime/comm/checked_backend.h"
 
 #include <algorithm>
 #include <sstream>

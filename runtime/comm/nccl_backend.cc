@@ -17,7 +17,7 @@
 #include "common/error.h"
 #include "common/host.h"
 #include "rendezvous/store.h"
-#include "runtime/backend.h"
+#include "runtime/comm/backend.h"
 
 namespace cxxlaunch::runtime {
 namespace {

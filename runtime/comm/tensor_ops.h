@@ -4,7 +4,7 @@
 
 #include <ATen/ATen.h>
 
-#include "runtime/backend.h"
+#include "runtime/comm/backend.h"
 
 namespace cxxlaunch::runtime {
 

@@ -20,10 +20,10 @@
 #include "common/error.h"
 #include "common/host.h"
 #include "rendezvous/prefix_store.h"
-#include "runtime/backend.h"
-#include "runtime/comm_thread.h"
-#include "runtime/reduce.h"
-#include "runtime/shm_collectives.h"
+#include "runtime/comm/backend.h"
+#include "runtime/comm/comm_thread.h"
+#include "runtime/comm/reduce.h"
+#include "runtime/comm/shm_collectives.h"
 
 namespace cxxlaunch::runtime {
 namespace {

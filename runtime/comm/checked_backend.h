@@ -21,7 +21,7 @@
 #include <string>
 
 #include "rendezvous/store.h"
-#include "runtime/backend.h"
+#include "runtime/comm/backend.h"
 #include "runtime/heartbeat.h"
 
 namespace cxxlaunch::runtime {

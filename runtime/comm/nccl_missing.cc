@@ -1,7 +1,7 @@
 // Built when CUDA or NCCL was not found: the NCCL backend says so plainly.
 
 #include "common/error.h"
-#include "runtime/backend.h"
+#include "runtime/comm/backend.h"
 
 namespace cxxlaunch::runtime {
 

@@ -1,4 +1,4 @@
-#include "runtime/reduce.h"
+#include "runtime/comm/reduce.h"
 
 #include <algorithm>
 #include <cstring>

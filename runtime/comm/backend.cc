@@ -1,4 +1,4 @@
-#include "runtime/backend.h"
+#include "runtime/comm/backend.h"
 
 #include <algorithm>
 

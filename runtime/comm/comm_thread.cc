@@ -1,4 +1,4 @@
-#include "runtime/comm_thread.h"
+#include "runtime/comm/comm_thread.h"
 
 #include "common/error.h"
 

@@ -5,7 +5,7 @@
 // backend's own communication thread (Gloo, Fake) or stream (NCCL), in the order the calls were
 // made. All ranks must issue the same collectives in the same order. Buffers must stay alive and
 // untouched until the Work completes. Element types are erased at the interface (pointer, count,
-// DType), as in Gloo; runtime/tensor_ops.h adds at::Tensor conveniences.
+// DType), as in Gloo; runtime/comm/tensor_ops.h adds at::Tensor conveniences.
 //
 // Errors: a failed or timed-out collective makes Work::wait throw CommunicationError, PeerLost
 // or TimeoutError naming the operation, the rank and the host. After such an error the backend is
@@ -53,7 +53,7 @@ struct BackendOptions {
   int device = -1;                    // CUDA device (NCCL); -1: the local rank's
   std::chrono::milliseconds timeout = std::chrono::minutes(5);  // per collective
   // Gloo: when every rank runs on this host, allreduce, reduce-scatter and all-gather go
-  // through shared memory instead of TCP loopback (runtime/shm_collectives.h).
+  // through shared memory instead of TCP loopback (runtime/comm/shm_collectives.h).
   bool shared_memory = true;
 };
 

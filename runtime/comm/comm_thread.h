@@ -10,7 +10,7 @@
 #include <mutex>
 #include <thread>
 
-#include "runtime/backend.h"
+#include "runtime/comm/backend.h"
 
 namespace cxxlaunch::runtime {
 

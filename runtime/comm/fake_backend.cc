@@ -1,6 +1,6 @@
 // The Fake backend: the ranks of a world are threads of one process, meeting in a FakeWorld.
 // Collectives are computed by the last rank to arrive, over every rank's buffers, with the same
-// reductions (runtime/reduce.h) as the real backends' CPU paths.
+// reductions (runtime/comm/reduce.h) as the real backends' CPU paths.
 
 #include <cstring>
 #include <functional>
@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "common/error.h"
-#include "runtime/backend.h"
-#include "runtime/comm_thread.h"
-#include "runtime/reduce.h"
+#include "runtime/comm/backend.h"
+#include "runtime/comm/comm_thread.h"
+#include "runtime/comm/reduce.h"
 
 namespace cxxlaunch::runtime {
 

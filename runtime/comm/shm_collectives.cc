@@ -1,4 +1,4 @@
-#include "runtime/shm_collectives.h"
+#include "runtime/comm/shm_collectives.h"
 
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -21,7 +21,7 @@
 
 #include "common/env_names.h"
 #include "common/error.h"
-#include "runtime/reduce.h"
+#include "runtime/comm/reduce.h"
 
 namespace cxxlaunch::runtime {
 
