@@ -73,8 +73,14 @@ target_link_libraries(cxxlaunch_yaml INTERFACE "$<IF:${_wants_static},${_static_
 target_include_directories(cxxlaunch_yaml SYSTEM INTERFACE
   $<TARGET_PROPERTY:yaml-cpp,INTERFACE_INCLUDE_DIRECTORIES>)
 
-# Relative relocations packed (DT_RELR, glibc 2.36): a PIE's 40,000 of them took 1 MiB of
-# .rela.dyn, all read at every start.
+# Not position-independent by default: a PIE's start-up relocates its 470 KiB of .data.rel.ro
+# and, its text placed differently, faults in more of it; linked at a fixed address the same
+# launch peaks 1.5 MiB lower (8.5 against 10.0 MiB, docs/benchmarks.md). The cost is ASLR for
+# the binary's own code (libc, the heap and the stacks stay randomised); the server it embeds
+# listens on loopback with a job token unless told otherwise. CXXLAUNCH_LAUNCHER_PIE=ON keeps
+# PIE, with its relative relocations packed (DT_RELR, glibc 2.36: 1 MiB of .rela.dyn becomes
+# 8 KiB).
+option(CXXLAUNCH_LAUNCHER_PIE "Link cxxlaunch as a position-independent executable" OFF)
 include(CheckLinkerFlag)
 check_linker_flag(CXX "-Wl,-z,pack-relative-relocs" CXXLAUNCH_HAVE_RELR)
 
@@ -83,7 +89,9 @@ function(cxxlaunch_static_executable target)
   if(CXXLAUNCH_STATIC_DEPS)
     set_target_properties(${target} PROPERTIES CXXLAUNCH_STATIC_DEPS ON)
     target_link_options(${target} PRIVATE -static-libstdc++ -static-libgcc)
-    if(CXXLAUNCH_HAVE_RELR)
+    if(NOT CXXLAUNCH_LAUNCHER_PIE)
+      target_link_options(${target} PRIVATE -no-pie)
+    elseif(CXXLAUNCH_HAVE_RELR)
       target_link_options(${target} PRIVATE -Wl,-z,pack-relative-relocs)
     endif()
   endif()

@@ -118,8 +118,8 @@ TEST_CASE("Two launchers form one world over mutual TLS", "[multinode][integrati
   std::multiset<std::string> ranks;
   for (Subprocess* l : {&host, &other}) {
     auto r = l->wait(60s);
+    INFO(l->out() << l->err());
     REQUIRE(r);
-    INFO(r->out << r->err);
     REQUIRE(r->exit_code == 0);
     for (const auto& v : values(r->out, "RANK")) ranks.insert(v);
   }
