@@ -32,8 +32,10 @@ void fsyncDirectory(const std::string& dir) {
   if (rc != 0) fail("fsync of directory", dir);
 }
 
-AtomicFile::AtomicFile(std::string path)
-    : path_(std::move(path)), temp_(path_ + ".tmp." + std::to_string(::getpid())) {
+AtomicFile::AtomicFile(std::string path, Durability durability)
+    : path_(std::move(path)),
+      temp_(path_ + ".tmp." + std::to_string(::getpid())),
+      durability_(durability) {
   fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) fail("creating", temp_);
 }
@@ -67,7 +69,8 @@ void AtomicFile::append(const void* data, size_t bytes) {
 }
 
 void AtomicFile::commit() {
-  if (::fsync(fd_) != 0) fail("fsync of", temp_);
+  const bool durable = durability_ == Durability::kPowerLoss;
+  if (durable && ::fsync(fd_) != 0) fail("fsync of", temp_);
   const int rc = ::close(fd_);
   fd_ = -1;
   if (rc != 0) {
@@ -82,11 +85,11 @@ void AtomicFile::commit() {
     errno = saved;
     fail("renaming into", path_);
   }
-  fsyncDirectory(parentOf(path_));
+  if (durable) fsyncDirectory(parentOf(path_));
 }
 
-void writeFileAtomically(const std::string& path, std::string_view bytes) {
-  AtomicFile file(path);
+void writeFileAtomically(const std::string& path, std::string_view bytes, Durability durability) {
+  AtomicFile file(path, durability);
   file.append(bytes.data(), bytes.size());
   file.commit();
 }

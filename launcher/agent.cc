@@ -728,6 +728,8 @@ int Agent::waitForStopSignal(int extra_fd, std::chrono::milliseconds timeout) {
 
 // Joins on a helper thread so that a stop signal can cancel a join that waits for other nodes.
 std::optional<WorldAssignment> Agent::joinInterruptibly(int& signal) {
+  signal = 0;
+  if (auto at_once = rendezvous_.joinAtOnce()) return at_once;
   std::optional<WorldAssignment> world;
   std::exception_ptr error;
   std::thread joiner([&] {

@@ -59,7 +59,8 @@ struct RunReport {
 // The table printed on stderr when the job fails.
 std::string formatFailureTable(const RunReport& report);
 
-// Writes run-summary.json atomically (temporary file, then rename).
+// Writes run-summary.json atomically (temporary file, then rename; no fsync: a power loss may
+// lose it, a crash of the launcher never leaves half of it).
 void writeRunSummary(const std::string& path, const RunReport& report);
 
 }  // namespace cxxlaunch::launcher

@@ -130,8 +130,80 @@ std::vector<rdzv::WorkerProgress> progressOf(const std::vector<LocalWorker>& wor
   return out;
 }
 
+// How this node's agent reaches the rendezvous: a server elsewhere (cxxlaunchd, another
+// node's launcher) over gRPC, or the one this launcher hosts, directly (no channel, no RPC: the
+// same calls on the same state, so the other nodes cannot tell the difference).
+class Link {
+ public:
+  virtual ~Link() = default;
+  virtual rdzv::JoinPoll join(const rdzv::NodeSpec& node, const rdzv::RunSettings& settings,
+                              rdzv::Millis poll) = 0;
+  virtual void cancel() = 0;  // ends a join in progress: it throws CommunicationError
+  virtual rdzv::Verdict keepAlive(const std::string& node_id, int64_t round, rdzv::Millis timeout,
+                                  const std::vector<rdzv::WorkerProgress>& workers) = 0;
+  virtual rdzv::Verdict requestRestart(const std::string& node_id, int64_t round,
+                                       const rdzv::FailureReport& failure) = 0;
+  virtual rdzv::Verdict leave(const std::string& node_id, int64_t round) = 0;
+};
+
+class GrpcLink final : public Link {
+ public:
+  GrpcLink(const rdzv::ClientOptions& options, const std::string& run_id)
+      : client_(options, run_id) {}
+  rdzv::JoinPoll join(const rdzv::NodeSpec& node, const rdzv::RunSettings& settings,
+                      rdzv::Millis poll) override {
+    return client_.join(node, settings, poll);
+  }
+  void cancel() override { client_.cancel(); }
+  rdzv::Verdict keepAlive(const std::string& node_id, int64_t round, rdzv::Millis timeout,
+                          const std::vector<rdzv::WorkerProgress>& workers) override {
+    return client_.keepAlive(node_id, round, timeout, workers);
+  }
+  rdzv::Verdict requestRestart(const std::string& node_id, int64_t round,
+                               const rdzv::FailureReport& failure) override {
+    return client_.requestRestart(node_id, round, failure);
+  }
+  rdzv::Verdict leave(const std::string& node_id, int64_t round) override {
+    return client_.leave(node_id, round);
+  }
+
+ private:
+  rdzv::RendezvousClient client_;
+};
+
+class HostedLink final : public Link {
+ public:
+  HostedLink(rdzv::RendezvousServer& server, std::string run_id)
+      : server_(server), run_id_(std::move(run_id)) {}
+  rdzv::JoinPoll join(const rdzv::NodeSpec& node, const rdzv::RunSettings& settings,
+                      rdzv::Millis poll) override {
+    return server_.join(run_id_, node, settings, poll, cancelled_);
+  }
+  void cancel() override {
+    cancelled_ = true;
+    server_.wakeJoins();
+  }
+  rdzv::Verdict keepAlive(const std::string& node_id, int64_t round, rdzv::Millis,
+                          const std::vector<rdzv::WorkerProgress>& workers) override {
+    return server_.keepAlive(run_id_, node_id, round, workers);
+  }
+  rdzv::Verdict requestRestart(const std::string& node_id, int64_t round,
+                               const rdzv::FailureReport& failure) override {
+    return server_.requestRestart(run_id_, node_id, round, failure);
+  }
+  rdzv::Verdict leave(const std::string& node_id, int64_t round) override {
+    return server_.leave(run_id_, node_id, round);
+  }
+
+ private:
+  rdzv::RendezvousServer& server_;
+  const std::string run_id_;
+  std::atomic<bool> cancelled_ = false;
+};
+
 // Every job goes through a rendezvous server, a single-node job too: it hosts a private one on
 // loopback, so that its workers get a store (for Gloo and NCCL bootstrap) like any other job.
+// The launcher that hosts the server joins it directly (HostedLink); the others over gRPC.
 
 class RemoteRendezvous final : public NodeRendezvous {
  public:
@@ -152,10 +224,9 @@ class RemoteRendezvous final : public NodeRendezvous {
         std::clamp<std::chrono::milliseconds>(r.keep_alive_interval * r.keep_alive_max_misses,
                                               std::chrono::seconds(1), std::chrono::seconds(10));
     run_id_ = options.run_id;
-    // The hosting launcher talks to its own server without the network.
-    client_ = server_ ? std::make_unique<rdzv::RendezvousClient>(client_options_, run_id_,
-                                                                 server_->inProcessChannel())
-                      : std::make_unique<rdzv::RendezvousClient>(client_options_, run_id_);
+    // The hosting launcher calls its own server directly.
+    link_ = server_ ? std::unique_ptr<Link>(std::make_unique<HostedLink>(*server_, run_id_))
+                    : std::make_unique<GrpcLink>(client_options_, run_id_);
 
     node_.addr = !r.local_addr.empty() ? r.local_addr
                  : !r.multiNode()      ? options.master_addr
@@ -184,7 +255,7 @@ class RemoteRendezvous final : public NodeRendezvous {
     while (Clock::now() < deadline) {
       const auto left = std::chrono::duration_cast<rdzv::Millis>(deadline - Clock::now());
       try {
-        auto poll = client_->join(node_, settings_, std::min(left, options_.keep_alive_interval));
+        auto poll = link_->join(node_, settings_, std::min(left, options_.keep_alive_interval));
         if (poll.placement) return assignmentOf(*poll.placement);
         last_news = poll.waiting_for;
       } catch (const TimeoutError& e) {
@@ -202,7 +273,16 @@ class RemoteRendezvous final : public NodeRendezvous {
 
   void cancelJoin() override {
     cancelled_ = true;
-    client_->cancel();
+    link_->cancel();
+  }
+
+  // One poll that does not wait, on the server this launcher hosts: a round that this join
+  // completes (a single-node job's) needs no thread to wait on.
+  std::optional<WorldAssignment> joinAtOnce() override {
+    if (!server_) return std::nullopt;
+    auto poll = link_->join(node_, settings_, rdzv::Millis(0));
+    if (!poll.placement) return std::nullopt;
+    return assignmentOf(*poll.placement);
   }
 
   void watch(std::function<void()> news) override {
@@ -233,7 +313,7 @@ class RemoteRendezvous final : public NodeRendezvous {
   Decision workersFailed(int rank, int exit_code, const std::string& description) override {
     try {
       return remember(decisionOf(
-          client_->requestRestart(node_.id, round_, {node_.id, rank, exit_code, description}),
+          link_->requestRestart(node_.id, round_, {node_.id, rank, exit_code, description}),
           node_.id));
     } catch (const Error& e) {
       return {
@@ -244,7 +324,7 @@ class RemoteRendezvous final : public NodeRendezvous {
   Decision workersSucceeded() override {
     left_ = true;
     try {
-      return remember(decisionOf(client_->leave(node_.id, round_), node_.id));
+      return remember(decisionOf(link_->leave(node_.id, round_), node_.id));
     } catch (const Error& e) {
       return {Decision::Kind::kDone, std::string("the rendezvous is gone: ") + e.what(), {}, {}};
     }
@@ -347,8 +427,8 @@ class RemoteRendezvous final : public NodeRendezvous {
       Decision decision;
       bool report = false;
       try {
-        decision = decisionOf(client_->keepAlive(node_.id, round_, deadline, progressOf(workers)),
-                              node_.id);
+        decision =
+            decisionOf(link_->keepAlive(node_.id, round_, deadline, progressOf(workers)), node_.id);
         last_answer = Clock::now();
         report = decision.kind != Decision::Kind::kWait;
       } catch (const Error& e) {
@@ -384,7 +464,7 @@ class RemoteRendezvous final : public NodeRendezvous {
   rdzv::ClientOptions client_options_;
   std::string run_id_;
   std::unique_ptr<rdzv::RendezvousServer> server_;
-  std::unique_ptr<rdzv::RendezvousClient> client_;
+  std::unique_ptr<Link> link_;  // after server_: it may refer to it
   rdzv::NodeSpec node_;
   rdzv::RunSettings settings_;
   int64_t round_ = 0;

@@ -63,6 +63,9 @@ class NodeRendezvous {
   // failed run, CommunicationError when cancelled.
   virtual WorldAssignment join() = 0;
   virtual void cancelJoin() {}
+  // Joins the next round when that needs no waiting and no network (a single-node job joining
+  // the server it hosts); nullopt: call join(). Throws as join() does.
+  virtual std::optional<WorldAssignment> joinAtOnce() { return std::nullopt; }
 
   // While workers run: `news` is called (from another thread) when the world changed under them
   // (a restart elsewhere, an eviction, a newcomer, the job failed); news() then says what to do.

@@ -15,12 +15,22 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <random>
 
 #include "common/error.h"
 #include "launcher/cgroup.h"
 
 extern char** environ;  // NOLINT(readability-redundant-declaration)
+
+// Built with -fsanitize=thread (GCC says so with a macro, Clang through __has_feature).
+#if defined(__SANITIZE_THREAD__)
+#define CXXLAUNCH_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define CXXLAUNCH_TSAN 1
+#endif
+#endif
 
 namespace cxxlaunch::launcher {
 namespace {
@@ -45,6 +55,7 @@ struct ChildArgs {
   int cgroup_fd;  // -1: no cgroup to enter
   int error = 0;
   int cgroup_error = 0;
+  int error_fd = -1;  // a forked child (not sharing our memory) reports `error` through it
 };
 
 // Runs in the child, on its own stack, sharing the parent's memory until execve: only
@@ -53,6 +64,10 @@ int execChild(void* raw) {
   auto* args = static_cast<ChildArgs*>(raw);
   auto fail = [args]() {
     args->error = errno;
+    if (args->error_fd != -1) {
+      ssize_t ignored = ::write(args->error_fd, &args->error, sizeof(args->error));
+      (void)ignored;
+    }
     ::_exit(127);
   };
   if (::setpgid(0, 0) == -1) fail();
@@ -109,7 +124,7 @@ long clone3Run(clone_args* ca, int (*fn)(void*), void* arg) {
 // (a write to cgroup.procs) waits for an RCU grace period, 10-20 ms measured, on the launcher's
 // start-up path; this costs about 30 us. Elsewhere (no clone3, a seccomp filter that refuses it,
 // another architecture) the child writes to cgroup.procs itself.
-pid_t cloneChild(ChildArgs& args, char* stack, size_t size, int cgroup_dir_fd) {
+[[maybe_unused]] pid_t cloneChild(ChildArgs& args, char* stack, size_t size, int cgroup_dir_fd) {
 #if defined(__x86_64__) && defined(CLONE_INTO_CGROUP)
   if (cgroup_dir_fd != -1) {
     clone_args ca{};
@@ -149,9 +164,29 @@ SpawnedProcess spawnProcess(const SpawnSpec& spec) {
   sigset_t all, old;
   sigfillset(&all);
   ::pthread_sigmask(SIG_SETMASK, &all, &old);
+#if defined(CXXLAUNCH_TSAN)
+  // ThreadSanitizer takes clone() for a fork, and with the child sharing our memory it then
+  // believes this process forked while it had threads: it kills the next thread we start.
+  // Under TSan the child is a plain fork (what TSan makes of vfork too) and reports a failed
+  // exec through a close-on-exec pipe: EOF means the exec happened. (It still writes itself
+  // into the job's cgroup; a failure there is not reported back under TSan.)
+  int report[2];
+  CXXLAUNCH_SYSCALL(::pipe2(report, O_CLOEXEC));
+  args.error_fd = report[1];
+  const pid_t pid = ::fork();
+  if (pid == 0) execChild(&args);
+  const int clone_errno = errno;
+  ::close(report[1]);
+  if (pid != -1) {
+    while (::read(report[0], &args.error, sizeof(args.error)) == -1 && errno == EINTR) {
+    }
+  }
+  ::close(report[0]);
+#else
   // Grows down from its end; leave a little room (and keep the top 16-byte aligned).
   const pid_t pid = cloneChild(args, stack.get(), kStackSize - 64, spec.cgroup_dir_fd);
   const int clone_errno = errno;
+#endif
   ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
   ::close(out[1]);
   ::close(err[1]);
@@ -207,7 +242,40 @@ std::string processState(pid_t pid) {
   }
 }
 
+namespace {
+
+bool live(char state) { return state != 'Z' && state != 'X'; }
+
+// Our own children from /proc/self/task/TID/children (a child hangs under the thread that
+// forked it, an orphan under whichever thread took it in): a few small files instead of one per
+// process on the machine. nullopt where the kernel has no such files (CONFIG_PROC_CHILDREN).
+std::optional<std::vector<pid_t>> ownChildren() {
+  std::vector<pid_t> children;
+  std::error_code ec;
+  bool any = false;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    std::ifstream in(task.path() / "children");
+    if (!in) continue;  // a thread that ended meanwhile
+    any = true;
+    for (std::string pid; in >> pid;) {
+      // The list holds zombies too; a child may be one already.
+      char state = 0;
+      long ppid = 0;
+      if (readStat("/proc/" + pid + "/stat", state, ppid) && live(state)) {
+        children.push_back(static_cast<pid_t>(std::stol(pid)));
+      }
+    }
+  }
+  if (ec || !any) return std::nullopt;
+  return children;
+}
+
+}  // namespace
+
 std::vector<pid_t> childrenOf(pid_t parent) {
+  if (parent == ::getpid()) {
+    if (auto own = ownChildren()) return *own;
+  }
   std::vector<pid_t> children;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
@@ -216,7 +284,7 @@ std::vector<pid_t> childrenOf(pid_t parent) {
     char state = 0;
     long ppid = 0;
     if (!readStat(entry.path() / "stat", state, ppid)) continue;
-    if (ppid == parent && state != 'Z' && state != 'X') {
+    if (ppid == parent && live(state)) {
       children.push_back(static_cast<pid_t>(std::stol(name)));
     }
   }

@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/support/server_interceptor.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <fstream>
 #include <list>
@@ -100,6 +101,7 @@ class Core {
       }
     }
     changed_.notify_all();
+    here_.notify_all();
     finishAll(ready);
     if (ticker_.joinable()) ticker_.join();
   }
@@ -196,7 +198,76 @@ class Core {
     if (found) reactor->Finish(grpc::Status::CANCELLED);
   }
 
+  // ---- the hosting process's own node (RendezvousServer::join and the others) -------------
+
+  // The Join service's steps without RPC: register the node, then wait on a condition variable
+  // (not a parked reactor) until its round is complete, the run ends, or the poll time passes.
+  JoinPoll joinHere(const std::string& run_id, const NodeSpec& node, const RunSettings& settings,
+                    Millis poll, const std::atomic<bool>& cancelled) {
+    Ready ready;
+    bool wake = false;
+    SteadyTime deadline;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      checkRunning();
+      node.validate();  // before the run exists: a bad first join must create nothing
+      settings.validate();
+      Run& run = runFor(run_id, settings);
+      const auto now = Clock::now();
+      run.state.join(node, settings, now);
+      const RunSettings& s = run.state.settings();
+      deadline = now + std::min({waitTime(poll.count(), options_.max_wait), s.keep_alive_interval,
+                                 s.evictionTimeout() / 2});
+      recheck(run_id, now, ready);
+      touch(run_id, now);
+      wake = tickerMustWake(run_id, std::nullopt);
+    }
+    if (wake) changed_.notify_all();
+    finishAll(ready);  // other nodes' joins that this one completed
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      checkRunning();
+      if (cancelled) throw CommunicationError("the join was cancelled");
+      Run& run = runOf(run_id);
+      if (auto placement = run.state.placementOf(node.id)) return {placement, ""};
+      run.state.checkNotFinal();
+      if (Clock::now() >= deadline) return {std::nullopt, run.state.waitingFor()};
+      here_.wait_until(lock, deadline);
+    }
+  }
+
+  // KeepAlive, RequestRestart, Leave without RPC: `body` changes the run under the lock, as the
+  // service's handlers do.
+  template <typename Body>
+  Verdict callHere(const std::string& run_id, Body&& body) {
+    Ready ready;
+    bool wake = false;
+    Verdict verdict;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      checkRunning();
+      const auto now = Clock::now();
+      verdict = body(runOf(run_id).state, now);
+      recheck(run_id, now, ready);
+      touch(run_id, now);
+      wake = tickerMustWake(run_id, std::nullopt);
+    }
+    if (wake) changed_.notify_all();
+    finishAll(ready);
+    return verdict;
+  }
+
+  // A cancelled local join looks at its flag now.
+  void wakeHere() {
+    { std::lock_guard<std::mutex> lock(mu_); }
+    here_.notify_all();
+  }
+
   // ---- helpers for handlers; call with the lock held -------------------------------------
+
+  void checkRunning() const {
+    if (stopping_) throw CommunicationError("the rendezvous server is shutting down");
+  }
 
   Run& runOf(const std::string& run_id) {
     validateRunId(run_id);
@@ -265,6 +336,7 @@ class Core {
     const bool written = run.store_written;
     run.seen_epoch = run.state.epoch();
     run.store_written = false;
+    if (moved) here_.notify_all();  // a local join of this run may be answered now
     for (auto it = run.parked.begin(); it != run.parked.end();) {
       const bool expired = now >= it->deadline;
       std::optional<grpc::Status> result;
@@ -366,6 +438,7 @@ class Core {
   const ServerOptions options_;
   std::mutex mu_;
   std::condition_variable changed_;
+  std::condition_variable here_;  // local joins (joinHere) wait on it: rounds moved, or stop
   std::map<std::string, std::unique_ptr<Run>> runs_;
   bool stopping_ = false;
   std::optional<SteadyTime> wake_at_;  // when the ticker plans to wake; nullopt: only if told
@@ -726,6 +799,35 @@ bool RendezvousServer::waitUntilSettled(const std::string& run_id,
                                         std::chrono::milliseconds timeout) {
   return impl_->core.waitUntilSettled(run_id, timeout);
 }
+
+JoinPoll RendezvousServer::join(const std::string& run_id, const NodeSpec& node,
+                                const RunSettings& settings, Millis poll,
+                                const std::atomic<bool>& cancelled) {
+  return impl_->core.joinHere(run_id, node, settings, poll, cancelled);
+}
+
+Verdict RendezvousServer::keepAlive(const std::string& run_id, const std::string& node_id,
+                                    int64_t round, const std::vector<WorkerProgress>& workers) {
+  return impl_->core.callHere(run_id, [&](RunState& state, SteadyTime now) {
+    if (!workers.empty()) state.reportWorkers(node_id, workers);
+    return state.keepAlive(node_id, round, now);
+  });
+}
+
+Verdict RendezvousServer::requestRestart(const std::string& run_id, const std::string& node_id,
+                                         int64_t round, const FailureReport& failure) {
+  return impl_->core.callHere(run_id, [&](RunState& state, SteadyTime now) {
+    return state.requestRestart(node_id, round, failure, now);
+  });
+}
+
+Verdict RendezvousServer::leave(const std::string& run_id, const std::string& node_id,
+                                int64_t round) {
+  return impl_->core.callHere(
+      run_id, [&](RunState& state, SteadyTime now) { return state.leave(node_id, round, now); });
+}
+
+void RendezvousServer::wakeJoins() { impl_->core.wakeHere(); }
 
 void RendezvousServer::shutdown() {
   if (!impl_->server) return;

@@ -8,10 +8,12 @@
 //
 // Thread-safety: all methods may be called from any thread.
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
 
+#include "rendezvous/client.h"
 #include "rendezvous/memory_store.h"
 
 namespace grpc {
@@ -26,7 +28,7 @@ struct ServerOptions {
   std::string token;               // non-empty: every call must present it
   std::string tls_cert_file;       // with tls_key_file: serve TLS only
   std::string tls_key_file;
-  std::string tls_ca_file;         // with TLS: also require client certificates signed by it
+  std::string tls_ca_file;  // with TLS: also require client certificates signed by it
   // Larger requests and answers: RESOURCE_EXHAUSTED. Above the largest value, so that any value
   // the store takes can be read back, alone or in a MultiGet of several.
   int max_message_bytes = kDefaultMaxMessageBytes;
@@ -57,9 +59,26 @@ class RendezvousServer {
   int port() const;
   std::string endpoint() const;  // host:port
 
-  // A channel to this server that skips the network, for the process that hosts it (a hosting
-  // launcher's own calls). Carries no TLS; the token is still checked.
+  // A channel to this server that skips the network. Carries no TLS; the token is still checked.
   std::shared_ptr<grpc::Channel> inProcessChannel();
+
+  // The node agent of the process that hosts this server (a launcher that hosts its job's
+  // rendezvous), without RPC: the Rendezvous service's Join, KeepAlive, RequestRestart and
+  // Leave on the same runs, under the same lock, so nodes over gRPC and this one see each
+  // other's changes as they see RPCs. No token: it is this process. They throw what the
+  // service's answer means (StaleError, InvalidArgument), and CommunicationError once the
+  // server shuts down. join() is one poll: it waits at most `poll` (capped as a Join's) for the
+  // round; it throws CommunicationError when it finds `cancelled` set, which wakeJoins() makes
+  // it look at at once.
+  JoinPoll join(const std::string& run_id, const NodeSpec& node, const RunSettings& settings,
+                Millis poll, const std::atomic<bool>& cancelled);
+  // `workers`: how this node's workers are doing (for status), as RendezvousClient::keepAlive.
+  Verdict keepAlive(const std::string& run_id, const std::string& node_id, int64_t round,
+                    const std::vector<WorkerProgress>& workers = {});
+  Verdict requestRestart(const std::string& run_id, const std::string& node_id, int64_t round,
+                         const FailureReport& failure);
+  Verdict leave(const std::string& run_id, const std::string& node_id, int64_t round);
+  void wakeJoins();
 
   // Waits until the run is closed or failed and every node of its last round has been told, or
   // `timeout` passes. A launcher that embeds the server calls it before it exits, so that its

@@ -23,10 +23,10 @@ cmake --build "$build" --target cxxlaunch cxxlaunchd cxxlaunch_rendezvous cxxlau
 rm -rf "$bundle"
 mkdir -p "$bundle"/{bin,lib,include,cmake}
 
-# The binaries and archives without their debug sections (a quarter of the size).
-for program in cxxlaunch cxxlaunchd; do
-  strip --strip-debug -o "$bundle/bin/$program" "$build/bin/$program"
-done
+# The binaries and archives without their debug sections (a quarter of the size); cxxlaunch,
+# which links gRPC statically (cmake/static_deps.cmake), without its symbol table too (3.5 MiB).
+strip --strip-all -o "$bundle/bin/cxxlaunch" "$build/bin/cxxlaunch"
+strip --strip-debug -o "$bundle/bin/cxxlaunchd" "$build/bin/cxxlaunchd"
 strip --strip-debug -o "$bundle/lib/libcxxlaunch_rendezvous.a" "$build/rendezvous/libcxxlaunch_rendezvous.a"
 strip --strip-debug -o "$bundle/lib/libcxxlaunch_proto.a" "$build/proto/libcxxlaunch_proto.a"
 

@@ -8,7 +8,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1 CCACHE_SLOPPINESS=pch_defines,time_macros
-export ASAN_OPTIONS="halt_on_error=1:detect_leaks=0:abort_on_error=1"
+# handle_segv=0: a worker a test kills with SIGSEGV dies of it (exit 128+11), as it would
+# unsanitized, instead of ASan aborting it (134).
+export ASAN_OPTIONS="halt_on_error=1:detect_leaks=0:abort_on_error=1:handle_segv=0"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 [ -f build-debug/build.ninja ] || cmake --preset debug >/dev/null
 cmake --build --preset debug

@@ -94,6 +94,38 @@ TEST_CASE("Two and three launchers form one world", "[multinode][integration]") 
   }
 }
 
+// The launcher links gRPC statically with only the plugins it uses (apps/cxxlaunch/
+// grpc_plugins.cc): TLS both ways, the hosting launcher's server and the other's client, must be
+// among them.
+TEST_CASE("Two launchers form one world over mutual TLS", "[multinode][integration][security]") {
+  TempDir dir;
+  const std::string d = dir.path();
+  const std::string script =
+      "set -e; cd " + d +
+      "; ec='-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes';"
+      "openssl req -x509 $ec -days 1 -subj /CN=test-ca -keyout ca.key -out ca.crt 2>/dev/null;"
+      "openssl req $ec -subj /CN=node -keyout node.key -out node.csr 2>/dev/null;"
+      "printf 'subjectAltName=DNS:localhost,IP:127.0.0.1' > node.ext;"
+      "openssl x509 -req -in node.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 1 "
+      "-extfile node.ext -out node.crt 2>/dev/null";
+  REQUIRE(run({"/bin/sh", "-c", script}).exit_code == 0);
+  const std::string endpoint = "127.0.0.1:" + std::to_string(freePort());
+  const Args tls = {
+      "--nnodes", "2", "--rdzv_conf",
+      "tls_ca=" + d + "/ca.crt,tls_cert=" + d + "/node.crt,tls_key=" + d + "/node.key"};
+  Subprocess host(node(endpoint, "tls", tls, {"env"}));
+  Subprocess other(node(endpoint, "tls", tls, {"env"}));
+  std::multiset<std::string> ranks;
+  for (Subprocess* l : {&host, &other}) {
+    auto r = l->wait(60s);
+    INFO(l->out() << l->err());
+    REQUIRE(r);
+    REQUIRE(r->exit_code == 0);
+    for (const auto& v : values(r->out, "RANK")) ranks.insert(v);
+  }
+  CHECK(ranks == std::multiset<std::string>{"0", "1"});
+}
+
 TEST_CASE("The static backend orders nodes by --node_rank", "[multinode][integration]") {
   const std::string endpoint = "127.0.0.1:" + std::to_string(freePort());
   Subprocess second(node(endpoint, "static",

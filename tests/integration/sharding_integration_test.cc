@@ -37,7 +37,11 @@ Trained train(const TempDir& dir, int nproc, const Args& trainer_args, const Env
   Trained t{run(argv, env, 240s), {}};
   const std::string bytes = readFile(dump);
   t.params.resize(bytes.size() / sizeof(float));
-  std::memcpy(t.params.data(), bytes.data(), t.params.size() * sizeof(float));
+  // A run that failed wrote no parameters: nothing to copy (and memcpy takes no null pointer,
+  // not even for 0 bytes).
+  if (!t.params.empty()) {
+    std::memcpy(t.params.data(), bytes.data(), t.params.size() * sizeof(float));
+  }
   return t;
 }
 
@@ -71,7 +75,11 @@ Trained trainOnTwoNodes(const TempDir& dir, const Args& trainer_args, const Env&
   }
   const std::string bytes = readFile(dump);
   t.params.resize(bytes.size() / sizeof(float));
-  std::memcpy(t.params.data(), bytes.data(), t.params.size() * sizeof(float));
+  // A run that failed wrote no parameters: nothing to copy (and memcpy takes no null pointer,
+  // not even for 0 bytes).
+  if (!t.params.empty()) {
+    std::memcpy(t.params.data(), bytes.data(), t.params.size() * sizeof(float));
+  }
   return t;
 }
 

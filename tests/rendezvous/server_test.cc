@@ -17,6 +17,7 @@
 
 #include "common/error.h"
 #include "rendezvous/client.h"
+#include "support/ranks.h"
 #include "support/subprocess.h"
 
 using namespace cxxlaunch;
@@ -401,18 +402,20 @@ TEST_CASE("Finished and abandoned runs are freed after the retention time",
   ServerOptions options;
   options.run_retention = 300ms;
   RendezvousServer server(options);
-  RendezvousClient done(clientFor(server), "done");
-  auto placed = joinUntilPlaced(done, node("a"), settings(1, 1));
-  REQUIRE(done.leave("a", placed.round).action == Action::kClosed);
+  // A live run is kept however long it runs.
+  RendezvousClient live(clientFor(server), "live");
+  auto live_placed = joinUntilPlaced(live, node("b"), settings(1, 1));
   // A join of a two-node run that never completes: its node stops calling and is evicted.
   auto s = settings(2, 2);
   s.keep_alive_interval = 100ms;
   s.keep_alive_max_misses = 1;
   RendezvousClient abandoned(clientFor(server), "abandoned");
   CHECK_FALSE(abandoned.join(node("lonely"), s, 10ms).placement);
-  // A live run is kept however long it runs.
-  RendezvousClient live(clientFor(server), "live");
-  auto live_placed = joinUntilPlaced(live, node("b"), settings(1, 1));
+  // Last, so that the count below comes well within the retention of all three (a slow,
+  // sanitized build included).
+  RendezvousClient done(clientFor(server), "done");
+  auto placed = joinUntilPlaced(done, node("a"), settings(1, 1));
+  REQUIRE(done.leave("a", placed.round).action == Action::kClosed);
   CHECK(server.runCount() == 3);
   const auto deadline = std::chrono::steady_clock::now() + 5s;
   while (server.runCount() > 1 && std::chrono::steady_clock::now() < deadline) {
@@ -442,4 +445,56 @@ TEST_CASE("Settings that would overflow are refused where they arrive", "[server
   s.last_call_timeout = Millis(std::numeric_limits<int64_t>::max());
   REQUIRE_THROWS_AS(client.join(node("a"), s, 10ms), InvalidArgument);
   REQUIRE_THROWS_AS(client.status(), StaleError);  // none of them created the run
+}
+
+// The launcher that hosts the server joins it without RPC (RendezvousServer::join and the
+// others); to the nodes over gRPC it is one more node.
+TEST_CASE("The hosting process joins its own server directly, in one world with remote nodes",
+          "[server][local]") {
+  RendezvousServer server({});
+  std::atomic<bool> never = false;
+  std::vector<Placement> placed(2);
+  testing::onRanks(2, [&](int rank) {
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    if (rank == 0) {
+      while (std::chrono::steady_clock::now() < deadline && placed[0].world_size == 0) {
+        auto poll = server.join("mixed", node("host"), settings(2, 2), 1s, never);
+        if (poll.placement) placed[0] = *poll.placement;
+      }
+    } else {
+      RendezvousClient client(clientFor(server), "mixed");
+      placed[1] = joinUntilPlaced(client, node("remote"), settings(2, 2));
+    }
+    RANK_REQUIRE(placed[static_cast<size_t>(rank)].world_size == 2);
+  });
+  CHECK(placed[0].round == placed[1].round);
+  CHECK(placed[0].node_rank + placed[1].node_rank == 1);
+  // The state is one: a keep-alive here sees the round the remote join completed, and the
+  // last leave (over gRPC) closes the run for both.
+  CHECK(server.keepAlive("mixed", "host", placed[0].round).action == Action::kContinue);
+  CHECK(server.leave("mixed", "host", placed[0].round).action == Action::kContinue);
+  RendezvousClient client(clientFor(server), "mixed");
+  CHECK(client.leave("remote", placed[1].round).action == Action::kClosed);
+  CHECK(server.keepAlive("mixed", "host", placed[0].round).action == Action::kClosed);
+}
+
+TEST_CASE("A direct join waits one poll, and a cancel or a shutdown ends it at once",
+          "[server][local]") {
+  RendezvousServer server({});
+  std::atomic<bool> cancelled = false;
+  auto poll = server.join("alone", node("host"), settings(2, 2), 50ms, cancelled);
+  CHECK_FALSE(poll.placement);
+  CHECK_THAT(poll.waiting_for, Catch::Contains("host"));
+  // Cancelled while it waits (the poll would last the whole keep-alive interval).
+  auto waiting = std::async(std::launch::async, [&] {
+    return server.join("alone", node("host"), settings(2, 2), 1min, cancelled);
+  });
+  std::this_thread::sleep_for(50ms);
+  cancelled = true;
+  server.wakeJoins();
+  REQUIRE_THROWS_AS(waiting.get(), CommunicationError);
+  std::atomic<bool> fresh = false;
+  server.shutdown();
+  REQUIRE_THROWS_AS(server.join("alone", node("host"), settings(2, 2), 50ms, fresh),
+                    CommunicationError);
 }
