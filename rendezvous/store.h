@@ -52,7 +52,8 @@ class Store {
   // Blocks until every key exists; values in the order of `keys`.
   virtual std::vector<std::string> multiGet(const std::vector<std::string>& keys, Timeout timeout);
 
-  virtual void multiSet(const std::vector<std::string>& keys, const std::vector<std::string>& values);
+  virtual void multiSet(const std::vector<std::string>& keys,
+                        const std::vector<std::string>& values);
 };
 
 }  // namespace cxxlaunch::rendezvous

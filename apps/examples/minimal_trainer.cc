@@ -21,8 +21,8 @@ int main() {
   torch::set_num_threads(1);  // one worker per CPU slot
   Accelerator acc;
   torch::manual_seed(0);
-  auto model = torch::nn::Sequential(torch::nn::Linear(32, 64), torch::nn::ReLU(),
-                                     torch::nn::Linear(64, 1));
+  auto model =
+      torch::nn::Sequential(torch::nn::Linear(32, 64), torch::nn::ReLU(), torch::nn::Linear(64, 1));
   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-2));
   LrScheduler schedule(optimizer, LrScheduler::Kind::kCosine, /*warmup_steps=*/10,
                        /*total_steps=*/200);

@@ -31,8 +31,8 @@ struct AdamScalars {
   float step_size = 1e-3f;  // lr / (1 - beta1^step)
 };
 
-// Momentum SGD as torch::optim::SGD: d = g + wd*p; buf = first ? d : momentum*buf + (1-dampening)*d;
-// d = nesterov ? d + momentum*buf : buf; p -= lr*d. Without momentum: p -= lr*d.
+// Momentum SGD as torch::optim::SGD: d = g + wd*p; buf = first ? d : momentum*buf +
+// (1-dampening)*d; d = nesterov ? d + momentum*buf : buf; p -= lr*d. Without momentum: p -= lr*d.
 struct SgdScalars {
   float lr = 0.01f;
   float momentum = 0;

@@ -11,15 +11,16 @@ using namespace cxxlaunch::testing;
 int main() {
   auto probe = run({SYSTEM_PYTHON, "-c", "import torch"}, {}, std::chrono::seconds(120));
   if (probe.exit_code != 0) {
-    std::cout << "SKIPPED: '" SYSTEM_PYTHON " -c \"import torch\"' failed (install "
+    std::cout << "SKIPPED: '" SYSTEM_PYTHON
+                 " -c \"import torch\"' failed (install "
                  "python3-torch to run this test):\n"
               << probe.err;
     return 77;
   }
   for (int world : {2, 3}) {
-    auto r = run({CXXLAUNCH_BIN, "run", "--nproc_per_node", std::to_string(world), SYSTEM_PYTHON,
-                  PY_SCRIPT},
-                 {}, std::chrono::seconds(240));
+    auto r = run(
+        {CXXLAUNCH_BIN, "run", "--nproc_per_node", std::to_string(world), SYSTEM_PYTHON, PY_SCRIPT},
+        {}, std::chrono::seconds(240));
     std::cout << r.out << r.err;
     const std::string expected = std::to_string(world * (world + 1) / 2);
     for (int rank = 0; rank < world; ++rank) {
@@ -40,8 +41,8 @@ int main() {
   std::vector<std::unique_ptr<Subprocess>> nodes;
   for (int n = 0; n < 2; ++n) {
     nodes.push_back(std::make_unique<Subprocess>(std::vector<std::string>{
-        CXXLAUNCH_BIN, "run", "--nnodes", "2", "--nproc_per_node", "1", "--rdzv_endpoint",
-        endpoint, "--rdzv_id", "python-two-nodes", SYSTEM_PYTHON, PY_SCRIPT}));
+        CXXLAUNCH_BIN, "run", "--nnodes", "2", "--nproc_per_node", "1", "--rdzv_endpoint", endpoint,
+        "--rdzv_id", "python-two-nodes", SYSTEM_PYTHON, PY_SCRIPT}));
   }
   std::string all;
   for (auto& node : nodes) {
