@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "support/status_rows.h"
 #include "support/subprocess.h"
 
 using namespace cxxlaunch::testing;
@@ -152,21 +153,6 @@ TEST_CASE("A worker that stops making progress is named and the job stopped",
   CHECK_THAT(r.err, Catch::Contains("(--watchdog_timeout 1.0 s): stopped by the launcher"));
   CHECK_THAT(r.err, Catch::Contains("root cause (*): rank 1"));
 }
-
-namespace {
-
-// The row of global rank `rank` in `cxxlaunch status`'s workers table.
-std::string workerRow(const std::string& status, int rank) {
-  std::istringstream in(status);
-  bool in_workers = false;
-  for (std::string line; std::getline(in, line);) {
-    if (line.starts_with("workers")) in_workers = true;
-    if (in_workers && line.starts_with("  " + std::to_string(rank) + " ")) return line;
-  }
-  return "";
-}
-
-}  // namespace
 
 TEST_CASE("cxxlaunch status shows a stopped worker as silent, without --watchdog_timeout",
           "[launcher][integration][status]") {

@@ -6,6 +6,8 @@
 #include <catch2/catch.hpp>
 #include <sstream>
 
+#include "support/status_rows.h"
+
 using namespace cxxlaunch::launcher;
 using namespace cxxlaunch::rendezvous;
 using namespace std::chrono_literals;
@@ -27,17 +29,6 @@ RunStatus runningWith(std::vector<WorkerProgress> workers) {
   return s;
 }
 
-// The row of global rank `rank` in the workers table.
-std::string rowOf(const std::string& text, int rank) {
-  std::istringstream in(text);
-  bool in_workers = false;
-  for (std::string line; std::getline(in, line);) {
-    if (line.starts_with("workers")) in_workers = true;
-    if (in_workers && line.starts_with("  " + std::to_string(rank) + " ")) return line;
-  }
-  return "";
-}
-
 }  // namespace
 
 TEST_CASE("Status shows each worker's last progress and flags the silent ones", "[status]") {
@@ -49,12 +40,14 @@ TEST_CASE("Status shows each worker's last progress and flags the silent ones", 
                                     60s);
   INFO(text);
   CHECK_THAT(text, Catch::Contains("silent: no progress for 60.0 s or more"));
-  CHECK_THAT(rowOf(text, 0),
+  CHECK_THAT(cxxlaunch::testing::workerRow(text, 0),
              Catch::Contains("501") && Catch::Contains("sleeping") && Catch::Contains("0.2 s ago"));
-  CHECK_THAT(rowOf(text, 0), !Catch::Contains("SILENT"));
-  CHECK_THAT(rowOf(text, 1), Catch::Contains("stopped") && Catch::Contains("75.0 s ago  SILENT"));
-  CHECK_THAT(rowOf(text, 2), Catch::Contains("never (no heartbeat"));
-  CHECK_THAT(rowOf(text, 3), Catch::Contains("exited") && !Catch::Contains("SILENT"));
+  CHECK_THAT(cxxlaunch::testing::workerRow(text, 0), !Catch::Contains("SILENT"));
+  CHECK_THAT(cxxlaunch::testing::workerRow(text, 1),
+             Catch::Contains("stopped") && Catch::Contains("75.0 s ago  SILENT"));
+  CHECK_THAT(cxxlaunch::testing::workerRow(text, 2), Catch::Contains("never (no heartbeat"));
+  CHECK_THAT(cxxlaunch::testing::workerRow(text, 3),
+             Catch::Contains("exited") && !Catch::Contains("SILENT"));
   CHECK_THAT(text, Catch::Contains("1 worker has made no progress for 60.0 s or more"));
 }
 
