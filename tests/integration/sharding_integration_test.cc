@@ -50,28 +50,47 @@ Trained trainOnTwoNodes(const TempDir& dir, const Args& trainer_args, const Env&
   static int runs = 0;
   const std::string id = "nodes" + std::to_string(runs++);
   const std::string dump = dir.path() + "/" + id + ".bin";
-  const std::string endpoint = "127.0.0.1:" + std::to_string(freePort());
-  std::vector<std::unique_ptr<Subprocess>> nodes;
-  for (int n = 0; n < 2; ++n) {
-    Args argv = {
-        CXXLAUNCH_BIN,      "run",
-        "--rdzv_endpoint",  endpoint,
-        "--rdzv_id",        id,
-        "--rdzv_conf",      "keep_alive_interval=0.3,keep_alive_max_misses=7,join_timeout=60",
-        "--nnodes",         "2",
-        "--nproc_per_node", "2",
-        TRAIN_BIN};
-    argv.insert(argv.end(), trainer_args.begin(), trainer_args.end());
-    argv.insert(argv.end(), {"--dump_params", dump});
-    nodes.push_back(std::make_unique<Subprocess>(argv, env));
-  }
+  // Node 0 is told to host (is_host=1): a port someone else took between freePort() and its
+  // bind fails it at once ("cannot listen"), and a fresh port is tried, instead of both nodes
+  // knocking at a stranger's server until the join timeout.
   Trained t;
-  for (auto& node : nodes) {
-    auto finished = node->wait(240s);
-    REQUIRE(finished);
-    t.finished.out += finished->out;
-    t.finished.err += finished->err;
-    t.finished.exit_code = std::max(t.finished.exit_code, finished->exit_code);
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const std::string endpoint = "127.0.0.1:" + std::to_string(freePort());
+    std::vector<std::unique_ptr<Subprocess>> nodes;
+    for (int n = 0; n < 2; ++n) {
+      Args argv = {CXXLAUNCH_BIN,
+                   "run",
+                   "--rdzv_endpoint",
+                   endpoint,
+                   "--rdzv_id",
+                   id,
+                   "--rdzv_conf",
+                   "keep_alive_interval=0.3,keep_alive_max_misses=7,join_timeout=60,is_host=" +
+                       std::to_string(n == 0 ? 1 : 0),
+                   "--nnodes",
+                   "2",
+                   "--nproc_per_node",
+                   "2",
+                   TRAIN_BIN};
+      argv.insert(argv.end(), trainer_args.begin(), trainer_args.end());
+      argv.insert(argv.end(), {"--dump_params", dump});
+      nodes.push_back(std::make_unique<Subprocess>(argv, env));
+    }
+    t = Trained{};
+    bool port_taken = false;
+    for (auto& node : nodes) {
+      auto finished = node->wait(240s);
+      REQUIRE(finished);
+      if (&node == &nodes.front() && finished->exit_code != 0 &&
+          finished->err.find("cannot listen") != std::string::npos) {
+        port_taken = true;  // the other node is stopped when `nodes` goes
+        break;
+      }
+      t.finished.out += finished->out;
+      t.finished.err += finished->err;
+      t.finished.exit_code = std::max(t.finished.exit_code, finished->exit_code);
+    }
+    if (!port_taken) break;
   }
   const std::string bytes = readFile(dump);
   t.params.resize(bytes.size() / sizeof(float));
