@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <type_traits>
 
 #include "common/error.h"
 #include "runtime/optim/param_state_key.h"
@@ -17,6 +18,7 @@
 #include "runtime/strategy/sharded.h"
 
 namespace cxxlaunch::runtime {
+
 float* HostStaging::hostOf(const torch::Tensor& destination) {
   if (destination.is_cpu() && destination.is_contiguous() &&
       destination.scalar_type() == torch::kFloat) {
@@ -214,7 +216,9 @@ class DdpStrategy final : public Strategy {
     // CPU; the optimizer's state is installed only once all of it was read.
     std::vector<checkpoint::ReadRequest> reads;
     HostStaging staging;
-    std::vector<std::pair<std::string, std::unique_ptr<torch::optim::OptimizerParamState>>> fresh;
+    // The state's key type differs between LibTorch versions (optim/param_state_key.h).
+    using Key = std::decay_t<decltype(state)>::key_type;
+    std::vector<std::pair<Key, std::unique_ptr<torch::optim::OptimizerParamState>>> fresh;
     for (const auto& item : model_->named_parameters()) {
       torch::Tensor p = item.value();
       reads.push_back(
