@@ -7,8 +7,10 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -29,13 +31,38 @@ const std::string kFastConf =
     "keep_alive_interval=0.3,keep_alive_max_misses=7,last_call_timeout=1,join_timeout=60";
 
 Args node(const std::string& endpoint, const std::string& run_id, const Args& flags,
-          const Args& steps) {
+          const Args& steps, const std::string& conf = kFastConf) {
   Args argv = {CXXLAUNCH_BIN, "run",  "--rdzv_endpoint", endpoint,
-               "--rdzv_id",   run_id, "--rdzv_conf",     kFastConf};
+               "--rdzv_id",   run_id, "--rdzv_conf",     conf};
   argv.insert(argv.end(), flags.begin(), flags.end());
   argv.push_back(TEST_WORKER);
   argv.insert(argv.end(), steps.begin(), steps.end());
   return argv;
+}
+
+// Starts `count` nodes on a fresh loopback endpoint, node 0 told to host (`argv_of(endpoint, n)`
+// puts hostConf(n) into its --rdzv_conf), and waits for each up to `limit`. When node 0 could not
+// listen (a port someone else took between freePort() and its bind) it tries another port, up to
+// three times: left to choose, every node would knock at a stranger's server until the join
+// timeout. A node that did not finish in time is nullopt.
+std::string hostConf(int n) { return n == 0 ? "is_host=1" : "is_host=0"; }
+std::vector<std::optional<Finished>> runNodes(
+    int count, const std::function<Args(const std::string& endpoint, int n)>& argv_of,
+    std::chrono::milliseconds limit) {
+  std::vector<std::optional<Finished>> results;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const std::string endpoint = "127.0.0.1:" + std::to_string(freePort());
+    std::vector<std::unique_ptr<Subprocess>> nodes;
+    for (int n = 0; n < count; ++n)
+      nodes.push_back(std::make_unique<Subprocess>(argv_of(endpoint, n)));
+    results.clear();
+    for (auto& node : nodes) results.push_back(node->wait(limit));
+    const auto& host = results.front();
+    if (!(host && host->exit_code != 0 && host->err.find("cannot listen") != std::string::npos)) {
+      break;
+    }
+  }
+  return results;
 }
 
 // NAME=value lines printed by the workers, in order, with their "[rank (node:)rank]: " prefix gone.
@@ -60,21 +87,18 @@ size_t count(const std::string& text, const std::string& what) {
 
 TEST_CASE("Two and three launchers form one world", "[multinode][integration]") {
   for (int nodes : {2, 3}) {
-    const std::string endpoint = "127.0.0.1:" + std::to_string(freePort());
     const std::string run = "world" + std::to_string(nodes);
-    std::vector<std::unique_ptr<Subprocess>> launchers;
-    int world = 0;
-    for (int n = 0; n < nodes; ++n) {
-      const int local = n == 0 ? 2 : 1;  // nodes may differ in size
-      world += local;
-      launchers.push_back(std::make_unique<Subprocess>(
-          node(endpoint, run,
-               {"--nnodes", std::to_string(nodes), "--nproc_per_node", std::to_string(local)},
-               {"env"})));
-    }
+    const int world = 2 + (nodes - 1);  // nodes may differ in size: 2 workers on node 0, else 1
+    const auto results = runNodes(
+        nodes,
+        [&](const std::string& endpoint, int n) {
+          return node(endpoint, run,
+                      {"--nnodes", std::to_string(nodes), "--nproc_per_node", n == 0 ? "2" : "1"},
+                      {"env"}, kFastConf + "," + hostConf(n));
+        },
+        60s);
     std::multiset<std::string> ranks, node_ranks;
-    for (auto& l : launchers) {
-      auto r = l->wait(60s);
+    for (const auto& r : results) {
       REQUIRE(r);
       INFO(r->out << r->err);
       REQUIRE(r->exit_code == 0);
@@ -138,14 +162,16 @@ TEST_CASE("Two launchers form one world over mutual TLS", "[multinode][integrati
 }
 
 TEST_CASE("The static backend orders nodes by --node_rank", "[multinode][integration]") {
-  const std::string endpoint = "127.0.0.1:" + std::to_string(freePort());
-  Subprocess second(node(endpoint, "static",
-                         {"--rdzv_backend", "static", "--nnodes", "2", "--node_rank", "1"},
-                         {"env"}));
-  Subprocess first(node(endpoint, "static",
-                        {"--rdzv_backend", "static", "--nnodes", "2", "--node_rank", "0"},
-                        {"env"}));
-  auto a = first.wait(60s), b = second.wait(60s);
+  const auto results = runNodes(
+      2,
+      [&](const std::string& endpoint, int n) {
+        return node(endpoint, "static",
+                    {"--rdzv_backend", "static", "--nnodes", "2", "--node_rank", std::to_string(n)},
+                    {"env"}, kFastConf + "," + hostConf(n));
+      },
+      60s);
+  const auto& a = results[0];
+  const auto& b = results[1];
   REQUIRE(a);
   REQUIRE(b);
   REQUIRE(a->exit_code == 0);
@@ -281,20 +307,30 @@ TEST_CASE("A finished two-node job ends in well under a keep-alive interval",
           "[multinode][integration][reliability]") {
   // keep-alives every 5 s: the node that finishes first must hear of the close at once, not at
   // its next keep-alive.
-  const std::string endpoint = "127.0.0.1:" + std::to_string(freePort());
-  const Args conf = {"--rdzv_conf", "keep_alive_interval=5,last_call_timeout=1,join_timeout=60"};
-  auto launch = [&](const Args& steps) {
-    Args argv = {CXXLAUNCH_BIN, "run",   "--rdzv_endpoint", endpoint,
-                 "--rdzv_id",   "quick", "--nnodes",        "2"};
-    argv.insert(argv.end(), conf.begin(), conf.end());
-    argv.push_back(TEST_WORKER);
-    argv.insert(argv.end(), steps.begin(), steps.end());
-    return std::make_unique<Subprocess>(argv);
-  };
   const auto start = std::chrono::steady_clock::now();
-  auto first = launch({"print", "done"});
-  auto second = launch({"sleep", "0.3"});
-  auto a = first->wait(30s), b = second->wait(30s);
+  const auto results = runNodes(
+      2,
+      [&](const std::string& endpoint, int n) {
+        Args argv = {CXXLAUNCH_BIN,
+                     "run",
+                     "--rdzv_endpoint",
+                     endpoint,
+                     "--rdzv_id",
+                     "quick",
+                     "--nnodes",
+                     "2",
+                     "--rdzv_conf",
+                     "keep_alive_interval=5,last_call_timeout=1,join_timeout=60," + hostConf(n),
+                     TEST_WORKER};
+        for (const char* step : n == 0 ? std::vector<const char*>{"print", "done"}
+                                       : std::vector<const char*>{"sleep", "0.3"}) {
+          argv.push_back(step);
+        }
+        return argv;
+      },
+      30s);
+  const auto& a = results[0];
+  const auto& b = results[1];
   const auto took = std::chrono::steady_clock::now() - start;
   REQUIRE(a);
   REQUIRE(b);
