@@ -20,6 +20,7 @@
 
 #include "launcher/cgroup.h"
 #include "launcher/process.h"
+#include "support/skip_main.h"
 #include "support/subprocess.h"
 
 using namespace cxxlaunch::testing;
@@ -249,12 +250,7 @@ TEST_CASE("A job cgroup whose launcher and watchdog both died is emptied and rem
 }
 
 int main(int argc, char** argv) {
-  Catch::Session session;
-  if (const int rc = session.applyCommandLine(argc, argv); rc != 0) return rc;
-  const Catch::ConfigData& config = session.configData();
-  const bool only_lists = config.listTests || config.listTestNamesOnly || config.listTags ||
-                          config.listReporters || config.showHelp || config.libIdentify;
-  if (!only_lists) {
+  return cxxlaunch::testing::runUnlessMissing(argc, argv, [] {
     // The launcher's own answer: a job's run-summary.json says which confinement it had.
     std::string confinement;
     try {
@@ -264,13 +260,8 @@ int main(int argc, char** argv) {
     } catch (const std::exception& e) {
       confinement = e.what();
     }
-    if (!confinement.starts_with("cgroup ")) {
-      std::fprintf(stderr,
-                   "%s: the launcher makes no cgroup on this machine (confinement: %s); skipped "
-                   "(exit code 77)\n",
-                   argv[0], confinement.c_str());
-      return 77;
-    }
-  }
-  return session.run();
+    return confinement.starts_with("cgroup ")
+               ? std::string()
+               : "the launcher makes no cgroup on this machine (confinement: " + confinement + ")";
+  });
 }

@@ -19,6 +19,7 @@
 #include "runtime/accelerator.h"
 #include "runtime/checkpoint/files.h"
 #include "runtime/checkpoint/safetensors.h"
+#include "runtime/strategy/strategy.h"
 #include "support/ranks.h"
 #include "support/subprocess.h"
 #include "tower.h"
@@ -549,6 +550,33 @@ TEST_CASE("CRC-32C over long buffers (three chains joined) equals the bit-by-bit
   // Continuing from a CRC across a split inside a block.
   const uint32_t first = checkpoint::crc32c(0, data.data(), 100001);
   CHECK(checkpoint::crc32c(first, data.data() + 100001, 400000) == bitwise(data.data(), 500001));
+}
+
+TEST_CASE("HostStaging: reads land straight in float32 host tensors, through a copy elsewhere",
+          "[checkpoint]") {
+  // The copy path is the one a GPU worker's loads take; here it runs for a tensor that is not
+  // plain float32 host memory: a transposed view and a bf16 tensor. What no read touches keeps
+  // its value (a shard's padding).
+  HostStaging staging;
+  torch::Tensor plain = torch::zeros({3});
+  torch::Tensor base = torch::full({2, 3}, 7.0f);
+  torch::Tensor transposed = base.t();  // 3 x 2, not contiguous
+  torch::Tensor half = torch::full({4}, 5.0, torch::kBFloat16);
+  float* p = staging.hostOf(plain);
+  CHECK(p == plain.data_ptr<float>());
+  float* t = staging.hostOf(transposed);
+  float* h = staging.hostOf(half);
+  CHECK(t != transposed.data_ptr<float>());
+  for (int i = 0; i < 3; ++i) p[i] = static_cast<float>(i);
+  t[0] = 1.5f;  // element (0, 0) of the transposed view; the others stay 7
+  h[3] = 2.0f;
+  CHECK(transposed[0][0].item<float>() == 7.0f);  // not before copyBack
+  staging.copyBack();
+  CHECK(plain[2].item<float>() == 2.0f);
+  CHECK(base[0][0].item<float>() == 1.5f);
+  CHECK(base[1][2].item<float>() == 7.0f);
+  CHECK(half[3].item<float>() == 2.0f);
+  CHECK(half[0].item<float>() == 5.0f);
 }
 
 TEST_CASE("acc.save writes on the main process only, atomically", "[checkpoint]") {
