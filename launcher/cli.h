@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "launcher/cluster_env.h"
 #include "launcher/options.h"
 
 namespace cxxlaunch::launcher {
@@ -31,6 +32,7 @@ struct HostInfo {
   std::map<std::string, std::string> env;  // the CXXLAUNCH_* variables: the config's env layer
   std::string default_config;              // used when it exists and no --config_file is given
   int default_nproc = 1;  // workers per node when neither a flag nor the config says
+  ClusterEnv cluster;     // what Slurm or MPI say about this node's place (cluster_env.h)
 
   static HostInfo detect();
 };

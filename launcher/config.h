@@ -131,12 +131,15 @@ struct FlagValue {
 
 // The layers in precedence order, lowest first after the defaults.
 struct ConfigLayers {
-  std::string file;                        // empty: no file
+  std::string file;  // empty: no file
+  // What Slurm or MPI say (launcher/cluster_env.h): over the file, under the env; each
+  // FlagValue::flag names its variable.
+  std::vector<FlagValue> cluster;
   std::map<std::string, std::string> env;  // variable -> value
   std::vector<FlagValue> flags;
 };
 
-// file, then env, then flags; then validateConfig.
+// file, then the cluster's variables, then env, then flags; then validateConfig.
 Config resolveConfig(const ConfigLayers& layers);
 // Reads the DeepSpeed JSON that deepspeed_config.deepspeed_config_file names, if set, into the
 // keys it corresponds to (deepspeed_config_file.cc); resolveConfig calls it after the layers.

@@ -1,5 +1,6 @@
 // Layering: a Config holds each value with where it came from; resolveConfig applies file, then
-// CXXLAUNCH_* environment, then flags, and validates the result.
+// the cluster's own variables (Slurm, MPI), then CXXLAUNCH_* environment, then flags, and
+// validates the result.
 
 #include <cstdlib>
 
@@ -77,6 +78,7 @@ std::map<std::string, std::string> configEnvironment() {
 Config resolveConfig(const ConfigLayers& layers) {
   Config config;
   if (!layers.file.empty()) config = loadConfigFile(layers.file);
+  for (const auto& c : layers.cluster) config.set(c.key, c.value, {Origin::kEnv, c.flag});
   for (const auto& spec : configSchema()) {
     if (spec.env.empty()) continue;
     if (auto it = layers.env.find(spec.env); it != layers.env.end()) {

@@ -175,6 +175,9 @@ std::vector<KeySpec> buildSchema() {
               "HOST:PORT of the rendezvous; overrides main_process_ip/port (--rdzv_endpoint)"),
       textKey("cxxlaunch.rdzv_id", K::kText, "", "", "CXXLAUNCH_RDZV_ID",
               "job id, the same on every node (--rdzv_id; unset: from main_process_ip/port)"),
+      boolKey("cxxlaunch.use_cluster_env", "true", "use_cluster_env", "CXXLAUNCH_USE_CLUSTER_ENV",
+              "take nodes, node rank, rendezvous host, run id and workers per node from Slurm's "
+              "or MPI's variables (docs/clusters.md)"),
   };
 }
 

@@ -35,6 +35,10 @@ HostInfo HostInfo::detect() {
   const char* path = std::getenv("PATH");  // NOLINT(concurrency-mt-unsafe)
   host.path = path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin";
   host.env = configEnvironment();
+  host.cluster = detectCluster([](const char* name) {
+    return std::getenv(name);  // NOLINT(concurrency-mt-unsafe)
+  });
+  if (host.cluster.cpus > 0) host.cpus = host.cluster.cpus;
   host.default_config = defaultConfigPath();
   return host;
 }

@@ -134,6 +134,7 @@ ConfigLayers configLayers(const std::string& file, const std::vector<FlagValue>&
       std::filesystem::exists(host.default_config, ec)) {
     layers.file = host.default_config;
   }
+  layers.cluster = host.cluster.settings;
   layers.env = host.env;
   layers.flags = flags;
   return layers;

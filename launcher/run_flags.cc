@@ -241,8 +241,19 @@ LaunchOptions parseRunArgs(const std::vector<std::string>& args, const HostInfo&
       torchrun_flags.emplace_back(spec, value);
     }
   }
-  applyConfig(resolveConfig(configLayers(parsed.config_file, parsed.config_flags, host)), parsed,
-              host.env);
+  ConfigLayers layers = configLayers(parsed.config_file, parsed.config_flags, host);
+  // The cluster's variables (Slurm, MPI) are a layer of their own, used unless the other layers
+  // turn them off.
+  std::vector<FlagValue> cluster = std::move(layers.cluster);
+  layers.cluster.clear();
+  Config config = resolveConfig(layers);
+  if (!host.cluster.source.empty() && config.flag("cxxlaunch.use_cluster_env")) {
+    if (!host.cluster.error.empty())
+      throw UsageError(host.cluster.source + ": " + host.cluster.error);
+    layers.cluster = std::move(cluster);
+    config = resolveConfig(layers);
+  }
+  applyConfig(config, parsed, host.env);
   for (const auto& [spec, value] : torchrun_flags) {
     spec->apply(parsed, spec->names.substr(0, spec->names.find(',')), value);
   }

@@ -404,6 +404,7 @@ std::string runConfigCommand(const ConfigCommand& command, const HostInfo& host)
   if (command.action == ConfigCommand::kPrint) {
     ConfigLayers layers;
     layers.file = command.file.empty() && !exists ? "" : path;
+    layers.cluster = host.cluster.settings;
     layers.env = host.env;
     Config config = resolveConfig(layers);
     std::string notes;

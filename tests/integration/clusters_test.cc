@@ -1,0 +1,335 @@
+// Cluster pickup and remote start against the real thing (docs/clusters.md): a one-node Slurm
+// cluster (munged, slurmctld, slurmd from Debian's packages) configured and started on loopback
+// in a temporary folder, Open MPI's mpirun, and sshd (hostfile_test.cc). Everything these tests
+// start binds loopback on ports chosen free, and is stopped when the test ends.
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "support/subprocess.h"
+
+using namespace cxxlaunch::testing;
+using namespace std::chrono_literals;
+using Args = std::vector<std::string>;
+using Env = std::map<std::string, std::string>;
+namespace fs = std::filesystem;
+
+namespace {
+
+// NAME=value lines printed by the workers, their "[rank (node:)rank]: " prefix gone.
+std::vector<std::string> values(const std::string& out, const std::string& name) {
+  std::vector<std::string> found;
+  std::istringstream in(out);
+  const std::regex line("^\\[rank (\\d+:)?\\d+\\]: " + name + "=(.*)$");
+  for (std::string l; std::getline(in, l);) {
+    std::smatch m;
+    if (std::regex_match(l, m, line)) found.push_back(m[2]);
+  }
+  return found;
+}
+
+std::multiset<std::string> valueSet(const std::string& out, const std::string& name) {
+  auto v = values(out, name);
+  return {v.begin(), v.end()};
+}
+
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+void writeFile(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
+  REQUIRE(fs::exists(path));
+}
+
+std::string shortHostName() {
+  char name[256] = {};
+  REQUIRE(::gethostname(name, sizeof(name) - 1) == 0);
+  std::string host(name);
+  return host.substr(0, host.find('.'));
+}
+
+// A one-node Slurm cluster: munged, slurmctld and slurmd in the foreground, each in its own
+// process group (killed with the cluster), configured under a temporary folder. The node is
+// `cxxnode` at 127.0.0.1; the controller must carry this machine's host name (slurmctld checks).
+class SlurmCluster {
+ public:
+  SlurmCluster() {
+    const std::string d = dir_.path();
+    conf_ = d + "/slurm.conf";
+    REQUIRE(run({"/bin/sh", "-c",
+                 "set -e; cd " + d +
+                     "; mkdir state spool; head -c 1024 /dev/urandom > munge.key; "
+                     "chmod 600 munge.key"})
+                .exit_code == 0);
+    const std::string socket = d + "/munge.sock";
+    munged_ = std::make_unique<Subprocess>(
+        Args{"/usr/sbin/munged", "--foreground", "--force", "--socket=" + socket,
+             "--key-file=" + d + "/munge.key", "--pid-file=" + d + "/munged.pid",
+             "--log-file=" + d + "/munged.log", "--seed-file=" + d + "/munge.seed"});
+    INFO(munged_->err());
+    REQUIRE(eventually([&] { return fs::exists(socket); }, 10s));
+    writeFile(conf_,
+              "ClusterName=cxxtest\n"
+              "SlurmctldHost=" +
+                  shortHostName() +
+                  "(127.0.0.1)\n"
+                  "SlurmctldPort=" +
+                  std::to_string(freePort()) +
+                  "\n"
+                  "SlurmdPort=" +
+                  std::to_string(freePort()) +
+                  "\n"
+                  "AuthType=auth/munge\nCredType=cred/munge\n"
+                  "AuthInfo=socket=" +
+                  socket +
+                  "\n"
+                  // One process group per task: what reaches the workers is what the
+                  // launcher forwards.
+                  "ProctrackType=proctrack/pgid\nTaskPlugin=task/none\n"
+                  "SlurmUser=root\nSlurmdUser=root\n"
+                  "StateSaveLocation=" +
+                  d + "/state\nSlurmdSpoolDir=" + d + "/spool\nSlurmctldPidFile=" + d +
+                  "/slurmctld.pid\nSlurmdPidFile=" + d + "/slurmd.pid\nSlurmctldLogFile=" + d +
+                  "/slurmctld.log\nSlurmdLogFile=" + d +
+                  "/slurmd.log\n"
+                  "SchedulerType=sched/builtin\nSelectType=select/cons_tres\n"
+                  "SelectTypeParameters=CR_Core\nReturnToService=2\nMpiDefault=none\n"
+                  "JobAcctGatherType=jobacct_gather/none\n"
+                  "AccountingStorageType=accounting_storage/none\n"
+                  // Slurm's own grace between SIGTERM and SIGKILL, longer than the
+                  // launcher's in the tests: what ends a worker is the launcher's.
+                  "KillWait=30\n"
+                  "NodeName=cxxnode NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN\n"
+                  "PartitionName=debug Nodes=cxxnode Default=YES MaxTime=INFINITE "
+                  "State=UP\n");
+    ctld_ =
+        std::make_unique<Subprocess>(Args{"/usr/sbin/slurmctld", "-D", "-i", "-f", conf_}, env());
+    slurmd_ = std::make_unique<Subprocess>(
+        Args{"/usr/sbin/slurmd", "-D", "-f", conf_, "-N", "cxxnode"}, env());
+    const bool idle = eventually(
+        [&] {
+          auto state = run({"/usr/bin/sinfo", "-h", "-o", "%t"}, env(), 10s);
+          return state.exit_code == 0 && state.out.find("idle") != std::string::npos;
+        },
+        30s);
+    INFO("slurmctld: " << ctld_->err() << readFile(d + "/slurmctld.log"));
+    INFO("slurmd: " << slurmd_->err() << readFile(d + "/slurmd.log"));
+    REQUIRE(idle);
+  }
+  ~SlurmCluster() {
+    // The controller first: the node daemon then has no job to start.
+    ctld_.reset();
+    slurmd_.reset();
+    munged_.reset();
+  }
+
+  Env env() const { return {{"SLURM_CONF", conf_}}; }
+  const std::string& dir() const { return dir_.path(); }
+
+ private:
+  TempDir dir_;
+  std::string conf_;
+  std::unique_ptr<Subprocess> munged_, ctld_, slurmd_;
+};
+
+void checkTwoWorkersOfOneSlurmNode(const std::string& out) {
+  CHECK(valueSet(out, "RANK") == std::multiset<std::string>{"0", "1"});
+  CHECK(valueSet(out, "WORLD_SIZE") == std::multiset<std::string>{"2", "2"});
+  CHECK(valueSet(out, "LOCAL_WORLD_SIZE") == std::multiset<std::string>{"2", "2"});
+  CHECK(valueSet(out, "GROUP_RANK") == std::multiset<std::string>{"0", "0"});
+  CHECK(valueSet(out, "GROUP_WORLD_SIZE") == std::multiset<std::string>{"1", "1"});
+  CHECK(valueSet(out, "MASTER_ADDR") == std::multiset<std::string>{"127.0.0.1", "127.0.0.1"});
+  // The run id is the job's and its step's.
+  const auto ids = values(out, "TORCHELASTIC_RUN_ID");
+  REQUIRE(ids.size() == 2);
+  CHECK(ids[0] == ids[1]);
+  CHECK(std::regex_match(ids[0], std::regex("slurm-[0-9]+\\.0")));
+}
+
+}  // namespace
+
+TEST_CASE("Under a real Slurm, srun and an sbatch script give workers the job's place",
+          "[clusters][slurm][integration]") {
+  SlurmCluster slurm;
+  // srun straight away: one launcher (one task) on the node, two workers.
+  const Finished r = run({"/usr/bin/srun", "-N1", "-n1", "-J", "envjob", CXXLAUNCH_BIN, "run",
+                          "--nproc_per_node=2", TEST_WORKER, "env"},
+                         slurm.env(), 60s);
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  checkTwoWorkersOfOneSlurmNode(r.out);
+
+  // docs/clusters.md's sbatch script, as it is written there (one launcher per node).
+  const std::string script = slurm.dir() + "/train.sbatch", out = slurm.dir() + "/train.out";
+  writeFile(script, std::string("#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --ntasks-per-node=1\n") +
+                        "srun " + CXXLAUNCH_BIN + " run --nproc_per_node=2 " + TEST_WORKER +
+                        " env\n");
+  const Finished b = run({"/usr/bin/sbatch", "--wait", "-o", out, script}, slurm.env(), 60s);
+  INFO(b.out << b.err << readFile(out));
+  REQUIRE(b.exit_code == 0);
+  checkTwoWorkersOfOneSlurmNode(readFile(out));
+}
+
+TEST_CASE("scancel --signal=USR1 reaches the workers, SIGTERM stops them within our grace",
+          "[clusters][slurm][integration]") {
+  SlurmCluster slurm;
+  // Rank 1 ignores SIGTERM: the launcher's grace (1 s here, Slurm's KillWait is 30 s) ends it.
+  Subprocess job({"/usr/bin/srun", "-N1", "-n1", "-J", "sigjob", CXXLAUNCH_BIN, "run",
+                  "--nproc_per_node=2", "--shutdown_grace=1", TEST_WORKER, "trap", "rank", "1",
+                  "ignore-term", "rank", "all", "print", "ready", "wait"},
+                 slurm.env());
+  const bool ready = eventually([&] { return count(job.out(), "ready") == 2; }, 30s);
+  INFO(job.out() << job.err());
+  REQUIRE(ready);
+  REQUIRE(run({"/usr/bin/scancel", "--signal=USR1", "--name=sigjob"}, slurm.env()).exit_code == 0);
+  CHECK(eventually([&] { return count(job.out(), "got SIGUSR1") == 2; }, 20s));
+  sleepFor(500ms);
+  CHECK(count(job.out(), "got SIGUSR1") == 2);  // once each: the job goes on
+  CHECK(count(job.out(), "ready") == 2);
+  const auto cancelled = std::chrono::steady_clock::now();
+  REQUIRE(run({"/usr/bin/scancel", "--name=sigjob"}, slurm.env()).exit_code == 0);
+  const auto finished = job.wait(40s);
+  REQUIRE(finished);
+  const auto took = std::chrono::steady_clock::now() - cancelled;
+  INFO(finished->out << finished->err);
+  CHECK(finished->exit_code != 0);
+  CHECK(count(finished->out, "[rank 0]: got SIGTERM") == 1);
+  CHECK_THAT(finished->err, Catch::Contains("received SIGTERM, stopping 2 workers"));
+  CHECK(took < 15s);  // the launcher's grace, not Slurm's KillWait
+}
+
+TEST_CASE("Two launchers under a faked two-node srun step form one world",
+          "[clusters][slurm][integration]") {
+  // A real Slurm on one machine has one node; two node agents see what srun would give each
+  // node of a two-node step, their hosts 127.0.0.1 and 127.0.0.2.
+  std::multiset<std::string> ranks;
+  std::set<std::string> ids, masters;
+  for (int attempt = 0; attempt < 3 && ranks.empty(); ++attempt) {
+    const std::string port = std::to_string(freePort());
+    std::vector<std::unique_ptr<Subprocess>> nodes;
+    for (int n = 0; n < 2; ++n) {
+      nodes.push_back(std::make_unique<Subprocess>(
+          Args{CXXLAUNCH_BIN, "run", "--nproc_per_node=1", TEST_WORKER, "env"},
+          Env{{"SLURM_JOB_ID", "321"},
+              {"SLURM_STEP_ID", "4"},
+              {"SLURM_NNODES", "2"},
+              {"SLURM_STEP_NUM_NODES", "2"},
+              {"SLURM_STEP_NUM_TASKS", "2"},
+              {"SLURM_NODEID", std::to_string(n)},
+              {"SLURM_JOB_NODELIST", "127.0.0.[1-2]"},
+              {"SLURM_STEP_NODELIST", "127.0.0.[1-2]"},
+              {"CXXLAUNCH_MAIN_PROCESS_PORT", port},
+              {"CXXLAUNCH_KEEP_ALIVE_INTERVAL", "0.3"},
+              {"CXXLAUNCH_KEEP_ALIVE_MAX_MISSES", "7"},
+              {"CXXLAUNCH_JOIN_TIMEOUT", "60"}}));
+    }
+    std::vector<Finished> done;
+    for (auto& node : nodes) {
+      auto f = node->wait(90s);
+      REQUIRE(f);
+      done.push_back(*f);
+    }
+    if (done[0].exit_code != 0 && done[0].err.find("cannot listen") != std::string::npos) continue;
+    for (const auto& f : done) {
+      INFO(f.out << f.err);
+      REQUIRE(f.exit_code == 0);
+      for (const auto& v : values(f.out, "RANK")) ranks.insert(v);
+      CHECK(values(f.out, "WORLD_SIZE") == std::vector<std::string>{"2"});
+      for (const auto& v : values(f.out, "TORCHELASTIC_RUN_ID")) ids.insert(v);
+      for (const auto& v : values(f.out, "MASTER_ADDR")) masters.insert(v);
+    }
+    CHECK(values(done[1].out, "GROUP_RANK") == std::vector<std::string>{"1"});
+  }
+  CHECK(ranks == std::multiset<std::string>{"0", "1"});
+  CHECK(ids == std::set<std::string>{"slurm-321.4"});
+  CHECK(masters == std::set<std::string>{"127.0.0.1"});
+}
+
+namespace {
+
+Args mpirun(const std::string& port, const Args& command) {
+  Args argv = {"/usr/bin/mpirun",
+               "-np",
+               "2",
+               "--oversubscribe",
+               "--allow-run-as-root",
+               "-x",
+               "CXXLAUNCH_MAIN_PROCESS_PORT=" + port,
+               "-x",
+               "CXXLAUNCH_JOIN_TIMEOUT=60",
+               "-x",
+               "CXXLAUNCH_KEEP_ALIVE_INTERVAL=0.3",
+               "-x",
+               "CXXLAUNCH_KEEP_ALIVE_MAX_MISSES=7",
+               CXXLAUNCH_BIN,
+               "run",
+               "--nproc_per_node=1"};
+  argv.insert(argv.end(), command.begin(), command.end());
+  return argv;
+}
+
+std::vector<float> floats(const std::string& path) {
+  const std::string bytes = readFile(path);
+  std::vector<float> v(bytes.size() / sizeof(float));
+  if (!v.empty()) std::memcpy(v.data(), bytes.data(), v.size() * sizeof(float));
+  return v;
+}
+
+const Args kGpt = {"--model",   "gpt", "--steps",  "6", "--batch_size", "4", "--seq_len",     "16",
+                   "--d_model", "32",  "--layers", "2", "--heads",      "2", "--print_every", "3"};
+
+}  // namespace
+
+TEST_CASE("mpirun -np 2 starts two launchers that form one world and train as one",
+          "[clusters][mpi][integration]") {
+  const Finished r = run(mpirun(std::to_string(freePort()), {TEST_WORKER, "env"}), {}, 90s);
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(valueSet(r.out, "RANK") == std::multiset<std::string>{"0", "1"});
+  CHECK(valueSet(r.out, "WORLD_SIZE") == std::multiset<std::string>{"2", "2"});
+  CHECK(valueSet(r.out, "GROUP_RANK") == std::multiset<std::string>{"0", "1"});
+  const auto ids = values(r.out, "TORCHELASTIC_RUN_ID");
+  REQUIRE(ids.size() == 2);
+  CHECK(ids[0] == ids[1]);
+  CHECK(ids[0].starts_with("mpi-"));
+
+  // The example trainer: two mpirun processes of one worker each end where one launcher with
+  // two workers ends.
+  TempDir dir;
+  Args train = {TRAIN_BIN};
+  train.insert(train.end(), kGpt.begin(), kGpt.end());
+  Args over_mpi = train, local = train;
+  over_mpi.insert(over_mpi.end(), {"--dump_params", dir.path() + "/mpi.bin"});
+  local.insert(local.end(), {"--dump_params", dir.path() + "/local.bin"});
+  const Finished m = run(mpirun(std::to_string(freePort()), over_mpi), {}, 180s);
+  INFO(m.out << m.err);
+  REQUIRE(m.exit_code == 0);
+  CHECK_THAT(m.out, Catch::Contains("on 2 process(es)"));
+  Args one = {CXXLAUNCH_BIN, "run", "--nproc_per_node=2"};
+  one.insert(one.end(), local.begin(), local.end());
+  const Finished l = run(one, {}, 180s);
+  INFO(l.out << l.err);
+  REQUIRE(l.exit_code == 0);
+  const auto a = floats(dir.path() + "/mpi.bin"), b = floats(dir.path() + "/local.bin");
+  REQUIRE(!a.empty());
+  REQUIRE(a.size() == b.size());
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, static_cast<double>(std::abs(a[i] - b[i])));
+    scale = std::max(scale, static_cast<double>(std::abs(b[i])));
+  }
+  CHECK(diff / scale < 1e-6);
+}
