@@ -112,6 +112,18 @@ std::vector<KeySpec> buildSchema() {
               "CXXLAUNCH_DEEPSPEED_CONFIG_FILE",
               "a DeepSpeed JSON config: its ZeRO stage, offload, accumulation, clipping and "
               "precision are read as these keys"),
+      textKey("deepspeed_config.deepspeed_hostfile", K::kText, "", "hostfile", "CXXLAUNCH_HOSTFILE",
+              "DeepSpeed's hostfile ('HOST slots=N' lines): start one launcher per host over ssh "
+              "(docs/clusters.md; from the file only with num_machines > 1, as accelerate)"),
+      textKey("deepspeed_config.deepspeed_inclusion_filter", K::kText, "", "include",
+              "CXXLAUNCH_INCLUDE", "hostfile: only these hosts and slots, e.g. node1:0,1@node2"),
+      textKey("deepspeed_config.deepspeed_exclusion_filter", K::kText, "", "exclude",
+              "CXXLAUNCH_EXCLUDE", "hostfile: all but these hosts and slots, e.g. node1:0@node3"),
+      choiceKey("deepspeed_config.deepspeed_multinode_launcher",
+                {"pdsh", "standard", "openmpi", "mvapich", "mpich", "impi", "nossh", "slurm"},
+                "pdsh", "deepspeed_multinode_launcher", "CXXLAUNCH_DEEPSPEED_MULTINODE_LAUNCHER",
+                "pdsh: the hostfile's hosts over ssh; standard, nossh: a launcher on each "
+                "machine; MPI and slurm: refused, use mpirun or srun (docs/clusters.md)"),
       choiceKey("fsdp_config.fsdp_sharding_strategy", kShardingStrategies, "FULL_SHARD",
                 "fsdp_sharding_strategy", "CXXLAUNCH_FSDP_SHARDING_STRATEGY",
                 "FSDP only (1-5 also accepted, accelerate's old numbering)"),
@@ -178,6 +190,12 @@ std::vector<KeySpec> buildSchema() {
       boolKey("cxxlaunch.use_cluster_env", "true", "use_cluster_env", "CXXLAUNCH_USE_CLUSTER_ENV",
               "take nodes, node rank, rendezvous host, run id and workers per node from Slurm's "
               "or MPI's variables (docs/clusters.md)"),
+      rangeKey("cxxlaunch.num_nodes", K::kInt, 1, 65536, "", "num_nodes", "CXXLAUNCH_NUM_NODES",
+               "hostfile: its first N hosts (DeepSpeed's --num_nodes)"),
+      rangeKey("cxxlaunch.num_gpus", K::kInt, 1, 65536, "", "num_gpus", "CXXLAUNCH_NUM_GPUS",
+               "hostfile: the first N slots of each host (DeepSpeed's --num_gpus)"),
+      textKey("cxxlaunch.ssh_opts", K::kText, "", "ssh_opts", "CXXLAUNCH_SSH_OPTS",
+              "hostfile: options for ssh, split at spaces, e.g. '-p 2222 -i ~/.ssh/job'"),
   };
 }
 
@@ -207,8 +225,6 @@ const std::set<std::string>& config_detail::ignoredKeys() {
       "base_job_name", "pytorch_version", "transformers_version", "py_version",
       "sagemaker_inputs_file", "sagemaker_metrics_file", "additional_args",
       "num_cpu_threads_per_process", "deepspeed_config.deepspeed_moe_layer_cls_names",
-      "deepspeed_config.deepspeed_multinode_launcher", "deepspeed_config.deepspeed_hostfile",
-      "deepspeed_config.deepspeed_inclusion_filter", "deepspeed_config.deepspeed_exclusion_filter",
       "fsdp_config.fsdp_version", "fsdp_config.fsdp_use_orig_params",
       "fsdp_config.fsdp_cpu_ram_efficient_loading"};
   return keys;

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "launcher/hostfile.h"
+
 namespace cxxlaunch::launcher {
 
 // Which of a worker's streams a setting applies to, torchrun's encoding: 0 none, 1 stdout,
@@ -41,6 +43,20 @@ struct RendezvousOptions {
   bool multiNode() const { return max_nodes > 1 || !endpoint.empty(); }
 };
 
+// `--hostfile`: this launcher starts one node agent per host over ssh (launcher/remote.h) instead
+// of workers. Everything each agent needs is here.
+struct RemoteLaunch {
+  std::vector<HostSlots> hosts;            // node rank = index; the first hosts the rendezvous
+  std::vector<std::string> ssh;            // the ssh program and its options (--ssh_opts)
+  std::string endpoint;                    // HOST:PORT of the rendezvous, on the first host
+  std::string run_id;                      // the job's, the same for every agent
+  std::string launcher;                    // cxxlaunch's path on the hosts: this one's
+  std::string cwd;                         // the agents start here
+  std::vector<std::string> flags;          // the user's flags, passed on to every agent
+  std::map<std::string, std::string> env;  // exported to every agent (CXXLAUNCH_*, NCCL_*, ...)
+  std::vector<std::string> command;        // the program and its arguments
+};
+
 struct LaunchOptions {
   int nproc_per_node = 1;
   std::vector<int> gpus;  // --gpus: the devices to use, one per local worker; empty: none chosen
@@ -66,6 +82,7 @@ struct LaunchOptions {
   // environment over anything inherited.
   std::map<std::string, std::string> worker_env;
   std::vector<std::string> config_notes;  // ignored keys and adjusted values, for the user
+  std::optional<RemoteLaunch> remote;     // --hostfile: start these hosts' agents instead
 
   // Whether local rank `r`'s `stream` (kOut or kErr) is echoed to the console.
   bool onConsole(int local_rank, int stream) const;

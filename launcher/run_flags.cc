@@ -14,6 +14,7 @@
 #include "launcher/launch_options.h"
 #include "launcher/process.h"
 #include "launcher/program_path.h"
+#include "launcher/remote.h"
 
 namespace cxxlaunch::launcher {
 namespace {
@@ -204,6 +205,28 @@ void addRunFlags(CLI::App& app, std::map<const CLI::Option*, const FlagSpec*>& s
   }
 }
 
+// --hostfile (launcher/remote.h): the user's flags go on to every host's agent.
+std::optional<RemoteLaunch> planRemote(const Config& config, const std::vector<cli::Given>& given,
+                                       const std::map<const CLI::Option*, const FlagSpec*>& specs,
+                                       const LaunchOptions& options,
+                                       const std::vector<std::string>& rest, const HostInfo& host) {
+  RemotePlan plan{config, {}, "", "", {}};
+  bool endpoint_flag = false;
+  for (const auto& [option, value] : given) {
+    const FlagSpec* spec = specs.at(option);
+    const std::string name = spec->names.substr(0, spec->names.find(','));
+    endpoint_flag = endpoint_flag || name == "rdzv_endpoint";
+    plan.given.emplace_back(
+        name, spec->value_name.empty() ? std::nullopt : std::optional<std::string>(value));
+  }
+  if (endpoint_flag || config.isSet("cxxlaunch.rdzv_endpoint"))
+    plan.endpoint = options.rdzv.endpoint;
+  plan.run_id = options.run_id_given ? options.run_id : randomHex(12);
+  plan.command.push_back(findProgram(rest[0], host.path));
+  plan.command.insert(plan.command.end(), rest.begin() + 1, rest.end());
+  return planRemoteLaunch(plan);
+}
+
 }  // namespace
 
 LaunchOptions parseRunArgs(const std::vector<std::string>& args, const HostInfo& host) {
@@ -258,6 +281,10 @@ LaunchOptions parseRunArgs(const std::vector<std::string>& args, const HostInfo&
     spec->apply(parsed, spec->names.substr(0, spec->names.find(',')), value);
   }
   LaunchOptions options = std::move(parsed.options);
+  if (auto remote = planRemote(config, given, specs, options, rest, host)) {
+    options.remote = std::move(remote);
+    return options;
+  }
   options.nproc_per_node = resolveNproc(parsed.nproc_text, options, host);
   validateLaunch(options, parsed.nproc_explicit);
   if (options.run_id.empty()) options.run_id = randomHex(12);

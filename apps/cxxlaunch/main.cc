@@ -12,6 +12,7 @@
 #include "launcher/agent.h"
 #include "launcher/cli.h"
 #include "launcher/memory_estimate.h"
+#include "launcher/remote.h"
 #include "launcher/self_test.h"
 #include "launcher/status.h"
 #include "launcher/system_info.h"
@@ -25,7 +26,8 @@ using Args = std::vector<std::string>;
 int run(const Args& args) {
   LaunchOptions options = parseRunArgs(args, HostInfo::detect());
   for (const auto& note : options.config_notes) std::cerr << "cxxlaunch: note: " << note << "\n";
-  blockAgentSignals();  // before the rendezvous starts any thread
+  blockAgentSignals();                                 // before the rendezvous starts any thread
+  if (options.remote) std::_Exit(runRemote(options));  // --hostfile: the hosts' agents over ssh
   auto rendezvous = makeNodeRendezvous(options);
   const int exit_code = runAgent(options, *rendezvous);
   // The job is over and its peers informed; tearing down gRPC's threads and the hosted server

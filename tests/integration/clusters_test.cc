@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>
@@ -332,4 +333,177 @@ TEST_CASE("mpirun -np 2 starts two launchers that form one world and train as on
     scale = std::max(scale, static_cast<double>(std::abs(b[i])));
   }
   CHECK(diff / scale < 1e-6);
+}
+
+namespace {
+
+// sshd on 127.0.0.1 and 127.0.0.2 (two "hosts"), a free port, a throw-away host key and user
+// key, root logins allowed: what `--hostfile` needs of a cluster. The privilege separation
+// folder sshd insists on (/run/sshd) is made when missing.
+class Sshd {
+ public:
+  Sshd() : port_(freePort()) {
+    const std::string d = dir_.path();
+    REQUIRE(run({"/bin/sh", "-c",
+                 "set -e; mkdir -p /run/sshd; cd " + d +
+                     "; ssh-keygen -q -t ed25519 -N '' -f host_key; "
+                     "ssh-keygen -q -t ed25519 -N '' -f id_key; cp id_key.pub authorized_keys"})
+                .exit_code == 0);
+    writeFile(d + "/sshd_config", "Port " + std::to_string(port_) +
+                                      "\nListenAddress 127.0.0.1\nListenAddress 127.0.0.2\n"
+                                      "HostKey " +
+                                      d + "/host_key\nPidFile " + d +
+                                      "/sshd.pid\nAuthorizedKeysFile " + d +
+                                      "/authorized_keys\nPermitRootLogin yes\nStrictModes no\n"
+                                      "PasswordAuthentication no\n"
+                                      "KbdInteractiveAuthentication no\nUsePAM no\n");
+    sshd_ =
+        std::make_unique<Subprocess>(Args{"/usr/sbin/sshd", "-f", d + "/sshd_config", "-D", "-e"});
+    const bool up = eventually(
+        [&] {
+          Args ssh = {"/usr/bin/ssh"};
+          for (const auto& o : optionWords()) ssh.push_back(o);
+          ssh.insert(ssh.end(), {"-o", "BatchMode=yes", "127.0.0.2", "true"});
+          return run(ssh, {}, 20s).exit_code == 0;
+        },
+        20s);
+    INFO(sshd_->err());
+    REQUIRE(up);
+  }
+
+  std::vector<std::string> optionWords() const {
+    return {"-F", "/dev/null",
+            "-p", std::to_string(port_),
+            "-i", dir_.path() + "/id_key",
+            "-o", "StrictHostKeyChecking=no",
+            "-o", "UserKnownHostsFile=/dev/null",
+            "-o", "LogLevel=ERROR"};
+  }
+  std::string options() const {
+    std::string text;
+    for (const auto& o : optionWords()) text += (text.empty() ? "" : " ") + o;
+    return text;
+  }
+  const std::string& dir() const { return dir_.path(); }
+
+ private:
+  TempDir dir_;
+  int port_;
+  std::unique_ptr<Subprocess> sshd_;
+};
+
+// HOST: [rank NODE:RANK]: NAME=value lines, as (host, value).
+std::multiset<std::pair<std::string, std::string>> hostValues(const std::string& out,
+                                                              const std::string& name) {
+  std::multiset<std::pair<std::string, std::string>> found;
+  std::istringstream in(out);
+  const std::regex line("^(\\S+): \\[rank \\d+:\\d+\\]: " + name + "=(.*)$");
+  for (std::string l; std::getline(in, l);) {
+    std::smatch m;
+    if (std::regex_match(l, m, line)) found.insert({m[1], m[2]});
+  }
+  return found;
+}
+
+// Processes whose command line holds `marker`, but for this one.
+std::vector<std::string> processesWith(const std::string& marker) {
+  std::vector<std::string> found;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string pid = entry.path().filename().string();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (pid == std::to_string(::getpid())) continue;
+    std::string cmdline = readFile(entry.path().string() + "/cmdline");
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    if (cmdline.find(marker) != std::string::npos) found.push_back(pid + " " + cmdline);
+  }
+  return found;
+}
+
+Args hostfileRun(const Sshd& sshd, const std::string& hostfile, const Args& flags,
+                 const Args& steps) {
+  Args argv = {
+      CXXLAUNCH_BIN,         "run",
+      "--hostfile",          hostfile,
+      "--ssh_opts",          sshd.options(),
+      "--main_process_port", std::to_string(freePort()),
+      "--rdzv_conf",         "keep_alive_interval=0.3,keep_alive_max_misses=7,join_timeout=60"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  argv.push_back(TEST_WORKER);
+  argv.insert(argv.end(), steps.begin(), steps.end());
+  return argv;
+}
+
+}  // namespace
+
+TEST_CASE("--hostfile starts one agent per host over ssh: one world on 127.0.0.1 and 127.0.0.2",
+          "[clusters][hostfile][integration]") {
+  Sshd sshd;
+  const std::string hostfile = sshd.dir() + "/hosts";
+  writeFile(hostfile,
+            "# two hosts, DeepSpeed's format\n127.0.0.1 slots=2\n\n127.0.0.2 slots=1  # the "
+            "second\n");
+  const Finished r = run(hostfileRun(sshd, hostfile, {}, {"env"}), {}, 90s);
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  using P = std::pair<std::string, std::string>;
+  CHECK(hostValues(r.out, "RANK") ==
+        std::multiset<P>{{"127.0.0.1", "0"}, {"127.0.0.1", "1"}, {"127.0.0.2", "2"}});
+  CHECK(hostValues(r.out, "WORLD_SIZE") ==
+        std::multiset<P>{{"127.0.0.1", "3"}, {"127.0.0.1", "3"}, {"127.0.0.2", "3"}});
+  CHECK(hostValues(r.out, "GROUP_RANK") ==
+        std::multiset<P>{{"127.0.0.1", "0"}, {"127.0.0.1", "0"}, {"127.0.0.2", "1"}});
+
+  // --include: one slot of the first host (slot 1: the agent is told --gpus 1), all of the
+  // second.
+  const Finished f =
+      run(hostfileRun(sshd, hostfile, {"--include", "127.0.0.1:1@127.0.0.2"}, {"env"}), {}, 90s);
+  INFO(f.out << f.err);
+  REQUIRE(f.exit_code == 0);
+  CHECK(hostValues(f.out, "RANK") == std::multiset<P>{{"127.0.0.1", "0"}, {"127.0.0.2", "1"}});
+  CHECK(hostValues(f.out, "WORLD_SIZE") ==
+        std::multiset<P>{{"127.0.0.1", "2"}, {"127.0.0.2", "2"}});
+}
+
+TEST_CASE("--hostfile names a host it cannot reach, and stops the others",
+          "[clusters][hostfile][integration]") {
+  Sshd sshd;
+  const std::string hostfile = sshd.dir() + "/hosts";
+  // Nothing listens on 127.0.0.3.
+  writeFile(hostfile, "127.0.0.1 slots=1\n127.0.0.2 slots=1\n127.0.0.3 slots=1\n");
+  const std::string marker = "unreachable-" + std::to_string(::getpid());
+  const auto started = std::chrono::steady_clock::now();
+  const Finished r =
+      run(hostfileRun(sshd, hostfile, {}, {"print", marker, "sleep", "60"}), {}, 90s);
+  INFO(r.out << r.err);
+  CHECK(r.exit_code == 255);
+  CHECK_THAT(r.err, Catch::Contains("host 127.0.0.3 (node 2) could not be reached"));
+  CHECK(std::chrono::steady_clock::now() - started < 30s);  // not the join timeout
+  const bool none_left = eventually([&] { return processesWith(marker).empty(); }, 10s);
+  INFO(processesWith(marker).size());
+  for (const auto& p : processesWith(marker)) INFO(p);
+  CHECK(none_left);
+}
+
+TEST_CASE("--hostfile passes signals on to every host's workers and leaves nothing running",
+          "[clusters][hostfile][integration]") {
+  Sshd sshd;
+  const std::string hostfile = sshd.dir() + "/hosts";
+  writeFile(hostfile, "127.0.0.1 slots=1\n127.0.0.2 slots=1\n");
+  const std::string marker = "signals-" + std::to_string(::getpid());
+  Subprocess job(hostfileRun(sshd, hostfile, {"--shutdown_grace=2"},
+                             {"trap", "print", "ready-" + marker, "wait"}));
+  const bool ready = eventually([&] { return count(job.out(), "ready-" + marker) == 2; }, 60s);
+  INFO(job.out() << job.err());
+  REQUIRE(ready);
+  ::kill(job.pid(), SIGUSR1);
+  CHECK(eventually([&] { return count(job.out(), "got SIGUSR1") == 2; }, 20s));
+  ::kill(job.pid(), SIGTERM);
+  const auto finished = job.wait(60s);
+  REQUIRE(finished);
+  INFO(finished->out << finished->err);
+  CHECK(finished->exit_code == 128 + SIGTERM);
+  CHECK(count(finished->out, "127.0.0.1: [rank 0:0]: got SIGTERM") == 1);
+  CHECK(count(finished->out, "127.0.0.2: [rank 1:1]: got SIGTERM") == 1);
+  const bool none_left = eventually([&] { return processesWith(marker).empty(); }, 10s);
+  CHECK(none_left);
 }
