@@ -778,6 +778,9 @@ int Agent::finish(RunReport& report, const std::string& status, int exit_code) {
   report.status = status;
   report.exit_code = exit_code;
   report.confinement = confinement_;
+  // A job stopped while it joined has spawned nothing: its folder may not exist yet.
+  std::error_code ec;
+  fs::create_directories(run_dir_, ec);
   writeRunSummary((run_dir_ / "run-summary.json").string(), report);
   rendezvous_.finish();
   // The job is over; a console that does not take its last lines within the bound only loses

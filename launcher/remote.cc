@@ -54,6 +54,7 @@ struct Node {
   std::string partial[2];       // the unfinished line of each
   std::string last_error_line;  // ssh's last words on stderr, for the report
   bool running = false;
+  bool told_to_stop = false;  // by us, because another host failed or a signal came
   int exit_code = 0;
   Clock::time_point ended;
 };
@@ -229,7 +230,10 @@ int runRemote(const LaunchOptions& options) {
     if (stopping) return;
     stopping = true;
     for (size_t i = 0; i < nodes.size(); ++i) {
-      if (nodes[i].running && i != except) tell(nodes[i], "TERM");
+      if (nodes[i].running && i != except) {
+        tell(nodes[i], "TERM");
+        nodes[i].told_to_stop = true;
+      }
     }
     stop_ssh_at = Clock::now() + grace;
   };
@@ -323,7 +327,9 @@ int runRemote(const LaunchOptions& options) {
           stop_ssh_at = Clock::now() + grace;
         }
         for (Node& n : nodes) {
-          if (n.running) tell(n, signalWord(sig));
+          if (!n.running) continue;
+          tell(n, signalWord(sig));
+          n.told_to_stop = n.told_to_stop || stopsJob(sig);
         }
       }
     }
@@ -332,7 +338,8 @@ int runRemote(const LaunchOptions& options) {
 
   std::string codes;
   for (const Node& n : nodes) {
-    codes += (codes.empty() ? "" : ", ") + n.host + " " + std::to_string(n.exit_code);
+    codes += (codes.empty() ? "" : ", ") + n.host + " " + std::to_string(n.exit_code) +
+             (n.told_to_stop ? " (stopped)" : "");
   }
   if (first_failure) {
     const Node& n = nodes[*first_failure];
@@ -343,7 +350,10 @@ int runRemote(const LaunchOptions& options) {
           "; the other hosts were stopped");
     } else {
       say("host " + n.host + " (node " + std::to_string(*first_failure) +
-          ") failed first, with exit code " + std::to_string(n.exit_code));
+          ") failed first, with exit code " + std::to_string(n.exit_code) +
+          (n.exit_code == 127 ? " (command not found there: is " + r.launcher +
+                                    " installed at that path on " + n.host + "?)"
+                              : ""));
     }
     say("exit codes: " + codes);
     return n.exit_code;

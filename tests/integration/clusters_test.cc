@@ -419,6 +419,12 @@ std::vector<std::string> processesWith(const std::string& marker) {
   return found;
 }
 
+std::string joined(const std::vector<std::string>& lines) {
+  std::string text;
+  for (const auto& l : lines) text += l + "\n";
+  return text;
+}
+
 Args hostfileRun(const Sshd& sshd, const std::string& hostfile, const Args& flags,
                  const Args& steps) {
   Args argv = {
@@ -479,8 +485,7 @@ TEST_CASE("--hostfile names a host it cannot reach, and stops the others",
   CHECK_THAT(r.err, Catch::Contains("host 127.0.0.3 (node 2) could not be reached"));
   CHECK(std::chrono::steady_clock::now() - started < 30s);  // not the join timeout
   const bool none_left = eventually([&] { return processesWith(marker).empty(); }, 10s);
-  INFO(processesWith(marker).size());
-  for (const auto& p : processesWith(marker)) INFO(p);
+  INFO(joined(processesWith(marker)));
   CHECK(none_left);
 }
 
@@ -506,4 +511,14 @@ TEST_CASE("--hostfile passes signals on to every host's workers and leaves nothi
   CHECK(count(finished->out, "127.0.0.2: [rank 1:1]: got SIGTERM") == 1);
   const bool none_left = eventually([&] { return processesWith(marker).empty(); }, 10s);
   CHECK(none_left);
+
+  // SIGKILLed, the launcher takes its ssh processes along; the hosts see their input end.
+  const std::string killed = "sigkill-" + std::to_string(::getpid());
+  Subprocess again(hostfileRun(sshd, hostfile, {"--shutdown_grace=2"}, {"print", killed, "wait"}));
+  REQUIRE(eventually([&] { return count(again.out(), killed) == 2; }, 60s));
+  ::kill(again.pid(), SIGKILL);
+  REQUIRE(again.wait(10s));
+  const bool none_after_kill = eventually([&] { return processesWith(killed).empty(); }, 15s);
+  INFO(joined(processesWith(killed)));
+  CHECK(none_after_kill);
 }
