@@ -113,6 +113,8 @@ class SlurmCluster {
                   // Slurm's own grace between SIGTERM and SIGKILL, longer than the
                   // launcher's in the tests: what ends a worker is the launcher's.
                   "KillWait=30\n"
+                  // The node is what this file says, whatever this machine has.
+                  "SlurmdParameters=config_overrides\n"
                   "NodeName=cxxnode NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN\n"
                   "PartitionName=debug Nodes=cxxnode Default=YES MaxTime=INFINITE "
                   "State=UP\n");
@@ -441,7 +443,7 @@ Args hostfileRun(const Sshd& sshd, const std::string& hostfile, const Args& flag
 
 }  // namespace
 
-TEST_CASE("--hostfile starts one agent per host over ssh: one world on 127.0.0.1 and 127.0.0.2",
+TEST_CASE("A hostfile start runs one agent per host over ssh: one world on 127.0.0.1 and 127.0.0.2",
           "[clusters][hostfile][integration]") {
   Sshd sshd;
   const std::string hostfile = sshd.dir() + "/hosts";
@@ -470,7 +472,7 @@ TEST_CASE("--hostfile starts one agent per host over ssh: one world on 127.0.0.1
         std::multiset<P>{{"127.0.0.1", "2"}, {"127.0.0.2", "2"}});
 }
 
-TEST_CASE("--hostfile names a host it cannot reach, and stops the others",
+TEST_CASE("A hostfile start names a host it cannot reach, and stops the others",
           "[clusters][hostfile][integration]") {
   Sshd sshd;
   const std::string hostfile = sshd.dir() + "/hosts";
@@ -489,7 +491,7 @@ TEST_CASE("--hostfile names a host it cannot reach, and stops the others",
   CHECK(none_left);
 }
 
-TEST_CASE("--hostfile passes signals on to every host's workers and leaves nothing running",
+TEST_CASE("A hostfile start passes signals on to every host's workers and leaves nothing running",
           "[clusters][hostfile][integration]") {
   Sshd sshd;
   const std::string hostfile = sshd.dir() + "/hosts";

@@ -162,7 +162,7 @@ TEST_CASE("Flags, CXXLAUNCH_* and MASTER_ADDR/PORT win over Slurm's variables",
             .rdzv.max_nodes == 1);
 }
 
-TEST_CASE("A one-node allocation's batch script launches; a multi-node one must use srun",
+TEST_CASE("A one-node allocation's batch script launches, a multi-node one must use srun",
           "[cluster][slurm]") {
   const Vars batch1 = {{"SLURM_JOB_ID", "9"},
                        {"SLURM_NNODES", "1"},

@@ -61,7 +61,7 @@ TEST_CASE("Hostfiles parse as DeepSpeed writes them", "[hostfile]") {
   CHECK_THROWS_WITH(readHostfile("/nonexistent/hosts"), Catch::Contains("is not a file"));
 }
 
-TEST_CASE("--include, --exclude, --num_nodes and --num_gpus pick hosts and slots", "[hostfile]") {
+TEST_CASE("Filters (include, exclude, num_nodes, num_gpus) pick hosts and slots", "[hostfile]") {
   const auto hosts = parseHostfile(kHosts, "hosts");
   auto pick = [&](HostFilter f) { return describe(filterHosts(hosts, f)); };
   CHECK(pick({}) == "worker-0:0,1,2,3 worker-1:0,1 worker-2:0");
@@ -121,7 +121,7 @@ TEST_CASE("Each host's command is one sh script that survives the login shell's 
         "--nproc_per_node=2\n--\n/bin/echo\nit's\n${local_rank}\n$HOME\n");
 }
 
-TEST_CASE("--hostfile and accelerate's deepspeed_* keys plan the start", "[hostfile]") {
+TEST_CASE("The hostfile flags and accelerate's deepspeed_* keys plan the start", "[hostfile]") {
   TempDir dir;
   const std::string hosts = dir.path() + "/hosts";
   std::ofstream(hosts) << kHosts;
