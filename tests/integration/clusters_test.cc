@@ -62,9 +62,11 @@ std::string shortHostName() {
   return host.substr(0, host.find('.'));
 }
 
-// A one-node Slurm cluster: munged, slurmctld and slurmd in the foreground, each in its own
-// process group (killed with the cluster), configured under a temporary folder. The node is
-// `cxxnode` at 127.0.0.1; the controller must carry this machine's host name (slurmctld checks).
+// A two-node Slurm cluster on this machine: munged, slurmctld and one slurmd per node in the
+// foreground, each in its own process group (killed with the cluster), configured under a
+// temporary folder. The nodes are cxxnode1 at 127.0.0.1 and cxxnode2 at 127.0.0.2, each slurmd
+// on a port of its own (-N names the node it serves); the controller must carry this machine's
+// host name (slurmctld checks).
 class SlurmCluster {
  public:
   SlurmCluster() {
@@ -72,7 +74,8 @@ class SlurmCluster {
     conf_ = d + "/slurm.conf";
     REQUIRE(run({"/bin/sh", "-c",
                  "set -e; cd " + d +
-                     "; mkdir state spool; head -c 1024 /dev/urandom > munge.key; "
+                     "; mkdir state spool-cxxnode1 spool-cxxnode2; head -c 1024 /dev/urandom > "
+                     "munge.key; "
                      "chmod 600 munge.key"})
                 .exit_code == 0);
     const std::string socket = d + "/munge.sock";
@@ -102,10 +105,10 @@ class SlurmCluster {
                   "ProctrackType=proctrack/pgid\nTaskPlugin=task/none\n"
                   "SlurmUser=root\nSlurmdUser=root\n"
                   "StateSaveLocation=" +
-                  d + "/state\nSlurmdSpoolDir=" + d + "/spool\nSlurmctldPidFile=" + d +
-                  "/slurmctld.pid\nSlurmdPidFile=" + d + "/slurmd.pid\nSlurmctldLogFile=" + d +
+                  d + "/state\nSlurmdSpoolDir=" + d + "/spool-%n\nSlurmctldPidFile=" + d +
+                  "/slurmctld.pid\nSlurmdPidFile=" + d + "/slurmd-%n.pid\nSlurmctldLogFile=" + d +
                   "/slurmctld.log\nSlurmdLogFile=" + d +
-                  "/slurmd.log\n"
+                  "/slurmd-%n.log\n"
                   "SchedulerType=sched/builtin\nSelectType=select/cons_tres\n"
                   "SelectTypeParameters=CR_Core\nReturnToService=2\nMpiDefault=none\n"
                   "JobAcctGatherType=jobacct_gather/none\n"
@@ -115,27 +118,35 @@ class SlurmCluster {
                   "KillWait=30\n"
                   // The node is what this file says, whatever this machine has.
                   "SlurmdParameters=config_overrides\n"
-                  "NodeName=cxxnode NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN\n"
-                  "PartitionName=debug Nodes=cxxnode Default=YES MaxTime=INFINITE "
+                  "NodeName=cxxnode1 NodeAddr=127.0.0.1 Port=" +
+                  std::to_string(freePort()) +
+                  " CPUs=2 State=UNKNOWN\n"
+                  "NodeName=cxxnode2 NodeAddr=127.0.0.2 Port=" +
+                  std::to_string(freePort()) +
+                  " CPUs=2 State=UNKNOWN\n"
+                  "PartitionName=debug Nodes=cxxnode[1-2] Default=YES MaxTime=INFINITE "
                   "State=UP\n");
     ctld_ =
         std::make_unique<Subprocess>(Args{"/usr/sbin/slurmctld", "-D", "-i", "-f", conf_}, env());
-    slurmd_ = std::make_unique<Subprocess>(
-        Args{"/usr/sbin/slurmd", "-D", "-f", conf_, "-N", "cxxnode"}, env());
+    for (const char* node : {"cxxnode1", "cxxnode2"}) {
+      slurmds_.push_back(std::make_unique<Subprocess>(
+          Args{"/usr/sbin/slurmd", "-D", "-f", conf_, "-N", node}, env()));
+    }
     const bool idle = eventually(
         [&] {
-          auto state = run({"/usr/bin/sinfo", "-h", "-o", "%t"}, env(), 10s);
-          return state.exit_code == 0 && state.out.find("idle") != std::string::npos;
+          auto state = run({"/usr/bin/sinfo", "-h", "-N", "-o", "%t"}, env(), 10s);
+          return state.exit_code == 0 && state.out == "idle\nidle\n";
         },
         30s);
     INFO("slurmctld: " << ctld_->err() << readFile(d + "/slurmctld.log"));
-    INFO("slurmd: " << slurmd_->err() << readFile(d + "/slurmd.log"));
+    INFO("slurmd: " << slurmds_[0]->err() << readFile(d + "/slurmd-cxxnode1.log")
+                    << slurmds_[1]->err() << readFile(d + "/slurmd-cxxnode2.log"));
     REQUIRE(idle);
   }
   ~SlurmCluster() {
     // The controller first: the node daemon then has no job to start.
     ctld_.reset();
-    slurmd_.reset();
+    slurmds_.clear();
     munged_.reset();
   }
 
@@ -145,7 +156,8 @@ class SlurmCluster {
  private:
   TempDir dir_;
   std::string conf_;
-  std::unique_ptr<Subprocess> munged_, ctld_, slurmd_;
+  std::unique_ptr<Subprocess> munged_, ctld_;
+  std::vector<std::unique_ptr<Subprocess>> slurmds_;
 };
 
 void checkTwoWorkersOfOneSlurmNode(const std::string& out) {
@@ -162,12 +174,34 @@ void checkTwoWorkersOfOneSlurmNode(const std::string& out) {
   CHECK(std::regex_match(ids[0], std::regex("slurm-[0-9]+\\.0")));
 }
 
+Env twoNodeEnv(const SlurmCluster& slurm) {
+  Env env = slurm.env();
+  env["MASTER_ADDR"] = "127.0.0.1";
+  env["MASTER_PORT"] = std::to_string(freePort());
+  env["CXXLAUNCH_JOIN_TIMEOUT"] = "60";
+  return env;
+}
+
+void checkFourWorkersOfTwoSlurmNodes(const std::string& out) {
+  CHECK(valueSet(out, "RANK") == std::multiset<std::string>{"0", "1", "2", "3"});
+  CHECK(valueSet(out, "WORLD_SIZE") == std::multiset<std::string>{"4", "4", "4", "4"});
+  CHECK(valueSet(out, "LOCAL_WORLD_SIZE") == std::multiset<std::string>{"2", "2", "2", "2"});
+  CHECK(valueSet(out, "GROUP_RANK") == std::multiset<std::string>{"0", "0", "1", "1"});
+  CHECK(valueSet(out, "GROUP_WORLD_SIZE") == std::multiset<std::string>{"2", "2", "2", "2"});
+  CHECK(valueSet(out, "MASTER_ADDR") ==
+        std::multiset<std::string>{"127.0.0.1", "127.0.0.1", "127.0.0.1", "127.0.0.1"});
+  const auto ids = values(out, "TORCHELASTIC_RUN_ID");
+  REQUIRE(ids.size() == 4);
+  CHECK(std::set<std::string>(ids.begin(), ids.end()).size() == 1);
+  CHECK(std::regex_match(ids[0], std::regex("slurm-[0-9]+\\.0")));
+}
+
 }  // namespace
 
-TEST_CASE("Under a real Slurm, srun and an sbatch script give workers the job's place",
+TEST_CASE("Under a real two-node Slurm, srun and an sbatch script give workers the job's place",
           "[clusters][slurm][integration]") {
   SlurmCluster slurm;
-  // srun straight away: one launcher (one task) on the node, two workers.
+  // srun on one node: one launcher (one task), two workers; nothing else needed.
   const Finished r = run({"/usr/bin/srun", "-N1", "-n1", "-J", "envjob", CXXLAUNCH_BIN, "run",
                           "--nproc_per_node=2", TEST_WORKER, "env"},
                          slurm.env(), 60s);
@@ -175,33 +209,45 @@ TEST_CASE("Under a real Slurm, srun and an sbatch script give workers the job's 
   REQUIRE(r.exit_code == 0);
   checkTwoWorkersOfOneSlurmNode(r.out);
 
-  // docs/clusters.md's sbatch script, as it is written there (one launcher per node).
+  // Both nodes, one launcher each. The test's node names have no address (DNS): MASTER_ADDR
+  // names the first one's, as a site without DNS for its nodes would.
+  const Env both = twoNodeEnv(slurm);
+  const Finished n = run({"/usr/bin/srun", "-N2", "--ntasks-per-node=1", "-J", "envjob2",
+                          CXXLAUNCH_BIN, "run", "--nproc_per_node=2", TEST_WORKER, "env"},
+                         both, 90s);
+  INFO(n.out << n.err);
+  REQUIRE(n.exit_code == 0);
+  checkFourWorkersOfTwoSlurmNodes(n.out);
+
+  // docs/clusters.md's sbatch script, as it is written there (one launcher per node); sbatch
+  // passes the submitting environment on, MASTER_ADDR too.
   const std::string script = slurm.dir() + "/train.sbatch", out = slurm.dir() + "/train.out";
-  writeFile(script, std::string("#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --ntasks-per-node=1\n") +
+  writeFile(script, std::string("#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n") +
                         "srun " + CXXLAUNCH_BIN + " run --nproc_per_node=2 " + TEST_WORKER +
                         " env\n");
-  const Finished b = run({"/usr/bin/sbatch", "--wait", "-o", out, script}, slurm.env(), 60s);
+  const Finished b = run({"/usr/bin/sbatch", "--wait", "-o", out, script}, both, 90s);
   INFO(b.out << b.err << readFile(out));
   REQUIRE(b.exit_code == 0);
-  checkTwoWorkersOfOneSlurmNode(readFile(out));
+  checkFourWorkersOfTwoSlurmNodes(readFile(out));
 }
 
 TEST_CASE("scancel --signal=USR1 reaches the workers, SIGTERM stops them within our grace",
           "[clusters][slurm][integration]") {
   SlurmCluster slurm;
-  // Rank 1 ignores SIGTERM: the launcher's grace (1 s here, Slurm's KillWait is 30 s) ends it.
-  Subprocess job({"/usr/bin/srun", "-N1", "-n1", "-J", "sigjob", CXXLAUNCH_BIN, "run",
-                  "--nproc_per_node=2", "--shutdown_grace=1", TEST_WORKER, "trap", "rank", "1",
-                  "ignore-term", "rank", "all", "print", "ready", "wait"},
-                 slurm.env());
-  const bool ready = eventually([&] { return count(job.out(), "ready") == 2; }, 30s);
+  // Two nodes, two workers each. Rank 1 ignores SIGTERM: the launcher's grace (1 s here,
+  // Slurm's KillWait is 30 s) ends it.
+  Subprocess job({"/usr/bin/srun", "-N2", "--ntasks-per-node=1", "-J", "sigjob", CXXLAUNCH_BIN,
+                  "run", "--nproc_per_node=2", "--shutdown_grace=1", TEST_WORKER, "trap", "rank",
+                  "1", "ignore-term", "rank", "all", "print", "ready", "wait"},
+                 twoNodeEnv(slurm));
+  const bool ready = eventually([&] { return count(job.out(), "ready") == 4; }, 60s);
   INFO(job.out() << job.err());
   REQUIRE(ready);
   REQUIRE(run({"/usr/bin/scancel", "--signal=USR1", "--name=sigjob"}, slurm.env()).exit_code == 0);
-  CHECK(eventually([&] { return count(job.out(), "got SIGUSR1") == 2; }, 20s));
+  CHECK(eventually([&] { return count(job.out(), "got SIGUSR1") == 4; }, 20s));
   sleepFor(500ms);
-  CHECK(count(job.out(), "got SIGUSR1") == 2);  // once each: the job goes on
-  CHECK(count(job.out(), "ready") == 2);
+  CHECK(count(job.out(), "got SIGUSR1") == 4);  // once each: the job goes on
+  CHECK(count(job.out(), "ready") == 4);
   const auto cancelled = std::chrono::steady_clock::now();
   REQUIRE(run({"/usr/bin/scancel", "--name=sigjob"}, slurm.env()).exit_code == 0);
   const auto finished = job.wait(40s);
@@ -209,15 +255,18 @@ TEST_CASE("scancel --signal=USR1 reaches the workers, SIGTERM stops them within 
   const auto took = std::chrono::steady_clock::now() - cancelled;
   INFO(finished->out << finished->err);
   CHECK(finished->exit_code != 0);
-  CHECK(count(finished->out, "[rank 0]: got SIGTERM") == 1);
-  CHECK_THAT(finished->err, Catch::Contains("received SIGTERM, stopping 2 workers"));
+  for (const char* rank : {"[rank 0:0]", "[rank 1:2]", "[rank 1:3]"}) {
+    CHECK(count(finished->out, std::string(rank) + ": got SIGTERM") == 1);
+  }
+  CHECK(count(finished->out, "[rank 0:1]: got SIGTERM") == 0);  // ignored: killed after 1 s
+  CHECK(count(finished->err, "received SIGTERM, stopping 2 workers") == 2);
   CHECK(took < 15s);  // the launcher's grace, not Slurm's KillWait
 }
 
 TEST_CASE("Two launchers under a faked two-node srun step form one world",
           "[clusters][slurm][integration]") {
-  // A real Slurm on one machine has one node; two node agents see what srun would give each
-  // node of a two-node step, their hosts 127.0.0.1 and 127.0.0.2.
+  // What srun gives each node of a two-node step whose hosts have addresses for names
+  // (127.0.0.[1-2]): the rendezvous is the first host of SLURM_STEP_NODELIST, no MASTER_ADDR.
   std::multiset<std::string> ranks;
   std::set<std::string> ids, masters;
   for (int attempt = 0; attempt < 3 && ranks.empty(); ++attempt) {
