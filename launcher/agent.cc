@@ -274,6 +274,7 @@ void Agent::spawnWorkers(int attempt, const WorldAssignment& world) {
   workers_.resize(static_cast<size_t>(options_.nproc_per_node));
   stopping_ = false;
   kill_at_.reset();
+  if (cgroup_) cgroup_->startAttempt(attempt);
   for (size_t i = 0; i < workers_.size(); ++i) {
     Worker& w = workers_[i];
     w.local_rank = static_cast<int>(i);
