@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <exception>
 #include <iostream>
 #include <type_traits>
 
@@ -117,7 +116,6 @@ class DdpStrategy final : public Strategy {
         name_(std::move(name)),
         rank_(backend->rank()),
         world_(backend->worldSize()),
-        backend_(backend),
         ddp_(model, std::move(backend),
              DdpOptions{.bucket_bytes = options.bucket_bytes,
                         .find_unused_parameters = options.find_unused_parameters}) {}
@@ -188,26 +186,16 @@ class DdpStrategy final : public Strategy {
   checkpoint::FullState fullState() override {
     return streamSlices(rank_ == 0 ? slicesOf(0, 1) : std::vector<checkpoint::Slice>{});
   }
-  // Which of `ranks` each parameter falls to, in named_parameters' order: the one with the
-  // fewest elements so far (the same choice on every rank).
-  std::vector<int> ownersOf(int ranks) const {
-    std::vector<int> owners;
-    std::vector<int64_t> load(static_cast<size_t>(ranks), 0);
-    for (const auto& item : model_->named_parameters()) {
-      const auto owner = std::min_element(load.begin(), load.end()) - load.begin();
-      load[static_cast<size_t>(owner)] += item.value().numel();
-      owners.push_back(static_cast<int>(owner));
-    }
-    return owners;
-  }
   // The parameters (and their optimizer state) that fall to `rank` of `ranks`.
   std::vector<checkpoint::Slice> slicesOf(int rank, int ranks) {
     std::vector<checkpoint::Slice> out;
     auto& state = optimizer_.state();
-    const std::vector<int> owners = ownersOf(ranks);
-    size_t index = 0;
+    std::vector<int64_t> load(static_cast<size_t>(ranks), 0);
     for (const auto& item : model_->named_parameters()) {
-      if (owners[index++] != rank) continue;
+      const auto owner =
+          static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+      load[owner] += item.value().numel();
+      if (owner != static_cast<size_t>(rank)) continue;
       const torch::Tensor& p = item.value();  // the optimizer's key is this TensorImpl
       checkpoint::Slice slice{
           item.key(), p.sizes().vec(), 0, p.numel(), {{"param", p.detach().reshape({-1})}}};
@@ -231,17 +219,14 @@ class DdpStrategy final : public Strategy {
     // The state's key type differs between LibTorch versions (optim/param_state_key.h).
     using Key = std::decay_t<decltype(state)>::key_type;
     std::vector<std::pair<Key, std::unique_ptr<torch::optim::OptimizerParamState>>> fresh;
-    std::vector<size_t> first_read;  // per parameter: its first request in `reads`
     for (const auto& item : model_->named_parameters()) {
       torch::Tensor p = item.value();
-      first_read.push_back(reads.size());
       reads.push_back(
           {item.key(), "param", 0, p.numel(), p.sizes().vec(), staging.hostOf(p.detach())});
       fresh.emplace_back(paramStateKey(state, p),
                          torchStateFrom(optimizer_, item.key(), p, reader, steps, reads, staging));
     }
-    first_read.push_back(reads.size());
-    readShared(reader, reads, first_read);
+    reader.readAll(reads);
     staging.copyBack();
     for (auto& [key, s] : fresh) {
       if (s) {
@@ -253,52 +238,10 @@ class DdpStrategy final : public Strategy {
   }
 
  private:
-  // Every rank needs every byte, but the disk need not give each byte to every rank: each reads
-  // the parameters that fall to it (as saving wrote them: mostly its own file) and broadcasts
-  // them. `first_read[i]` .. `first_read[i + 1]`: parameter i's requests.
-  void readShared(const checkpoint::Source& reader,
-                  const std::vector<checkpoint::ReadRequest>& reads,
-                  const std::vector<size_t>& first_read) {
-    const std::vector<int> owners = ownersOf(world_);
-    std::vector<checkpoint::ReadRequest> mine;
-    for (size_t i = 0; i < owners.size(); ++i) {
-      if (owners[i] != rank_) continue;
-      mine.insert(mine.end(), reads.begin() + static_cast<std::ptrdiff_t>(first_read[i]),
-                  reads.begin() + static_cast<std::ptrdiff_t>(first_read[i + 1]));
-    }
-    // A rank that cannot read its share (a missing parameter, a shape that differs) says why;
-    // the others must not wait for its broadcasts.
-    std::exception_ptr error;
-    try {
-      reader.readAll(mine);
-    } catch (...) {
-      error = std::current_exception();
-    }
-    int32_t read_ok = error ? 0 : 1;
-    backend_->allreduce(&read_ok, 1, DType::kInt32, ReduceOp::kMin)->wait();
-    if (error) std::rethrow_exception(error);
-    if (read_ok == 0) {
-      throw InvalidArgument(
-          "another rank could not read its share of the checkpoint (its error "
-          "says why)");
-    }
-    for (size_t i = 0; i < owners.size(); ++i) {
-      for (size_t r = first_read[i]; r < first_read[i + 1]; ++r) {
-        const auto& request = reads[r];
-        if (request.end == request.begin) continue;
-        backend_
-            ->broadcast(request.out, static_cast<size_t>(request.end - request.begin),
-                        DType::kFloat32, owners[i])
-            ->wait();
-      }
-    }
-  }
-
   std::shared_ptr<torch::nn::Module> model_;
   torch::optim::Optimizer& optimizer_;
   std::string name_;
   int rank_, world_;
-  std::shared_ptr<Backend> backend_;  // the checkpoint's reads are shared (readShared)
   DistributedDataParallel ddp_;
   std::unique_ptr<DistributedDataParallel::NoSync> no_sync_;
 };
