@@ -28,6 +28,10 @@ bool stopsJob(int sig) { return sig != SIGUSR1 && sig != SIGUSR2; }
 // How long past the agents' own shutdown grace the hosts get to report before their ssh is
 // stopped (which ends the remote shell's input: SIGTERM there too).
 constexpr auto kReportSlack = std::chrono::seconds(10);
+// A host whose agent failed the job (any exit but ssh's 255): the rendezvous tells the others,
+// which then end with the job's root cause on their own. Those still running after this are
+// told to stop (an agent that failed before it joined leaves the others waiting to join).
+constexpr auto kFailureSettle = std::chrono::seconds(15);
 
 void writeAll(int fd, const std::string& text) {
   size_t done = 0;
@@ -195,10 +199,10 @@ std::string remoteCommand(const RemoteLaunch& remote, size_t node) {
 //  1. One ssh per host, each running that host's node agent (remoteCommand).
 //  2. Relay their output, whole lines prefixed "HOST: ".
 //  3. A signal to us goes to every host as a line on its ssh's input; a stop signal (or the
-//     first host that fails, or cannot be reached) starts the stop: every other host is told
-//     TERM, and a host still running after its agents' shutdown grace (+10 s to report) has its
-//     ssh stopped, which ends the remote input and so sends the agent SIGTERM there. A second
-//     stop signal stops every ssh at once.
+//     first host that cannot be reached, or 15 s after the first that failed) starts the stop:
+//     every other host is told TERM, and a host still running after its agents' shutdown grace
+//     (+10 s to report) has its ssh stopped, which ends the remote input and so sends the agent
+//     SIGTERM there. A second stop signal stops every ssh at once.
 //  4. When every ssh has exited: name the first failure; its exit code is ours.
 int runRemote(const LaunchOptions& options) {
   const RemoteLaunch& r = *options.remote;
@@ -224,7 +228,7 @@ int runRemote(const LaunchOptions& options) {
   std::optional<size_t> first_failure;
   int stop_signal = 0;
   bool stopping = false;
-  std::optional<Clock::time_point> stop_ssh_at, kill_ssh_at;
+  std::optional<Clock::time_point> stop_all_at, stop_ssh_at, kill_ssh_at;
   const auto grace = options.shutdown_grace + kReportSlack;
   auto beginStop = [&](std::optional<size_t> except) {
     if (stopping) return;
@@ -260,7 +264,7 @@ int runRemote(const LaunchOptions& options) {
     }
     int timeout = -1;
     const auto now = Clock::now();
-    for (const auto& at : {stop_ssh_at, kill_ssh_at}) {
+    for (const auto& at : {stop_all_at, stop_ssh_at, kill_ssh_at}) {
       if (!at) continue;
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*at - now).count();
       timeout = std::max<int>(
@@ -268,6 +272,10 @@ int runRemote(const LaunchOptions& options) {
     }
     const int ready = ::poll(fds.data(), fds.size(), timeout);
     if (ready == -1 && errno != EINTR) throw SystemError("poll", errno);
+    if (stop_all_at && Clock::now() >= *stop_all_at) {
+      stop_all_at.reset();
+      beginStop(std::nullopt);
+    }
     if (stop_ssh_at && Clock::now() >= *stop_ssh_at) {
       stop_ssh_at.reset();
       signalSsh(SIGTERM);
@@ -308,7 +316,11 @@ int runRemote(const LaunchOptions& options) {
           n.in = -1;
           if (n.exit_code != 0 && !first_failure && !stopping) {
             first_failure = i;
-            beginStop(i);
+            if (n.exit_code == 255) {
+              beginStop(i);  // never started, or lost: the others would wait for it
+            } else {
+              stop_all_at = Clock::now() + kFailureSettle;
+            }
           }
         }
         while (::waitpid(-1, nullptr, WNOHANG) > 0) {

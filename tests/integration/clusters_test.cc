@@ -521,7 +521,7 @@ TEST_CASE("A hostfile start runs one agent per host over ssh: one world on 127.0
         std::multiset<P>{{"127.0.0.1", "2"}, {"127.0.0.2", "2"}});
 }
 
-TEST_CASE("A hostfile start names a host it cannot reach, and stops the others",
+TEST_CASE("A hostfile start names a host it cannot reach or that fails, and stops the others",
           "[clusters][hostfile][integration]") {
   Sshd sshd;
   const std::string hostfile = sshd.dir() + "/hosts";
@@ -538,6 +538,17 @@ TEST_CASE("A hostfile start names a host it cannot reach, and stops the others",
   const bool none_left = eventually([&] { return processesWith(marker).empty(); }, 10s);
   INFO(joined(processesWith(marker)));
   CHECK(none_left);
+
+  // A worker that fails: every host ends with the job's root cause, its exit code is ours.
+  writeFile(hostfile, "127.0.0.1 slots=1\n127.0.0.2 slots=1\n");
+  const Finished f =
+      run(hostfileRun(sshd, hostfile, {}, {"rank", "1", "exit", "3", "rank", "all", "sleep", "30"}),
+          {}, 90s);
+  INFO(f.out << f.err);
+  CHECK(f.exit_code == 3);
+  CHECK_THAT(f.err, Catch::Contains("failed first, with exit code 3"));
+  CHECK_THAT(f.err, Catch::Contains("127.0.0.2: root cause (*): rank 1 exit 3"));
+  CHECK_THAT(f.err, Catch::Contains("exit codes: 127.0.0.1 3, 127.0.0.2 3"));
 }
 
 TEST_CASE("A hostfile start passes signals on to every host's workers and leaves nothing running",
