@@ -15,7 +15,7 @@ packages=(
   # GEMM is ~5x slower and most of a training step. The OpenMP flavour follows OMP_NUM_THREADS
   # like LibTorch does. It replaces the reference BLAS for every program here, Python's torch too.
   libopenblas0-openmp
-  # The cluster tests (tests/integration/clusters_test.cc) start real ones on loopback: a one-node
+  # The cluster tests (tests/integration/clusters_test.cc) start real ones on loopback: a two-node
   # Slurm (munged, slurmctld, slurmd, srun/sbatch/scancel), Open MPI's mpirun, sshd and ssh.
   slurmctld slurmd slurm-client munge openmpi-bin openssh-server openssh-client
 )
