@@ -35,6 +35,23 @@ void validateRendezvous(LaunchOptions& o) {
                        std::to_string(r.max_nodes) + " nodes");
     }
   }
+  if (r.etcd()) {
+    if (r.endpoint.empty()) {
+      throw UsageError(
+          "--rdzv_backend etcd needs --rdzv_endpoint HOST:PORT[,HOST:PORT...]: the etcd "
+          "members");
+    }
+    if (!r.etcd_user.empty() && r.etcd_password.empty()) {
+      throw UsageError("--rdzv_conf user= needs password= or password_file=");
+    }
+    if (!o.run_id_given) {
+      throw UsageError("--rdzv_backend etcd needs --rdzv_id: the same job id on every node");
+    }
+  } else if (r.endpoint.find(',') != std::string::npos) {
+    throw UsageError("--rdzv_endpoint " + r.endpoint +
+                     ": a list of endpoints is for --rdzv_backend etcd; the " + r.backend +
+                     " backend meets at one HOST:PORT");
+  }
   if (r.max_nodes > 1 && r.endpoint.empty()) {
     throw UsageError(
         "a multi-node job needs --rdzv_endpoint HOST:PORT: the rendezvous server, or the host "
