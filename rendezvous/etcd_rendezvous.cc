@@ -294,12 +294,15 @@ void EtcdRendezvous::ensureLease(const NodeSpec& node, const RunSettings& settin
   std::lock_guard<std::mutex> lock(mu_);
   if (lease_ != 0) return;
   std::chrono::seconds granted{0};
-  lease_ = client_->grantLease(settings.evictionTimeout(), &granted);
-  // Three renewals per TTL: one lost or late keep-alive costs nothing.
-  lease_period_ = std::max(Millis(100), std::chrono::duration_cast<Millis>(granted) / 3);
+  const int64_t lease = client_->grantLease(settings.evictionTimeout(), &granted);
   alive_key_ = prefix_ + "alive/" + node.id;
   alive_value_ = node.addr;
-  client_->run(EtcdOp::put(alive_key_, alive_value_, lease_));
+  // Only a lease with its alive key counts; a failed put is retried with the next join poll
+  // (the unused lease expires on its own).
+  client_->run(EtcdOp::put(alive_key_, alive_value_, lease));
+  lease_ = lease;
+  // Three renewals per TTL: one lost or late keep-alive costs nothing.
+  lease_period_ = std::max(Millis(100), std::chrono::duration_cast<Millis>(granted) / 3);
   stop_ = false;
   keeper_ = std::thread([this] { keepLeaseLoop(); });
 }
