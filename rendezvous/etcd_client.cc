@@ -253,7 +253,11 @@ struct EtcdClient::Impl {
   };
 
   EtcdOptions options;
-  std::vector<Member> members;
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  grpc::ChannelArguments args;
+  std::mutex members_mu;
+  std::vector<std::shared_ptr<Member>> members;  // under members_mu (the pointers)
+  std::vector<Clock::time_point> made;           // when each member's channel was made
   std::atomic<size_t> current{0};
   std::mutex auth_mu;
   std::string token;  // under auth_mu; empty: not authenticated (yet)
@@ -262,7 +266,6 @@ struct EtcdClient::Impl {
   explicit Impl(EtcdOptions o) : options(std::move(o)) {
     if (options.endpoints.empty()) throw InvalidArgument("no etcd endpoint given");
     wire::quietGrpcLogs();
-    std::shared_ptr<grpc::ChannelCredentials> credentials;
     if (!options.tls_ca_file.empty()) {
       grpc::SslCredentialsOptions ssl;
       ssl.pem_root_certs = wire::readTlsFile(options.tls_ca_file, "CA");
@@ -274,22 +277,41 @@ struct EtcdClient::Impl {
     } else {
       credentials = grpc::InsecureChannelCredentials();
     }
-    grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(64 << 20);
     // A restarted member is found again within a second, not after gRPC's default 2 min cap.
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     for (const auto& endpoint : options.endpoints) {
-      Member m;
-      m.endpoint = endpoint;
-      m.channel = grpc::CreateCustomChannel(endpoint, credentials, args);
-      m.kv = pb::KV::NewStub(m.channel);
-      m.lease = pb::Lease::NewStub(m.channel);
-      m.watch = pb::Watch::NewStub(m.channel);
-      m.auth = pb::Auth::NewStub(m.channel);
+      members.push_back(makeMember(endpoint));
+      made.push_back(Clock::now());
       list += (list.empty() ? "" : ",") + endpoint;
-      members.push_back(std::move(m));
     }
+  }
+
+  std::shared_ptr<Member> makeMember(const std::string& endpoint) {
+    auto m = std::make_shared<Member>();
+    m->endpoint = endpoint;
+    m->channel = grpc::CreateCustomChannel(endpoint, credentials, args);
+    m->kv = pb::KV::NewStub(m->channel);
+    m->lease = pb::Lease::NewStub(m->channel);
+    m->watch = pb::Watch::NewStub(m->channel);
+    m->auth = pb::Auth::NewStub(m->channel);
+    return m;
+  }
+
+  std::shared_ptr<Member> member(size_t at) {
+    std::lock_guard<std::mutex> lock(members_mu);
+    return members[at];
+  }
+
+  // A member found unreachable gets a fresh channel (at most every 200 ms): gRPC's channel,
+  // once it failed to connect, can sit in TRANSIENT_FAILURE for seconds after the member is back
+  // (fail-fast calls do not make it try again), and a restarted etcd must be found at once.
+  void renew(size_t at, const std::shared_ptr<Member>& seen) {
+    std::lock_guard<std::mutex> lock(members_mu);
+    if (members[at] != seen || Clock::now() - made[at] < milliseconds(200)) return;
+    members[at] = makeMember(seen->endpoint);
+    made[at] = Clock::now();
   }
 
   // The token to send, authenticating first when a user is given and there is none yet.
@@ -348,7 +370,8 @@ struct EtcdClient::Impl {
     std::string last;
     for (size_t i = 0; i < n; ++i) {
       const size_t at = (start + i) % n;
-      Member& m = members[at];
+      const std::shared_ptr<Member> held = member(at);
+      Member& m = *held;
       grpc::Status s;
       for (int attempt = 0; attempt < 2; ++attempt) {
         const auto deadline = Clock::now() + timeout;
@@ -380,6 +403,7 @@ struct EtcdClient::Impl {
       }
       if (unreachable(s, *m.channel)) {
         last = m.endpoint + ": " + s.error_message();
+        renew(at, held);
         continue;
       }
       fail(s, what, m);
@@ -510,12 +534,14 @@ bool EtcdClient::waitForChange(const std::string& key, const std::string& range_
   while (Clock::now() < deadline) {
     if (cancel && cancel->load()) return false;
     const size_t at = impl.current.load() % impl.members.size();
-    Impl::Member& m = impl.members[at];
+    const std::shared_ptr<Impl::Member> held = impl.member(at);
+    Impl::Member& m = *held;
     const auto slice_end = std::min(deadline, Clock::now() + slice);
     std::string tok;
     try {
       tok = impl.tokenFor(m, slice_end);
     } catch (const CommunicationError&) {
+      impl.renew(at, held);
       impl.current = (at + 1) % impl.members.size();
       std::this_thread::sleep_for(milliseconds(50));
       continue;
@@ -565,6 +591,7 @@ bool EtcdClient::waitForChange(const std::string& key, const std::string& range_
       continue;
     }
     if (unreachable(s, *m.channel)) {
+      impl.renew(at, held);
       impl.current = (at + 1) % impl.members.size();
       std::this_thread::sleep_for(milliseconds(50));
       continue;
