@@ -86,7 +86,9 @@ void applyConfig(const Config& c, RunFlags& p, const std::map<std::string, std::
   }
   const bool cpu = c.flag("use_cpu") || c.text("distributed_type") == "MULTI_CPU";
   if (!cpu && c.text("gpu_ids") != "all") o.gpus = parseIntList("gpu_ids", c.text("gpu_ids"));
-  if (c.isSet("rdzv_backend") || machines > 1) o.rdzv.backend = c.text("rdzv_backend");
+  if (c.isSet("rdzv_backend") || machines > 1) {
+    o.rdzv.backend = c.text("rdzv_backend") == "etcd-v2" ? "etcd" : c.text("rdzv_backend");
+  }
   const std::string port = c.text("main_process_port");
   if (machines > 1) {
     // Both of accelerate's same_network modes meet at main_process_ip:main_process_port: the

@@ -250,7 +250,9 @@ class RemoteRendezvous final : public NodeRendezvous {
     std::shared_ptr<rdzv::EtcdClient> etcd;
     if (r.etcd()) {
       rdzv::EtcdOptions eo;
-      eo.endpoints = rdzv::parseEtcdEndpoints(r.etcd_endpoints);
+      // From --rdzv_endpoint as given, or from a config file's main_process_ip:port.
+      eo.endpoints =
+          rdzv::parseEtcdEndpoints(r.etcd_endpoints.empty() ? r.endpoint : r.etcd_endpoints);
       eo.user = r.etcd_user;
       eo.password = r.etcd_password;
       eo.tls_ca_file = r.tls_ca;

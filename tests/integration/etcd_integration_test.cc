@@ -90,6 +90,28 @@ TEST_CASE("Two and three launchers train the example through etcd", "[etcd][inte
   CHECK_THAT(late.err, Catch::Contains("is closed"));
 }
 
+TEST_CASE("Over etcd, a worker failure restarts every node until the global count runs out",
+          "[etcd][integration]") {
+  EtcdServer etcd;
+  // Rank 3 (the second node's second worker) always fails; one restart is allowed job-wide.
+  const Args steps = {"env", "rank", "3", "exit", "3", "rank", "all", "sleep", "30"};
+  const Args flags = {"--nnodes", "2", "--nproc_per_node", "2", "--max_restarts", "1"};
+  Subprocess a(node(etcd.endpoint(), "restarts", flags, TEST_WORKER, steps));
+  Subprocess b(node(etcd.endpoint(), "restarts", flags, TEST_WORKER, steps));
+  auto ra = a.wait(60s), rb = b.wait(60s);
+  REQUIRE(ra);
+  REQUIRE(rb);
+  INFO(ra->out << ra->err << rb->out << rb->err);
+  CHECK(ra->exit_code == 3);  // the root cause's exit code, on both nodes
+  CHECK(rb->exit_code == 3);
+  for (const auto* r : {&*ra, &*rb}) {
+    auto counts = values(r->out, "TORCHELASTIC_RESTART_COUNT");
+    CHECK(std::set<std::string>(counts.begin(), counts.end()) ==
+          std::set<std::string>{"0", "1"});  // both nodes restarted once, and only once
+  }
+  CHECK_THAT(ra->err + rb->err, Catch::Contains("the job failed: rank 3 exit 3 on node"));
+}
+
 TEST_CASE("Elastic over etcd: a SIGKILLed agent's lease expires and the survivors re-form",
           "[etcd][integration]") {
   EtcdServer etcd;
@@ -203,4 +225,43 @@ TEST_CASE("With etcd auth on, a wrong password is refused in one line with exit 
   INFO(admitted.out << admitted.err);
   CHECK(admitted.exit_code == 0);
   CHECK_THAT(admitted.out, Catch::Contains("done: 4 steps"));
+}
+
+TEST_CASE("Two launchers train through an etcd that requires mutual TLS",
+          "[etcd][integration][security]") {
+  TempDir dir;
+  const std::string d = dir.path();
+  // One certificate for the server and the clients alike (its SAN and key usages fit both).
+  const std::string script =
+      "set -e; cd " + d +
+      "; ec='-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes';"
+      "openssl req -x509 $ec -days 1 -subj /CN=test-ca -keyout ca.key -out ca.crt 2>/dev/null;"
+      "openssl req $ec -subj /CN=node -keyout node.key -out node.csr 2>/dev/null;"
+      "printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\\nextendedKeyUsage=serverAuth,"
+      "clientAuth\\n' > node.ext;"
+      "openssl x509 -req -in node.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 1 "
+      "-extfile node.ext -out node.crt 2>/dev/null";
+  REQUIRE(run({"/bin/sh", "-c", script}).exit_code == 0);
+  EtcdServer etcd(EtcdTls{d + "/ca.crt", d + "/node.crt", d + "/node.key"});
+  const std::string tls = ",cacert=" + d + "/ca.crt,cert=" + d + "/node.crt,key=" + d + "/node.key";
+  std::vector<std::unique_ptr<Subprocess>> procs;
+  for (int n = 0; n < 2; ++n) {
+    procs.push_back(std::make_unique<Subprocess>(
+        node(etcd.endpoint(), "tls", {"--nnodes", "2"}, TRAIN_BIN, kTrain, kFastConf + tls)));
+  }
+  std::string all;
+  for (auto& p : procs) {
+    auto r = p->wait(90s);
+    REQUIRE(r);
+    INFO(r->out << r->err);
+    CHECK(r->exit_code == 0);
+    all += r->out;
+  }
+  CHECK_THAT(all, Catch::Contains("on 2 process(es)") && Catch::Contains("done: 4 steps"));
+  // Without TLS the handshake never completes: the join times out naming the member.
+  auto plain = run(node(etcd.endpoint(), "tls-plain", {"--nnodes", "1"}, TEST_WORKER, {"env"},
+                        kFastConf + ",join_timeout=2"),
+                   {}, 30s);
+  CHECK(plain.exit_code == 1);
+  CHECK_THAT(plain.err, Catch::Contains("no member reachable at " + etcd.endpoint()));
 }

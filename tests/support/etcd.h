@@ -9,6 +9,7 @@
 
 #include <catch2/catch.hpp>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,9 +17,14 @@
 
 namespace cxxlaunch::testing {
 
+// TLS files for a server that requires client certificates signed by `ca` (mutual TLS).
+struct EtcdTls {
+  std::string ca, cert, key;
+};
+
 class EtcdServer {
  public:
-  EtcdServer() {
+  explicit EtcdServer(std::optional<EtcdTls> tls = std::nullopt) : tls_(std::move(tls)) {
     INFO("etcd not found at '" ETCD_BIN
          "': install etcd-server and etcd-client (scripts/setup.sh)");
     REQUIRE(std::string(ETCD_BIN).find('/') != std::string::npos);
@@ -53,6 +59,7 @@ class EtcdServer {
   // etcdctl against this server; `args` after the global flags.
   Finished ctl(const std::vector<std::string>& args) const {
     std::vector<std::string> argv = {ETCDCTL_BIN, "--endpoints", endpoint()};
+    addTlsFlags(argv);
     argv.insert(argv.end(), args.begin(), args.end());
     return run(argv, {{"ETCDCTL_API", "3"}}, std::chrono::seconds(20));
   }
@@ -68,34 +75,43 @@ class EtcdServer {
   }
 
  private:
+  void addTlsFlags(std::vector<std::string>& argv) const {
+    if (!tls_) return;
+    argv.insert(argv.end(), {"--cacert", tls_->ca, "--cert", tls_->cert, "--key", tls_->key});
+  }
+
   bool startOnce() {
-    const std::string client = "http://" + endpoint();
+    const std::string client = (tls_ ? "https://" : "http://") + endpoint();
     const std::string peer = "http://127.0.0.1:" + std::to_string(peer_port_);
     // Short raft timers: a one-member cluster elects itself in ~0.1 s, not ~1 s.
-    process_ =
-        std::make_unique<Subprocess>(std::vector<std::string>{ETCD_BIN,
-                                                              "--name",
-                                                              "test",
-                                                              "--data-dir",
-                                                              dir_.path() + "/data",
-                                                              "--listen-client-urls",
-                                                              client,
-                                                              "--advertise-client-urls",
-                                                              client,
-                                                              "--listen-peer-urls",
-                                                              peer,
-                                                              "--initial-advertise-peer-urls",
-                                                              peer,
-                                                              "--initial-cluster",
-                                                              "test=" + peer,
-                                                              "--heartbeat-interval",
-                                                              "20",
-                                                              "--election-timeout",
-                                                              "200",
-                                                              "--log-level",
-                                                              "warn",
-                                                              "--logger",
-                                                              "zap"});
+    std::vector<std::string> argv = {ETCD_BIN,
+                                     "--name",
+                                     "test",
+                                     "--data-dir",
+                                     dir_.path() + "/data",
+                                     "--listen-client-urls",
+                                     client,
+                                     "--advertise-client-urls",
+                                     client,
+                                     "--listen-peer-urls",
+                                     peer,
+                                     "--initial-advertise-peer-urls",
+                                     peer,
+                                     "--initial-cluster",
+                                     "test=" + peer,
+                                     "--heartbeat-interval",
+                                     "20",
+                                     "--election-timeout",
+                                     "200",
+                                     "--log-level",
+                                     "warn",
+                                     "--logger",
+                                     "zap"};
+    if (tls_) {
+      argv.insert(argv.end(), {"--cert-file", tls_->cert, "--key-file", tls_->key,
+                               "--trusted-ca-file", tls_->ca, "--client-cert-auth"});
+    }
+    process_ = std::make_unique<Subprocess>(argv);
     const bool up = eventually(
         [&] {
           if (!alive(process_->pid())) return true;
@@ -108,12 +124,14 @@ class EtcdServer {
   }
 
   bool ctlQuiet() const {
-    return run({ETCDCTL_BIN, "--endpoints", endpoint(), "--command-timeout", "1s", "endpoint",
-                "health"},
-               {{"ETCDCTL_API", "3"}}, std::chrono::seconds(10))
-               .exit_code == 0;
+    std::vector<std::string> argv = {ETCDCTL_BIN, "--endpoints", endpoint(), "--command-timeout",
+                                     "1s"};
+    addTlsFlags(argv);
+    argv.insert(argv.end(), {"endpoint", "health"});
+    return run(argv, {{"ETCDCTL_API", "3"}}, std::chrono::seconds(10)).exit_code == 0;
   }
 
+  std::optional<EtcdTls> tls_;
   TempDir dir_;
   int client_port_ = 0;
   int peer_port_ = 0;
