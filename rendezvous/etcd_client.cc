@@ -438,47 +438,11 @@ EtcdTxnResult EtcdClient::txn(const std::vector<EtcdCompare>& compares,
   return out;
 }
 
+// A transaction of one operation and no compares: the same as etcd's unary call.
 EtcdOpResult EtcdClient::run(const EtcdOp& op, int64_t* revision) {
-  EtcdOpResult out;
-  int64_t rev = 0;
-  switch (op.kind) {
-    case EtcdOp::Kind::kRange: {
-      const pb::RangeRequest req = rangeOf(op);
-      pb::RangeResponse resp;
-      impl_->call("range", [&](Impl::Member& m, grpc::ClientContext& ctx) {
-        return m.kv->Range(&ctx, req, &resp);
-      });
-      out = fromProto(resp);
-      rev = resp.header().revision();
-      break;
-    }
-    case EtcdOp::Kind::kPut: {
-      pb::PutRequest req;
-      req.set_key(op.key);
-      req.set_value(op.value);
-      req.set_lease(op.lease);
-      pb::PutResponse resp;
-      impl_->call("put", [&](Impl::Member& m, grpc::ClientContext& ctx) {
-        return m.kv->Put(&ctx, req, &resp);
-      });
-      rev = resp.header().revision();
-      break;
-    }
-    case EtcdOp::Kind::kDelete: {
-      pb::DeleteRangeRequest req;
-      req.set_key(op.key);
-      if (!op.range_end.empty()) req.set_range_end(op.range_end);
-      pb::DeleteRangeResponse resp;
-      impl_->call("delete", [&](Impl::Member& m, grpc::ClientContext& ctx) {
-        return m.kv->DeleteRange(&ctx, req, &resp);
-      });
-      out.deleted = resp.deleted();
-      rev = resp.header().revision();
-      break;
-    }
-  }
-  if (revision) *revision = rev;
-  return out;
+  EtcdTxnResult r = txn({}, {op});
+  if (revision) *revision = r.revision;
+  return r.results.empty() ? EtcdOpResult{} : std::move(r.results[0]);
 }
 
 int64_t EtcdClient::grantLease(milliseconds ttl, std::chrono::seconds* granted) {
