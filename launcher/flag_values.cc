@@ -103,13 +103,20 @@ std::string parseEndpoint(const std::string& flag, const std::string& value) {
 
 void parseRdzvEndpoint(RendezvousOptions& r, const std::string& flag, const std::string& value) {
   r.etcd_endpoints = value;
+  // etcd's client URLs (http://h:p, https://h:p) name members too.
+  auto bare = [](std::string member) {
+    for (const std::string scheme : {"http://", "https://"}) {
+      if (member.starts_with(scheme)) return member.substr(scheme.size());
+    }
+    return member;
+  };
   if (value.find(',') != std::string::npos) {
     // A list only makes sense for etcd; which backend is checked once every flag is read.
-    for (const auto& member : split(value, ',')) (void)parseEndpoint(flag, member);
+    for (const auto& member : split(value, ',')) (void)parseEndpoint(flag, bare(member));
     r.endpoint = value;
     return;
   }
-  r.endpoint = parseEndpoint(flag, value);
+  r.endpoint = parseEndpoint(flag, bare(value));
 }
 
 std::string readTokenFile(const std::string& path) {

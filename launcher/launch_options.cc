@@ -47,9 +47,10 @@ void validateRendezvous(LaunchOptions& o) {
     if (!o.run_id_given) {
       throw UsageError("--rdzv_backend etcd needs --rdzv_id: the same job id on every node");
     }
-  } else if (r.endpoint.find(',') != std::string::npos) {
-    throw UsageError("--rdzv_endpoint " + r.endpoint +
-                     ": a list of endpoints is for --rdzv_backend etcd; the " + r.backend +
+  } else if (r.endpoint.find(',') != std::string::npos ||
+             r.etcd_endpoints.find("://") != std::string::npos) {
+    throw UsageError("--rdzv_endpoint " + r.etcd_endpoints +
+                     ": a list of endpoints or a URL is for --rdzv_backend etcd; the " + r.backend +
                      " backend meets at one HOST:PORT");
   }
   if (r.max_nodes > 1 && r.endpoint.empty()) {

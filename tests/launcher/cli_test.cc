@@ -241,6 +241,10 @@ TEST_CASE("Multi-node flags parse", "[cli]") {
   CHECK(e.rdzv.tls_ca == "ca.pem");
   CHECK(e.rdzv.tls_cert == "c.pem");
   CHECK(e.rdzv.tls_key == "k.pem");
+  CHECK(parseRunArgs({"--rdzv_backend", "etcd", "--rdzv_endpoint", "https://e1:2379", "--rdzv_id",
+                      "j", "true"},
+                     host())
+            .rdzv.etcd_endpoints == "https://e1:2379");
   auto single = parseRunArgs({"true"}, host());
   CHECK_FALSE(single.rdzv.multiNode());
   CHECK(single.run_id.size() == 12);  // a random id
@@ -277,7 +281,9 @@ TEST_CASE("Bad multi-node command lines fail with one clear message", "[cli]") {
         "user=root", "true"},
        "user= needs password= or password_file="},
       {{"--rdzv_endpoint", "a:1,b:2", "--rdzv_id", "j", "true"},
-       "a list of endpoints is for --rdzv_backend etcd"},
+       "a list of endpoints or a URL is for --rdzv_backend etcd"},
+      {{"--rdzv_endpoint", "http://a:1", "--rdzv_id", "j", "true"},
+       "a list of endpoints or a URL is for --rdzv_backend etcd"},
       {{"--rdzv_endpoint", "a:1,,b:2", "--rdzv_id", "j", "true"}, "HOST or HOST:PORT"},
       {{"--rdzv_conf", "usr=root", "true"}, "did you mean user?"},
       {{"--rdzv_backend", "static", "--nnodes", "1:2", "--rdzv_endpoint", "h", "--rdzv_id", "j",
