@@ -194,6 +194,35 @@ TEST_CASE("etcd SIGKILLed and restarted mid-rendezvous: the agents retry and com
   CHECK(std::chrono::steady_clock::now() - back_at < 8s);
 }
 
+TEST_CASE("A three-member etcd loses the member the agents talk to: the job goes on",
+          "[etcd][integration]") {
+  EtcdCluster etcd;
+  TempDir dir;
+  const std::string done = dir.path() + "/done";
+  const Args flags = {"--nnodes", "2", "--nproc_per_node", "1"};
+  const Args steps = {"env", "wait-file", done};
+  Subprocess a(node(etcd.endpoints(), "members", flags, TEST_WORKER, steps));
+  Subprocess b(node(etcd.endpoints(), "members", flags, TEST_WORKER, steps));
+  REQUIRE(eventually(
+      [&] {
+        return values(a.out(), "GROUP_WORLD_SIZE").size() == 1 &&
+               values(b.out(), "GROUP_WORLD_SIZE").size() == 1;
+      },
+      30s));
+  // Every client talks to member 0 first; it dies while the workers run. The agents' keep-alives
+  // and leases move to the others, within the eviction timeout: no one is evicted.
+  etcd.kill(0);
+  sleepFor(3s);  // longer than the leases' TTL
+  std::ofstream(done) << "";
+  for (auto* p : {&a, &b}) {
+    auto r = p->wait(30s);
+    REQUIRE(r);
+    INFO(r->out << r->err);
+    CHECK(r->exit_code == 0);
+    CHECK(values(r->out, "GROUP_WORLD_SIZE") == std::vector<std::string>{"2"});  // no re-form
+  }
+}
+
 TEST_CASE("etcd gone for good: a join fails within its timeout, naming etcd",
           "[etcd][integration]") {
   EtcdServer etcd;

@@ -138,4 +138,84 @@ class EtcdServer {
   std::unique_ptr<Subprocess> process_;
 };
 
+// A real three-member etcd cluster on loopback (a quorum survives one member's SIGKILL).
+class EtcdCluster {
+ public:
+  static constexpr int kMembers = 3;
+
+  EtcdCluster() {
+    REQUIRE(std::string(ETCD_BIN).find('/') != std::string::npos);
+    std::string initial;
+    for (int i = 0; i < kMembers; ++i) {
+      client_ports_.push_back(freePort());
+      peer_ports_.push_back(freePort());
+      initial += (i ? "," : "") + name(i) + "=" + peer(i);
+    }
+    for (int i = 0; i < kMembers; ++i) {
+      members_.push_back(
+          std::make_unique<Subprocess>(std::vector<std::string>{ETCD_BIN,
+                                                                "--name",
+                                                                name(i),
+                                                                "--data-dir",
+                                                                dir_.path() + "/" + name(i),
+                                                                "--listen-client-urls",
+                                                                "http://" + endpoint(i),
+                                                                "--advertise-client-urls",
+                                                                "http://" + endpoint(i),
+                                                                "--listen-peer-urls",
+                                                                peer(i),
+                                                                "--initial-advertise-peer-urls",
+                                                                peer(i),
+                                                                "--initial-cluster",
+                                                                initial,
+                                                                "--initial-cluster-state",
+                                                                "new",
+                                                                "--heartbeat-interval",
+                                                                "20",
+                                                                "--election-timeout",
+                                                                "200",
+                                                                "--log-level",
+                                                                "warn",
+                                                                "--logger",
+                                                                "zap"}));
+    }
+    const bool up = eventually(
+        [&] {
+          return run({ETCDCTL_BIN, "--endpoints", endpoints(), "--command-timeout", "1s",
+                      "endpoint", "health"},
+                     {{"ETCDCTL_API", "3"}}, std::chrono::seconds(10))
+                     .exit_code == 0;
+        },
+        std::chrono::seconds(30));
+    INFO(members_[0]->err());
+    REQUIRE(up);
+  }
+  ~EtcdCluster() {
+    for (int i = 0; i < kMembers; ++i) kill(i);
+  }
+
+  std::string endpoint(int i) const { return "127.0.0.1:" + std::to_string(client_ports_[i]); }
+  // Every member, comma-separated, member 0 first.
+  std::string endpoints() const {
+    std::string out;
+    for (int i = 0; i < kMembers; ++i) out += (i ? "," : "") + endpoint(i);
+    return out;
+  }
+
+  void kill(int i) {
+    if (!members_[i]) return;
+    ::kill(members_[i]->pid(), SIGKILL);
+    members_[i]->wait(std::chrono::seconds(10));
+    members_[i].reset();
+  }
+
+ private:
+  static std::string name(int i) { return "m" + std::to_string(i); }
+  std::string peer(int i) const { return "http://127.0.0.1:" + std::to_string(peer_ports_[i]); }
+
+  TempDir dir_;
+  std::vector<int> client_ports_, peer_ports_;
+  std::vector<std::unique_ptr<Subprocess>> members_;
+};
+
 }  // namespace cxxlaunch::testing
