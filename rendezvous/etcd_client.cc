@@ -348,11 +348,19 @@ struct EtcdClient::Impl {
                                  contains(s.error_message(), "permission denied"))) {
       message += " (this etcd requires auth: --rdzv_conf user=NAME,password_file=FILE)";
     }
+    if (contains(s.error_message(), "too large") ||
+        contains(s.error_message(), "larger than max")) {
+      throw LimitExceeded(message +
+                          " (etcd refuses requests over its --max-request-bytes, 1.5 MiB "
+                          "by default)");
+    }
     switch (s.error_code()) {
       case grpc::StatusCode::INVALID_ARGUMENT:
       case grpc::StatusCode::UNAUTHENTICATED:
       case grpc::StatusCode::PERMISSION_DENIED:
         throw InvalidArgument(message);
+      case grpc::StatusCode::RESOURCE_EXHAUSTED:
+        throw LimitExceeded(message);
       case grpc::StatusCode::DEADLINE_EXCEEDED:
         throw TimeoutError(message);
       default:

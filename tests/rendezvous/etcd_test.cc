@@ -91,6 +91,13 @@ TEST_CASE("EtcdStore keeps c10d's store semantics in a real etcd", "[etcd][rende
   CHECK(store.numKeys() == 4);
   CHECK_THROWS_AS(store.get("a", 200ms), TimeoutError);
   CHECK_THROWS_AS(store.wait({"c", "nothing"}, 200ms), TimeoutError);
+  // Past etcd's request limit (1.5 MiB): refused as the user's to fix, not retried; past gRPC's
+  // message limit on etcd's side (2 MiB) the same.
+  CHECK_THROWS_WITH(
+      store.set("big", std::string(1700 << 10, 'x')),
+      Catch::Contains("request is too large") && Catch::Contains("max-request-bytes"));
+  CHECK_THROWS_AS(store.set("big", std::string(1700 << 10, 'x')), LimitExceeded);
+  CHECK_THROWS_AS(store.set("big", std::string(2 << 20, 'x')), LimitExceeded);
   // The keys live where docs/rendezvous.md says.
   CHECK(client->run(EtcdOp::get("/cxxlaunch/sem/store/1/c")).kvs.at(0).value == "z");
 
