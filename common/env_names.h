@@ -26,6 +26,10 @@ inline constexpr const char kMaxRestarts[] = "TORCHELASTIC_MAX_RESTARTS";    // 
 inline constexpr const char kRunId[] = "TORCHELASTIC_RUN_ID";                // --run_id
 inline constexpr const char kErrorFile[] = "TORCHELASTIC_ERROR_FILE";  // JSON error report path
 inline constexpr const char kOmpNumThreads[] = "OMP_NUM_THREADS";      // 1 if unset and >1 worker
+// Set for a job that spans nodes, unless the user set them: the interface that holds the node's
+// address, so that PyTorch's Gloo and NCCL bind there and not to what the host name resolves to.
+inline constexpr const char kGlooSocketIfname[] = "GLOO_SOCKET_IFNAME";
+inline constexpr const char kNcclSocketIfname[] = "NCCL_SOCKET_IFNAME";
 
 // --- cxxlaunch's own -------------------------------------------------------------------
 inline constexpr const char kStoreEndpoint[] =

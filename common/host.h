@@ -12,6 +12,17 @@ namespace cxxlaunch {
 // gethostname(), or "localhost" when the system cannot tell.
 std::string hostName();
 
+// The network interface that holds `address` (IPv4 or IPv6 text), e.g. "eth0" for 10.0.0.2 or
+// "lo" for 127.0.0.1; "" when no interface of this machine (network namespace) holds it.
+std::string interfaceHolding(const std::string& address);
+
+// Whether `address` (IPv4 or IPv6 text) is a loopback address: 127.0.0.0/8 or ::1.
+bool isLoopbackAddress(const std::string& address);
+
+// The first IPv4 address of an interface that is up and not loopback, in the order the system
+// lists them; "" when there is none.
+std::string firstNonLoopbackAddress();
+
 struct HostPort {
   std::string host;  // without brackets
   int port = 0;

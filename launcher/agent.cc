@@ -136,6 +136,8 @@ class Agent {
   void updateConsoles();
   void stopLeftovers();
   size_t running() const;
+  // Whether the user gave workers `name` (their own environment, or the config's worker env).
+  bool userSets(const char* name) const;
   std::vector<std::string> workerEnvironment(const Worker& worker,
                                              const WorldAssignment& world) const;
 
@@ -228,6 +230,13 @@ void Agent::setUpProcess() {
   }
 }
 
+bool Agent::userSets(const char* name) const {
+  const std::string prefix = std::string(name) + "=";
+  return options_.worker_env.count(name) > 0 ||
+         std::any_of(base_env_.begin(), base_env_.end(),
+                     [&](const std::string& e) { return e.starts_with(prefix); });
+}
+
 std::vector<std::string> Agent::workerEnvironment(const Worker& worker,
                                                   const WorldAssignment& world) const {
   std::vector<std::string> envv = base_env_;
@@ -247,6 +256,15 @@ std::vector<std::string> Agent::workerEnvironment(const Worker& worker,
   put(env::kMasterAddr, world.master_addr);
   put(env::kMasterPort, std::to_string(world.master_port));
   if (!world.node_addr.empty()) put(env::kNodeAddr, world.node_addr);
+  // Across nodes, PyTorch's Gloo binds to what the host name resolves to, often a loopback
+  // address, and NCCL picks an interface of its own: both are told the one that holds this
+  // node's address, unless the user chose (docs/env.md).
+  if (world.num_nodes > 1 && !world.node_addr.empty()) {
+    const std::string interface = interfaceHolding(world.node_addr);
+    for (const char* name : {env::kGlooSocketIfname, env::kNcclSocketIfname}) {
+      if (!interface.empty() && !userSets(name)) put(name, interface);
+    }
+  }
   put(env::kRestartCount, std::to_string(world.restart_count));
   put(env::kMaxRestarts, std::to_string(options_.max_restarts));
   put(env::kRunId, run_id_);
@@ -275,6 +293,7 @@ void Agent::spawnWorkers(int attempt, const WorldAssignment& world) {
   workers_.resize(static_cast<size_t>(options_.nproc_per_node));
   stopping_ = false;
   kill_at_.reset();
+  if (cgroup_) cgroup_->startAttempt(attempt);
   for (size_t i = 0; i < workers_.size(); ++i) {
     Worker& w = workers_[i];
     w.local_rank = static_cast<int>(i);

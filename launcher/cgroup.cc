@@ -268,17 +268,47 @@ std::unique_ptr<JobCgroup> JobCgroup::create(const std::string& name) {
 }
 
 JobCgroup::~JobCgroup() {
+  closeAttempt();
   ::close(dir_fd_);
   ::close(procs_fd_);
   removeCgroup(path_.c_str(), 5000);
+}
+
+void JobCgroup::startAttempt(int attempt) {
+  const std::string previous = attempt_path_;
+  closeAttempt();
+  if (!previous.empty()) ::rmdir(previous.c_str());  // what is left goes with the job's
+  const std::string path = path_ + "/attempt-" + std::to_string(attempt);
+  if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) return;
+  const int dir_fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  const int procs_fd = ::open((path + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC);
+  if (dir_fd == -1 || procs_fd == -1) {
+    if (dir_fd != -1) ::close(dir_fd);
+    if (procs_fd != -1) ::close(procs_fd);
+    ::rmdir(path.c_str());
+    return;
+  }
+  attempt_path_ = path;
+  attempt_dir_fd_ = dir_fd;
+  attempt_procs_fd_ = procs_fd;
+}
+
+void JobCgroup::closeAttempt() {
+  if (attempt_dir_fd_ != -1) ::close(attempt_dir_fd_);
+  if (attempt_procs_fd_ != -1) ::close(attempt_procs_fd_);
+  attempt_dir_fd_ = attempt_procs_fd_ = -1;
+  attempt_path_.clear();
 }
 
 bool JobCgroup::populated() const { return populatedAt(path_.c_str()); }
 
 std::vector<pid_t> JobCgroup::members() const {
   std::vector<pid_t> pids;
-  std::ifstream in(path_ + "/cgroup.procs");
-  for (long pid = 0; in >> pid;) pids.push_back(static_cast<pid_t>(pid));
+  for (const std::string& dir : {path_, attempt_path_}) {
+    if (dir.empty()) continue;
+    std::ifstream in(dir + "/cgroup.procs");
+    for (long pid = 0; in >> pid;) pids.push_back(static_cast<pid_t>(pid));
+  }
   return pids;
 }
 

@@ -33,13 +33,19 @@ class JobCgroup {
 
   // Its folder, e.g. /sys/fs/cgroup/user.slice/.../cxxlaunch-job-42-1234.
   const std::string& path() const { return path_; }
-  // Its folder, open (clone3's CLONE_INTO_CGROUP), and its cgroup.procs, open for writing: a
-  // child writes "0" to it to enter.
-  int dirFd() const { return dir_fd_; }
-  int procsFd() const { return procs_fd_; }
+  // Makes the cgroup the workers of attempt `attempt` start in, "attempt-N" below the job's, and
+  // removes the previous attempt's (empty by now). Each attempt gets a fresh one because a
+  // cgroup once killed is unusable for clone3 on some kernels: Linux 6.18 SIGKILLs every child
+  // later started in it with CLONE_INTO_CGROUP (its kill sequence is compared with the parent's
+  // cgroup's). Where it cannot be made, workers start in the job's cgroup itself.
+  void startAttempt(int attempt);
+  // Where workers start: the attempt's folder, open (clone3's CLONE_INTO_CGROUP), and its
+  // cgroup.procs, open for writing: a child writes "0" to it to enter.
+  int dirFd() const { return attempt_dir_fd_ != -1 ? attempt_dir_fd_ : dir_fd_; }
+  int procsFd() const { return attempt_procs_fd_ != -1 ? attempt_procs_fd_ : procs_fd_; }
   // Whether any process is in it or in a cgroup below it.
   bool populated() const;
-  // The processes directly in it.
+  // The processes directly in it and in the attempt's cgroup.
   std::vector<pid_t> members() const;
   // SIGKILL to everything in it and below, at once.
   void killAll() const;
@@ -47,9 +53,13 @@ class JobCgroup {
  private:
   JobCgroup(std::string path, int dir_fd, int procs_fd)
       : path_(std::move(path)), dir_fd_(dir_fd), procs_fd_(procs_fd) {}
+  void closeAttempt();
   std::string path_;
   int dir_fd_ = -1;
   int procs_fd_ = -1;
+  std::string attempt_path_;  // empty until startAttempt
+  int attempt_dir_fd_ = -1;
+  int attempt_procs_fd_ = -1;
 };
 
 // SIGKILL to every process in the cgroup at `dir` and in the cgroups below it: cgroup.kill, or

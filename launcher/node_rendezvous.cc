@@ -74,6 +74,11 @@ std::string localAddressToward(const std::string& host) {
   }
   if (fd != -1) ::close(fd);
   ::freeaddrinfo(found);
+  // On the node that hosts the rendezvous, its own name often resolves to a loopback address
+  // (Debian's 127.0.1.1 line, many container images) that the other nodes cannot reach it at.
+  if (isLoopbackAddress(result) && host != "localhost" && !isLoopbackAddress(host)) {
+    if (std::string other = firstNonLoopbackAddress(); !other.empty()) result = other;
+  }
   return result;
 }
 

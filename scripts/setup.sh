@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 
 packages=(
   build-essential cmake ninja-build ccache pkg-config time openssl clang-format
+  iproute2  # ip netns: the tests' two-host network
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libyaml-cpp-dev libcli11-dev nlohmann-json3-dev catch2
   libtorch-dev libgloo-dev  # the runtime: LibTorch 1.13 (CPU) and Gloo

@@ -33,6 +33,24 @@ TEST_CASE("host:port parses and formats, IPv6 in brackets", "[common][host]") {
   CHECK_FALSE(hostName().empty());
 }
 
+TEST_CASE("The interface that holds an address, and loopback addresses", "[common][host]") {
+  CHECK(cxxlaunch::interfaceHolding("127.0.0.1") == "lo");
+  CHECK(cxxlaunch::interfaceHolding("192.0.2.77").empty());  // TEST-NET-1: nobody's
+  CHECK(cxxlaunch::interfaceHolding("not an address").empty());
+  for (const char* a : {"127.0.0.1", "127.0.1.1", "127.255.0.3", "::1"}) {
+    CHECK(cxxlaunch::isLoopbackAddress(a));
+  }
+  for (const char* a : {"10.0.0.1", "128.0.0.1", "::2", "localhost", ""}) {
+    CHECK_FALSE(cxxlaunch::isLoopbackAddress(a));
+  }
+  const std::string other = cxxlaunch::firstNonLoopbackAddress();
+  if (!other.empty()) {  // a machine with a network: the address is an interface's, not lo's
+    CHECK_FALSE(cxxlaunch::isLoopbackAddress(other));
+    CHECK_FALSE(cxxlaunch::interfaceHolding(other).empty());
+    CHECK(cxxlaunch::interfaceHolding(other) != "lo");
+  }
+}
+
 TEST_CASE("An atomic file is old or complete, and leaves no temporary behind", "[common][file]") {
   testing::TempDir dir;
   const std::string path = dir.path() + "/a.json";

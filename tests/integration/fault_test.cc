@@ -193,11 +193,8 @@ bool documented(Fault fault, int code, bool victim_node) {
       return code == 0;
     case Fault::kLauncherKill:  // the survivor: its peer is gone (exit 1)
       return victim_node ? code == 137 : (code == 0 || code == 1);
-    case Fault::kLauncherStop:  // both: the round broke (1); see below for the stopped one
-      // Under a job cgroup, the stopped launcher sometimes names one of its own workers, killed
-      // while it stood still, as the root cause (137): a known misattribution, not yet
-      // understood (docs/reliability.md). Processes are cleaned up and nothing hangs either way.
-      return code == 0 || code == 1 || (victim_node && code == 137);
+    case Fault::kLauncherStop:  // both: the round broke (1)
+      return code == 0 || code == 1;
     case Fault::kDaemonKill:  // both: lost the rendezvous server (1)
     case Fault::kDaemonStop:
       return code == 0 || code == 1;

@@ -7,6 +7,7 @@
 
 #include <torch/torch.h>
 
+#include <array>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -400,6 +401,35 @@ TEST_CASE("Loading a checkpoint of another model names the parameter", "[checkpo
                               acc.loadState(dir.path() + "/c");
                             }),
                     Catch::Contains("has another shape there than in this model"));
+}
+
+TEST_CASE("Loading another model's checkpoint fails on every rank of a DDP job", "[checkpoint]") {
+  // Every rank of a DDP job reads the whole checkpoint, so each finds the differing parameter and
+  // says so; none waits for the others.
+  torch::set_num_threads(1);
+  cxxlaunch::testing::TempDir dir;
+  run(Job{.strategy = "ddp", .world = 2, .to_step = 1, .save = dir.path() + "/c"});
+  auto fake = makeFakeWorld(2);
+  std::array<std::string, 2> errors;
+  onRanks(2, [&](int r) {
+    Tower other(12, 3);  // d 12 instead of 11: every parameter differs
+    torch::optim::AdamW optimizer(other->parameters(), torch::optim::AdamWOptions(0.01));
+    World world;
+    world.env.rank = r;
+    world.env.world_size = 2;
+    world.env.strategy = "ddp";
+    world.backend = makeFakeBackend(fake, r);
+    Accelerator acc(std::move(world), {});
+    acc.prepare(other.ptr(), optimizer);
+    try {
+      acc.loadState(dir.path() + "/c");
+    } catch (const std::exception& e) {
+      errors[static_cast<size_t>(r)] = e.what();
+    }
+  });
+  for (const std::string& error : errors) {
+    CHECK_THAT(error, Catch::Contains("has another shape there than in this model"));
+  }
 }
 
 namespace {
