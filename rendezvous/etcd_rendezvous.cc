@@ -431,6 +431,36 @@ JoinPoll EtcdRendezvous::join(const NodeSpec& node, const RunSettings& settings,
   }
 }
 
+RunStatus EtcdRendezvous::status() {
+  const EtcdTxnResult read = client_->txn({}, {EtcdOp::get(prefix_ + "state")});
+  State s;
+  if (read.results.at(0).kvs.empty() || !s.ParseFromString(read.results[0].kvs[0].value)) {
+    throw InvalidArgument("etcd at " + client_->endpointList() + " has no run '" + run_id_ +
+                          "' (no key " + prefix_ + "state)");
+  }
+  static const char* const kPhases[] = {"joining", "running", "closed", "failed"};
+  RunStatus out;
+  out.round = s.round();
+  out.state = kPhases[std::clamp(static_cast<int>(s.phase()), 0, 3)];
+  out.restart_count = s.restart_count();
+  out.settings = wire::fromProto(s.settings());
+  const bool running = s.phase() == State::RUNNING;
+  const auto& nodes = running ? s.participants() : s.joined();
+  for (int i = 0; i < nodes.size(); ++i) {
+    NodeState n;
+    n.spec = wire::fromProto(nodes[i]);
+    n.node_rank = running ? i : -1;
+    n.finished = hasId(s.finished(), n.spec.id);
+    out.participants.push_back(std::move(n));
+  }
+  for (const auto& w : s.waiting()) {
+    NodeState n;
+    n.spec = wire::fromProto(w);
+    out.waiting.push_back(std::move(n));
+  }
+  return out;
+}
+
 Verdict EtcdRendezvous::keepAlive(const std::string& node_id, int64_t round) {
   Verdict verdict;
   update([&](State& s, bool exists, const std::set<std::string>& alive) {

@@ -55,6 +55,11 @@ class EtcdRendezvous {
   Verdict requestRestart(const std::string& node_id, int64_t round, const FailureReport& failure);
   Verdict leave(const std::string& node_id, int64_t round);
 
+  // What the run's state says now, for `cxxlaunch status` (reads only; no lease needed). Nodes'
+  // heartbeat ages are 0 (liveness is their lease: a node listed is alive or about to be
+  // evicted) and their workers unknown. Throws InvalidArgument when etcd has no such run.
+  RunStatus status();
+
   // Stops the lease's keep-alives and revokes it: this agent's alive key goes at once.
   // Idempotent.
   void close();

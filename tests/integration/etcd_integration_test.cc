@@ -138,6 +138,18 @@ TEST_CASE("Elastic over etcd: a SIGKILLed agent's lease expires and the survivor
         return true;
       },
       30s));
+  // cxxlaunch status reads the run's state from etcd.
+  auto status = run({CXXLAUNCH_BIN, "status", "--rdzv_backend", "etcd", "--rdzv_endpoint",
+                     etcd.endpoint(), "--rdzv_id", "elastic"});
+  INFO(status.out << status.err);
+  CHECK(status.exit_code == 0);
+  CHECK_THAT(status.out, Catch::Contains("round 1: running; nodes 2:3"));
+  size_t listed = 0;
+  for (size_t at = status.out.find("127.0.0.1_"); at != std::string::npos;
+       at = status.out.find("127.0.0.1_", at + 1)) {
+    ++listed;
+  }
+  CHECK(listed == 3);  // every node, by id
   const std::string victim_rank = values(nodes[2]->out(), "RANK").at(0);
   REQUIRE(eventually([&] { return fs::exists(dir.path() + "/rank" + victim_rank + ".pid"); }, 10s));
   ::kill(nodes[2]->pid(), SIGKILL);
