@@ -109,10 +109,16 @@ TEST_CASE("Over etcd, a worker failure restarts every node until the global coun
   INFO(ra->out << ra->err << rb->out << rb->err);
   CHECK(ra->exit_code == 3);  // the root cause's exit code, on both nodes
   CHECK(rb->exit_code == 3);
+  // One restart job-wide, and only one. A node that reads the state only after round 1 was
+  // already superseded (the other node's worker fails at once) joins round 2 directly: its only
+  // attempt has count 1 (docs/rendezvous.md, "etcd").
   for (const auto* r : {&*ra, &*rb}) {
     auto counts = values(r->out, "TORCHELASTIC_RESTART_COUNT");
-    CHECK(std::set<std::string>(counts.begin(), counts.end()) ==
-          std::set<std::string>{"0", "1"});  // both nodes restarted once, and only once
+    const std::set<std::string> seen(counts.begin(), counts.end());
+    CHECK((seen == std::set<std::string>{"0", "1"} || seen == std::set<std::string>{"1"}));
+    const auto prefixes = values(r->out, "CXXLAUNCH_STORE_PREFIX");
+    REQUIRE_FALSE(prefixes.empty());
+    CHECK(prefixes.back() == "restarts/2");
   }
   CHECK_THAT(ra->err + rb->err, Catch::Contains("the job failed: rank 3 exit 3 on node"));
 }
