@@ -33,11 +33,12 @@ inline constexpr const char kNcclSocketIfname[] = "NCCL_SOCKET_IFNAME";
 
 // --- cxxlaunch's own -------------------------------------------------------------------
 inline constexpr const char kStoreEndpoint[] =
-    "CXXLAUNCH_STORE_ENDPOINT";  // host:port of the store
+    "CXXLAUNCH_STORE_ENDPOINT";  // host:port of the store, or etcd://HOST:PORT,... (etcd)
 inline constexpr const char kStorePrefix[] =
     "CXXLAUNCH_STORE_PREFIX";  // RUN_ID/ROUND: key space and fencing token
-inline constexpr const char kToken[] = "CXXLAUNCH_TOKEN";         // job token for the store
-inline constexpr const char kNodeAddr[] = "CXXLAUNCH_NODE_ADDR";  // this node's address for peers
+inline constexpr const char kToken[] = "CXXLAUNCH_TOKEN";  // job token (etcd: the password)
+inline constexpr const char kStoreUser[] = "CXXLAUNCH_STORE_USER";  // etcd user of the store
+inline constexpr const char kNodeAddr[] = "CXXLAUNCH_NODE_ADDR";    // this node's address for peers
 inline constexpr const char kTlsCa[] = "CXXLAUNCH_TLS_CA";      // CA file, when the store uses TLS
 inline constexpr const char kTlsCert[] = "CXXLAUNCH_TLS_CERT";  // client certificate (mutual TLS)
 inline constexpr const char kTlsKey[] = "CXXLAUNCH_TLS_KEY";    // its key

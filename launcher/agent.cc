@@ -214,7 +214,7 @@ void Agent::setUpProcess() {
       env::kRoleWorldSize, env::kMasterAddr,     env::kMasterPort, env::kRestartCount,
       env::kMaxRestarts,   env::kRunId,          env::kErrorFile,  env::kStoreEndpoint,
       env::kStorePrefix,   env::kToken,          env::kDevice,     env::kTlsCa,
-      env::kTlsCert,       env::kTlsKey,         env::kNodeAddr};
+      env::kTlsCert,       env::kTlsKey,         env::kNodeAddr,   env::kStoreUser};
   for (auto& entry : currentEnvironment()) {
     const std::string name = entry.substr(0, entry.find('='));
     if (std::find(ours.begin(), ours.end(), name) == ours.end() &&
@@ -273,6 +273,7 @@ std::vector<std::string> Agent::workerEnvironment(const Worker& worker,
     put(env::kStoreEndpoint, world.store_endpoint);
     put(env::kStorePrefix, world.store_prefix);
     if (!world.token.empty()) put(env::kToken, world.token);
+    if (!world.store_user.empty()) put(env::kStoreUser, world.store_user);
     if (!world.tls_ca.empty()) put(env::kTlsCa, world.tls_ca);
     if (!world.tls_cert.empty()) put(env::kTlsCert, world.tls_cert);
     if (!world.tls_key.empty()) put(env::kTlsKey, world.tls_key);

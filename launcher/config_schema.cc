@@ -79,8 +79,10 @@ std::vector<KeySpec> buildSchema() {
               "the main machine's address; with num_machines > 1 the rendezvous endpoint"),
       rangeKey("main_process_port", K::kInt, 0, 65535, "29500", "main_process_port",
                "CXXLAUNCH_MAIN_PROCESS_PORT", "the rendezvous port on the main machine"),
-      choiceKey("rdzv_backend", {"static", "c10d"}, "static", "", "CXXLAUNCH_RDZV_BACKEND",
-                "static: ranks by machine_rank; c10d: by arrival (--rdzv_backend)"),
+      choiceKey("rdzv_backend", {"static", "c10d", "etcd", "etcd-v2"}, "static", "",
+                "CXXLAUNCH_RDZV_BACKEND",
+                "static: ranks by machine_rank; c10d: by arrival; etcd (etcd-v2): an etcd at "
+                "main_process_ip:main_process_port keeps the rendezvous (--rdzv_backend)"),
       boolKey("same_network", "true", "same_network", "CXXLAUNCH_SAME_NETWORK",
               "accepted; cxxlaunch always meets at main_process_ip:main_process_port"),
       textKey("gpu_ids", K::kGpuIds, "all", "gpu_ids", "CXXLAUNCH_GPU_IDS",

@@ -101,6 +101,24 @@ std::string parseEndpoint(const std::string& flag, const std::string& value) {
   return formatHostPort(parsed->host, parsed->port);
 }
 
+void parseRdzvEndpoint(RendezvousOptions& r, const std::string& flag, const std::string& value) {
+  r.etcd_endpoints = value;
+  // etcd's client URLs (http://h:p, https://h:p) name members too.
+  auto bare = [](std::string member) {
+    for (const std::string scheme : {"http://", "https://"}) {
+      if (member.starts_with(scheme)) return member.substr(scheme.size());
+    }
+    return member;
+  };
+  if (value.find(',') != std::string::npos) {
+    // A list only makes sense for etcd; which backend is checked once every flag is read.
+    for (const auto& member : split(value, ',')) (void)parseEndpoint(flag, bare(member));
+    r.endpoint = value;
+    return;
+  }
+  r.endpoint = parseEndpoint(flag, bare(value));
+}
+
 std::string readTokenFile(const std::string& path) {
   try {
     return cxxlaunch::readTokenFile(path, "--rdzv_conf token_file");
@@ -130,16 +148,31 @@ void parseRdzvConf(RendezvousOptions& r, const std::string& flag, const std::str
       r.is_host = v == "true" || v == "1";
     } else if (key == "token_file") {
       r.token = readTokenFile(v);
-    } else if (key == "tls_ca") {
+    } else if (key == "tls_ca" || key == "cacert") {
       r.tls_ca = v;
-    } else if (key == "tls_cert") {
+    } else if (key == "tls_cert" || key == "cert") {
       r.tls_cert = v;
-    } else if (key == "tls_key") {
+    } else if (key == "tls_key" || key == "key") {
       r.tls_key = v;
+    } else if (key == "user") {
+      if (v.empty()) failFlag(name, v, "an etcd user name");
+      r.etcd_user = v;
+    } else if (key == "password") {
+      r.etcd_password = v;
+    } else if (key == "password_file") {
+      try {
+        r.etcd_password = cxxlaunch::readTokenFile(v, "--rdzv_conf password_file");
+      } catch (const InvalidArgument& e) {
+        throw UsageError(e.what());
+      }
+    } else if (key == "protocol") {
+      // torchrun's etcd backend: http or https; TLS here is on when tls_ca (cacert) is given.
+      if (v != "http" && v != "https") failFlag(name, v, "http or https");
     } else {
       const std::string best = closestMatch(
           key, {"join_timeout", "last_call_timeout", "close_timeout", "keep_alive_interval",
-                "keep_alive_max_misses", "is_host", "token_file", "tls_ca", "tls_cert", "tls_key"});
+                "keep_alive_max_misses", "is_host", "token_file", "tls_ca", "tls_cert", "tls_key",
+                "user", "password", "password_file", "cacert", "cert", "key", "protocol"});
       throw UsageError("--" + flag + ": unknown key '" + key + "'" +
                        (best.empty() ? "" : "; did you mean " + best + "?"));
     }

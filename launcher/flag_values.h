@@ -34,6 +34,9 @@ void parseNnodes(RendezvousOptions& r, const std::string& flag, const std::strin
 
 // HOST[:PORT] (torchrun's default port 29400) as "host:port", IPv6 in brackets.
 std::string parseEndpoint(const std::string& flag, const std::string& value);
+// --rdzv_endpoint: one HOST[:PORT] (the server), or a comma-separated list (etcd's members). The
+// text is kept for etcd, whose default port differs; validateLaunch checks it with the backend.
+void parseRdzvEndpoint(RendezvousOptions& r, const std::string& flag, const std::string& value);
 
 // The job token from the file `path` (--rdzv_conf token_file=).
 std::string readTokenFile(const std::string& path);

@@ -35,6 +35,24 @@ void validateRendezvous(LaunchOptions& o) {
                        std::to_string(r.max_nodes) + " nodes");
     }
   }
+  if (r.etcd()) {
+    if (r.endpoint.empty()) {
+      throw UsageError(
+          "--rdzv_backend etcd needs --rdzv_endpoint HOST:PORT[,HOST:PORT...]: the etcd "
+          "members");
+    }
+    if (!r.etcd_user.empty() && r.etcd_password.empty()) {
+      throw UsageError("--rdzv_conf user= needs password= or password_file=");
+    }
+    if (!o.run_id_given) {
+      throw UsageError("--rdzv_backend etcd needs --rdzv_id: the same job id on every node");
+    }
+  } else if (r.endpoint.find(',') != std::string::npos ||
+             r.etcd_endpoints.find("://") != std::string::npos) {
+    throw UsageError("--rdzv_endpoint " + r.etcd_endpoints +
+                     ": a list of endpoints or a URL is for --rdzv_backend etcd; the " + r.backend +
+                     " backend meets at one HOST:PORT");
+  }
   if (r.max_nodes > 1 && r.endpoint.empty()) {
     throw UsageError(
         "a multi-node job needs --rdzv_endpoint HOST:PORT: the rendezvous server, or the host "
@@ -69,7 +87,9 @@ void applyConfig(const Config& c, RunFlags& p, const std::map<std::string, std::
   }
   const bool cpu = c.flag("use_cpu") || c.text("distributed_type") == "MULTI_CPU";
   if (!cpu && c.text("gpu_ids") != "all") o.gpus = parseIntList("gpu_ids", c.text("gpu_ids"));
-  if (c.isSet("rdzv_backend") || machines > 1) o.rdzv.backend = c.text("rdzv_backend");
+  if (c.isSet("rdzv_backend") || machines > 1) {
+    o.rdzv.backend = c.text("rdzv_backend") == "etcd-v2" ? "etcd" : c.text("rdzv_backend");
+  }
   const std::string port = c.text("main_process_port");
   if (machines > 1) {
     // Both of accelerate's same_network modes meet at main_process_ip:main_process_port: the

@@ -19,6 +19,8 @@
 #include "launcher/process.h"
 #include "rendezvous/client.h"
 #include "rendezvous/daemon_flags.h"
+#include "rendezvous/etcd_client.h"
+#include "rendezvous/etcd_rendezvous.h"
 #include "rendezvous/server.h"
 
 namespace cxxlaunch::launcher {
@@ -149,6 +151,7 @@ class Link {
   virtual rdzv::Verdict requestRestart(const std::string& node_id, int64_t round,
                                        const rdzv::FailureReport& failure) = 0;
   virtual rdzv::Verdict leave(const std::string& node_id, int64_t round) = 0;
+  virtual void close() {}  // before the launcher exits
 };
 
 class GrpcLink final : public Link {
@@ -206,6 +209,40 @@ class HostedLink final : public Link {
   std::atomic<bool> cancelled_ = false;
 };
 
+// --rdzv_backend etcd: no server; the agents agree through an etcd cluster
+// (rendezvous/etcd_rendezvous.h).
+class EtcdLink final : public Link {
+ public:
+  EtcdLink(std::shared_ptr<rdzv::EtcdClient> client, const std::string& run_id)
+      : rendezvous_(std::move(client), run_id) {}
+  rdzv::JoinPoll join(const rdzv::NodeSpec& node, const rdzv::RunSettings& settings,
+                      rdzv::Millis poll) override {
+    return rendezvous_.join(node, settings, poll);
+  }
+  void cancel() override { rendezvous_.cancel(); }
+  rdzv::Verdict keepAlive(const std::string& node_id, int64_t round, rdzv::Millis,
+                          const std::vector<rdzv::WorkerProgress>&) override {
+    return rendezvous_.keepAlive(node_id, round);
+  }
+  rdzv::Verdict requestRestart(const std::string& node_id, int64_t round,
+                               const rdzv::FailureReport& failure) override {
+    return rendezvous_.requestRestart(node_id, round, failure);
+  }
+  rdzv::Verdict leave(const std::string& node_id, int64_t round) override {
+    return rendezvous_.leave(node_id, round);
+  }
+  void close() override {
+    try {
+      rendezvous_.close();
+    } catch (const Error&) {
+      // etcd is unreachable: the lease expires on its own.
+    }
+  }
+
+ private:
+  rdzv::EtcdRendezvous rendezvous_;
+};
+
 // Every job goes through a rendezvous server, a single-node job too: it hosts a private one on
 // loopback, so that its workers get a store (for Gloo and NCCL bootstrap) like any other job.
 // The launcher that hosts the server joins it directly (HostedLink); the others over gRPC.
@@ -215,10 +252,30 @@ class RemoteRendezvous final : public NodeRendezvous {
   explicit RemoteRendezvous(const LaunchOptions& options) : options_(options.rdzv) {
     const auto& r = options.rdzv;
     std::string endpoint = r.endpoint;
-    if (r.is_host.value_or(true)) host(endpoint, options);
+    std::shared_ptr<rdzv::EtcdClient> etcd;
+    if (r.etcd()) {
+      rdzv::EtcdOptions eo;
+      // From --rdzv_endpoint as given, or from a config file's main_process_ip:port.
+      eo.endpoints =
+          rdzv::parseEtcdEndpoints(r.etcd_endpoints.empty() ? r.endpoint : r.etcd_endpoints);
+      eo.user = r.etcd_user;
+      eo.password = r.etcd_password;
+      eo.tls_ca_file = r.tls_ca;
+      eo.tls_cert_file = r.tls_cert;
+      eo.tls_key_file = r.tls_key;
+      eo.call_timeout =
+          std::clamp<std::chrono::milliseconds>(r.keep_alive_interval * r.keep_alive_max_misses,
+                                                std::chrono::seconds(1), std::chrono::seconds(10));
+      etcd = std::make_shared<rdzv::EtcdClient>(eo);
+      // Workers reach the same members (runtime/world.cc: an etcd:// endpoint is an EtcdStore).
+      endpoint = rdzv::etcdEndpointUrl(eo.endpoints);
+      store_user_ = r.etcd_user;
+    } else if (r.is_host.value_or(true)) {
+      host(endpoint, options);
+    }
     if (endpoint.empty()) endpoint = server_->endpoint();
     client_options_.endpoint = endpoint;
-    client_options_.token = r.token;
+    client_options_.token = r.etcd() ? r.etcd_password : r.token;
     client_options_.tls_ca_file = r.tls_ca;
     client_options_.tls_cert_file = r.tls_cert;
     client_options_.tls_key_file = r.tls_key;
@@ -230,12 +287,20 @@ class RemoteRendezvous final : public NodeRendezvous {
                                               std::chrono::seconds(1), std::chrono::seconds(10));
     run_id_ = options.run_id;
     // The hosting launcher calls its own server directly.
-    link_ = server_ ? std::unique_ptr<Link>(std::make_unique<HostedLink>(*server_, run_id_))
-                    : std::make_unique<GrpcLink>(client_options_, run_id_);
+    if (etcd) {
+      link_ = std::make_unique<EtcdLink>(etcd, run_id_);
+    } else if (server_) {
+      link_ = std::make_unique<HostedLink>(*server_, run_id_);
+    } else {
+      link_ = std::make_unique<GrpcLink>(client_options_, run_id_);
+    }
 
+    const std::string toward = etcd
+                                   ? splitEndpoint(etcd->options().endpoints.front()).host
+                                   : (r.multiNode() ? splitEndpoint(endpoint).host : std::string());
     node_.addr = !r.local_addr.empty() ? r.local_addr
                  : !r.multiNode()      ? options.master_addr
-                                       : localAddressToward(splitEndpoint(endpoint).host);
+                                       : localAddressToward(toward);
     node_.id = node_.addr + "_" + std::to_string(::getpid()) + "_" + randomHex(6);
     node_.local_world_size = options.nproc_per_node;
     node_.master_port = options.master_port != 0 ? options.master_port : reserveFreePort();
@@ -248,7 +313,10 @@ class RemoteRendezvous final : public NodeRendezvous {
     settings_.max_restarts = options.max_restarts;
   }
 
-  ~RemoteRendezvous() override { unwatch(); }
+  ~RemoteRendezvous() override {
+    unwatch();
+    link_->close();
+  }
 
   // 1. Poll Join until the round is complete or join_timeout passes; each poll is also this
   //    node's keep-alive while it waits.
@@ -339,6 +407,7 @@ class RemoteRendezvous final : public NodeRendezvous {
 
   void finish() override {
     unwatch();
+    link_->close();
     if (server_ && ended_ && num_nodes_ > 1) {
       server_->waitUntilSettled(
           run_id_, options_.keep_alive_interval * (options_.keep_alive_max_misses + 1));
@@ -399,6 +468,7 @@ class RemoteRendezvous final : public NodeRendezvous {
     w.store_endpoint = client_options_.endpoint;
     w.store_prefix = rdzv::storePrefix(run_id_, p.round);
     w.token = client_options_.token;
+    w.store_user = store_user_;
     w.tls_ca = client_options_.tls_ca_file;
     w.tls_cert = client_options_.tls_cert_file;
     w.tls_key = client_options_.tls_key_file;
@@ -468,6 +538,7 @@ class RemoteRendezvous final : public NodeRendezvous {
   const RendezvousOptions options_;
   rdzv::ClientOptions client_options_;
   std::string run_id_;
+  std::string store_user_;  // etcd: the user the workers' store authenticates as
   std::unique_ptr<rdzv::RendezvousServer> server_;
   std::unique_ptr<Link> link_;  // after server_: it may refer to it
   rdzv::NodeSpec node_;

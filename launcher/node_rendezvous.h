@@ -30,7 +30,8 @@ struct WorldAssignment {
   std::string node_addr;       // this node's address, as the others reach it
   std::string store_endpoint;  // empty when there is no store for workers
   std::string store_prefix;
-  std::string token;
+  std::string token;                      // etcd: the password of store_user
+  std::string store_user;                 // etcd: the user the workers authenticate as; empty: none
   std::string tls_ca, tls_cert, tls_key;  // for workers' store connections
 };
 

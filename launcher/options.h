@@ -27,10 +27,16 @@ struct StreamSpec {
 struct RendezvousOptions {
   int min_nodes = 1;
   int max_nodes = 1;
-  int node_rank = -1;            // --node_rank, static backend only
-  std::string backend = "c10d";  // "c10d" (ranks by node id) or "static" (ranks by --node_rank)
-  std::string endpoint;          // host:port of the rendezvous server; empty: a private one
-  std::string local_addr;        // address advertised to other nodes; empty: detected
+  int node_rank = -1;  // --node_rank, static backend only
+  // "c10d" (ranks by node id), "static" (ranks by --node_rank) or "etcd" (an etcd cluster keeps
+  // the rendezvous; also torchrun's "etcd-v2")
+  std::string backend = "c10d";
+  std::string endpoint;  // host:port of the rendezvous server; empty: a private one
+  // etcd: the members as given (HOST[:PORT],...; etcd's port 2379 where none is given)
+  std::string etcd_endpoints;
+  std::string etcd_user;      // --rdzv_conf user=; empty: no etcd auth
+  std::string etcd_password;  // password= or password_file=
+  std::string local_addr;     // address advertised to other nodes; empty: detected
   std::chrono::milliseconds join_timeout = std::chrono::seconds(600);
   std::chrono::milliseconds last_call_timeout = std::chrono::seconds(30);
   std::chrono::milliseconds close_timeout = std::chrono::seconds(300);  // exit barrier
@@ -41,6 +47,7 @@ struct RendezvousOptions {
   std::string tls_ca, tls_cert, tls_key;
 
   bool multiNode() const { return max_nodes > 1 || !endpoint.empty(); }
+  bool etcd() const { return backend == "etcd"; }
 };
 
 // `--hostfile`: this launcher starts one node agent per host over ssh (launcher/remote.h) instead

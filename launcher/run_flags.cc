@@ -155,19 +155,25 @@ const std::vector<FlagSpec>& flagTable() {
        [](RunFlags& p, const std::string& f, const std::string& v) {
          p.options.rdzv.node_rank = parseInt(f, v, 0, 65535, "a node rank >= 0");
        }},
-      {"rdzv_backend", "c10d|static", "c10d: ranks by node id (default); static: by --node_rank",
+      {"rdzv_backend", "c10d|static|etcd",
+       "c10d: ranks by node id (default); static: by --node_rank; etcd (or etcd-v2): an etcd "
+       "cluster at --rdzv_endpoint keeps the rendezvous",
        [](RunFlags& p, const std::string& f, const std::string& v) {
-         if (v != "c10d" && v != "static") failFlag(f, v, "c10d or static");
-         p.options.rdzv.backend = v;
+         if (v != "c10d" && v != "static" && v != "etcd" && v != "etcd-v2") {
+           failFlag(f, v, "c10d, static or etcd");
+         }
+         p.options.rdzv.backend = v == "etcd-v2" ? "etcd" : v;
        }},
-      {"rdzv_endpoint", "HOST[:PORT]",
-       "the rendezvous server (default port 29400); a launcher on that host hosts it",
+      {"rdzv_endpoint", "HOST[:PORT][,...]",
+       "the rendezvous server (default port 29400; a launcher on that host hosts it), or with "
+       "--rdzv_backend etcd the etcd members (default port 2379)",
        [](RunFlags& p, const std::string& f, const std::string& v) {
-         p.options.rdzv.endpoint = parseEndpoint(f, v);
+         parseRdzvEndpoint(p.options.rdzv, f, v);
        }},
       {"rdzv_conf", "K=V,...",
        "join_timeout, last_call_timeout, close_timeout, keep_alive_interval (seconds), "
-       "keep_alive_max_misses, is_host, token_file, tls_ca, tls_cert, tls_key",
+       "keep_alive_max_misses, is_host, token_file, tls_ca, tls_cert, tls_key; etcd: user, "
+       "password, password_file (cacert, cert, key as torchrun names tls_*)",
        [](RunFlags& p, const std::string& f, const std::string& v) {
          parseRdzvConf(p.options.rdzv, f, v);
        }},

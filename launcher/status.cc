@@ -4,6 +4,8 @@
 #include <sstream>
 
 #include "rendezvous/client.h"
+#include "rendezvous/etcd_client.h"
+#include "rendezvous/etcd_rendezvous.h"
 
 namespace cxxlaunch::launcher {
 namespace {
@@ -17,6 +19,19 @@ std::string seconds(std::chrono::milliseconds age) {
 }  // namespace
 
 std::string describeRun(const StatusOptions& options) {
+  if (options.rdzv.etcd()) {
+    rendezvous::EtcdOptions etcd;
+    etcd.endpoints = rendezvous::parseEtcdEndpoints(options.rdzv.etcd_endpoints);
+    etcd.user = options.rdzv.etcd_user;
+    etcd.password = options.rdzv.etcd_password;
+    etcd.tls_ca_file = options.rdzv.tls_ca;
+    etcd.tls_cert_file = options.rdzv.tls_cert;
+    etcd.tls_key_file = options.rdzv.tls_key;
+    auto client = std::make_shared<rendezvous::EtcdClient>(etcd);
+    rendezvous::EtcdRendezvous run(client, options.run_id);
+    return formatRunStatus(options.run_id, rendezvous::etcdEndpointUrl(etcd.endpoints),
+                           run.status(), options.silent_after);
+  }
   rendezvous::ClientOptions client_options;
   client_options.endpoint = options.rdzv.endpoint;
   client_options.token = options.rdzv.token;

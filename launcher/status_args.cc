@@ -13,12 +13,16 @@ StatusOptions parseStatusArgs(const std::vector<std::string>& args) {
       "Shows a run's rendezvous: its round, nodes and state, and each worker's last progress.",
       "cxxlaunch status");
   cli::useConventions(app);
-  std::string endpoint, conf;
+  std::string endpoint, conf, backend = "c10d";
   StatusOptions status;
-  app.add_option(cli::spellings("rdzv_endpoint"), endpoint, "the rendezvous server")
-      ->type_name("HOST:PORT");
+  app.add_option(cli::spellings("rdzv_endpoint"), endpoint,
+                 "the rendezvous server (with --rdzv_backend etcd: the etcd members)")
+      ->type_name("HOST:PORT[,...]");
+  app.add_option(cli::spellings("rdzv_backend"), backend, "c10d (default) or etcd (etcd-v2)")
+      ->type_name("c10d|etcd");
   app.add_option(cli::spellings("rdzv_id,run_id"), status.run_id, "the job id")->type_name("ID");
-  app.add_option(cli::spellings("rdzv_conf"), conf, "token_file=FILE, tls_ca, tls_cert, tls_key")
+  app.add_option(cli::spellings("rdzv_conf"), conf,
+                 "token_file=FILE, tls_ca, tls_cert, tls_key; etcd: user, password, password_file")
       ->type_name("K=V,...");
   std::string silent_after;
   app.add_option(cli::spellings("silent_after"), silent_after,
@@ -32,7 +36,14 @@ StatusOptions parseStatusArgs(const std::vector<std::string>& args) {
   if (endpoint.empty() || status.run_id.empty()) {
     throw UsageError("cxxlaunch status needs --rdzv_endpoint HOST:PORT and --rdzv_id ID");
   }
-  status.rdzv.endpoint = parseEndpoint("rdzv_endpoint", endpoint);
+  if (backend == "etcd" || backend == "etcd-v2") {
+    status.rdzv.backend = "etcd";
+    parseRdzvEndpoint(status.rdzv, "rdzv_endpoint", endpoint);
+  } else if (backend == "c10d" || backend == "static") {
+    status.rdzv.endpoint = parseEndpoint("rdzv_endpoint", endpoint);
+  } else {
+    throw UsageError("--rdzv_backend '" + backend + "': c10d, static or etcd");
+  }
   if (!conf.empty()) parseRdzvConf(status.rdzv, "rdzv_conf", conf);
   if (!silent_after.empty()) {
     status.silent_after = parseSeconds("silent_after", silent_after, /*allow_zero=*/false);

@@ -95,6 +95,7 @@ WorkerEnv readWorkerEnv() {
   readString(env::kStoreEndpoint, e.store_endpoint);
   readString(env::kStorePrefix, e.store_prefix);
   readString(env::kToken, e.token);
+  readString(env::kStoreUser, e.store_user);
   int device = -1;
   readInt(env::kDevice, device);
   if (device >= 0) e.device = device;

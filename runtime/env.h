@@ -27,7 +27,8 @@ struct WorkerEnv {
   std::string error_file;
   std::string store_endpoint;  // empty: no rendezvous store (single process)
   std::string store_prefix;
-  std::string token;
+  std::string token;                    // etcd: the store user's password
+  std::string store_user;               // etcd: CXXLAUNCH_STORE_USER
   std::optional<int> device;            // GPU id chosen by the launcher, if any
   std::string node_addr = "127.0.0.1";  // where other ranks reach this one
   std::string tls_ca, tls_cert, tls_key;

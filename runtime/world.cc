@@ -2,6 +2,7 @@
 
 #include "common/error.h"
 #include "rendezvous/client.h"
+#include "rendezvous/etcd_store.h"
 #include "rendezvous/memory_store.h"
 #include "runtime/comm/checked_backend.h"
 
@@ -16,13 +17,25 @@ std::shared_ptr<rendezvous::Store> storeFromEnv(const WorkerEnv& env) {
     }
     return std::make_shared<rendezvous::MemoryStore>();
   }
+  auto [run_id, round] = rendezvous::parseStorePrefix(env.store_prefix);
+  if (env.store_endpoint.rfind(rendezvous::kEtcdScheme, 0) == 0) {
+    // --rdzv_backend etcd: the round's keys live in the etcd cluster itself.
+    rendezvous::EtcdOptions etcd;
+    etcd.endpoints = rendezvous::parseEtcdEndpoints(env.store_endpoint);
+    etcd.user = env.store_user;
+    etcd.password = env.token;
+    etcd.tls_ca_file = env.tls_ca;
+    etcd.tls_cert_file = env.tls_cert;
+    etcd.tls_key_file = env.tls_key;
+    return std::make_shared<rendezvous::EtcdStore>(std::make_shared<rendezvous::EtcdClient>(etcd),
+                                                   run_id, round);
+  }
   rendezvous::ClientOptions options;
   options.endpoint = env.store_endpoint;
   options.token = env.token;
   options.tls_ca_file = env.tls_ca;
   options.tls_cert_file = env.tls_cert;
   options.tls_key_file = env.tls_key;
-  auto [run_id, round] = rendezvous::parseStorePrefix(env.store_prefix);
   return std::make_shared<rendezvous::GrpcStore>(options, run_id, round);
 }
 

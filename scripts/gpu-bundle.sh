@@ -5,7 +5,8 @@
 # these need (gRPC, Protobuf, Abseil, OpenSSL, yaml-cpp, ...; not glibc or libstdc++, which every
 # Linux has), and the headers, library and CMake helpers of Gloo, nlohmann-json, Catch2 and CLI11.
 # cmake/bundle.cmake is its reader. Runs here, after scripts/setup.sh; the folder stays under
-# 40 MiB (it travels with the working tree) or the script fails.
+# 44 MiB (it travels with the working tree, 64 MiB at most) or the script fails. It was 38 MiB
+# before the etcd backend (issue 13) added its client to the launcher and the rendezvous library.
 #
 # usage: scripts/gpu-bundle.sh [FOLDER [BUILD]]
 #   FOLDER: where to put it (default .gpu-bundle, ignored by git); BUILD: the build to take the
@@ -14,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bundle="${1:-.gpu-bundle}"
 build="${2:-build}"
-limit_mib=40
+limit_mib=44
 
 [ -f "$build/build.ninja" ] || scripts/setup.sh >/dev/null
 export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1 CCACHE_SLOPPINESS=pch_defines,time_macros

@@ -15,7 +15,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1 CCACHE_SLOPPINESS=pch_defines,time_macros
 [ -f build-tsan/build.ninja ] || cmake --preset tsan >/dev/null
-cmake --build --preset tsan --target common_test rendezvous_test launcher_test kernels_cpu_test \
+cmake --build --preset tsan --target common_test rendezvous_test etcd_rendezvous_test launcher_test \
+  kernels_cpu_test \
   launcher_integration_test multinode_integration_test
 # llvm-symbolizer: qualified names, which the suppressions match. handle_segv=0: a worker a test
 # kills with SIGSEGV dies of it, as it would unsanitized, instead of TSan exiting 66 for it.

@@ -226,6 +226,25 @@ TEST_CASE("Multi-node flags parse", "[cli]") {
                         host());
   CHECK(s.rdzv.endpoint == "[::1]:5000");
   CHECK(s.rdzv.node_rank == 2);
+  // The etcd backend (torchrun's etcd-v2 name too): a list of members, etcd's auth and TLS in
+  // --rdzv_conf (torchrun's cacert/cert/key spellings as well).
+  auto e = parseRunArgs(
+      {"--nnodes", "1:3", "--rdzv_backend", "etcd-v2", "--rdzv_endpoint", "e1:2379,e2,[::1]:23790",
+       "--rdzv_id", "j", "--rdzv_conf",
+       "user=root,password=pw,cacert=ca.pem,cert=c.pem,key=k.pem,protocol=https", "true"},
+      host());
+  CHECK(e.rdzv.backend == "etcd");
+  CHECK(e.rdzv.etcd());
+  CHECK(e.rdzv.etcd_endpoints == "e1:2379,e2,[::1]:23790");
+  CHECK(e.rdzv.etcd_user == "root");
+  CHECK(e.rdzv.etcd_password == "pw");
+  CHECK(e.rdzv.tls_ca == "ca.pem");
+  CHECK(e.rdzv.tls_cert == "c.pem");
+  CHECK(e.rdzv.tls_key == "k.pem");
+  CHECK(parseRunArgs({"--rdzv_backend", "etcd", "--rdzv_endpoint", "https://e1:2379", "--rdzv_id",
+                      "j", "true"},
+                     host())
+            .rdzv.etcd_endpoints == "https://e1:2379");
   auto single = parseRunArgs({"true"}, host());
   CHECK_FALSE(single.rdzv.multiNode());
   CHECK(single.run_id.size() == 12);  // a random id
@@ -255,7 +274,18 @@ TEST_CASE("Bad multi-node command lines fail with one clear message", "[cli]") {
         "true"},
        "= 2147549184 ranks, more than the 16777216"},
       {{"--rdzv_conf", "tls_cert=a.pem", "true"}, "tls_cert and tls_key go together"},
-      {{"--rdzv_backend", "etcd", "true"}, "c10d or static"},
+      {{"--rdzv_backend", "etcd3", "true"}, "c10d, static or etcd"},
+      {{"--rdzv_backend", "etcd", "--rdzv_id", "j", "true"}, "the etcd members"},
+      {{"--rdzv_backend", "etcd", "--rdzv_endpoint", "h", "true"}, "needs --rdzv_id"},
+      {{"--rdzv_backend", "etcd", "--rdzv_endpoint", "h", "--rdzv_id", "j", "--rdzv_conf",
+        "user=root", "true"},
+       "user= needs password= or password_file="},
+      {{"--rdzv_endpoint", "a:1,b:2", "--rdzv_id", "j", "true"},
+       "a list of endpoints or a URL is for --rdzv_backend etcd"},
+      {{"--rdzv_endpoint", "http://a:1", "--rdzv_id", "j", "true"},
+       "a list of endpoints or a URL is for --rdzv_backend etcd"},
+      {{"--rdzv_endpoint", "a:1,,b:2", "--rdzv_id", "j", "true"}, "HOST or HOST:PORT"},
+      {{"--rdzv_conf", "usr=root", "true"}, "did you mean user?"},
       {{"--rdzv_backend", "static", "--nnodes", "1:2", "--rdzv_endpoint", "h", "--rdzv_id", "j",
         "true"},
        "needs a fixed --nnodes"},

@@ -1,0 +1,93 @@
+#pragma once
+// EtcdRendezvous: the rendezvous of one run kept in an etcd cluster instead of a cxxlaunchd
+// server (--rdzv_backend=etcd). There is no server: every agent reads the run's state, decides
+// what the state machine of rendezvous/run_state.h would, and writes the new state back with a
+// compare-and-swap transaction on the state key's mod revision; a transaction that lost the race
+// re-reads and decides again. Same rules as RunState: rounds, min..max nodes with a last call,
+// a global restart count, the root cause of a failed job, close when every node has finished.
+//
+// Keys (docs/rendezvous.md, "etcd"), all under /cxxlaunch/<run_id>/:
+//   state          the run's state (proto/etcd_state.proto), the one key every decision CASes
+//   round          the current round number: the fencing token of the workers' EtcdStore
+//   alive/<node>   one key per agent, attached to that agent's lease (TTL: the eviction timeout)
+//   store/<round>/ the workers' keys of a round (rendezvous/etcd_store.h)
+// Liveness: an agent keeps its lease alive from a thread of its own; a killed agent's lease
+// expires and its alive key vanishes. Whoever reads the state next and finds a participant of
+// the running round without its alive key evicts it (the survivors re-form, elastic within
+// min..max), as RunState's keep-alive timeout does.
+//
+// Thread-safety: safe to call from several threads; cancel() from any thread ends a join.
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "rendezvous/client.h"
+#include "rendezvous/etcd_client.h"
+#include "rendezvous/run_state.h"
+
+namespace cxxlaunch::rendezvous {
+
+// How long the state of a closed or failed run stays in etcd (so that a late node is refused
+// with a clear message) before its lease removes it.
+inline constexpr std::chrono::seconds kEtcdFinalStateRetention = std::chrono::minutes(10);
+
+class EtcdRendezvous {
+ public:
+  EtcdRendezvous(std::shared_ptr<EtcdClient> client, std::string run_id);
+  ~EtcdRendezvous();  // close()
+  EtcdRendezvous(const EtcdRendezvous&) = delete;
+  EtcdRendezvous& operator=(const EtcdRendezvous&) = delete;
+
+  // As RendezvousClient::join: waits at most `poll` (on a watch) for the round to complete.
+  // The first call grants this agent's lease and writes its alive key. Throws InvalidArgument
+  // (settings that differ from the run's, a bad node), StaleError (closed or failed run),
+  // CommunicationError (etcd unreachable, or cancelled).
+  JoinPoll join(const NodeSpec& node, const RunSettings& settings, Millis poll);
+  void cancel();
+
+  // As RunState's: what this node of `round` must do now. Evicts participants whose alive key is
+  // gone (their agent's lease expired).
+  Verdict keepAlive(const std::string& node_id, int64_t round);
+  Verdict requestRestart(const std::string& node_id, int64_t round, const FailureReport& failure);
+  Verdict leave(const std::string& node_id, int64_t round);
+
+  // What the run's state says now, for `cxxlaunch status` (reads only; no lease needed). Nodes'
+  // heartbeat ages are 0 (liveness is their lease: a node listed is alive or about to be
+  // evicted) and their workers unknown. Throws InvalidArgument when etcd has no such run.
+  RunStatus status();
+
+  // Stops the lease's keep-alives and revokes it: this agent's alive key goes at once.
+  // Idempotent.
+  void close();
+
+  // Whether the lease thread found the lease expired at some point (the agent was silent past
+  // the eviction timeout, e.g. etcd was down that long).
+  bool leaseWasLost() const { return lease_lost_; }
+
+ private:
+  struct Snapshot;
+  template <typename Decide>
+  Snapshot update(Decide&& decide);
+  void ensureLease(const NodeSpec& node, const RunSettings& settings);
+  void keepLeaseLoop();
+
+  std::shared_ptr<EtcdClient> client_;
+  const std::string run_id_;
+  const std::string prefix_;
+  std::atomic<bool> cancelled_ = false;
+  std::mutex mu_;  // lease_, keeper_
+  int64_t lease_ = 0;
+  std::chrono::milliseconds lease_period_{1000};
+  std::string alive_key_;
+  std::string alive_value_;
+  std::condition_variable wake_;  // ends the keeper's wait
+  std::atomic<bool> stop_ = false;
+  std::atomic<bool> lease_lost_ = false;
+  std::thread keeper_;
+};
+
+}  // namespace cxxlaunch::rendezvous
