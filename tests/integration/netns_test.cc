@@ -97,7 +97,7 @@ std::string hostsLine(const std::string& name) {
 }  // namespace
 
 TEST_CASE(
-    "A stock PyTorch Gloo script runs across two network namespaces whose host name is "
+    "A stock PyTorch DDP script runs across two network namespaces whose host name is "
     "loopback",
     "[netns][integration]") {
   TwoHosts hosts;
@@ -108,7 +108,7 @@ TEST_CASE(
   const auto results = acrossHosts(
       hosts, {"/bin/sh", "-c",
               "echo IFNAME=$GLOO_SOCKET_IFNAME NCCL=$NCCL_SOCKET_IFNAME ADDR=$CXXLAUNCH_NODE_ADDR;"
-              " exec " SYSTEM_PYTHON " " PY_SCRIPT});
+              " exec " SYSTEM_PYTHON " " DDP_SCRIPT});
   for (int n = 0; n < 2; ++n) {
     const Finished& r = results[static_cast<size_t>(n)];
     INFO("host " << n << ": " << r.out << r.err);
@@ -116,7 +116,7 @@ TEST_CASE(
     const std::string veth = hosts.veth(n);
     CHECK_THAT(r.out,
                Catch::Contains("IFNAME=" + veth + " NCCL=" + veth + " ADDR=" + hosts.address(n)));
-    CHECK_THAT(r.out, Catch::Contains("rank " + std::to_string(n) + "/2 all_reduce ok: 3"));
+    CHECK_THAT(r.out, Catch::Contains("rank " + std::to_string(n) + "/2 ddp ok"));
   }
 }
 
