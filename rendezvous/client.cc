@@ -49,18 +49,8 @@ grpc::Status explainUnreachable(const grpc::Status& status, grpc::Channel& chann
 
 std::shared_ptr<grpc::Channel> makeChannel(const ClientOptions& options) {
   wire::quietGrpcLogs();
-  std::shared_ptr<grpc::ChannelCredentials> credentials;
-  if (!options.tls_ca_file.empty()) {
-    grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = wire::readTlsFile(options.tls_ca_file, "CA");
-    if (!options.tls_cert_file.empty()) {
-      ssl.pem_cert_chain = wire::readTlsFile(options.tls_cert_file, "certificate");
-      ssl.pem_private_key = wire::readTlsFile(options.tls_key_file, "key");
-    }
-    credentials = grpc::SslCredentials(ssl);
-  } else {
-    credentials = grpc::InsecureChannelCredentials();
-  }
+  const auto credentials =
+      wire::clientCredentials(options.tls_ca_file, options.tls_cert_file, options.tls_key_file);
   grpc::ChannelArguments args;
   // The server bounds what it sends (its max_message_bytes, 64 MiB by default, above its largest
   // value); the client's own bound only guards against a broken server, so it is larger.

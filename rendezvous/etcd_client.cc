@@ -266,17 +266,8 @@ struct EtcdClient::Impl {
   explicit Impl(EtcdOptions o) : options(std::move(o)) {
     if (options.endpoints.empty()) throw InvalidArgument("no etcd endpoint given");
     wire::quietGrpcLogs();
-    if (!options.tls_ca_file.empty()) {
-      grpc::SslCredentialsOptions ssl;
-      ssl.pem_root_certs = wire::readTlsFile(options.tls_ca_file, "CA");
-      if (!options.tls_cert_file.empty()) {
-        ssl.pem_cert_chain = wire::readTlsFile(options.tls_cert_file, "certificate");
-        ssl.pem_private_key = wire::readTlsFile(options.tls_key_file, "key");
-      }
-      credentials = grpc::SslCredentials(ssl);
-    } else {
-      credentials = grpc::InsecureChannelCredentials();
-    }
+    credentials =
+        wire::clientCredentials(options.tls_ca_file, options.tls_cert_file, options.tls_key_file);
     args.SetMaxReceiveMessageSize(64 << 20);
     // A restarted member is found again within a second, not after gRPC's default 2 min cap.
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);

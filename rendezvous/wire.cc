@@ -193,6 +193,19 @@ std::string readTlsFile(const std::string& path, const char* what) {
   return text;
 }
 
+std::shared_ptr<grpc::ChannelCredentials> clientCredentials(const std::string& ca_file,
+                                                            const std::string& cert_file,
+                                                            const std::string& key_file) {
+  if (ca_file.empty()) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = readTlsFile(ca_file, "CA");
+  if (!cert_file.empty()) {
+    ssl.pem_cert_chain = readTlsFile(cert_file, "certificate");
+    ssl.pem_private_key = readTlsFile(key_file, "key");
+  }
+  return grpc::SslCredentials(ssl);
+}
+
 void quietGrpcLogs() {
   static std::once_flag once;
   std::call_once(once, [] {

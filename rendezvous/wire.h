@@ -58,6 +58,12 @@ grpc::Status guarded(Body&& body) {
 // file when it cannot be read or is empty.
 std::string readTlsFile(const std::string& path, const char* what);
 
+// A client's channel credentials: TLS when `ca_file` is given (mutual when `cert_file` and
+// `key_file` are too), else insecure. InvalidArgument when a file cannot be read.
+std::shared_ptr<grpc::ChannelCredentials> clientCredentials(const std::string& ca_file,
+                                                            const std::string& cert_file,
+                                                            const std::string& key_file);
+
 // gRPC's own log lines ("Handshake failed ...", "No address added ...") would reach users next to
 // our clear errors; they are dropped unless CXXLAUNCH_GRPC_LOG is set. Idempotent.
 void quietGrpcLogs();

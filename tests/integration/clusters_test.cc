@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "support/subprocess.h"
+#include "support/worker_lines.h"
 
 using namespace cxxlaunch::testing;
 using namespace std::chrono_literals;
@@ -26,18 +27,6 @@ using Env = std::map<std::string, std::string>;
 namespace fs = std::filesystem;
 
 namespace {
-
-// NAME=value lines printed by the workers, their "[rank (node:)rank]: " prefix gone.
-std::vector<std::string> values(const std::string& out, const std::string& name) {
-  std::vector<std::string> found;
-  std::istringstream in(out);
-  const std::regex line("^\\[rank (\\d+:)?\\d+\\]: " + name + "=(.*)$");
-  for (std::string l; std::getline(in, l);) {
-    std::smatch m;
-    if (std::regex_match(l, m, line)) found.push_back(m[2]);
-  }
-  return found;
-}
 
 std::multiset<std::string> valueSet(const std::string& out, const std::string& name) {
   auto v = values(out, name);

@@ -15,6 +15,7 @@
 
 #include "support/etcd.h"
 #include "support/subprocess.h"
+#include "support/worker_lines.h"
 
 using namespace cxxlaunch::testing;
 using namespace std::chrono_literals;
@@ -35,17 +36,6 @@ Args node(const std::string& endpoints, const std::string& run_id, const Args& f
   argv.push_back(program);
   argv.insert(argv.end(), args.begin(), args.end());
   return argv;
-}
-
-std::vector<std::string> values(const std::string& out, const std::string& name) {
-  std::vector<std::string> found;
-  std::istringstream in(out);
-  const std::regex line("^\\[rank (\\d+:)?\\d+\\]: " + name + "=(.*)$");
-  for (std::string l; std::getline(in, l);) {
-    std::smatch m;
-    if (std::regex_match(l, m, line)) found.push_back(m[2]);
-  }
-  return found;
 }
 
 const Args kTrain = {"--model", "mlp", "--steps", "4", "--print_every", "2", "--batch_size", "4"};

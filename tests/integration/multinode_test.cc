@@ -17,6 +17,7 @@
 
 #include "support/daemon.h"
 #include "support/subprocess.h"
+#include "support/worker_lines.h"
 
 using namespace cxxlaunch::testing;
 using namespace std::chrono_literals;
@@ -63,18 +64,6 @@ std::vector<std::optional<Finished>> runNodes(
     }
   }
   return results;
-}
-
-// NAME=value lines printed by the workers, in order, with their "[rank (node:)rank]: " prefix gone.
-std::vector<std::string> values(const std::string& out, const std::string& name) {
-  std::vector<std::string> found;
-  std::istringstream in(out);
-  const std::regex line("^\\[rank (\\d+:)?\\d+\\]: " + name + "=(.*)$");
-  for (std::string l; std::getline(in, l);) {
-    std::smatch m;
-    if (std::regex_match(l, m, line)) found.push_back(m[2]);
-  }
-  return found;
 }
 
 size_t count(const std::string& text, const std::string& what) {
