@@ -88,6 +88,11 @@ std::vector<MemoryRow> estimateMemory(const MemoryEstimateOptions& o) {
     add("zero2+offload", copy + (master + grad) / n, state / n);
     add("zero3+offload", (4 + grad) / n, state / n);
     add("zero3+offload+params", grad / n, (4 + state) / n);
+    // cpu offload of a GPU run: the fp32 master, the fp32 gradient shard and the state in host
+    // memory; the device keeps the compute copies (stage 3: its shard of them, or nothing).
+    add("zero2+cpu", copy, (4 + grad + state) / n);
+    add("zero3+cpu", copy / n, (4 + grad + state) / n);
+    add("zero3+cpu+params", 0, (4 + grad + state) / n);
   }
   return rows;
 }

@@ -19,7 +19,7 @@ struct MemoryEstimateOptions {
 
 struct MemoryRow {
   std::string dtype;     // fp32, bf16, fp16
-  std::string strategy;  // ddp, zero1, zero2, zero3, zero2+offload, zero3+offload, ...
+  std::string strategy;  // ddp, zero1, zero2, zero3; +offload (nvme), +cpu (cpu offload)
   double gpu_bytes = 0;  // per rank, in the training device's memory
   double cpu_bytes = 0;  // per rank, offloaded (host memory or nvme)
 };

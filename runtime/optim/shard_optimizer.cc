@@ -38,12 +38,6 @@ ShardOptimizer::ShardOptimizer(torch::optim::Optimizer& optimizer) : optimizer_(
   const auto& groups = optimizer.param_groups();
   if (groups.empty()) throw InvalidArgument("the optimizer has no parameter groups");
   const auto& first = groups.front();
-  for (const auto& group : groups) {
-    if (!group.params().empty()) {  // prepare() moved the model: its device is the shards'
-      device_ = group.params().front().device();
-      break;
-    }
-  }
   if (optionsAs<torch::optim::AdamWOptions>(first) != nullptr) {
     kind_ = Kind::kAdamW;
   } else if (optionsAs<torch::optim::AdamOptions>(first) != nullptr) {
@@ -100,8 +94,9 @@ size_t ShardOptimizer::stateArrays() const {
   return 0;
 }
 
-size_t ShardOptimizer::addShard(int64_t numel, std::vector<Segment> segments, bool own_state) {
-  shards_.push_back(Shard{numel, std::move(segments), own_state, {}});
+size_t ShardOptimizer::addShard(int64_t numel, std::vector<Segment> segments, c10::Device device,
+                                bool own_state) {
+  shards_.push_back(Shard{numel, std::move(segments), device, own_state, {}});
   return shards_.size() - 1;
 }
 
@@ -117,7 +112,7 @@ std::vector<torch::Tensor> ShardOptimizer::state(size_t index) {
   // model's set-up (whole units not yet released).
   if (shard.own_state && shard.state.empty()) {
     for (size_t i = 0; i < stateArrays(); ++i) {
-      shard.state.push_back(torch::zeros({shard.numel}, torch::TensorOptions(device_)));
+      shard.state.push_back(torch::zeros({shard.numel}, torch::TensorOptions(shard.device)));
     }
   }
   return shard.state;
@@ -143,7 +138,7 @@ void ShardOptimizer::step(size_t index, float* param, const float* grad, float* 
                                   .nesterov = o.nesterov(),
                                   .first_step = steps_ == 1};
       float* buf = o.momentum() != 0 ? state[0] + seg.begin : nullptr;
-      device_kernels::sgdStep(device_, p, g, buf, seg.end - seg.begin, s);
+      device_kernels::sgdStep(shard.device, p, g, buf, seg.end - seg.begin, s);
       continue;
     }
     kernels::AdamScalars s;
@@ -156,7 +151,7 @@ void ShardOptimizer::step(size_t index, float* param, const float* grad, float* 
     }
     float* m = state[0] + seg.begin;
     float* v = state[1] + seg.begin;
-    device_kernels::adamStep(device_, p, g, m, v, seg.end - seg.begin, s);
+    device_kernels::adamStep(shard.device, p, g, m, v, seg.end - seg.begin, s);
   }
 }
 

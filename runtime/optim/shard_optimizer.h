@@ -37,10 +37,12 @@ class ShardOptimizer {
   // InvalidArgument for a trainable parameter the optimizer does not know.
   size_t groupOf(const torch::Tensor& param) const;
 
-  // Registers a shard of `numel` float32 elements; its state (zeros) is allocated at its first
-  // step unless the caller keeps it (nvme offload: `own_state` false). Returns its index for
-  // step().
-  size_t addShard(int64_t numel, std::vector<Segment> segments, bool own_state = true);
+  // Registers a shard of `numel` float32 elements in `device`'s memory (the parameters' device,
+  // or the host for cpu offload: stepped by the CPU kernels then); its state (zeros, on the same
+  // device) is allocated at its first step unless the caller keeps it (nvme offload: `own_state`
+  // false). Returns its index for step().
+  size_t addShard(int64_t numel, std::vector<Segment> segments, c10::Device device,
+                  bool own_state = true);
   // How many float32 arrays of a shard's numel its state is (Adam 2, SGD with momentum 1).
   size_t stateArrays() const;
 
@@ -64,12 +66,12 @@ class ShardOptimizer {
   struct Shard {
     int64_t numel;
     std::vector<Segment> segments;
+    c10::Device device;  // where the shard and its state live: which kernels step it
     bool own_state;
     std::vector<torch::Tensor> state;  // Adam: exp_avg, exp_avg_sq; SGD with momentum: buffer
   };
   torch::optim::Optimizer& optimizer_;
   Kind kind_;
-  c10::Device device_ = c10::kCPU;  // where the parameters, so the shards and state, live
   int64_t steps_ = 0;
   std::vector<Shard> shards_;
 };

@@ -32,6 +32,8 @@ ShardedStrategy::ShardedStrategy(std::shared_ptr<Backend> backend,
     : backend_(std::move(backend)),
       model_(std::move(model)),
       options_(std::move(options)),
+      device_(model_->parameters().empty() ? c10::Device(c10::kCPU)
+                                           : model_->parameters().front().device()),
       optimizer_(optimizer) {
   if (options_.stage < 0 || options_.stage > 3) {
     throw InvalidArgument("ZeRO stage must be 0, 1, 2 or 3");
@@ -43,8 +45,7 @@ ShardedStrategy::ShardedStrategy(std::shared_ptr<Backend> backend,
   // Two gathers in flight, two gradients being reduced and their two shards: what a step frees
   // and allocates again.
   constexpr size_t kReusedBuffers = 6;
-  if (options_.stage == 3 && !model_->parameters().empty() &&
-      model_->parameters().front().device().is_cpu()) {
+  if (options_.stage == 3 && device_.is_cpu()) {
     pool_ = std::make_unique<BufferPool>(kReusedBuffers);
   }
   if (options_.sync_module_states) broadcastModuleState(*backend_, *model_, 0);
@@ -217,15 +218,14 @@ void ShardedStrategy::buildUnits() {
                             "); mixed precision comes from the config's mixed_precision");
     }
     const int64_t sb = u.flat.shardBegin(), sn = u.flat.shardNumel();
-    const bool own_master = options_.stage == 3 || mixed();
-    u.master = own_master ? u.flat.shard().clone() : u.flat.shard();
+    u.master =
+        ownMaster() ? torch::empty({sn}, shardOptions()).copy_(u.flat.shard()) : u.flat.shard();
     // Before the gradient accumulators exist: they take the parameters' dtype.
     u.flat.convert(options_.compute_dtype);
-    const auto on_device = u.flat.full().options();  // the parameters' device
     if (options_.stage <= 1) {
-      u.grad_full = torch::zeros({u.flat.padded()}, on_device.dtype(options_.compute_dtype));
-      u.grad_shard = mixed() ? torch::zeros({sn}, on_device.dtype(torch::kFloat))
-                             : u.grad_full.narrow(0, sb, sn);
+      u.grad_full = torch::zeros({u.flat.padded()}, u.flat.full().options());
+      u.grad_shard = mixed() || options_.offload_to_host ? torch::zeros({sn}, shardOptions())
+                                                         : u.grad_full.narrow(0, sb, sn);
       auto* base = static_cast<char*>(u.grad_full.data_ptr());
       for (size_t i = 0; i < u.flat.params().size(); ++i) {
         const auto& p = u.flat.params()[i];
@@ -235,7 +235,7 @@ void ShardedStrategy::buildUnits() {
             [keep = u.grad_full](void*) {}, u.grad_full.options()));
       }
     } else {
-      u.grad_shard = torch::zeros({sn}, on_device.dtype(torch::kFloat));
+      u.grad_shard = torch::zeros({sn}, shardOptions());
     }
     std::vector<ShardOptimizer::Segment> segments;
     for (size_t i = 0; i < u.flat.params().size(); ++i) {
@@ -250,8 +250,8 @@ void ShardedStrategy::buildUnits() {
         segments.push_back({begin - sb, end - sb, group});
       }
     }
-    u.optimizer_shard =
-        optimizer_.addShard(sn, std::move(segments), options_.nvme_optimizer_dir.empty());
+    u.optimizer_shard = optimizer_.addShard(sn, std::move(segments), shardOptions().device(),
+                                            options_.nvme_optimizer_dir.empty());
     u.pending = u.flat.params().size();
     for (size_t i = 0; i < u.flat.params().size(); ++i) {
       Param param{ui, i};
@@ -267,6 +267,13 @@ void ShardedStrategy::buildUnits() {
     }
     settle(ui);
   }
+}
+
+torch::TensorOptions ShardedStrategy::shardOptions() const {
+  const auto on = torch::TensorOptions().dtype(torch::kFloat);
+  if (!options_.offload_to_host) return on.device(device_);
+  // Pinned: the copies to and from the GPU run at the bus's speed, without a bounce buffer.
+  return on.device(torch::kCPU).pinned_memory(device_.is_cuda());
 }
 
 // ---- nvme offload -------------------------------------------------------------------------------
@@ -416,7 +423,9 @@ std::string ShardedStrategy::describe() const {
          (options_.stage == 0 ? " on fp32 master weights"
                               : " on 1/" + std::to_string(shards_->worldSize()) + " shards") +
          (replicas_ ? " x " + std::to_string(replicas_->worldSize()) + " node replicas" : "") +
-         (mixed() ? ", compute in " + std::string(c10::toString(options_.compute_dtype)) : "");
+         (mixed() ? ", compute in " + std::string(c10::toString(options_.compute_dtype)) : "") +
+         (options_.offload_to_host ? ", optimizer on the CPU" : "") +
+         (options_.offload_params_to_host && options_.stage == 3 ? ", parameters offloaded" : "");
 }
 
 std::vector<const torch::nn::Module*> ShardedStrategy::unitModules() const {
@@ -491,9 +500,11 @@ void ShardedStrategy::prefetch(size_t i) {
   Unit& u = units_[i];
   if (u.gather || u.flat.resident()) return;
   u.flat.restore(pool_.get());
-  // In the compute dtype: a bf16 gather moves half the bytes.
-  const torch::Tensor master = masterNow(u);
-  u.gather_input = mixed() ? master.to(options_.compute_dtype) : master;
+  // In the compute dtype: a bf16 gather moves half the bytes. On the device: a master offloaded
+  // to the host is copied up (or its device copy read).
+  u.gather_input = u.device_shard.defined()
+                       ? u.device_shard
+                       : masterNow(u).to(u.flat.full().device(), options_.compute_dtype);
   u.gather = shards_->allGather(u.gather_input.data_ptr(), u.flat.full().data_ptr(),
                                 static_cast<size_t>(u.flat.shardNumel()), dtypeOf(u.flat.full()));
 }
@@ -514,6 +525,9 @@ void ShardedStrategy::release(size_t i) {
   Unit& u = units_[i];
   if (options_.stage != 3 || !u.routed) return;
   waitGather(u);  // never free memory a collective is still writing
+  if (options_.offload_to_host && !options_.offload_params_to_host && !u.device_shard.defined()) {
+    u.device_shard = u.flat.shard().clone();  // the gathers' input from now on (current values)
+  }
   u.flat.release(pool_.get());
 }
 
@@ -607,7 +621,8 @@ void ShardedStrategy::completeOldestReduction() {
                     dtypeOf(u.grad_incoming), ReduceOp::kAvg)
         ->wait();
   }
-  u.grad_shard.add_(u.grad_incoming);  // accumulated across micro-steps in the fp32 shard
+  // Accumulated across micro-steps in the fp32 shard (cpu offload: brought down first).
+  u.grad_shard.add_(u.grad_incoming.to(u.grad_shard.device()));
   if (pool_) {
     pool_->recycle(u.grad_incoming);
     pool_->recycle(u.grad_full);
@@ -630,8 +645,9 @@ void ShardedStrategy::afterBackward(bool sync) {
     for (auto& u : units_) {
       u.reduce->wait();
       u.reduce.reset();
-      if (mixed())
-        u.grad_shard.copy_(u.grad_full.narrow(0, u.flat.shardBegin(), u.flat.shardNumel()));
+      const torch::Tensor mine = u.grad_full.narrow(0, u.flat.shardBegin(), u.flat.shardNumel());
+      // The fp32 shard is memory of its own under mixed precision and cpu offload.
+      if (u.grad_shard.data_ptr() != mine.data_ptr()) u.grad_shard.copy_(mine);
     }
   }
   while (!in_flight_.empty()) completeOldestReduction();
@@ -681,6 +697,7 @@ void ShardedStrategy::step() {
   // at their next forward.
   std::vector<WorkPtr> gathers;
   for (auto& u : units_) {
+    if (u.device_shard.defined()) u.device_shard.copy_(u.master);
     if (options_.stage == 3 && u.routed) continue;
     // The whole buffer is resident here: this rank's slice is the gather's input, in place.
     if (u.master.defined() && u.master.data_ptr() != u.flat.shard().data_ptr()) {
@@ -706,14 +723,19 @@ void ShardedStrategy::zeroGrad() {
 
 MemoryReport ShardedStrategy::memoryReport() const {
   MemoryReport report;
+  // cpu offload: the fp32 shards and the optimizer state are host memory, reported apart.
+  size_t& shards = options_.offload_to_host ? report.offloaded_to_cpu : report.parameters;
+  size_t& gradient_shards = options_.offload_to_host ? report.offloaded_to_cpu : report.gradients;
   for (const auto& u : units_) {
-    const bool own_master = options_.stage == 3 || mixed();
-    report.parameters += u.flat.residentBytes() + (own_master ? bytesOf(u.master) : 0);
-    report.gradients += bytesOf(u.grad_full) + bytesOf(u.grad_incoming) +
-                        (options_.stage <= 1 && !mixed() ? 0 : bytesOf(u.grad_shard));
+    report.parameters += u.flat.residentBytes() + bytesOf(u.device_shard);
+    if (ownMaster()) shards += bytesOf(u.master);
+    report.gradients += bytesOf(u.grad_full) + bytesOf(u.grad_incoming);
+    const bool own_gradient_shard = options_.stage >= 2 || mixed() || options_.offload_to_host;
+    if (own_gradient_shard) gradient_shards += bytesOf(u.grad_shard);
   }
   for (const auto& p : frozen_) report.parameters += bytesOf(p);
-  report.optimizer_state = optimizer_.stateBytes();
+  (options_.offload_to_host ? report.offloaded_to_cpu : report.optimizer_state) +=
+      optimizer_.stateBytes();
   for (const auto& slot : slots_) report.optimizer_state += slot.bytes;
   for (const auto* file : {param_file_.get(), state_file_.get()}) {
     if (file != nullptr) report.offloaded += file->size();
@@ -906,6 +928,7 @@ void ShardedStrategy::loadStateSlices(const checkpoint::Source& reader) {
     if (u.flat.resident() && master.data_ptr() != u.flat.shard().data_ptr()) {
       u.flat.shard().copy_(master);
     }
+    if (u.device_shard.defined()) u.device_shard.copy_(master);
     publish(u);
   }
   for (const auto& item : model_->named_parameters(/*recurse=*/true)) {

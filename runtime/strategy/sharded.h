@@ -71,6 +71,15 @@ struct ShardingOptions {
   // with the next unit's reads and the previous unit's writes overlapping the update. Empty:
   // in memory.
   std::string nvme_optimizer_dir, nvme_param_dir;
+  // cpu offload (DeepSpeed's offload_optimizer / offload_param device cpu, FSDP's CPUOffload),
+  // for GPU runs: the fp32 master shards, the fp32 gradient shards and the optimizer state live
+  // in host memory (pinned when the model is on a GPU) and the optimizer steps there, on the CPU
+  // kernels; gradient shards come down from the device, updated parameters go up. Stage 3 with
+  // `offload_params_to_host` keeps nothing of a unit on the device at rest (each gather copies
+  // its shard up); without it the device keeps the shard in the compute dtype for the gathers.
+  // Not tied to the device: on a CPU model it runs the same copies within host memory.
+  bool offload_to_host = false;
+  bool offload_params_to_host = false;
 };
 
 class ShardedStrategy final : public Strategy, public UnitHooks {
@@ -113,6 +122,8 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
     torch::Tensor grad_shard;     // this rank's fp32 gradient (stage 1 fp32: a view of grad_full)
     torch::Tensor grad_incoming;  // stage 2-3: a reduce-scatter's output until it is added
     torch::Tensor gather_input;   // stage 3: what the gather in flight reads (master or a cast)
+    torch::Tensor device_shard;   // cpu offload of the optimizer only, a unit at rest sharded:
+                                  // its shard on the device in the compute dtype, gathers' input
     int64_t master_offset = -1;   // nvme params: the master's place in param_file_ (master
                                   // itself is then undefined)
     int64_t state_offset = -1;    // nvme optimizer: the state's place in state_file_
@@ -141,6 +152,10 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   void gatherNow(size_t unit);          // waits
   void waitGather(Unit& unit);
   bool mixed() const { return options_.compute_dtype != torch::kFloat; }
+  // Whether the master shard is memory of its own, not a view of the flat buffer.
+  bool ownMaster() const { return options_.stage == 3 || mixed() || options_.offload_to_host; }
+  // Where the fp32 shards (master, gradient, optimizer state) live.
+  torch::TensorOptions shardOptions() const;
   void prefetch(size_t unit);  // returns at once
   void release(size_t unit);   // stage 3, routed units only
   size_t unitOf(const torch::nn::Module& module) const;
@@ -160,6 +175,7 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   std::shared_ptr<Backend> replicas_;  // hybrid, several nodes: this shard on every node
   std::shared_ptr<torch::nn::Module> model_;
   ShardingOptions options_;
+  c10::Device device_;  // the model's
   ShardOptimizer optimizer_;
   std::vector<Unit> units_;
   std::vector<Param> params_;

@@ -276,6 +276,7 @@ std::string MemoryReport::str() const {
   return "parameters " + humanBytes(parameters) + ", gradients " + humanBytes(gradients) +
          ", optimizer state " + humanBytes(optimizer_state) + ", total " + humanBytes(total()) +
          (offloaded > 0 ? "; offloaded to nvme " + humanBytes(offloaded) : "") +
+         (offloaded_to_cpu > 0 ? "; offloaded to cpu " + humanBytes(offloaded_to_cpu) : "") +
          (kept_for_reuse > 0 ? "; kept for reuse " + humanBytes(kept_for_reuse) : "") +
          (device_peak > 0 ? "; GPU peak " + humanBytes(device_peak) : "");
 }
@@ -285,19 +286,19 @@ std::unique_ptr<Strategy> makeStrategy(const WorkerEnv& env, std::shared_ptr<Bac
                                        torch::optim::Optimizer& optimizer,
                                        const StrategyOptions& options) {
   const std::string& name = env.strategy;
-  if ((env.offload_optimizer == "cpu" || env.offload_params == "cpu") && env.rank == 0) {
-    std::cerr << (backend->name() != "nccl"
-                      ? "cxxlaunch: offload to cpu: this is a CPU run, parameters and optimizer "
-                        "state already live in host memory; nothing to offload\n"
-                      : "cxxlaunch: offload to cpu of a GPU run is not built yet: parameters and "
-                        "optimizer state stay on the GPU (nvme offload works)\n");
+  const bool on_gpu = !model->parameters().empty() && model->parameters().front().is_cuda();
+  const bool to_cpu = env.offload_optimizer == "cpu" || env.offload_params == "cpu";
+  if (to_cpu && !on_gpu && env.rank == 0) {
+    std::cerr << "cxxlaunch: offload to cpu: this is a CPU run, parameters and optimizer state "
+                 "already live in host memory; nothing to offload\n";
   }
+  const bool host_offload = to_cpu && on_gpu;
   if (backend->name() == "nccl" &&
       (env.offload_optimizer == "nvme" || env.offload_params == "nvme")) {
     throw InvalidArgument(
         "nvme offload runs on CPU workers in this build (its staging slots are host memory); a "
-        "GPU run keeps its state on the GPU: drop offload_optimizer_device/offload_param_device "
-        "nvme");
+        "GPU run offloads to host memory instead: set offload_optimizer_device/"
+        "offload_param_device to cpu");
   }
   checkSameModel(*backend, *model);
   const bool replicated = name == "ddp" || name == "fsdp_no_shard";
@@ -307,12 +308,12 @@ std::unique_ptr<Strategy> makeStrategy(const WorkerEnv& env, std::shared_ptr<Bac
         "sharding; strategy " +
         name + " keeps everything in memory");
   }
-  if (replicated && !options.precision.mixed()) {
+  if (replicated && !options.precision.mixed() && !host_offload) {
     return std::make_unique<DdpStrategy>(std::move(backend), std::move(model), optimizer, options,
                                          name);
   }
-  // Mixed precision keeps fp32 master weights apart from the model's compute copies: the flat
-  // engine's job, at stage 0 when nothing is sharded.
+  // Mixed precision and cpu offload keep fp32 master weights apart from the model's compute
+  // copies: the flat engine's job, at stage 0 when nothing is sharded.
   ShardingOptions sharding;
   sharding.name = name;
   sharding.stage =
@@ -338,6 +339,10 @@ std::unique_ptr<Strategy> makeStrategy(const WorkerEnv& env, std::shared_ptr<Bac
   sharding.compute_dtype = options.precision.compute;
   if (env.offload_optimizer == "nvme")
     sharding.nvme_optimizer_dir = env.offload_optimizer_nvme_path;
+  // Offloading the parameters means their fp32 masters below stage 3 (the compute copies must
+  // be whole on the GPU there), so either key moves the optimizer's side to the host.
+  sharding.offload_to_host = host_offload;
+  sharding.offload_params_to_host = host_offload && env.offload_params == "cpu";
   if (env.offload_params == "nvme") {
     if (sharding.stage != 3) {
       throw InvalidArgument(

@@ -38,6 +38,9 @@ struct MemoryReport {
   size_t gradients = 0;        // full gradient buffers alive now, and gradient shards
   size_t optimizer_state = 0;  // moments / momentum buffers (nvme offload: the staging slots)
   size_t offloaded = 0;        // on disk (nvme offload), not in memory
+  // In host memory, off the GPU (cpu offload: fp32 master and gradient shards, optimizer state);
+  // not in total(), which counts the device's model state.
+  size_t offloaded_to_cpu = 0;
   // The GPU's peak of allocated bytes (LibTorch's caching allocator: activations included), from
   // Accelerator::memoryReport on a GPU worker; 0 elsewhere.
   size_t device_peak = 0;

@@ -480,6 +480,10 @@ TEST_CASE("estimate-memory follows the ZeRO paper's formulas for cxxlaunch's lay
   CHECK(got["bf16 zero2+offload"] == std::pair<double, double>{(2 + 8 / n) * psi, 8 / n * psi});
   CHECK(got["bf16 zero3+offload"] == std::pair<double, double>{8 / n * psi, 8 / n * psi});
   CHECK(got["bf16 zero3+offload+params"] == std::pair<double, double>{4 / n * psi, 12 / n * psi});
+  // cpu offload: master, gradient shard and moments on the host, compute copies on the device.
+  CHECK(got["bf16 zero2+cpu"] == std::pair<double, double>{2 * psi, 16 / n * psi});
+  CHECK(got["fp32 zero3+cpu"] == std::pair<double, double>{4 / n * psi, 16 / n * psi});
+  CHECK(got["bf16 zero3+cpu+params"] == std::pair<double, double>{0, 16 / n * psi});
   CHECK_THAT(formatEstimate(o), Catch::Contains("bf16   zero1                         31.88"));
   o.params = 1e6;  // small models in MB
   CHECK_THAT(formatEstimate(o), Catch::Contains("in MB") &&

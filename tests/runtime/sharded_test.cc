@@ -15,8 +15,10 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <tuple>
 
 #include "runtime/accelerator.h"
+#include "runtime/precision/policy.h"
 #include "runtime/strategy/unit.h"
 #include "support/ranks.h"
 #include "support/subprocess.h"
@@ -602,6 +604,118 @@ TEST_CASE("nvme offload to a missing or wrong directory is refused before traini
   CHECK_THROWS_WITH(train(run), Catch::Contains("needs parameters sharded at rest"));
   run.strategy = "ddp";
   CHECK_THROWS_WITH(train(run), Catch::Contains("nvme offload needs a ZeRO stage"));
+}
+
+// cpu offload is chosen by the launch only for GPU runs (a CPU run has nothing to offload), so
+// these drive the strategy as the Accelerator does, asking for it directly: on a CPU model the
+// masters, gradient shards and optimizer state then live in memory of their own and take every
+// copy a GPU run takes, and the result must not change by a bit.
+namespace {
+
+struct DirectRun {
+  std::string optimizer = "adamw";
+  int accumulation = 1;
+  double clipping = 0;
+  int64_t steps = 3;
+  ShardingOptions sharding{};
+};
+struct DirectResult {
+  std::map<std::string, torch::Tensor> params;  // rank 0's, whole
+  MemoryReport memory;                          // rank 0's, after the last step
+};
+
+DirectResult trainDirect(const DirectRun& run) {
+  constexpr int kWorld = 2;
+  constexpr int64_t kBatch = 4;
+  auto gen = at::detail::createCPUGenerator(7);
+  const int64_t micro_steps = run.steps * run.accumulation;
+  const auto x = torch::randn({micro_steps * kWorld * kBatch, 6}, gen);
+  const auto y = torch::randn({micro_steps * kWorld * kBatch, 3}, gen);
+  auto fake = makeFakeWorld(kWorld);
+  DirectResult result;
+  std::mutex construction;
+  onRanks(kWorld, [&](int r) {
+    Tower net = [&] {
+      std::lock_guard<std::mutex> lock(construction);
+      torch::manual_seed(42);
+      return Tower(11, 3);
+    }();
+    auto optimizer = makeOptimizer(net, run.optimizer);
+    ShardingOptions options = run.sharding;
+    options.unit_types = {"Block"};
+    options.wrap_policy = "TRANSFORMER_BASED_WRAP";
+    ShardedStrategy strategy(makeFakeBackend(fake, r), net.ptr(), *optimizer, options);
+    const bool mixed = options.compute_dtype != torch::kFloat;
+    for (int64_t m = 0; m < micro_steps; ++m) {
+      const int64_t at = (m * kWorld + r) * kBatch;
+      torch::Tensor loss;
+      {
+        AutocastScope autocast(torch::kCPU, options.compute_dtype, mixed);
+        loss = torch::mse_loss(net->forward(x.narrow(0, at, kBatch)), y.narrow(0, at, kBatch));
+      }
+      const bool sync = (m + 1) % run.accumulation == 0;
+      strategy.beforeBackward(sync);
+      (loss / run.accumulation).backward();
+      strategy.afterBackward(sync);
+      if (!sync) continue;
+      if (run.clipping > 0) strategy.clipGradNorm(run.clipping);
+      strategy.step();
+      strategy.zeroGrad();
+    }
+    auto params = strategy.fullParameters();
+    if (r != 0) return;
+    for (auto& [name, tensor] : params) result.params[name] = tensor;
+    result.memory = strategy.memoryReport();
+  });
+  return result;
+}
+
+}  // namespace
+
+TEST_CASE("cpu offload takes the host copies and changes no bit of the result",
+          "[sharded][offload]") {
+  torch::set_num_threads(1);
+  size_t optimizer_only_parameters = 0;  // stage 3, parameters not offloaded: device bytes
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    for (const int stage : {0, 1, 2, 3}) {
+      for (const bool params_too : {false, true}) {
+        if (params_too && stage != 3) continue;
+        for (const auto& [optimizer, accumulation, clipping] :
+             std::vector<std::tuple<std::string, int, double>>{{"adamw", 1, 0.0},
+                                                               {"sgd", 2, 0.05}}) {
+          DirectRun run{.optimizer = optimizer, .accumulation = accumulation, .clipping = clipping};
+          run.sharding.stage = stage;
+          run.sharding.compute_dtype = dtype;
+          const DirectResult in_place = trainDirect(run);
+          run.sharding.offload_to_host = true;
+          run.sharding.offload_params_to_host = params_too;
+          const DirectResult offloaded = trainDirect(run);
+          INFO("stage " << stage << " " << c10::toString(dtype) << " params offloaded "
+                        << params_too << " " << optimizer << " accumulation " << accumulation
+                        << " clipping " << clipping << ": " << in_place.memory.str() << " vs "
+                        << offloaded.memory.str());
+          REQUIRE(offloaded.params.size() == in_place.params.size());
+          for (const auto& [name, tensor] : in_place.params) {
+            INFO(name);
+            CHECK(torch::equal(offloaded.params.at(name), tensor));
+          }
+          // The fp32 shards and the moments are counted apart, as host memory.
+          CHECK(offloaded.memory.offloaded_to_cpu > 0);
+          CHECK(offloaded.memory.optimizer_state == 0);
+          if (stage == 3 && params_too) {
+            // What left the device is exactly the master, gradient shard and moments...
+            CHECK(offloaded.memory.total() + offloaded.memory.offloaded_to_cpu ==
+                  in_place.memory.total());
+            // ...and the shard's compute copy, which the device keeps when only the optimizer
+            // is offloaded.
+            CHECK(offloaded.memory.parameters < optimizer_only_parameters);
+          } else if (stage == 3) {
+            optimizer_only_parameters = offloaded.memory.parameters;
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST_CASE("Units marked with wrap rest sharded from prepare on", "[sharded]") {
