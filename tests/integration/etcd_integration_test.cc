@@ -40,6 +40,19 @@ Args node(const std::string& endpoints, const std::string& run_id, const Args& f
 
 const Args kTrain = {"--model", "mlp", "--steps", "4", "--print_every", "2", "--batch_size", "4"};
 
+// Waits for every launcher, each of which must succeed; their output, together.
+std::string outputOfAll(std::vector<std::unique_ptr<Subprocess>>& procs) {
+  std::string all;
+  for (auto& p : procs) {
+    auto r = p->wait(90s);
+    REQUIRE(r);
+    INFO(r->out << r->err);
+    CHECK(r->exit_code == 0);
+    all += r->out;
+  }
+  return all;
+}
+
 }  // namespace
 
 TEST_CASE("Two and three launchers train the example through etcd", "[etcd][integration]") {
@@ -59,14 +72,7 @@ TEST_CASE("Two and three launchers train the example through etcd", "[etcd][inte
                {"--nnodes", std::to_string(nodes), "--nproc_per_node", n == 0 ? "2" : "1"},
                TRAIN_BIN, kTrain)));
     }
-    std::string all;
-    for (auto& p : procs) {
-      auto r = p->wait(90s);
-      REQUIRE(r);
-      INFO(r->out << r->err);
-      CHECK(r->exit_code == 0);
-      all += r->out;
-    }
+    const std::string all = outputOfAll(procs);
     // DDP over Gloo, bootstrapped through the workers' EtcdStore.
     CHECK_THAT(all, Catch::Contains("on " + std::to_string(world) + " process(es)"));
     CHECK_THAT(all, Catch::Contains("done: 4 steps"));
@@ -291,14 +297,7 @@ TEST_CASE("Two launchers train through an etcd that requires mutual TLS",
     procs.push_back(std::make_unique<Subprocess>(
         node(etcd.endpoint(), "tls", {"--nnodes", "2"}, TRAIN_BIN, kTrain, kFastConf + tls)));
   }
-  std::string all;
-  for (auto& p : procs) {
-    auto r = p->wait(90s);
-    REQUIRE(r);
-    INFO(r->out << r->err);
-    CHECK(r->exit_code == 0);
-    all += r->out;
-  }
+  const std::string all = outputOfAll(procs);
   CHECK_THAT(all, Catch::Contains("on 2 process(es)") && Catch::Contains("done: 4 steps"));
   // Without TLS the handshake never completes: the join times out naming the member.
   auto plain = run(node(etcd.endpoint(), "tls-plain", {"--nnodes", "1"}, TEST_WORKER, {"env"},
