@@ -146,8 +146,10 @@ for gpu_test in kernels_cuda_test:kernels runtime_nccl_test:runtime; do
 done
 
 # ---- the example trainer in each mode ----------------------------------------------------------
-# A few steps each of DDP, ZeRO-2, ZeRO-3 and FULL_SHARD with CPU offload, bf16, one worker per
-# GPU (on CPU in the dry run: two workers); the loss must fall, and every mode must end near DDP.
+# A few steps each of DDP, ZeRO-2, ZeRO-3, ZeRO-2 with the optimizer offloaded to the CPU and
+# FULL_SHARD with parameters offloaded too, bf16, one worker per GPU (on CPU in the dry run: two
+# workers, where offload has nothing to move); the loss must fall, and every mode must end near
+# DDP.
 if [ "$dry" = 1 ]; then
   where=(--cpu --nproc_per_node 2)
   model=(--model gpt --steps 40 --print_every 5)  # the trainer's small GPT: a second a mode
@@ -160,10 +162,11 @@ declare -A mode_flags=(
   [ddp]=""
   [zero2]="--use_deepspeed --zero_stage 2"
   [zero3]="--use_deepspeed --zero_stage 3"
+  [zero2_offload]="--use_deepspeed --zero_stage 2 --offload_optimizer_device cpu"
   [fsdp_full_shard_offload]="--use_fsdp --fsdp_sharding_strategy FULL_SHARD --fsdp_offload_params true"
 )
 ddp_loss=""
-for mode in ddp zero2 zero3 fsdp_full_shard_offload; do
+for mode in ddp zero2 zero3 zero2_offload fsdp_full_shard_offload; do
   # shellcheck disable=SC2206  # the flags are words
   flags=(${mode_flags[$mode]})
   if ! run_step "train_$mode" ours "$bin/cxxlaunch" run "${where[@]}" "${flags[@]}" \

@@ -292,7 +292,16 @@ std::unique_ptr<Strategy> makeStrategy(const WorkerEnv& env, std::shared_ptr<Bac
     std::cerr << "cxxlaunch: offload to cpu: this is a CPU run, parameters and optimizer state "
                  "already live in host memory; nothing to offload\n";
   }
-  const bool host_offload = to_cpu && on_gpu;
+  // DeepSpeed reads offload_param only at stage 3; FSDP's fsdp_offload_params (strategies
+  // fsdp_*) offloads at every sharding strategy.
+  const bool params_ignored = (name == "zero1" || name == "zero2") && env.offload_params == "cpu" &&
+                              env.offload_optimizer != "cpu";
+  if (params_ignored && on_gpu && env.rank == 0) {
+    std::cerr << "cxxlaunch: offload_param_device cpu applies at ZeRO stage 3 (DeepSpeed ignores "
+                 "it below): everything stays on the GPU; offload_optimizer_device cpu moves the "
+                 "optimizer state to the host\n";
+  }
+  const bool host_offload = to_cpu && on_gpu && !params_ignored;
   if (backend->name() == "nccl" &&
       (env.offload_optimizer == "nvme" || env.offload_params == "nvme")) {
     throw InvalidArgument(
