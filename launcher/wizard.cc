@@ -256,8 +256,9 @@ Config askConfig(int in_fd, int out_fd, const HostInfo& host) {
              });
       yesNoKey(p, c, "same_network", "Are all the machines on the same local network?", true);
       if (!c.flag("same_network")) {
-        chooseKey(p, c, "rdzv_backend", "What rendezvous backend will you use?", {"static", "c10d"},
-                  "static");
+        // etcd: main_process_ip:main_process_port names the etcd server (docs/clusters.md).
+        chooseKey(p, c, "rdzv_backend", "What rendezvous backend will you use?",
+                  {"static", "c10d", "etcd", "etcd-v2"}, "static");
       }
     }
     yesNoKey(p, c, "debug",

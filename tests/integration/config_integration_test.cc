@@ -263,6 +263,19 @@ TEST_CASE("The wizard's questions for several machines", "[wizard]") {
   REQUIRE(config.text("rdzv_backend") == "c10d");
   REQUIRE(config.text("num_processes") == "4");
   REQUIRE(config.text("mixed_precision") == "no");
+
+  // The same answers with etcd as the rendezvous backend.
+  const std::string etcd = write(dir, "etcd", "1\n2\n1\n10.0.0.1\n29400\nno\n2\n\n4\n0\n");
+  auto with_etcd =
+      run({"/bin/sh", "-c",
+           std::string(CXXLAUNCH_BIN) + " config --force --config_file " + file + " < " + etcd},
+          isolated(dir));
+  INFO(with_etcd.out << with_etcd.err);
+  REQUIRE(with_etcd.exit_code == 0);
+  REQUIRE_THAT(with_etcd.out, Catch::Contains("  [2] etcd\n  [3] etcd-v2\n"));
+  const auto etcd_config = cxxlaunch::launcher::loadConfigFile(file);
+  REQUIRE(etcd_config.text("rdzv_backend") == "etcd");
+  REQUIRE(etcd_config.text("main_process_port") == "29400");
 }
 
 TEST_CASE("config default writes the default file once, and run uses it without --config_file",
