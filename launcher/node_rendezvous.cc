@@ -221,8 +221,8 @@ class EtcdLink final : public Link {
   }
   void cancel() override { rendezvous_.cancel(); }
   rdzv::Verdict keepAlive(const std::string& node_id, int64_t round, rdzv::Millis,
-                          const std::vector<rdzv::WorkerProgress>&) override {
-    return rendezvous_.keepAlive(node_id, round);
+                          const std::vector<rdzv::WorkerProgress>& workers) override {
+    return rendezvous_.keepAlive(node_id, round, workers);
   }
   rdzv::Verdict requestRestart(const std::string& node_id, int64_t round,
                                const rdzv::FailureReport& failure) override {

@@ -1,6 +1,7 @@
 #include "rendezvous/etcd_rendezvous.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include "common/error.h"
@@ -432,7 +433,21 @@ JoinPoll EtcdRendezvous::join(const NodeSpec& node, const RunSettings& settings,
 }
 
 RunStatus EtcdRendezvous::status() {
-  const EtcdTxnResult read = client_->txn({}, {EtcdOp::get(prefix_ + "state")});
+  const EtcdTxnResult read = client_->txn(
+      {}, {EtcdOp::get(prefix_ + "state"), EtcdOp::prefix(prefix_ + "progress/", false)});
+  std::map<std::string, rdzv::EtcdNodeProgress> progress;  // by node id
+  const size_t skip = prefix_.size() + std::string("progress/").size();
+  for (const auto& kv : read.results.at(1).kvs) {
+    rdzv::EtcdNodeProgress p;
+    if (p.ParseFromString(kv.value)) progress[kv.key.substr(skip)] = std::move(p);
+  }
+  const int64_t now = wallMs();
+  auto withProgress = [&](NodeState& n) {
+    auto it = progress.find(n.spec.id);
+    if (it == progress.end()) return;
+    n.heartbeat_age = Millis(std::max<int64_t>(0, now - it->second.written_ms()));
+    for (const auto& w : it->second.workers()) n.workers.push_back(wire::fromProto(w));
+  };
   State s;
   if (read.results.at(0).kvs.empty() || !s.ParseFromString(read.results[0].kvs[0].value)) {
     throw InvalidArgument("etcd at " + client_->endpointList() + " has no run '" + run_id_ +
@@ -451,6 +466,7 @@ RunStatus EtcdRendezvous::status() {
     n.spec = wire::fromProto(nodes[i]);
     n.node_rank = running ? i : -1;
     n.finished = hasId(s.finished(), n.spec.id);
+    withProgress(n);
     out.participants.push_back(std::move(n));
   }
   for (const auto& w : s.waiting()) {
@@ -461,7 +477,8 @@ RunStatus EtcdRendezvous::status() {
   return out;
 }
 
-Verdict EtcdRendezvous::keepAlive(const std::string& node_id, int64_t round) {
+Verdict EtcdRendezvous::keepAlive(const std::string& node_id, int64_t round,
+                                  const std::vector<WorkerProgress>& workers) {
   Verdict verdict;
   update([&](State& s, bool exists, const std::set<std::string>& alive) {
     if (!exists) {
@@ -471,7 +488,25 @@ Verdict EtcdRendezvous::keepAlive(const std::string& node_id, int64_t round) {
     sanitize(s, alive, wallMs());
     verdict = verdictOf(s, node_id, round);
   });
+  if (verdict.action == Action::kContinue && !workers.empty()) reportProgress(node_id, workers);
   return verdict;
+}
+
+void EtcdRendezvous::reportProgress(const std::string& node_id,
+                                    const std::vector<WorkerProgress>& workers) {
+  rdzv::EtcdNodeProgress p;
+  p.set_written_ms(wallMs());
+  for (const auto& w : workers) wire::toProto(w, p.add_workers());
+  int64_t lease = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    lease = lease_;
+  }
+  if (lease == 0) return;
+  try {  // what status shows, nothing more: a lost report is replaced by the next
+    client_->run(EtcdOp::put(prefix_ + "progress/" + node_id, p.SerializeAsString(), lease));
+  } catch (const Error&) {
+  }
 }
 
 Verdict EtcdRendezvous::requestRestart(const std::string& node_id, int64_t round,

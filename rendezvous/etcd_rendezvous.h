@@ -50,14 +50,17 @@ class EtcdRendezvous {
   void cancel();
 
   // As RunState's: what this node of `round` must do now. Evicts participants whose alive key is
-  // gone (their agent's lease expired).
-  Verdict keepAlive(const std::string& node_id, int64_t round);
+  // gone (their agent's lease expired). `workers` (when not empty) is this node's report for
+  // `cxxlaunch status`, kept under its lease.
+  Verdict keepAlive(const std::string& node_id, int64_t round,
+                    const std::vector<WorkerProgress>& workers = {});
   Verdict requestRestart(const std::string& node_id, int64_t round, const FailureReport& failure);
   Verdict leave(const std::string& node_id, int64_t round);
 
-  // What the run's state says now, for `cxxlaunch status` (reads only; no lease needed). Nodes'
-  // heartbeat ages are 0 (liveness is their lease: a node listed is alive or about to be
-  // evicted) and their workers unknown. Throws InvalidArgument when etcd has no such run.
+  // What the run's state says now, for `cxxlaunch status` (reads only; no lease needed). A node's
+  // heartbeat age is the age of its last worker report (by the reader's and the agent's clocks),
+  // 0 when it made none; liveness itself is its lease. Throws InvalidArgument when etcd has no
+  // such run.
   RunStatus status();
 
   // Stops the lease's keep-alives and revokes it: this agent's alive key goes at once.
@@ -73,6 +76,7 @@ class EtcdRendezvous {
   template <typename Decide>
   Snapshot update(Decide&& decide);
   void ensureLease(const NodeSpec& node, const RunSettings& settings);
+  void reportProgress(const std::string& node_id, const std::vector<WorkerProgress>& workers);
   void keepLeaseLoop();
 
   std::shared_ptr<EtcdClient> client_;

@@ -14,8 +14,10 @@
 #include <sstream>
 
 #include "support/etcd.h"
+#include "support/status_rows.h"
 #include "support/subprocess.h"
 #include "support/worker_lines.h"
+#include "support/worker_pids.h"
 
 using namespace cxxlaunch::testing;
 using namespace std::chrono_literals;
@@ -89,6 +91,45 @@ TEST_CASE("Two and three launchers train the example through etcd", "[etcd][inte
       run(node(etcd.endpoint(), "train2", {"--nnodes", "2"}, TEST_WORKER, {"env"}), {}, 30s);
   CHECK(late.exit_code == 1);
   CHECK_THAT(late.err, Catch::Contains("is closed"));
+}
+
+TEST_CASE("cxxlaunch status through etcd shows each worker's progress and a stopped one as silent",
+          "[etcd][integration][status]") {
+  // As the cxxlaunchd test of the same name: both ranks beat every 0.1 s until rank 1 is
+  // stopped; the node's keep-alives carry their progress into etcd.
+  EtcdServer etcd;
+  TempDir pids;
+  Subprocess launcher(node(etcd.endpoint(), "silent", {"--nproc_per_node=2"}, TEST_WORKER,
+                           {"pidfile", pids.path(), "beating"},
+                           "keep_alive_interval=0.2,keep_alive_max_misses=10"));
+  const auto workers = waitForPids(pids.path(), 2);
+  std::string text;
+  auto status = [&] {
+    text = run({CXXLAUNCH_BIN, "status", "--rdzv_backend", "etcd", "--rdzv_endpoint",
+                etcd.endpoint(), "--rdzv_id", "silent", "--silent_after", "3"})
+               .out;
+    return text;
+  };
+  REQUIRE(eventually(
+      [&] {
+        status();
+        return workerRow(text, 0).find(" ago") != std::string::npos &&
+               workerRow(text, 1).find(" ago") != std::string::npos;
+      },
+      30s));
+  INFO(text);
+  CHECK_THAT(workerRow(text, 1), Catch::Contains(std::to_string(workers[1])));
+  ::kill(workers[1], SIGSTOP);
+  CHECK(
+      eventually([&] { return workerRow(status(), 1).find("SILENT") != std::string::npos; }, 30s));
+  INFO(text);
+  CHECK_THAT(workerRow(text, 1), Catch::Contains("stopped"));
+  CHECK_THAT(workerRow(text, 0), !Catch::Contains("SILENT"));
+  ::kill(workers[1], SIGCONT);
+  ::kill(launcher.pid(), SIGTERM);
+  auto r = launcher.wait(30s);
+  REQUIRE(r);
+  CHECK(r->exit_code == 128 + SIGTERM);
 }
 
 TEST_CASE("Over etcd, a worker failure restarts every node until the global count runs out",

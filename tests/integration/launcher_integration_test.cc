@@ -15,6 +15,7 @@
 
 #include "support/status_rows.h"
 #include "support/subprocess.h"
+#include "support/worker_pids.h"
 
 using namespace cxxlaunch::testing;
 using namespace std::chrono_literals;
@@ -49,23 +50,6 @@ std::map<std::string, std::string> envOf(const std::string& text, int rank) {
     if (eq != std::string::npos) vars[line.substr(0, eq)] = line.substr(eq + 1);
   }
   return vars;
-}
-
-// Waits for the test workers' pid files and returns their pids by rank.
-std::vector<pid_t> waitForPids(const std::string& dir, int n) {
-  std::vector<pid_t> pids;
-  REQUIRE(eventually(
-      [&] {
-        for (int r = 0; r < n; ++r) {
-          if (!fs::exists(dir + "/rank" + std::to_string(r) + ".pid")) return false;
-        }
-        return true;
-      },
-      20s));
-  for (int r = 0; r < n; ++r) {
-    pids.push_back(std::stoi(readFile(dir + "/rank" + std::to_string(r) + ".pid")));
-  }
-  return pids;
 }
 
 }  // namespace

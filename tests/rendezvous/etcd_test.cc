@@ -151,6 +151,16 @@ TEST_CASE("Etcd rendezvous: one round for all, a write from a stale round is rej
   CHECK(pb->rank_offset == 2);
   CHECK(pb->master_port == 1002);  // node 0's
   CHECK(a.keepAlive("node-a", 1).action == Action::kContinue);
+  // A keep-alive's report of the node's workers is what status shows of it (and it goes with the
+  // agent's lease: see the keys left at the end).
+  const WorkerProgress worker{
+      .local_rank = 1, .rank = 1, .pid = 4242, .state = "stopped", .progress_age = Millis(7000)};
+  CHECK(a.keepAlive("node-a", 1, {worker}).action == Action::kContinue);
+  const RunStatus seen = b.status();
+  REQUIRE(seen.participants.size() == 2);
+  CHECK(seen.participants[0].workers == std::vector<WorkerProgress>{worker});
+  CHECK(seen.participants[0].heartbeat_age < Millis(5000));
+  CHECK(seen.participants[1].workers.empty());
 
   auto client = clientOf(etcd);
   EtcdStore round1(client, "fence", 1);
