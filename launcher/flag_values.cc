@@ -9,6 +9,7 @@
 #include "common/file.h"
 #include "common/host.h"
 #include "launcher/cli.h"
+#include "rendezvous/etcd_store.h"
 #include "rendezvous/run_state.h"
 
 namespace cxxlaunch::launcher {
@@ -165,14 +166,21 @@ void parseRdzvConf(RendezvousOptions& r, const std::string& flag, const std::str
       } catch (const InvalidArgument& e) {
         throw UsageError(e.what());
       }
+    } else if (key == "etcd_prefix") {  // torchrun's etcd backend's key
+      try {
+        r.etcd_root = rendezvous::etcdRoot(v);
+      } catch (const InvalidArgument& e) {
+        throw UsageError("--" + flag + " etcd_prefix: " + e.what());
+      }
     } else if (key == "protocol") {
       // torchrun's etcd backend: http or https; TLS here is on when tls_ca (cacert) is given.
       if (v != "http" && v != "https") failFlag(name, v, "http or https");
     } else {
-      const std::string best = closestMatch(
-          key, {"join_timeout", "last_call_timeout", "close_timeout", "keep_alive_interval",
-                "keep_alive_max_misses", "is_host", "token_file", "tls_ca", "tls_cert", "tls_key",
-                "user", "password", "password_file", "cacert", "cert", "key", "protocol"});
+      const std::string best =
+          closestMatch(key, {"join_timeout", "last_call_timeout", "close_timeout",
+                             "keep_alive_interval", "keep_alive_max_misses", "is_host",
+                             "token_file", "tls_ca", "tls_cert", "tls_key", "user", "password",
+                             "password_file", "cacert", "cert", "key", "protocol", "etcd_prefix"});
       throw UsageError("--" + flag + ": unknown key '" + key + "'" +
                        (best.empty() ? "" : "; did you mean " + best + "?"));
     }

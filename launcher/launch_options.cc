@@ -47,6 +47,9 @@ void validateRendezvous(LaunchOptions& o) {
     if (!o.run_id_given) {
       throw UsageError("--rdzv_backend etcd needs --rdzv_id: the same job id on every node");
     }
+  } else if (!r.etcd_root.empty()) {
+    throw UsageError("--rdzv_conf etcd_prefix is for --rdzv_backend etcd; the " + r.backend +
+                     " backend keeps no keys in etcd");
   } else if (r.endpoint.find(',') != std::string::npos ||
              r.etcd_endpoints.find("://") != std::string::npos) {
     throw UsageError("--rdzv_endpoint " + r.etcd_endpoints +

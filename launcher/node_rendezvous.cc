@@ -213,8 +213,9 @@ class HostedLink final : public Link {
 // (rendezvous/etcd_rendezvous.h).
 class EtcdLink final : public Link {
  public:
-  EtcdLink(std::shared_ptr<rdzv::EtcdClient> client, const std::string& run_id)
-      : rendezvous_(std::move(client), run_id) {}
+  EtcdLink(std::shared_ptr<rdzv::EtcdClient> client, const std::string& run_id,
+           const std::string& root)
+      : rendezvous_(std::move(client), run_id, root.empty() ? rdzv::kEtcdRoot : root) {}
   rdzv::JoinPoll join(const rdzv::NodeSpec& node, const rdzv::RunSettings& settings,
                       rdzv::Millis poll) override {
     return rendezvous_.join(node, settings, poll);
@@ -268,7 +269,7 @@ class RemoteRendezvous final : public NodeRendezvous {
                                                 std::chrono::seconds(1), std::chrono::seconds(10));
       etcd = std::make_shared<rdzv::EtcdClient>(eo);
       // Workers reach the same members (runtime/world.cc: an etcd:// endpoint is an EtcdStore).
-      endpoint = rdzv::etcdEndpointUrl(eo.endpoints);
+      endpoint = rdzv::etcdEndpointUrl(eo.endpoints, r.etcd_root);
       store_user_ = r.etcd_user;
     } else if (r.is_host.value_or(true)) {
       host(endpoint, options);
@@ -288,7 +289,7 @@ class RemoteRendezvous final : public NodeRendezvous {
     run_id_ = options.run_id;
     // The hosting launcher calls its own server directly.
     if (etcd) {
-      link_ = std::make_unique<EtcdLink>(etcd, run_id_);
+      link_ = std::make_unique<EtcdLink>(etcd, run_id_, r.etcd_root);
     } else if (server_) {
       link_ = std::make_unique<HostedLink>(*server_, run_id_);
     } else {

@@ -36,6 +36,7 @@ struct RendezvousOptions {
   std::string etcd_endpoints;
   std::string etcd_user;      // --rdzv_conf user=; empty: no etcd auth
   std::string etcd_password;  // password= or password_file=
+  std::string etcd_root;      // etcd_prefix= as a key root ("/team/jobs/"); empty: /cxxlaunch/
   std::string local_addr;     // address advertised to other nodes; empty: detected
   std::chrono::milliseconds join_timeout = std::chrono::seconds(600);
   std::chrono::milliseconds last_call_timeout = std::chrono::seconds(30);

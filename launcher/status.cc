@@ -28,7 +28,9 @@ std::string describeRun(const StatusOptions& options) {
     etcd.tls_cert_file = options.rdzv.tls_cert;
     etcd.tls_key_file = options.rdzv.tls_key;
     auto client = std::make_shared<rendezvous::EtcdClient>(etcd);
-    rendezvous::EtcdRendezvous run(client, options.run_id);
+    rendezvous::EtcdRendezvous run(
+        client, options.run_id,
+        options.rdzv.etcd_root.empty() ? rendezvous::kEtcdRoot : options.rdzv.etcd_root);
     return formatRunStatus(options.run_id, rendezvous::etcdEndpointUrl(etcd.endpoints),
                            run.status(), options.silent_after);
   }

@@ -213,7 +213,10 @@ std::string prefixEnd(const std::string& prefix) {
 
 std::vector<std::string> parseEtcdEndpoints(const std::string& text) {
   std::string list = text;
-  if (list.rfind(kEtcdScheme, 0) == 0) list = list.substr(sizeof(kEtcdScheme) - 1);
+  if (list.rfind(kEtcdScheme, 0) == 0) {  // our own URL: members, then perhaps the key root
+    list = list.substr(sizeof(kEtcdScheme) - 1);
+    list = list.substr(0, list.find('/'));
+  }
   std::vector<std::string> out;
   size_t start = 0;
   while (start <= list.size()) {
@@ -234,10 +237,10 @@ std::vector<std::string> parseEtcdEndpoints(const std::string& text) {
   return out;
 }
 
-std::string etcdEndpointUrl(const std::vector<std::string>& endpoints) {
+std::string etcdEndpointUrl(const std::vector<std::string>& endpoints, const std::string& root) {
   std::string url = kEtcdScheme;
   for (size_t i = 0; i < endpoints.size(); ++i) url += (i ? "," : "") + endpoints[i];
-  return url;
+  return url + root;
 }
 
 // ---- EtcdClient -------------------------------------------------------------------------------

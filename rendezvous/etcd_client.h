@@ -37,11 +37,13 @@ struct EtcdOptions {
 // The scheme that marks an etcd endpoint list in CXXLAUNCH_STORE_ENDPOINT ("etcd://h1:p1,h2:p2").
 inline constexpr char kEtcdScheme[] = "etcd://";
 
-// "h1:p1,h2:p2" (with or without the etcd:// scheme) -> {"h1:p1", "h2:p2"}; a member without a
-// port gets etcd's client port 2379. Throws InvalidArgument for an empty list or a bad member.
+// "h1:p1,h2:p2" (with or without the etcd:// scheme, whose URL may end in a key root:
+// "etcd://h1:p1/root/") -> {"h1:p1", "h2:p2"}; a member without a port gets etcd's client port
+// 2379. Throws InvalidArgument for an empty list or a bad member.
 std::vector<std::string> parseEtcdEndpoints(const std::string& text);
-// The other way: "etcd://h1:p1,h2:p2".
-std::string etcdEndpointUrl(const std::vector<std::string>& endpoints);
+// The other way: "etcd://h1:p1,h2:p2", followed by `root` (the runs' key root) when given.
+std::string etcdEndpointUrl(const std::vector<std::string>& endpoints,
+                            const std::string& root = "");
 
 struct EtcdKeyValue {
   std::string key;

@@ -209,8 +209,12 @@ struct EtcdRendezvous::Snapshot {
   int64_t revision = 0;  // of the store when read (or written)
 };
 
-EtcdRendezvous::EtcdRendezvous(std::shared_ptr<EtcdClient> client, std::string run_id)
-    : client_(std::move(client)), run_id_(std::move(run_id)), prefix_(etcdRunPrefix(run_id_)) {}
+EtcdRendezvous::EtcdRendezvous(std::shared_ptr<EtcdClient> client, std::string run_id,
+                               std::string root)
+    : client_(std::move(client)),
+      run_id_(std::move(run_id)),
+      root_(std::move(root)),
+      prefix_(etcdRunPrefix(run_id_, root_)) {}
 
 EtcdRendezvous::~EtcdRendezvous() {
   try {
@@ -232,7 +236,7 @@ EtcdRendezvous::~EtcdRendezvous() {
 template <typename Decide>
 EtcdRendezvous::Snapshot EtcdRendezvous::update(Decide&& decide) {
   const std::string state_key = prefix_ + "state";
-  const std::string round_key = etcdRoundKey(run_id_);
+  const std::string round_key = etcdRoundKey(run_id_, root_);
   for (;;) {
     const EtcdTxnResult read = client_->txn(
         {},
@@ -271,7 +275,8 @@ EtcdRendezvous::Snapshot EtcdRendezvous::update(Decide&& decide) {
       ops.push_back(EtcdOp::erasePrefix(prefix_ + "store/"));
     } else if (!snap.exists || snap.state.round() != old.round()) {
       ops.push_back(EtcdOp::put(round_key, std::to_string(snap.state.round())));
-      if (snap.exists) ops.push_back(EtcdOp::erasePrefix(etcdStorePrefix(run_id_, old.round())));
+      if (snap.exists)
+        ops.push_back(EtcdOp::erasePrefix(etcdStorePrefix(run_id_, old.round(), root_)));
     }
     const EtcdCompare unchanged =
         snap.exists ? EtcdCompare::modIs(state_key, mod) : EtcdCompare::missing(state_key);

@@ -27,6 +27,7 @@
 
 #include "rendezvous/client.h"
 #include "rendezvous/etcd_client.h"
+#include "rendezvous/etcd_store.h"
 #include "rendezvous/run_state.h"
 
 namespace cxxlaunch::rendezvous {
@@ -37,7 +38,9 @@ inline constexpr std::chrono::seconds kEtcdFinalStateRetention = std::chrono::mi
 
 class EtcdRendezvous {
  public:
-  EtcdRendezvous(std::shared_ptr<EtcdClient> client, std::string run_id);
+  // `root`: the key root of every run (etcd_store.h: kEtcdRoot, or --rdzv_conf etcd_prefix).
+  EtcdRendezvous(std::shared_ptr<EtcdClient> client, std::string run_id,
+                 std::string root = kEtcdRoot);
   ~EtcdRendezvous();  // close()
   EtcdRendezvous(const EtcdRendezvous&) = delete;
   EtcdRendezvous& operator=(const EtcdRendezvous&) = delete;
@@ -81,7 +84,8 @@ class EtcdRendezvous {
 
   std::shared_ptr<EtcdClient> client_;
   const std::string run_id_;
-  const std::string prefix_;
+  const std::string root_;    // of every run's keys
+  const std::string prefix_;  // this run's: root_ + run_id_ + "/"
   std::atomic<bool> cancelled_ = false;
   std::mutex mu_;  // lease_, keeper_
   int64_t lease_ = 0;

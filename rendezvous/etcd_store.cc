@@ -1,5 +1,7 @@
 #include "rendezvous/etcd_store.h"
 
+#include <algorithm>
+#include <cctype>
 #include <map>
 
 #include "common/error.h"
@@ -23,19 +25,41 @@ int64_t parseCounter(const std::string& key, const std::string& text) {
 }
 }  // namespace
 
-std::string etcdRunPrefix(const std::string& run_id) { return kEtcdRoot + run_id + "/"; }
-std::string etcdRoundKey(const std::string& run_id) { return etcdRunPrefix(run_id) + "round"; }
-std::string etcdStorePrefix(const std::string& run_id, int64_t round) {
-  return etcdRunPrefix(run_id) + "store/" + std::to_string(round) + "/";
+std::string etcdRunPrefix(const std::string& run_id, const std::string& root) {
+  return root + run_id + "/";
+}
+std::string etcdRoundKey(const std::string& run_id, const std::string& root) {
+  return etcdRunPrefix(run_id, root) + "round";
+}
+std::string etcdStorePrefix(const std::string& run_id, int64_t round, const std::string& root) {
+  return etcdRunPrefix(run_id, root) + "store/" + std::to_string(round) + "/";
 }
 
-EtcdStore::EtcdStore(std::shared_ptr<EtcdClient> client, std::string run_id, int64_t round)
+std::string etcdRoot(const std::string& prefix) {
+  const bool blank = std::any_of(prefix.begin(), prefix.end(),
+                                 [](unsigned char c) { return std::isspace(c) != 0; });
+  if (prefix.empty() || prefix.front() != '/' || blank) {
+    throw InvalidArgument("etcd_prefix '" + prefix +
+                          "' is no key prefix: it must start with '/' and have no blanks "
+                          "(e.g. /team/jobs)");
+  }
+  return prefix.back() == '/' ? prefix : prefix + "/";
+}
+
+std::string etcdRootOf(const std::string& url) {
+  if (url.rfind(kEtcdScheme, 0) != 0) return kEtcdRoot;
+  const size_t slash = url.find('/', sizeof(kEtcdScheme) - 1);
+  return slash == std::string::npos ? kEtcdRoot : url.substr(slash);
+}
+
+EtcdStore::EtcdStore(std::shared_ptr<EtcdClient> client, std::string run_id, int64_t round,
+                     const std::string& root)
     : client_(std::move(client)),
       run_id_(std::move(run_id)),
       round_(round),
-      round_key_(etcdRoundKey(run_id_)),
+      round_key_(etcdRoundKey(run_id_, root)),
       round_text_(std::to_string(round)),
-      prefix_(etcdStorePrefix(run_id_, round)) {}
+      prefix_(etcdStorePrefix(run_id_, round, root)) {}
 
 void EtcdStore::stale(const EtcdTxnResult& failed, const char* what) const {
   std::string now = "is over";

@@ -18,15 +18,26 @@
 
 namespace cxxlaunch::rendezvous {
 
-// The documented key layout (docs/rendezvous.md, "etcd").
+// The documented key layout (docs/rendezvous.md, "etcd"): every run under a root, "/cxxlaunch/"
+// unless --rdzv_conf etcd_prefix names another.
 inline constexpr char kEtcdRoot[] = "/cxxlaunch/";
-std::string etcdRunPrefix(const std::string& run_id);                   // /cxxlaunch/<run>/
-std::string etcdRoundKey(const std::string& run_id);                    // .../round
-std::string etcdStorePrefix(const std::string& run_id, int64_t round);  // .../store/<round>/
+std::string etcdRunPrefix(const std::string& run_id,
+                          const std::string& root = kEtcdRoot);  // <root><run>/
+std::string etcdRoundKey(const std::string& run_id,
+                         const std::string& root = kEtcdRoot);  // .../round
+std::string etcdStorePrefix(const std::string& run_id, int64_t round,
+                            const std::string& root = kEtcdRoot);  // .../store/<round>/
+// An etcd_prefix as given ("/team/jobs") as a root ("/team/jobs/"); InvalidArgument unless it
+// starts with '/' and has no blank.
+std::string etcdRoot(const std::string& prefix);
+// The root an etcd:// store endpoint carries after its members ("etcd://h:p/team/jobs/"), or
+// kEtcdRoot when it carries none.
+std::string etcdRootOf(const std::string& url);
 
 class EtcdStore final : public Store {
  public:
-  EtcdStore(std::shared_ptr<EtcdClient> client, std::string run_id, int64_t round);
+  EtcdStore(std::shared_ptr<EtcdClient> client, std::string run_id, int64_t round,
+            const std::string& root = kEtcdRoot);
 
   void set(const std::string& key, const std::string& value) override;
   std::string get(const std::string& key, Timeout timeout) override;

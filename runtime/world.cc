@@ -28,7 +28,8 @@ std::shared_ptr<rendezvous::Store> storeFromEnv(const WorkerEnv& env) {
     etcd.tls_cert_file = env.tls_cert;
     etcd.tls_key_file = env.tls_key;
     return std::make_shared<rendezvous::EtcdStore>(std::make_shared<rendezvous::EtcdClient>(etcd),
-                                                   run_id, round);
+                                                   run_id, round,
+                                                   rendezvous::etcdRootOf(env.store_endpoint));
   }
   rendezvous::ClientOptions options;
   options.endpoint = env.store_endpoint;

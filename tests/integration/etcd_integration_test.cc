@@ -93,6 +93,33 @@ TEST_CASE("Two and three launchers train the example through etcd", "[etcd][inte
   CHECK_THAT(late.err, Catch::Contains("is closed"));
 }
 
+TEST_CASE("A job with --rdzv_conf etcd_prefix keeps its keys under that root",
+          "[etcd][integration]") {
+  EtcdServer etcd;
+  const std::string conf = kFastConf + ",etcd_prefix=/team/jobs";
+  std::vector<std::unique_ptr<Subprocess>> procs;
+  for (int n = 0; n < 2; ++n) {
+    procs.push_back(std::make_unique<Subprocess>(
+        node(etcd.endpoint(), "rooted", {"--nnodes", "2"}, TRAIN_BIN, kTrain, conf)));
+  }
+  // The workers' stores find the round under the same root, or Gloo would never connect.
+  const std::string all = outputOfAll(procs);
+  CHECK_THAT(all, Catch::Contains("on 2 process(es)") && Catch::Contains("done: 4 steps"));
+  CHECK(etcd.ctl({"get", "--prefix", "/team/jobs/rooted/", "--keys-only"}).out.find("/state") !=
+        std::string::npos);
+  CHECK(etcd.ctl({"get", "--prefix", "/cxxlaunch/", "--keys-only"}).out.empty());
+  Args status = {CXXLAUNCH_BIN,     "status",        "--rdzv_backend", "etcd",
+                 "--rdzv_endpoint", etcd.endpoint(), "--rdzv_id",      "rooted"};
+  auto elsewhere = run(status);
+  CHECK(elsewhere.exit_code != 0);
+  CHECK_THAT(elsewhere.err, Catch::Contains("no run 'rooted'"));
+  status.insert(status.end(), {"--rdzv_conf", "etcd_prefix=/team/jobs"});
+  auto found = run(status);
+  INFO(found.out << found.err);
+  CHECK(found.exit_code == 0);
+  CHECK_THAT(found.out, Catch::Contains("round 1: closed"));
+}
+
 TEST_CASE("cxxlaunch status through etcd shows each worker's progress and a stopped one as silent",
           "[etcd][integration][status]") {
   // As the cxxlaunchd test of the same name: both ranks beat every 0.1 s until rank 1 is

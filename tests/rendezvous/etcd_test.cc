@@ -269,6 +269,16 @@ TEST_CASE("The etcd client fails over to the next endpoint and names them when n
   CHECK(std::chrono::steady_clock::now() - start < 3s);
   CHECK_THROWS_AS(parseEtcdEndpoints("etcd://h1:2379,,h2"), InvalidArgument);
   CHECK(parseEtcdEndpoints("http://h1,h2:1") == std::vector<std::string>{"h1:2379", "h2:1"});
+  // The workers' store URL carries the key root after the members.
+  const std::string url = etcdEndpointUrl({"h1:1", "h2:2"}, etcdRoot("/team/jobs"));
+  CHECK(url == "etcd://h1:1,h2:2/team/jobs/");
+  CHECK(parseEtcdEndpoints(url) == std::vector<std::string>{"h1:1", "h2:2"});
+  CHECK(etcdRootOf(url) == "/team/jobs/");
+  CHECK(etcdRootOf("etcd://h1:1") == kEtcdRoot);
+  CHECK(etcdRoot("/x/") == "/x/");
+  CHECK_THROWS_WITH(etcdRoot("x"), Catch::Contains("must start with '/'"));
+  CHECK_THROWS_AS(etcdRoot("/a b"), InvalidArgument);
+  CHECK_THROWS_AS(etcdRoot(""), InvalidArgument);
 }
 
 TEST_CASE("With etcd auth on, the right password works and a wrong one is refused clearly",
