@@ -3,14 +3,17 @@
 #include <cstdlib>
 #include <cstring>
 
-#if defined(__GLIBC__)
+// glibc's allocator, unless a sanitizer replaced it: then its tuning means nothing, and
+// malloc_trim walks arenas glibc never set up (a crash under ASan).
+#if defined(__GLIBC__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#define CXXLAUNCH_GLIBC_MALLOC 1
 #include <malloc.h>
 #endif
 
 namespace cxxlaunch::runtime {
 namespace {
 
-bool userTunesMalloc() {
+[[maybe_unused]] bool userTunesMalloc() {
   const char* tunables = std::getenv("GLIBC_TUNABLES");
   if (tunables != nullptr && std::strstr(tunables, "glibc.malloc.") != nullptr) return true;
   for (const char* name : {"MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_"}) {
@@ -22,7 +25,7 @@ bool userTunesMalloc() {
 }  // namespace
 
 bool keepFreedHostMemory() {
-#if defined(__GLIBC__)
+#if defined(CXXLAUNCH_GLIBC_MALLOC)
   if (userTunesMalloc()) return false;
   // 32 MiB is the largest mmap threshold glibc accepts on 64-bit; tensors below it come from the
   // heap and are reused. A fixed threshold also stops glibc's own adaptive one.
@@ -39,7 +42,7 @@ bool keepFreedHostMemory() {
 }
 
 bool returnFreedHostMemory() {
-#if defined(__GLIBC__)
+#if defined(CXXLAUNCH_GLIBC_MALLOC)
   if (userTunesMalloc()) return false;
   constexpr int kTrimThreshold = 64 << 20;
   return mallopt(M_TRIM_THRESHOLD, kTrimThreshold) == 1;
@@ -49,7 +52,7 @@ bool returnFreedHostMemory() {
 }
 
 void releaseFreedHostMemory() {
-#if defined(__GLIBC__)
+#if defined(CXXLAUNCH_GLIBC_MALLOC)
   malloc_trim(0);
 #endif
 }

@@ -10,7 +10,8 @@ namespace cxxlaunch::runtime {
 // Raises glibc's mmap and trim thresholds so that freed tensor memory stays in the process for
 // the next step. Does nothing when the user tunes malloc through the environment
 // (GLIBC_TUNABLES with glibc.malloc.*, or MALLOC_TRIM_THRESHOLD_ / MALLOC_MMAP_THRESHOLD_ /
-// MALLOC_TOP_PAD_) or on a C library other than glibc. Returns whether it changed anything.
+// MALLOC_TOP_PAD_), on a C library other than glibc, or in a sanitizer's build (whose allocator
+// replaces glibc's). Returns whether it changed anything.
 bool keepFreedHostMemory();
 
 // Where memory is the point (parameters sharded at rest, nvme offload): freed memory beyond
