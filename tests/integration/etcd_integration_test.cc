@@ -130,29 +130,13 @@ TEST_CASE("cxxlaunch status through etcd shows each worker's progress and a stop
                            {"pidfile", pids.path(), "beating"},
                            "keep_alive_interval=0.2,keep_alive_max_misses=10"));
   const auto workers = waitForPids(pids.path(), 2);
-  std::string text;
-  auto status = [&] {
-    text = run({CXXLAUNCH_BIN, "status", "--rdzv_backend", "etcd", "--rdzv_endpoint",
-                etcd.endpoint(), "--rdzv_id", "silent", "--silent_after", "3"})
-               .out;
-    return text;
-  };
-  REQUIRE(eventually(
+  checkStoppedWorkerIsSilent(
       [&] {
-        status();
-        return workerRow(text, 0).find(" ago") != std::string::npos &&
-               workerRow(text, 1).find(" ago") != std::string::npos;
+        return run({CXXLAUNCH_BIN, "status", "--rdzv_backend", "etcd", "--rdzv_endpoint",
+                    etcd.endpoint(), "--rdzv_id", "silent", "--silent_after", "3"})
+            .out;
       },
-      30s));
-  INFO(text);
-  CHECK_THAT(workerRow(text, 1), Catch::Contains(std::to_string(workers[1])));
-  ::kill(workers[1], SIGSTOP);
-  CHECK(
-      eventually([&] { return workerRow(status(), 1).find("SILENT") != std::string::npos; }, 30s));
-  INFO(text);
-  CHECK_THAT(workerRow(text, 1), Catch::Contains("stopped"));
-  CHECK_THAT(workerRow(text, 0), !Catch::Contains("SILENT"));
-  ::kill(workers[1], SIGCONT);
+      workers);
   ::kill(launcher.pid(), SIGTERM);
   auto r = launcher.wait(30s);
   REQUIRE(r);
