@@ -697,13 +697,21 @@ TEST_CASE("cpu offload takes the host copies and changes no bit of the result",
           "[sharded][offload]") {
   torch::set_num_threads(1);
   size_t optimizer_only_parameters = 0;  // stage 3, parameters not offloaded: device bytes
+  // The independent reference: DDP through the Accelerator, on trainDirect's model and data.
+  std::map<std::pair<std::string, int>, Result> ddp;
+  const std::vector<std::tuple<std::string, int, double>> cases = {{"adamw", 1, 0.0},
+                                                                   {"sgd", 2, 0.05}};
+  for (const auto& [optimizer, accumulation, clipping] : cases) {
+    ddp[{optimizer, accumulation}] = train(Run{.optimizer = optimizer,
+                                               .accumulation = accumulation,
+                                               .clipping = clipping,
+                                               .steps = DirectRun{}.steps});
+  }
   for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
     for (const int stage : {0, 1, 2, 3}) {
       for (const bool params_too : {false, true}) {
         if (params_too && stage != 3) continue;
-        for (const auto& [optimizer, accumulation, clipping] :
-             std::vector<std::tuple<std::string, int, double>>{{"adamw", 1, 0.0},
-                                                               {"sgd", 2, 0.05}}) {
+        for (const auto& [optimizer, accumulation, clipping] : cases) {
           DirectRun run{.optimizer = optimizer, .accumulation = accumulation, .clipping = clipping};
           run.sharding.stage = stage;
           run.sharding.compute_dtype = dtype;
@@ -719,6 +727,11 @@ TEST_CASE("cpu offload takes the host copies and changes no bit of the result",
           for (const auto& [name, tensor] : in_place.params) {
             INFO(name);
             CHECK(torch::equal(offloaded.params.at(name), tensor));
+          }
+          if (dtype == torch::kFloat) {  // and both where plain DDP ends, the same data and steps
+            Result direct;
+            direct.params = offloaded.params;
+            CHECK(maxRelativeDifference(direct, ddp.at({optimizer, accumulation})) < 1e-5);
           }
           // The fp32 shards and the moments are counted apart, as host memory.
           CHECK(offloaded.memory.offloaded_to_cpu > 0);
