@@ -215,7 +215,7 @@ class EtcdLink final : public Link {
  public:
   EtcdLink(std::shared_ptr<rdzv::EtcdClient> client, const std::string& run_id,
            const std::string& root)
-      : rendezvous_(std::move(client), run_id, root.empty() ? rdzv::kEtcdRoot : root) {}
+      : rendezvous_(std::move(client), run_id, root) {}
   rdzv::JoinPoll join(const rdzv::NodeSpec& node, const rdzv::RunSettings& settings,
                       rdzv::Millis poll) override {
     return rendezvous_.join(node, settings, poll);
@@ -255,20 +255,13 @@ class RemoteRendezvous final : public NodeRendezvous {
     std::string endpoint = r.endpoint;
     std::shared_ptr<rdzv::EtcdClient> etcd;
     if (r.etcd()) {
-      rdzv::EtcdOptions eo;
-      // From --rdzv_endpoint as given, or from a config file's main_process_ip:port.
-      eo.endpoints =
-          rdzv::parseEtcdEndpoints(r.etcd_endpoints.empty() ? r.endpoint : r.etcd_endpoints);
-      eo.user = r.etcd_user;
-      eo.password = r.etcd_password;
-      eo.tls_ca_file = r.tls_ca;
-      eo.tls_cert_file = r.tls_cert;
-      eo.tls_key_file = r.tls_key;
+      rdzv::EtcdOptions eo = etcdOptionsOf(r);
       eo.call_timeout =
           std::clamp<std::chrono::milliseconds>(r.keep_alive_interval * r.keep_alive_max_misses,
                                                 std::chrono::seconds(1), std::chrono::seconds(10));
       etcd = std::make_shared<rdzv::EtcdClient>(eo);
       // Workers reach the same members (runtime/world.cc: an etcd:// endpoint is an EtcdStore).
+      // (With the default root the URL names none, and the workers take /cxxlaunch/.)
       endpoint = rdzv::etcdEndpointUrl(eo.endpoints, r.etcd_root);
       store_user_ = r.etcd_user;
     } else if (r.is_host.value_or(true)) {
@@ -289,7 +282,7 @@ class RemoteRendezvous final : public NodeRendezvous {
     run_id_ = options.run_id;
     // The hosting launcher calls its own server directly.
     if (etcd) {
-      link_ = std::make_unique<EtcdLink>(etcd, run_id_, r.etcd_root);
+      link_ = std::make_unique<EtcdLink>(etcd, run_id_, etcdKeyRoot(r));
     } else if (server_) {
       link_ = std::make_unique<HostedLink>(*server_, run_id_);
     } else {
@@ -558,6 +551,22 @@ class RemoteRendezvous final : public NodeRendezvous {
 };
 
 }  // namespace
+
+rendezvous::EtcdOptions etcdOptionsOf(const RendezvousOptions& r) {
+  rendezvous::EtcdOptions eo;
+  eo.endpoints =
+      rendezvous::parseEtcdEndpoints(r.etcd_endpoints.empty() ? r.endpoint : r.etcd_endpoints);
+  eo.user = r.etcd_user;
+  eo.password = r.etcd_password;
+  eo.tls_ca_file = r.tls_ca;
+  eo.tls_cert_file = r.tls_cert;
+  eo.tls_key_file = r.tls_key;
+  return eo;
+}
+
+std::string etcdKeyRoot(const RendezvousOptions& r) {
+  return r.etcd_root.empty() ? rendezvous::kEtcdRoot : r.etcd_root;
+}
 
 std::unique_ptr<NodeRendezvous> makeNodeRendezvous(const LaunchOptions& options) {
   return std::make_unique<RemoteRendezvous>(options);

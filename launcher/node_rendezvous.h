@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "launcher/options.h"
+#include "rendezvous/etcd_client.h"
 
 namespace cxxlaunch::launcher {
 
@@ -94,5 +95,11 @@ class NodeRendezvous {
 // The rendezvous for these options. Hosts the server when this node should (always for a
 // single-node job). Throws InvalidArgument / CommunicationError.
 std::unique_ptr<NodeRendezvous> makeNodeRendezvous(const LaunchOptions& options);
+
+// --rdzv_backend etcd, for the agents and `cxxlaunch status`: the client of the members
+// --rdzv_endpoint names (or a config file's main_process_ip:port), with --rdzv_conf's user,
+// password and TLS files; and the key root of the runs (etcd_prefix, else /cxxlaunch/).
+rendezvous::EtcdOptions etcdOptionsOf(const RendezvousOptions& r);
+std::string etcdKeyRoot(const RendezvousOptions& r);
 
 }  // namespace cxxlaunch::launcher

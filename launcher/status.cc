@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "launcher/node_rendezvous.h"
 #include "rendezvous/client.h"
 #include "rendezvous/etcd_client.h"
 #include "rendezvous/etcd_rendezvous.h"
@@ -20,17 +21,9 @@ std::string seconds(std::chrono::milliseconds age) {
 
 std::string describeRun(const StatusOptions& options) {
   if (options.rdzv.etcd()) {
-    rendezvous::EtcdOptions etcd;
-    etcd.endpoints = rendezvous::parseEtcdEndpoints(options.rdzv.etcd_endpoints);
-    etcd.user = options.rdzv.etcd_user;
-    etcd.password = options.rdzv.etcd_password;
-    etcd.tls_ca_file = options.rdzv.tls_ca;
-    etcd.tls_cert_file = options.rdzv.tls_cert;
-    etcd.tls_key_file = options.rdzv.tls_key;
-    auto client = std::make_shared<rendezvous::EtcdClient>(etcd);
-    rendezvous::EtcdRendezvous run(
-        client, options.run_id,
-        options.rdzv.etcd_root.empty() ? rendezvous::kEtcdRoot : options.rdzv.etcd_root);
+    const rendezvous::EtcdOptions etcd = etcdOptionsOf(options.rdzv);
+    rendezvous::EtcdRendezvous run(std::make_shared<rendezvous::EtcdClient>(etcd), options.run_id,
+                                   etcdKeyRoot(options.rdzv));
     return formatRunStatus(options.run_id, rendezvous::etcdEndpointUrl(etcd.endpoints),
                            run.status(), options.silent_after);
   }
