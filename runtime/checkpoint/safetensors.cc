@@ -17,6 +17,7 @@
 #include "common/atomic_file.h"
 #include "common/error.h"
 #include "runtime/checkpoint/files.h"
+#include "runtime/host_memory.h"
 
 namespace cxxlaunch::runtime::checkpoint {
 namespace {
@@ -119,6 +120,7 @@ void readFile(const std::string& path,
   for (const auto& e : entries) {
     if (only != nullptr && only->count(e.name) == 0) continue;
     torch::Tensor t = torch::empty(e.shape, torch::TensorOptions().dtype(scalarTypeOf(e.dtype)));
+    prefaultForWriting(t.data_ptr(), static_cast<size_t>(e.end - e.begin));
     file.read(8 + header_bytes + e.begin, t.data_ptr(), static_cast<size_t>(e.end - e.begin));
     visit(e.name, t);
   }

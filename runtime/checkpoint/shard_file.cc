@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "runtime/host_memory.h"
 
 namespace cxxlaunch::runtime::checkpoint {
 namespace {
@@ -322,6 +323,7 @@ void ShardFileReader::pread(uint64_t offset, void* out, size_t bytes) const {
 
 void ShardFileReader::read(uint64_t offset, int64_t slice_begin, int64_t from, int64_t to,
                            float* out) const {
+  prefaultForWriting(out, static_cast<size_t>(to - from) * sizeof(float));
   const auto it = array_checksums_.find(offset);
   if (it == array_checksums_.end()) {  // format 1
     pread(offset + static_cast<uint64_t>(from - slice_begin) * sizeof(float), out,
