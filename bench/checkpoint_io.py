@@ -3,17 +3,21 @@
 (101M parameters by default: a 1.2 GB checkpoint with AdamW's state) at world 2 saves one
 checkpoint (`--save_every`) and a second job loads it (`resume`), in each layout: sharded under
 ZeRO-3 (every rank writes its shard in parallel) and DDP (the ranks share the parameters), and
-full under ZeRO-3 (gathered unit by unit, rank 0 writes everything). The disk's speed is dd's: a write of
-the same size with fsync, and a read of it with the page cache dropped (as before each load),
-measured before and after each save + load pair; each pair is compared with the mean of the two
-(the machine's disk is shared and its speed drifts), and the table gives the medians over
---repeat repetitions.
+full under ZeRO-3 (gathered unit by unit, rank 0 writes everything).
+The disk's speed is dd's, measured next to each save and each load (the machine's disk is
+shared and its speed drifts by 2x within minutes): a write of the same size with fsync just
+before and just after each save, and a read of the checkpoint's own files with the page cache
+dropped (as before each load) just before and just after each load. Each save and load is
+compared with the mean of its two, and the table gives the medians over --repeat repetitions.
+A second load with the checkpoint left in the page cache ("warm") shows what the memory work
+alone costs: copying, checking, faulting in fresh memory.
 Target (issue: checkpoints): at least 0.7 of the disk's sequential write and read speed.
 
 usage: bench/checkpoint_io.py [--dir DIR (on the disk to measure; default /var/tmp)]
                               [--d_model 1024] [--layers 8] [--repeat 3]
 """
 import argparse
+import glob
 import os
 import re
 import shutil
@@ -59,15 +63,25 @@ def rate(pattern, text):
     return float(m.group(1)), float(m.group(3))
 
 
-def disk_speed(work, size_gb):
-    """dd's write (with fsync) and read (page cache dropped) of `size_gb`, in GB/s."""
+def write_speed(work, size_gb):
+    """dd's write of `size_gb` with fsync, in GB/s."""
     probe = os.path.join(work, "dd.bin")
     count = max(1, int(size_gb * 1e9 / (64 << 20)))
     write = dd(["if=/dev/zero", f"of={probe}", "bs=64M", f"count={count}", "conv=fsync"])
-    drop_caches()
-    read = dd([f"if={probe}", "of=/dev/null", "bs=64M"])
     os.remove(probe)
-    return write, read
+    return write
+
+
+def read_speed(folder):
+    """dd's read of the checkpoint's files under `folder`, one after another, the page cache
+    dropped first, in GB/s."""
+    files = sorted(glob.glob(os.path.join(folder, "*", "*.bin")))
+    drop_caches()
+    seconds, size = 0.0, 0
+    for f in files:
+        size += os.path.getsize(f)
+        seconds += os.path.getsize(f) / 1e9 / dd([f"if={f}", "of=/dev/null", "bs=64M"])
+    return size / 1e9 / seconds
 
 
 def main():
@@ -79,38 +93,42 @@ def main():
     a = p.parse_args()
     work = tempfile.mkdtemp(prefix="cxxlaunch-ckpt-bench-", dir=a.dir)
     modes = [("zero3", "sharded"), ("ddp", "sharded"), ("zero3", "full")]
-    ratios = {m: ([], []) for m in modes}  # each repetition's save and load against the disk's
-    sizes, disks, dropped = {}, [], True
+    ratios = {m: ([], [], []) for m in modes}  # each repetition's save, load and warm load
+    sizes, writes, reads, dropped = {}, [], [], True
     try:
         for rep in range(a.repeat):
             for strategy, layout in modes:
                 folder = os.path.join(work, f"{strategy}-{layout}-{rep}")
-                before = disk_speed(work, 1.2)
+                before = write_speed(work, 1.2)
                 size, save = rate("saved", train(a, folder, strategy, layout))
+                write = (before + write_speed(work, size)) / 2
+                before = read_speed(folder)
                 dropped = drop_caches()
                 _, load = rate("resumed from", train(a, folder, strategy, layout))
-                after = disk_speed(work, size)
+                _, warm = rate("resumed from", train(a, folder, strategy, layout))
+                read = (before + read_speed(folder)) / 2
                 shutil.rmtree(folder, ignore_errors=True)
-                write, read = (before[0] + after[0]) / 2, (before[1] + after[1]) / 2
-                disks.append((write, read))
+                writes.append(write)
+                reads.append(read)
                 sizes[(strategy, layout)] = size
-                ratios[(strategy, layout)][0].append(save / write)
-                ratios[(strategy, layout)][1].append(load / read)
+                for series, value in zip(ratios[(strategy, layout)],
+                                         (save / write, load / read, warm / read)):
+                    series.append(value)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     median = lambda v: sorted(v)[len(v) // 2]
     print(f"GPT d_model {a.d_model} x {a.layers} layers at world 2, checkpoints under {a.dir}, "
-          f"{a.repeat} repetition(s); disk (dd, 64 MiB blocks, measured before and after each "
-          f"save + load, medians): write with fsync {median([d[0] for d in disks]):.2f} GB/s, "
-          f"read {median([d[1] for d in disks]):.2f} GB/s"
-          f"{'' if dropped else ' (page cache NOT dropped: not root)'}")
-    print(f"{'strategy':14s} {'GB':>6s} {'save x disk':>12s} {'load x disk':>12s}   "
-          "(median; each repetition against its own dd)")
+          f"{a.repeat} repetition(s); disk (dd, 64 MiB blocks, measured next to each save and "
+          f"load, medians): write with fsync {median(writes):.2f} GB/s, read {median(reads):.2f} "
+          f"GB/s{'' if dropped else ' (page cache NOT dropped: not root)'}")
+    print(f"{'strategy':14s} {'GB':>6s} {'save x disk':>12s} {'load x disk':>12s} "
+          f"{'warm x disk':>12s}   (medians; each repetition against its own dd)")
     for m in modes:
-        saves, loads = ratios[m]
-        print(f"{m[0] + ' ' + m[1]:14s} {sizes[m]:6.3f} {median(saves):12.2f} {median(loads):12.2f}"
-              f"   save {' '.join(f'{r:.2f}' for r in saves)}; load "
-              f"{' '.join(f'{r:.2f}' for r in loads)}")
+        saves, loads, warms = ratios[m]
+        each = lambda v: " ".join(f"{r:.2f}" for r in v)
+        print(f"{m[0] + ' ' + m[1]:14s} {sizes[m]:6.3f} {median(saves):12.2f} "
+              f"{median(loads):12.2f} {median(warms):12.2f}   save {each(saves)}; load "
+              f"{each(loads)}; warm {each(warms)}")
 
 
 if __name__ == "__main__":
