@@ -14,7 +14,7 @@ alone costs: copying, checking, faulting in fresh memory.
 Target (issue: checkpoints): at least 0.7 of the disk's sequential write and read speed.
 
 usage: bench/checkpoint_io.py [--dir DIR (on the disk to measure; default /var/tmp)]
-                              [--d_model 1024] [--layers 8] [--repeat 3]
+                              [--d_model 1024] [--layers 8] [--repeat 5]
 """
 import argparse
 import glob
@@ -89,7 +89,7 @@ def main():
     p.add_argument("--dir", default="/var/tmp")
     p.add_argument("--d_model", type=int, default=1024)
     p.add_argument("--layers", type=int, default=8)
-    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--repeat", type=int, default=5)
     a = p.parse_args()
     work = tempfile.mkdtemp(prefix="cxxlaunch-ckpt-bench-", dir=a.dir)
     modes = [("zero3", "sharded"), ("ddp", "sharded"), ("zero3", "full")]
