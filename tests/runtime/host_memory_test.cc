@@ -1,6 +1,6 @@
 // keepFreedHostMemory: freed tensor-sized blocks stay in the heap, and a user's own malloc
-// tuning wins. prefaultForWriting: the whole pages of a range are there afterwards, nothing else
-// is, and no byte changes.
+// tuning wins. prefaultForWriting: the whole pages of a range are there afterwards, and no byte
+// changes.
 
 #include "runtime/host_memory.h"
 
@@ -62,10 +62,13 @@ TEST_CASE("prefaultForWriting faults in the whole pages of its range and changes
   prefaultForWriting(fresh + page + 100, 8 * page);
   std::vector<unsigned char> resident(kPages);
   REQUIRE(mincore(fresh, kPages * page, resident.data()) == 0);
-  for (size_t i = 0; i < kPages; ++i) {
-    INFO("page " << i);
-    const bool whole = i >= 2 && i <= 8;
-    CHECK((resident[i] & 1) == (whole && kernelPopulates() ? 1 : 0));
+  // Only the pages inside are asserted: the kernel may fault in more around them (a large
+  // folio), and before Linux 5.14 the call does nothing.
+  if (kernelPopulates()) {
+    for (size_t i = 2; i <= 8; ++i) {
+      INFO("page " << i);
+      CHECK((resident[i] & 1) == 1);
+    }
   }
   for (size_t i = 0; i < kPages * page; ++i) {
     if (fresh[i] != 0) FAIL("byte " << i << " is " << int{fresh[i]});
