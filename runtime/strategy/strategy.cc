@@ -1,14 +1,17 @@
 #include "runtime/strategy/strategy.h"
 
 #include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
+#include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <type_traits>
 
 #include "common/error.h"
@@ -54,53 +57,126 @@ std::string humanBytes(size_t bytes) {
   return text;
 }
 
-// torch::optim's per-parameter state as checkpoint arrays: AdamW and Adam (FusedAdamW too)
-// exp_avg and exp_avg_sq, SGD momentum_buffer; the names the sharded optimizers use.
-std::vector<std::pair<std::string, torch::Tensor>> torchStateArrays(
+// torch::optim's per-parameter state as checkpoint arrays, under the sharded optimizers' names
+// where they have one: AdamW and Adam (FusedAdamW too) exp_avg, exp_avg_sq and, with amsgrad,
+// max_exp_avg_sq; SGD's momentum_buffer; RMSprop's square_avg, momentum_buffer and (centered)
+// grad_avg; Adagrad's sum. An array an option leaves undefined is left out. Null for a state of
+// any other type.
+std::optional<std::vector<std::pair<std::string, torch::Tensor>>> torchStateArrays(
     torch::optim::OptimizerParamState& state) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  auto add = [&](const char* array, const torch::Tensor& t) {
+    if (t.defined()) out.emplace_back(array, t);
+  };
   if (auto* s = dynamic_cast<torch::optim::AdamWParamState*>(&state)) {
-    return {{"exp_avg", s->exp_avg()}, {"exp_avg_sq", s->exp_avg_sq()}};
+    add("exp_avg", s->exp_avg());
+    add("exp_avg_sq", s->exp_avg_sq());
+    add("max_exp_avg_sq", s->max_exp_avg_sq());
+  } else if (auto* s = dynamic_cast<torch::optim::AdamParamState*>(&state)) {
+    add("exp_avg", s->exp_avg());
+    add("exp_avg_sq", s->exp_avg_sq());
+    add("max_exp_avg_sq", s->max_exp_avg_sq());
+  } else if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(&state)) {
+    add("momentum_buffer", s->momentum_buffer());
+  } else if (auto* s = dynamic_cast<torch::optim::RMSpropParamState*>(&state)) {
+    add("square_avg", s->square_avg());
+    add("momentum_buffer", s->momentum_buffer());
+    add("grad_avg", s->grad_avg());
+  } else if (auto* s = dynamic_cast<torch::optim::AdagradParamState*>(&state)) {
+    add("sum", s->sum());
+  } else {
+    return std::nullopt;
   }
-  if (auto* s = dynamic_cast<torch::optim::AdamParamState*>(&state)) {
-    return {{"exp_avg", s->exp_avg()}, {"exp_avg_sq", s->exp_avg_sq()}};
+  return out;
+}
+
+// saveState keeps all of the optimizer's state or saves nothing: a state of another type
+// (LBFGS's history, a trainer's own optimizer) would otherwise be lost without a word. Every
+// rank checks every parameter, so that all of them refuse together, before any file is written.
+void requireSavableState(torch::optim::Optimizer& optimizer) {
+  for (auto& [key, state] : optimizer.state()) {
+    if (state && !torchStateArrays(*state)) {
+      throw InvalidArgument(
+          "saveState can save the state of torch::optim's AdamW, Adam, SGD, RMSprop and Adagrad "
+          "(and cxxlaunch::runtime::FusedAdamW), not this optimizer's (LBFGS, or one of your "
+          "own); train with one of those, or save its state yourself with acc.save");
+    }
   }
-  if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(&state)) {
-    if (s->momentum_buffer().defined()) return {{"momentum_buffer", s->momentum_buffer()}};
+}
+
+template <typename Options>
+const Options* groupOptions(torch::optim::Optimizer& optimizer, const torch::Tensor& param) {
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& p : group.params()) {
+      if (p.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) {
+        return dynamic_cast<const Options*>(&group.options());
+      }
+    }
   }
-  return {};
+  return nullptr;
 }
 
 // A fresh torch::optim state for `param` whose tensors `reads` fill from the checkpoint, or null
-// when the optimizer is none of AdamW/Adam/SGD or the checkpoint has no state for the parameter
-// (a fresh start).
+// when the checkpoint has no state of this optimizer for the parameter (a fresh start; Adagrad's
+// starts as its constructor makes it). An array this optimizer's options need that the
+// checkpoint lacks (saved with amsgrad, momentum or centered off) starts as torch starts it.
 std::unique_ptr<torch::optim::OptimizerParamState> torchStateFrom(
     torch::optim::Optimizer& optimizer, const std::string& name, const torch::Tensor& param,
     const checkpoint::Source& reader, int64_t steps, std::vector<checkpoint::ReadRequest>& reads,
     HostStaging& staging) {
-  auto read = [&](const char* array) {
+  auto read = [&](const char* array, bool needed) -> torch::Tensor {
+    if (!reader.has(name, array)) {
+      return needed ? torch::zeros_like(param, at::MemoryFormat::Contiguous) : torch::Tensor();
+    }
     torch::Tensor t = torch::empty_like(param, at::MemoryFormat::Contiguous);
     reads.push_back({name, array, 0, param.numel(), param.sizes().vec(), staging.hostOf(t)});
     return t;
   };
+  auto adam = [&](auto state, bool amsgrad) {
+    state->step(steps);
+    state->exp_avg(read("exp_avg", true));
+    state->exp_avg_sq(read("exp_avg_sq", true));
+    state->max_exp_avg_sq(read("max_exp_avg_sq", amsgrad));
+    return state;
+  };
   const bool adam_state = reader.has(name, "exp_avg") && reader.has(name, "exp_avg_sq");
-  if (dynamic_cast<torch::optim::AdamW*>(&optimizer) != nullptr && adam_state) {
-    auto s = std::make_unique<torch::optim::AdamWParamState>();
-    s->step(steps);
-    s->exp_avg(read("exp_avg"));
-    s->exp_avg_sq(read("exp_avg_sq"));
-    return s;
+  if (dynamic_cast<torch::optim::AdamW*>(&optimizer) != nullptr) {
+    if (!adam_state) return nullptr;
+    const auto* o = groupOptions<torch::optim::AdamWOptions>(optimizer, param);
+    return adam(std::make_unique<torch::optim::AdamWParamState>(), o && o->amsgrad());
   }
-  if (dynamic_cast<torch::optim::Adam*>(&optimizer) != nullptr && adam_state) {
-    auto s = std::make_unique<torch::optim::AdamParamState>();
-    s->step(steps);
-    s->exp_avg(read("exp_avg"));
-    s->exp_avg_sq(read("exp_avg_sq"));
-    return s;
+  if (dynamic_cast<torch::optim::Adam*>(&optimizer) != nullptr) {
+    if (!adam_state) return nullptr;
+    const auto* o = groupOptions<torch::optim::AdamOptions>(optimizer, param);
+    return adam(std::make_unique<torch::optim::AdamParamState>(), o && o->amsgrad());
   }
-  if (dynamic_cast<torch::optim::SGD*>(&optimizer) != nullptr &&
-      reader.has(name, "momentum_buffer")) {
+  if (dynamic_cast<torch::optim::SGD*>(&optimizer) != nullptr) {
+    if (!reader.has(name, "momentum_buffer")) return nullptr;
     auto s = std::make_unique<torch::optim::SGDParamState>();
-    s->momentum_buffer(read("momentum_buffer"));
+    s->momentum_buffer(read("momentum_buffer", true));
+    return s;
+  }
+  if (dynamic_cast<torch::optim::RMSprop*>(&optimizer) != nullptr) {
+    if (!reader.has(name, "square_avg")) return nullptr;
+    const auto* o = groupOptions<torch::optim::RMSpropOptions>(optimizer, param);
+    auto s = std::make_unique<torch::optim::RMSpropParamState>();
+    s->step(steps);
+    s->square_avg(read("square_avg", true));
+    s->momentum_buffer(read("momentum_buffer", o && o->momentum() > 0));
+    s->grad_avg(read("grad_avg", o && o->centered()));
+    return s;
+  }
+  if (dynamic_cast<torch::optim::Adagrad*>(&optimizer) != nullptr) {
+    // Adagrad makes every parameter's state in its constructor, and its step expects it there.
+    auto s = std::make_unique<torch::optim::AdagradParamState>();
+    if (reader.has(name, "sum")) {
+      s->step(steps);
+      s->sum(read("sum", true));
+    } else {
+      const auto* o = groupOptions<torch::optim::AdagradOptions>(optimizer, param);
+      s->sum(torch::full_like(param, o ? o->initial_accumulator_value() : 0.0,
+                              at::MemoryFormat::Contiguous));
+    }
     return s;
   }
   return nullptr;
@@ -163,14 +239,8 @@ class DdpStrategy final : public Strategy {
       report.gradients += bytesOf(p.grad());
     }
     for (const auto& [key, state] : optimizer_.state()) {
-      if (auto* adamw = dynamic_cast<torch::optim::AdamWParamState*>(state.get())) {
-        report.optimizer_state += bytesOf(adamw->exp_avg()) + bytesOf(adamw->exp_avg_sq()) +
-                                  bytesOf(adamw->max_exp_avg_sq());
-      } else if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(state.get())) {
-        report.optimizer_state += bytesOf(adam->exp_avg()) + bytesOf(adam->exp_avg_sq()) +
-                                  bytesOf(adam->max_exp_avg_sq());
-      } else if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(state.get())) {
-        report.optimizer_state += bytesOf(sgd->momentum_buffer());
+      if (auto arrays = torchStateArrays(*state)) {
+        for (const auto& [array, t] : *arrays) report.optimizer_state += bytesOf(t);
       }
     }
     return report;
@@ -181,9 +251,11 @@ class DdpStrategy final : public Strategy {
   std::vector<checkpoint::Slice> stateSlices() override {
     // Every rank holds the same, so they share the writing: each parameter goes to the rank with
     // the fewest elements so far (the same choice on every rank), and they write in parallel.
+    requireSavableState(optimizer_);
     return slicesOf(rank_, world_);
   }
   checkpoint::FullState fullState() override {
+    requireSavableState(optimizer_);
     return streamSlices(rank_ == 0 ? slicesOf(0, 1) : std::vector<checkpoint::Slice>{});
   }
   // The parameters (and their optimizer state) that fall to `rank` of `ranks`.
@@ -200,9 +272,9 @@ class DdpStrategy final : public Strategy {
       checkpoint::Slice slice{
           item.key(), p.sizes().vec(), 0, p.numel(), {{"param", p.detach().reshape({-1})}}};
       if (auto it = state.find(paramStateKey(state, p)); it != state.end()) {
-        for (auto& [array, t] : torchStateArrays(*it->second)) {
-          slice.arrays.emplace_back(array, t.reshape({-1}));
-        }
+        // requireSavableState checked the type
+        const auto arrays = torchStateArrays(*it->second).value();
+        for (const auto& [array, t] : arrays) slice.arrays.emplace_back(array, t.reshape({-1}));
       }
       out.push_back(std::move(slice));
     }
