@@ -3,7 +3,10 @@
 (101M parameters by default: a 1.2 GB checkpoint with AdamW's state) at world 2 saves one
 checkpoint (`--save_every`) and a second job loads it (`resume`), in each layout: sharded under
 ZeRO-3 (every rank writes its shard in parallel) and DDP (the ranks share the parameters), and
-full under ZeRO-3 (gathered unit by unit, rank 0 writes everything).
+full under ZeRO-3 (gathered unit by unit, rank 0 writes everything); and the peer, PyTorch's own
+Python DDP saving and loading the same model and AdamW state as accelerate does under DDP
+(bench/checkpoint_peer.py: rank 0 writes everything, every rank reads everything), on the
+same disk in the same run.
 The disk's speed is dd's, measured next to each save and each load (the machine's disk is
 shared and its speed drifts by 2x within minutes): a write of the same size with fsync just
 before and just after each save, and a read of the checkpoint's own files with the page cache
@@ -15,6 +18,7 @@ Target (issue: checkpoints): at least 0.7 of the disk's sequential write and rea
 
 usage: bench/checkpoint_io.py [--dir DIR (on the disk to measure; default /var/tmp)]
                               [--d_model 1024] [--layers 8] [--repeat 5]
+                              [--python /usr/bin/python3 (the peer's, with torch)]
 """
 import argparse
 import glob
@@ -44,8 +48,17 @@ def dd(args):
     return int(m.group(1)) / float(m.group(2)) / 1e9
 
 
-def train(a, folder, strategy, layout):
-    argv = [os.path.join(ROOT, "build/bin/cxxlaunch"), "run", "--nproc_per_node=2",
+PEER = ("torch ddp", "peer")
+
+
+def train(a, folder, strategy, layout, phase):
+    """One job at world 2 that saves (`phase` "save") or loads the checkpoint under `folder`."""
+    launch = [os.path.join(ROOT, "build/bin/cxxlaunch"), "run", "--nproc_per_node=2"]
+    if (strategy, layout) == PEER:
+        argv = launch + [a.python, os.path.join(ROOT, "bench/checkpoint_peer.py"), phase, folder,
+                         "--d_model", str(a.d_model), "--layers", str(a.layers)]
+    else:  # the second job finds the first's checkpoint and resumes from it
+        argv = launch + [
             "--checkpoint_dir", folder, os.path.join(ROOT, "build/bin/train"), "--model", "gpt",
             "--steps", "1", "--warmup", "0", "--batch_size", "1", "--seq_len", "32", "--vocab",
             "64", "--d_model", str(a.d_model), "--layers", str(a.layers), "--heads", "4",
@@ -75,7 +88,7 @@ def write_speed(work, size_gb):
 def read_speed(folder):
     """dd's read of the checkpoint's files under `folder`, one after another, the page cache
     dropped first, in GB/s."""
-    files = sorted(glob.glob(os.path.join(folder, "*", "*.bin")))
+    files = sorted(glob.glob(os.path.join(folder, "**", "*.bin"), recursive=True))
     drop_caches()
     seconds, size = 0.0, 0
     for f in files:
@@ -90,9 +103,10 @@ def main():
     p.add_argument("--d_model", type=int, default=1024)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--python", default="/usr/bin/python3")
     a = p.parse_args()
     work = tempfile.mkdtemp(prefix="cxxlaunch-ckpt-bench-", dir=a.dir)
-    modes = [("zero3", "sharded"), ("ddp", "sharded"), ("zero3", "full")]
+    modes = [("zero3", "sharded"), ("ddp", "sharded"), ("zero3", "full"), PEER]
     ratios = {m: ([], [], []) for m in modes}  # each repetition's save, load and warm load
     sizes, writes, reads, dropped = {}, [], [], True
     try:
@@ -100,12 +114,12 @@ def main():
             for strategy, layout in modes:
                 folder = os.path.join(work, f"{strategy}-{layout}-{rep}")
                 before = write_speed(work, 1.2)
-                size, save = rate("saved", train(a, folder, strategy, layout))
+                size, save = rate("saved", train(a, folder, strategy, layout, "save"))
                 write = (before + write_speed(work, size)) / 2
                 before = read_speed(folder)
                 dropped = drop_caches()
-                _, load = rate("resumed from", train(a, folder, strategy, layout))
-                _, warm = rate("resumed from", train(a, folder, strategy, layout))
+                _, load = rate("resumed from", train(a, folder, strategy, layout, "load"))
+                _, warm = rate("resumed from", train(a, folder, strategy, layout, "load"))
                 read = (before + read_speed(folder)) / 2
                 shutil.rmtree(folder, ignore_errors=True)
                 writes.append(write)
