@@ -105,6 +105,7 @@ void Accelerator::prepare(std::shared_ptr<torch::nn::Module> model,
   options.precision = precision_;
   strategy_ = makeStrategy(world_.env, world_.backend, model, optimizer, options);
   scheduler_ = scheduler;
+  optimizer_ = &optimizer;
   model_ = model;
   if (world_.env.fsdp_activation_checkpointing) checkpointUnits(*model);
   if (precision_.mixed()) {
@@ -237,6 +238,15 @@ void Accelerator::saveState(const std::string& dir) {
                                    {"strategy", world_.env.strategy},
                                    {"mixed_precision", precision_.name}};
   if (scheduler_ != nullptr) counters["scheduler_steps"] = std::to_string(scheduler_->stepCount());
+  // Each parameter group's learning rate, as an optimizer's state_dict keeps it: what a trainer
+  // set by hand (without an LrScheduler) resumes too. 17 digits: the double round-trips exactly.
+  const auto& groups = optimizer_->param_groups();
+  counters["lr_groups"] = std::to_string(groups.size());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    char lr[32];
+    std::snprintf(lr, sizeof(lr), "%.17g", groups[g].options().get_lr());
+    counters["lr:" + std::to_string(g)] = lr;
+  }
   if (scaler_) counters["loss_scaler"] = scaler_->save();
   if (world_.env.state_dict_type == "full") {
     checkpoint::saveFull(*world_.backend, dir, strategy_->fullState(), blobs, counters);
@@ -305,6 +315,16 @@ void Accelerator::restoreFrom(const checkpoint::Reader& reader) {
   optimizer_steps_ = counter("optimizer_steps");
   micro_step_ = counter("micro_step");
   resume_skip_ = micro_step_;
+  // The saved learning rates where the groups are the same in number (an LrScheduler then sets
+  // its own, the same for the same step).
+  auto& groups = optimizer_->param_groups();
+  if (reader.counter("lr_groups") == std::to_string(groups.size())) {
+    for (size_t g = 0; g < groups.size(); ++g) {
+      if (auto lr = reader.counter("lr:" + std::to_string(g))) {
+        groups[g].options().set_lr(std::stod(*lr));
+      }
+    }
+  }
   if (scheduler_ != nullptr) scheduler_->setStepCount(counter("scheduler_steps"));
   if (scaler_) {
     if (const auto state = reader.counter("loss_scaler")) scaler_->restore(*state);

@@ -246,7 +246,8 @@ class Accelerator {
   size_t bucket_bytes_;
   bool find_unused_;
   LrScheduler* scheduler_ = nullptr;
-  std::shared_ptr<torch::nn::Module> model_;  // its buffers go into checkpoints
+  torch::optim::Optimizer* optimizer_ = nullptr;  // the trainer's, from prepare on
+  std::shared_ptr<torch::nn::Module> model_;      // its buffers go into checkpoints
   std::string checkpoint_dir_;
   int64_t checkpoint_total_limit_ = 0;
   std::vector<const torch::nn::Module*> wrapped_;

@@ -256,6 +256,66 @@ TEST_CASE("DDP resumes the state of every torch::optim optimizer bit for bit", "
   }
 }
 
+TEST_CASE("Learning rates set by hand resume with the checkpoint", "[checkpoint]") {
+  torch::set_num_threads(1);
+  cxxlaunch::testing::TempDir dir;
+  for (const std::string strategy : {"ddp", "zero2", "zero3"}) {
+    INFO(strategy);
+    const std::string saved = dir.path() + "/" + strategy;
+    // Two parameter groups, no LrScheduler: the trainer decays the rates itself.
+    auto job = [&](bool save, std::vector<double>& lrs) {
+      auto fake = makeFakeWorld(2);
+      std::mutex construction;
+      onRanks(2, [&](int r) {
+        Tower net = [&] {
+          std::lock_guard<std::mutex> lock(construction);
+          torch::manual_seed(42);
+          return Tower(11, 2);
+        }();
+        std::vector<torch::Tensor> first, rest;
+        for (auto& item : net->named_parameters()) {
+          (item.key().rfind("in.", 0) == 0 ? first : rest).push_back(item.value());
+        }
+        torch::optim::AdamW optimizer(
+            {torch::optim::OptimizerParamGroup(first,
+                                               std::make_unique<torch::optim::AdamWOptions>(0.01)),
+             torch::optim::OptimizerParamGroup(rest)},
+            torch::optim::AdamWOptions(0.02));
+        World world;
+        world.env.rank = r;
+        world.env.world_size = 2;
+        world.env.strategy = strategy;
+        world.env.fsdp_transformer_layer_cls = {"Block"};
+        world.env.fsdp_auto_wrap_policy = "TRANSFORMER_BASED_WRAP";
+        world.backend = makeFakeBackend(fake, r);
+        Accelerator acc(std::move(world), {});
+        acc.prepare(net.ptr(), optimizer);
+        if (save) {
+          auto [x, y] = batchOf(0, 4);
+          acc.backward(torch::mse_loss(net->forward(x.narrow(0, 2 * r, 2)), y.narrow(0, 2 * r, 2)));
+          RANK_REQUIRE(acc.step());
+          for (auto& group : optimizer.param_groups()) {
+            group.options().set_lr(group.options().get_lr() / 3);
+          }
+          acc.saveState(saved);
+        } else {
+          acc.loadState(saved);
+        }
+        if (r == 1) {
+          for (auto& group : optimizer.param_groups()) lrs.push_back(group.options().get_lr());
+        }
+      });
+    };
+    std::vector<double> at_save, loaded;
+    job(true, at_save);
+    job(false, loaded);
+    REQUIRE(at_save.size() == 2);
+    CHECK(at_save[0] == 0.01 / 3);
+    CHECK(at_save[1] == 0.02 / 3);
+    CHECK(loaded == at_save);  // bit for bit
+  }
+}
+
 TEST_CASE("saveState refuses an optimizer whose state it cannot keep and writes nothing",
           "[checkpoint]") {
   torch::set_num_threads(1);
