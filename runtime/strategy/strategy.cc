@@ -68,14 +68,15 @@ std::optional<std::vector<std::pair<std::string, torch::Tensor>>> torchStateArra
   auto add = [&](const char* array, const torch::Tensor& t) {
     if (t.defined()) out.emplace_back(array, t);
   };
+  auto adam = [&](const auto& s) {  // AdamW's and Adam's states have the same fields
+    add("exp_avg", s.exp_avg());
+    add("exp_avg_sq", s.exp_avg_sq());
+    add("max_exp_avg_sq", s.max_exp_avg_sq());
+  };
   if (auto* s = dynamic_cast<torch::optim::AdamWParamState*>(&state)) {
-    add("exp_avg", s->exp_avg());
-    add("exp_avg_sq", s->exp_avg_sq());
-    add("max_exp_avg_sq", s->max_exp_avg_sq());
+    adam(*s);
   } else if (auto* s = dynamic_cast<torch::optim::AdamParamState*>(&state)) {
-    add("exp_avg", s->exp_avg());
-    add("exp_avg_sq", s->exp_avg_sq());
-    add("max_exp_avg_sq", s->max_exp_avg_sq());
+    adam(*s);
   } else if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(&state)) {
     add("momentum_buffer", s->momentum_buffer());
   } else if (auto* s = dynamic_cast<torch::optim::RMSpropParamState*>(&state)) {
