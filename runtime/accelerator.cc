@@ -248,6 +248,7 @@ void Accelerator::saveState(const std::string& dir) {
     counters["lr:" + std::to_string(g)] = lr;
   }
   if (scaler_) counters["loss_scaler"] = scaler_->save();
+  counters.merge(strategy_->stateCounters(optimizer_steps_));
   if (world_.env.state_dict_type == "full") {
     checkpoint::saveFull(*world_.backend, dir, strategy_->fullState(), blobs, counters);
   } else {

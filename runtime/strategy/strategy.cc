@@ -8,6 +8,7 @@
 #include <torch/optim/sgd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -105,6 +106,17 @@ void requireSavableState(torch::optim::Optimizer& optimizer) {
   }
 }
 
+// The step count of a torch::optim state that keeps one (all but SGD's).
+std::optional<int64_t> stepOf(torch::optim::OptimizerParamState& state) {
+  if (auto* s = dynamic_cast<torch::optim::AdamWParamState*>(&state)) return s->step();
+  if (auto* s = dynamic_cast<torch::optim::AdamParamState*>(&state)) return s->step();
+  if (auto* s = dynamic_cast<torch::optim::RMSpropParamState*>(&state)) return s->step();
+  if (auto* s = dynamic_cast<torch::optim::AdagradParamState*>(&state)) return s->step();
+  return std::nullopt;
+}
+
+std::string stepCounter(const std::string& param) { return "step:" + param; }
+
 template <typename Options>
 const Options* groupOptions(torch::optim::Optimizer& optimizer, const torch::Tensor& param) {
   for (const auto& group : optimizer.param_groups()) {
@@ -125,6 +137,7 @@ std::unique_ptr<torch::optim::OptimizerParamState> torchStateFrom(
     torch::optim::Optimizer& optimizer, const std::string& name, const torch::Tensor& param,
     const checkpoint::Source& reader, int64_t steps, std::vector<checkpoint::ReadRequest>& reads,
     HostStaging& staging) {
+  if (auto own = reader.counter(stepCounter(name))) steps = std::stoll(*own);
   auto read = [&](const char* array, bool needed) -> torch::Tensor {
     if (!reader.has(name, array)) {
       return needed ? torch::zeros_like(param, at::MemoryFormat::Contiguous) : torch::Tensor();
@@ -258,6 +271,24 @@ class DdpStrategy final : public Strategy {
   checkpoint::FullState fullState() override {
     requireSavableState(optimizer_);
     return streamSlices(rank_ == 0 ? slicesOf(0, 1) : std::vector<checkpoint::Slice>{});
+  }
+  checkpoint::Counters stateCounters(int64_t optimizer_steps) override {
+    // torch steps a parameter only when it has a gradient (one no rank used, with
+    // find_unused_parameters, has none). A name with white space cannot be a manifest key; such
+    // a parameter resumes with the job's count.
+    checkpoint::Counters out;
+    auto& state = optimizer_.state();
+    for (const auto& item : model_->named_parameters()) {
+      auto it = state.find(paramStateKey(state, item.value()));
+      if (it == state.end() || !it->second) continue;
+      const auto step = stepOf(*it->second);
+      const bool plain = std::none_of(item.key().begin(), item.key().end(),
+                                      [](unsigned char c) { return std::isspace(c); });
+      if (step && *step != optimizer_steps && plain) {
+        out[stepCounter(item.key())] = std::to_string(*step);
+      }
+    }
+    return out;
   }
   // The parameters (and their optimizer state) that fall to `rank` of `ranks`.
   std::vector<checkpoint::Slice> slicesOf(int rank, int ranks) {

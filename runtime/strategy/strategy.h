@@ -96,6 +96,10 @@ class Strategy {
   // file, gathered one unit and one array at a time where it is sharded. Not a collective
   // itself; its produce() is.
   virtual checkpoint::FullState fullState() = 0;
+  // Counters of the optimizer state that saveState adds to the checkpoint's own, the same on
+  // every rank: under DDP, the step count of each parameter torch stepped less often than the
+  // job (`optimizer_steps`), so that it resumes with its own.
+  virtual checkpoint::Counters stateCounters(int64_t /*optimizer_steps*/) { return {}; }
   // Loads parameters and optimizer state from a checkpoint of any strategy and world size
   // (state arrays it lacks start at zero); a collective. The optimizer's step count comes from
   // the counter "optimizer_steps".

@@ -256,6 +256,78 @@ TEST_CASE("DDP resumes the state of every torch::optim optimizer bit for bit", "
   }
 }
 
+// A head that joins the model only from optimizer step 2 on: until then it has no gradient, and
+// torch's AdamW does not step it.
+struct LateHeadImpl : torch::nn::Module {
+  LateHeadImpl()
+      : base(register_module("base", torch::nn::Linear(6, 3))),
+        late(register_module("late", torch::nn::Linear(6, 3))) {}
+  torch::Tensor forward(const torch::Tensor& x, int64_t step) {
+    return step >= 2 ? base(x) + late(x) : base(x);
+  }
+  torch::nn::Linear base, late;
+};
+TORCH_MODULE(LateHead);
+
+TEST_CASE("A parameter torch stepped less often than the job resumes with its own step count",
+          "[checkpoint]") {
+  torch::set_num_threads(1);
+  cxxlaunch::testing::TempDir dir;
+  // Steps [from, 6) at world 2 under DDP; saves after step 4 to `save`; rank 0's parameters.
+  auto job = [&](const std::string& layout, int64_t from, const std::string& load,
+                 const std::string& save, int64_t seed) {
+    auto fake = makeFakeWorld(2);
+    std::mutex construction;
+    std::map<std::string, torch::Tensor> params;
+    onRanks(2, [&](int r) {
+      LateHead net = [&] {
+        std::lock_guard<std::mutex> lock(construction);
+        torch::manual_seed(seed);
+        return LateHead();
+      }();
+      torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(0.01));
+      World world;
+      world.env.rank = r;
+      world.env.world_size = 2;
+      world.env.state_dict_type = layout;
+      world.backend = makeFakeBackend(fake, r);
+      AcceleratorOptions options;
+      options.find_unused_parameters = true;
+      Accelerator acc(std::move(world), options);
+      acc.prepare(net.ptr(), optimizer);
+      if (!load.empty()) acc.loadState(load);
+      RANK_REQUIRE(acc.optimizerSteps() == from);
+      for (int64_t s = from; s < 6; ++s) {
+        auto [x, y] = batchOf(s, 4);
+        acc.backward(
+            torch::mse_loss(net->forward(x.narrow(0, 2 * r, 2), s), y.narrow(0, 2 * r, 2)));
+        RANK_REQUIRE(acc.step());
+        if (s + 1 == 4 && !save.empty()) acc.saveState(save);
+      }
+      if (r == 0) {
+        for (const auto& item : net->named_parameters()) {
+          params[item.key()] = item.value().detach().clone();
+        }
+      }
+    });
+    return params;
+  };
+  for (const std::string layout : {"sharded", "full"}) {
+    INFO(layout);
+    const std::string saved = dir.path() + "/" + layout;
+    const auto uninterrupted = job(layout, 0, "", saved, 42);
+    const checkpoint::Reader reader(saved);
+    CHECK(reader.counter("step:late.weight") == "2");  // steps 2 and 3 of the job's 4
+    CHECK_FALSE(reader.counter("step:base.weight"));   // as many as the job's: not written
+    const auto resumed = job(layout, 4, saved, "", 7);
+    REQUIRE(resumed.size() == uninterrupted.size());
+    for (const auto& [name, value] : uninterrupted) {
+      INFO(name);
+      CHECK(torch::equal(resumed.at(name), value));
+    }
+  }
+}
+
 TEST_CASE("Learning rates set by hand resume with the checkpoint", "[checkpoint]") {
   torch::set_num_threads(1);
   cxxlaunch::testing::TempDir dir;
