@@ -15,13 +15,13 @@
 #include <mutex>
 #include <random>
 #include <set>
-#include <sstream>
 #include <stdexcept>
 
 #include "common/error.h"
 #include "runtime/accelerator.h"
 #include "runtime/checkpoint/files.h"
 #include "runtime/checkpoint/safetensors.h"
+#include "runtime/optim/param_state_key.h"
 #include "runtime/strategy/strategy.h"
 #include "support/ranks.h"
 #include "support/subprocess.h"
@@ -72,9 +72,7 @@ class OwnOptimizer : public torch::optim::Optimizer {
       const double lr = group.options().get_lr();
       for (auto& p : group.params()) {
         if (!p.grad().defined()) continue;
-        std::ostringstream key;
-        key << p.unsafeGetTensorImpl();
-        auto& s = state()[key.str()];
+        auto& s = state()[paramStateKey(state(), p)];
         if (!s) s = std::make_unique<OwnState>();
         auto& own = static_cast<OwnState&>(*s);
         own.scale(own.scale() * 0.9);
