@@ -6,7 +6,7 @@ ZeRO-3 (every rank writes its shard in parallel) and DDP (the ranks share the pa
 full under ZeRO-3 (gathered unit by unit, rank 0 writes everything); and the peer, PyTorch's own
 Python DDP saving and loading the same model and AdamW state as accelerate does under DDP
 (bench/checkpoint_peer.py: rank 0 writes everything, every rank reads everything), on the
-same disk in the same run.
+same disk in the same run, its save set against the full layout's and its load against DDP's.
 The disk's speed is dd's, measured next to each save and each load (the machine's disk is
 shared and its speed drifts by 2x within minutes): a write of the same size with fsync just
 before and just after each save, and a read of the checkpoint's own files with the page cache
@@ -143,6 +143,14 @@ def main():
         print(f"{m[0] + ' ' + m[1]:14s} {sizes[m]:6.3f} {median(saves):12.2f} "
               f"{median(loads):12.2f} {median(warms):12.2f}   save {each(saves)}; load "
               f"{each(loads)}; warm {each(warms)}")
+    # The peer moves the same bytes as the full layout's save (rank 0 writes everything) and as
+    # DDP's load (every rank reads everything): each repetition against the peer's in it.
+    versus = lambda ours, peer: median([o / q for o, q in zip(ours, peer)])
+    peer_saves, peer_loads, _ = ratios[PEER]
+    print(f"against the peer (medians of each repetition's ratio): zero3 full save "
+          f"{versus(ratios[('zero3', 'full')][0], peer_saves):.2f}x, ddp sharded load "
+          f"{versus(ratios[('ddp', 'sharded')][1], peer_loads):.2f}x, zero3 sharded load "
+          f"{versus(ratios[('zero3', 'sharded')][1], peer_loads):.2f}x")
 
 
 if __name__ == "__main__":
