@@ -286,6 +286,23 @@ std::string Accelerator::loadState(const std::string& path) {
 
 void Accelerator::restoreFrom(const checkpoint::Reader& reader) {
   const std::string& dir = reader.directory();
+  // The counters first: a bad one (a damaged or crafted manifest) stops the load before anything
+  // changed.
+  const int64_t optimizer_steps = reader.wholeCounter("optimizer_steps", 0);
+  const int64_t micro_step = reader.wholeCounter("micro_step", 0);
+  const int64_t scheduler_steps = reader.wholeCounter("scheduler_steps", 0);
+  // The saved learning rates where the groups are the same in number (an LrScheduler then sets
+  // its own, the same for the same step).
+  auto& groups = optimizer_->param_groups();
+  std::vector<std::optional<double>> lrs;
+  if (reader.wholeCounter("lr_groups", -1) == static_cast<int64_t>(groups.size())) {
+    for (size_t g = 0; g < groups.size(); ++g) {
+      lrs.push_back(reader.realCounter("lr:" + std::to_string(g)));
+    }
+  }
+  std::optional<LossScaler> scaler = scaler_;
+  if (const auto state = reader.counter("loss_scaler"); state && scaler) scaler->restore(*state);
+
   strategy_->loadStateSlices(reader);
   torch::NoGradGuard no_grad;
   for (const auto& item : model_->named_buffers()) {
@@ -312,24 +329,14 @@ void Accelerator::restoreFrom(const checkpoint::Reader& reader) {
     std::lock_guard<std::mutex> lock(generator.mutex());
     generator.set_state(state);
   }
-  auto counter = [&](const char* key) { return std::stoll(reader.counter(key).value_or("0")); };
-  optimizer_steps_ = counter("optimizer_steps");
-  micro_step_ = counter("micro_step");
+  optimizer_steps_ = optimizer_steps;
+  micro_step_ = micro_step;
   resume_skip_ = micro_step_;
-  // The saved learning rates where the groups are the same in number (an LrScheduler then sets
-  // its own, the same for the same step).
-  auto& groups = optimizer_->param_groups();
-  if (reader.counter("lr_groups") == std::to_string(groups.size())) {
-    for (size_t g = 0; g < groups.size(); ++g) {
-      if (auto lr = reader.counter("lr:" + std::to_string(g))) {
-        groups[g].options().set_lr(std::stod(*lr));
-      }
-    }
+  for (size_t g = 0; g < lrs.size(); ++g) {
+    if (lrs[g]) groups[g].options().set_lr(*lrs[g]);
   }
-  if (scheduler_ != nullptr) scheduler_->setStepCount(counter("scheduler_steps"));
-  if (scaler_) {
-    if (const auto state = reader.counter("loss_scaler")) scaler_->restore(*state);
-  }
+  if (scheduler_ != nullptr) scheduler_->setStepCount(scheduler_steps);
+  scaler_ = scaler;
   strategy_->zeroGrad();
 }
 

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <iostream>
@@ -32,6 +35,15 @@ void agree(Backend& backend, bool ok, const std::string& what, const std::string
   throw CommunicationError("checkpoint: " + what + " failed" +
                            (error.empty() ? " on another rank (see its log)" : ": " + error) +
                            "; the previous checkpoint is untouched");
+}
+
+// The whole number `text` is, all of it, or nullopt.
+std::optional<int64_t> wholeNumber(const std::string& text) {
+  int64_t value = 0;
+  const char* end = text.data() + text.size();
+  const auto [at, error] = std::from_chars(text.data(), end, value);
+  if (error != std::errc() || at != end) return std::nullopt;
+  return value;
 }
 
 struct Manifest {
@@ -82,6 +94,11 @@ std::optional<Manifest> readManifest(const std::string& dir) {
     if (!words) return std::nullopt;
   }
   if (!ended || m.world < 1 || m.files.size() != static_cast<size_t>(m.world)) return std::nullopt;
+  // find() orders checkpoints by their step.
+  if (auto it = m.counters.find("optimizer_steps");
+      it != m.counters.end() && !wholeNumber(it->second)) {
+    return std::nullopt;
+  }
   return m;
 }
 
@@ -99,7 +116,7 @@ bool filesIntact(const std::string& dir, const Manifest& m, bool checksums) {
 
 int64_t stepOf(const Manifest& m) {
   auto it = m.counters.find("optimizer_steps");
-  return it == m.counters.end() ? -1 : std::stoll(it->second);
+  return it == m.counters.end() ? -1 : *wholeNumber(it->second);  // readManifest checked it
 }
 
 }  // namespace
@@ -302,6 +319,28 @@ std::optional<std::string> Reader::counter(const std::string& key) const {
 
 bool Reader::has(const std::string& param, const std::string& array) const {
   return pieces_.count({param, array}) != 0;
+}
+
+int64_t Source::wholeCounter(const std::string& key, int64_t fallback) const {
+  const auto text = counter(key);
+  if (!text) return fallback;
+  if (auto value = wholeNumber(*text)) return *value;
+  throw InvalidArgument("the checkpoint's counter '" + key + "' is '" + *text +
+                        "', not a whole number: its manifest is damaged or was not written by "
+                        "cxxlaunch; load another checkpoint");
+}
+
+std::optional<double> Source::realCounter(const std::string& key) const {
+  const auto text = counter(key);
+  if (!text) return std::nullopt;
+  char* end = nullptr;
+  const double value = std::strtod(text->c_str(), &end);
+  if (text->empty() || end != text->c_str() + text->size() || !std::isfinite(value)) {
+    throw InvalidArgument("the checkpoint's counter '" + key + "' is '" + *text +
+                          "', not a number: its manifest is damaged or was not written by "
+                          "cxxlaunch; load another checkpoint");
+  }
+  return value;
 }
 
 void Source::readAll(const std::vector<ReadRequest>& requests) const {

@@ -91,6 +91,10 @@ class Source {
   virtual void readAll(const std::vector<ReadRequest>& requests) const;
   virtual bool has(const std::string& param, const std::string& array) const = 0;
   virtual std::optional<std::string> counter(const std::string& key) const = 0;
+  // A counter as a number: `fallback` when there is none; InvalidArgument naming it when it is
+  // not one (a damaged or crafted manifest).
+  int64_t wholeCounter(const std::string& key, int64_t fallback) const;
+  std::optional<double> realCounter(const std::string& key) const;
 };
 
 class Reader final : public Source {

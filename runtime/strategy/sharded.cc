@@ -938,7 +938,7 @@ void ShardedStrategy::loadStateSlices(const checkpoint::Source& reader) {
     reader.read(item.key(), "param", 0, p.numel(), p.sizes().vec(), values.data_ptr<float>());
     p.copy_(values.view(p.sizes()));
   }
-  optimizer_.setSteps(std::stoll(reader.counter("optimizer_steps").value_or("0")));
+  optimizer_.setSteps(reader.wholeCounter("optimizer_steps", 0));
 }
 
 void ShardedStrategy::publish(Unit& u) {

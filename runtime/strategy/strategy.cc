@@ -137,7 +137,7 @@ std::unique_ptr<torch::optim::OptimizerParamState> torchStateFrom(
     torch::optim::Optimizer& optimizer, const std::string& name, const torch::Tensor& param,
     const checkpoint::Source& reader, int64_t steps, std::vector<checkpoint::ReadRequest>& reads,
     HostStaging& staging) {
-  if (auto own = reader.counter(stepCounter(name))) steps = std::stoll(*own);
+  steps = reader.wholeCounter(stepCounter(name), steps);
   auto read = [&](const char* array, bool needed) -> torch::Tensor {
     if (!reader.has(name, array)) {
       return needed ? torch::zeros_like(param, at::MemoryFormat::Contiguous) : torch::Tensor();
@@ -314,7 +314,7 @@ class DdpStrategy final : public Strategy {
   }
   void loadStateSlices(const checkpoint::Source& reader) override {
     torch::NoGradGuard no_grad;
-    const int64_t steps = std::stoll(reader.counter("optimizer_steps").value_or("0"));
+    const int64_t steps = reader.wholeCounter("optimizer_steps", 0);
     auto& state = optimizer_.state();
     // Everything read at once, straight into the parameters where they are plain float32 on the
     // CPU; the optimizer's state is installed only once all of it was read.

@@ -16,6 +16,7 @@
 #include <random>
 #include <set>
 #include <stdexcept>
+#include <tuple>
 
 #include "common/error.h"
 #include "runtime/accelerator.h"
@@ -561,6 +562,45 @@ TEST_CASE("A folder of checkpoints loads its newest complete one", "[checkpoint]
 
   CHECK_THROWS_WITH(checkpoint::find(dir.path() + "/nothing"),
                     Catch::Contains("no complete checkpoint at"));
+}
+
+TEST_CASE("A manifest whose counters are not numbers is refused before anything loads",
+          "[checkpoint]") {
+  torch::set_num_threads(1);
+  cxxlaunch::testing::TempDir dir;
+  const std::string good = dir.path() + "/good";
+  run(Job{.to_step = 2, .save = good});
+  const std::string manifest = cxxlaunch::testing::readFile(good + "/manifest");
+  // A copy of the checkpoint whose counter `key` says `value`.
+  auto crafted = [&](const std::string& key, const std::string& value) {
+    const std::string copy = dir.path() + "/" + key.substr(0, key.find(':')) + "-" + value;
+    fs::copy(good, copy);
+    std::string text = manifest;
+    const auto at = text.find("counter " + key + " ");
+    REQUIRE(at != std::string::npos);
+    const auto from = at + key.size() + 9;
+    text.replace(from, text.find('\n', from) - from, value);
+    std::ofstream(copy + "/manifest", std::ios::trunc) << text;
+    return copy;
+  };
+  // The step orders checkpoints: a manifest without a whole one is malformed, never loaded.
+  const std::string bad_step = crafted("optimizer_steps", "2x");
+  CHECK_THROWS_WITH(checkpoint::find(bad_step), Catch::Contains("no complete checkpoint"));
+  for (const auto& [key, value, says] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"micro_step", "lots", "not a whole number"},
+           {"lr:0", "nan", "not a number"},
+           {"lr_groups", "1e3", "not a whole number"}}) {
+    INFO(key << " " << value);
+    Job job{.from_step = 2, .to_step = 3, .load = crafted(key, value)};
+    std::string message;
+    try {
+      run(job);
+    } catch (const cxxlaunch::InvalidArgument& e) {
+      message = e.what();
+    }
+    CHECK_THAT(message, Catch::Contains("'" + key + "' is '" + value + "', " + says));
+  }
 }
 
 TEST_CASE("A load that reads a flipped bit goes on from the newest intact checkpoint",
