@@ -107,12 +107,23 @@ std::vector<std::string> ShardOptimizer::stateNames() const {
 }
 
 std::vector<torch::Tensor> ShardOptimizer::state(size_t index) {
+  return allocatedState(index, /*zeroed=*/true);
+}
+
+std::vector<torch::Tensor> ShardOptimizer::stateToOverwrite(size_t index) {
+  // Zeroing first would write the memory twice (and fault it in on the zeroing's one thread).
+  return allocatedState(index, /*zeroed=*/false);
+}
+
+std::vector<torch::Tensor> ShardOptimizer::allocatedState(size_t index, bool zeroed) {
   Shard& shard = shards_[index];
   // Allocated at the first step, as torch::optim does: before it, the memory serves the
   // model's set-up (whole units not yet released).
   if (shard.own_state && shard.state.empty()) {
+    const auto options = torch::TensorOptions(shard.device);
     for (size_t i = 0; i < stateArrays(); ++i) {
-      shard.state.push_back(torch::zeros({shard.numel}, torch::TensorOptions(shard.device)));
+      shard.state.push_back(zeroed ? torch::zeros({shard.numel}, options)
+                                   : torch::empty({shard.numel}, options));
     }
   }
   return shard.state;

@@ -57,6 +57,8 @@ class ShardOptimizer {
   // "momentum_buffer"), the shard's own state (allocated if it was not yet), the step count.
   std::vector<std::string> stateNames() const;
   std::vector<torch::Tensor> state(size_t shard);
+  // The same, allocated uninitialized if it was not yet: for a load, which writes every element.
+  std::vector<torch::Tensor> stateToOverwrite(size_t shard);
   void setSteps(int64_t steps) { steps_ = steps; }
   const char* name() const;
   int64_t steps() const { return steps_; }
@@ -74,6 +76,8 @@ class ShardOptimizer {
   Kind kind_;
   int64_t steps_ = 0;
   std::vector<Shard> shards_;
+
+  std::vector<torch::Tensor> allocatedState(size_t shard, bool zeroed);
 };
 
 }  // namespace cxxlaunch::runtime

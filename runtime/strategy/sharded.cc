@@ -881,7 +881,8 @@ void ShardedStrategy::loadStateSlices(const checkpoint::Source& reader) {
     const int64_t sb = u.flat.shardBegin(), sn = u.flat.shardNumel();
     waitGather(u);
     torch::Tensor master = param_file_ ? torch::zeros({sn}) : u.master;
-    std::vector<torch::Tensor> state = state_file_ ? std::vector<torch::Tensor>{} : stateNow(u);
+    std::vector<torch::Tensor> state =
+        state_file_ ? std::vector<torch::Tensor>{} : optimizer_.stateToOverwrite(u.optimizer_shard);
     if (state_file_) {
       for (size_t k = 0; k < names.size(); ++k) state.push_back(torch::zeros({sn}));
     }
@@ -907,6 +908,10 @@ void ShardedStrategy::loadStateSlices(const checkpoint::Source& reader) {
         }
       }
     }
+    // The parameters lie end to end: the state's elements past them (the shard's padding) are
+    // read by nobody.
+    const int64_t used = std::clamp(u.flat.numel() - sb, int64_t{0}, sn);
+    for (float* at : state_at) std::fill(at + used, at + sn, 0.0f);
     reader.readAll(reads);
     staging.copyBack();
     const size_t bytes = NvmeFile::roundUp(static_cast<size_t>(sn) * 4);
