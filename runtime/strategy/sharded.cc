@@ -908,8 +908,8 @@ void ShardedStrategy::loadStateSlices(const checkpoint::Source& reader) {
         }
       }
     }
-    // The parameters lie end to end: the state's elements past them (the shard's padding) are
-    // read by nobody.
+    // The parameters lie end to end: no read covers the state past them (the shard's padding),
+    // which is zeroed, as a fresh state is, rather than left as whatever the memory held.
     const int64_t used = std::clamp(u.flat.numel() - sb, int64_t{0}, sn);
     for (float* at : state_at) std::fill(at + used, at + sn, 0.0f);
     reader.readAll(reads);
