@@ -30,7 +30,11 @@ void releaseFreedHostMemory();
 // are first written. For memory about to be filled at once, such as a checkpoint's arrays read
 // into fresh tensors: a read into untouched memory faults every page inside the copy, which
 // costs more than the copy itself (more still in a virtual machine), and one call per range
-// costs about a third less. Pages that are already there cost next to nothing.
+// costs about a third less. Pages that are already there cost next to nothing. The range's
+// whole 2 MiB extents are advised as transparent huge pages first (MADV_HUGEPAGE): in this
+// project's VMs (paravirtualized paging) a fresh 4 KiB page costs a fault in the guest and one in
+// the host, and its first write from user space is slow again; a huge page is one of each for
+// 512 of them. A warm DDP load (1.2 GB at world 2) went from 4.6-6.7 s to 2.1-2.9 s.
 void prefaultForWriting(void* data, size_t bytes);
 
 }  // namespace cxxlaunch::runtime
