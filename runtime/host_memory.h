@@ -34,7 +34,7 @@ void releaseFreedHostMemory();
 // whole 2 MiB extents are advised as transparent huge pages first (MADV_HUGEPAGE): in this
 // project's VMs (paravirtualized paging) a fresh 4 KiB page costs a fault in the guest and one in
 // the host, and its first write from user space is slow again; a huge page is one of each for
-// 512 of them. A warm DDP load (1.2 GB at world 2) went from 4.6-6.7 s to 2.1-2.9 s.
+// 512 of them. A warm DDP load (1.2 GB at world 2) went from 4.6-6.7 s to 2.7-3.0 s.
 void prefaultForWriting(void* data, size_t bytes);
 
 }  // namespace cxxlaunch::runtime
