@@ -7,9 +7,10 @@ full under ZeRO-3 (gathered unit by unit, rank 0 writes everything); and the pee
 Python DDP saving and loading the same model and AdamW state as accelerate does under DDP
 (bench/checkpoint_peer.py: rank 0 writes everything, every rank reads everything), on the
 same disk in the same run, its save set against the full layout's and its load against DDP's.
-The disk's speed is dd's, the faster of 4 MiB and 64 MiB blocks, measured next to each save and
-each load (the machine's disk is shared and its speed drifts by 2x within minutes): a write of the same size with fsync just
-before and just after each save, and a read of the checkpoint's own files with the page cache
+The disk's speed is dd's, the faster of 4 MiB and 64 MiB blocks (and for writes, of writing
+through the page cache and past it), measured next to each save and each load (the machine's
+disk is shared and its speed drifts by 2x within minutes): a write of the same size with fsync
+just before and just after each save, and a read of the checkpoint's own files with the page cache
 dropped (as before each load) just before and just after each load. Each save and load is
 compared with the mean of its two, and the table gives the medians over --repeat repetitions.
 A second load with the checkpoint left in the page cache ("warm") shows what the memory work
@@ -84,14 +85,16 @@ BLOCKS = ((4 << 20, "4M"), (64 << 20, "64M"))
 
 
 def write_speed(work, size_gb):
-    """dd's write of `size_gb` with fsync, in GB/s: the faster block size's."""
+    """dd's write of `size_gb` with fsync, in GB/s: the fastest block size's, through the page
+    cache and past it (oflag=direct, as the checkpoints are written)."""
     probe = os.path.join(work, "dd.bin")
     best = 0.0
     for block, name in BLOCKS:
         count = max(1, int(size_gb * 1e9 / block))
-        best = max(best, dd(["if=/dev/zero", f"of={probe}", f"bs={name}", f"count={count}",
-                             "conv=fsync"]))
-        os.remove(probe)
+        for flags in ([], ["oflag=direct"]):
+            best = max(best, dd(["if=/dev/zero", f"of={probe}", f"bs={name}", f"count={count}",
+                                 "conv=fsync"] + flags))
+            os.remove(probe)
     return best
 
 

@@ -7,6 +7,8 @@
 // temporary name carries the pid), the last rename wins.
 
 #include <cstddef>
+#include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -20,12 +22,20 @@ enum class Durability {
                   // fsyncs would cost the caller milliseconds, tens of them on a busy disk
 };
 
+// How the bytes travel. Through the page cache by default. kPastPageCache (O_DIRECT) copies
+// them into an aligned buffer and writes it straight to the disk: for large files written once
+// and not read back soon (checkpoints), whose page-cache copy costs fresh pages the writer's
+// process pays for (slow in a virtual machine) and evicts what other processes cache. Where
+// the file system refuses O_DIRECT the file is written through the page cache.
+enum class Writes { kThroughPageCache, kPastPageCache };
+
 // An open file being written: append, then commit(). Destroyed uncommitted (an exception on the
 // way), it removes its temporary file and the final name is untouched. Every failing system call
 // throws SystemError naming it and the path (ENOSPC, EIO...).
 class AtomicFile {
  public:
-  explicit AtomicFile(std::string path, Durability durability = Durability::kPowerLoss);
+  explicit AtomicFile(std::string path, Durability durability = Durability::kPowerLoss,
+                      Writes writes = Writes::kThroughPageCache);
   ~AtomicFile();
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
@@ -37,10 +47,23 @@ class AtomicFile {
 
  private:
   static constexpr size_t kWritebackBytes = size_t{8} << 20;
+  // O_DIRECT wants the buffer's address, the offset and the length aligned to the device's
+  // logical block; 4 KiB covers every common one.
+  static constexpr size_t kDirectAlignment = 4096, kDirectBufferBytes = size_t{8} << 20;
+  void writeAll(const void* data, size_t bytes, uint64_t offset);
+  void writeDirectBuffer(size_t bytes);  // the buffer's first `bytes`, padded to the alignment
+  void stopWritingDirect();              // O_DIRECT refused: the rest through the page cache
+
   std::string path_, temp_;
   Durability durability_;
   int fd_ = -1;
-  size_t written_ = 0, writeback_from_ = 0;  // bytes appended; the first not yet sent to disk
+  struct FreeDeleter {
+    void operator()(void* p) const;
+  };
+  std::unique_ptr<unsigned char, FreeDeleter> direct_;  // kPastPageCache's buffer, while used
+  // Bytes in the file; the first the disk was not yet asked to write (through the page cache);
+  // bytes in the buffer, not yet written (past it).
+  size_t on_disk_ = 0, writeback_from_ = 0, buffered_ = 0;
 };
 
 // `bytes` as the whole content of `path`, through an AtomicFile.

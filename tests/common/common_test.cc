@@ -1,10 +1,13 @@
 // common/: host:port text, the atomic writer, the token reader and the command-line conventions.
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <vector>
 
 #include "common/atomic_file.h"
 #include "common/command_line.h"
@@ -73,6 +76,50 @@ TEST_CASE("An atomic file is old or complete, and leaves no temporary behind", "
   }
   CHECK(entries == 1);
   REQUIRE_THROWS_AS(writeFileAtomically(dir.path() + "/no/such/dir/x", "x"), SystemError);
+}
+
+TEST_CASE("An atomic file written past the page cache holds exactly what was appended",
+          "[common][file]") {
+  // Pieces that cross the 8 MiB buffer and the 4 KiB alignment everywhere, then a short tail;
+  // on the disk's file system (O_DIRECT) and on tmpfs (which may refuse it: the page cache).
+  std::string expected;
+  std::vector<size_t> pieces = {1, 4095, 4097, (size_t{5} << 20) + 3, size_t{9} << 20, 17, 0};
+  testing::TempDir disk;
+  std::vector<std::string> folders = {disk.path()};
+  if (std::filesystem::is_directory("/dev/shm")) folders.push_back("/dev/shm");
+  for (const std::string& folder : folders) {
+    INFO(folder);
+    const std::string path = folder + "/cxxlaunch-direct-" + std::to_string(::getpid()) + ".bin";
+    AtomicFile file(path, Durability::kPowerLoss, Writes::kPastPageCache);
+    expected.clear();
+    for (size_t k = 0; k < pieces.size(); ++k) {
+      std::string piece(pieces[k], '\0');
+      for (size_t i = 0; i < piece.size(); ++i) piece[i] = static_cast<char>(i * 7 + k * 131);
+      file.append(piece.data(), piece.size());
+      expected += piece;
+    }
+    file.commit();
+    const std::string written = testing::readFile(path);
+    CHECK(written.size() == expected.size());
+    CHECK(written == expected);
+    std::filesystem::remove(path);
+  }
+  // Nothing at all, and less than one block.
+  for (const std::string& content : {std::string(), std::string("tail")}) {
+    const std::string path = disk.path() + "/small.bin";
+    AtomicFile file(path, Durability::kPowerLoss, Writes::kPastPageCache);
+    file.append(content.data(), content.size());
+    file.commit();
+    CHECK(testing::readFile(path) == content);
+  }
+  {
+    AtomicFile abandoned(disk.path() + "/small.bin", Durability::kPowerLoss,
+                         Writes::kPastPageCache);
+    abandoned.append("three", 5);
+  }  // destroyed uncommitted: the old content stays, no temporary is left
+  CHECK(testing::readFile(disk.path() + "/small.bin") == "tail");
+  CHECK(std::distance(std::filesystem::directory_iterator(disk.path()),
+                      std::filesystem::directory_iterator()) == 1);
 }
 
 TEST_CASE("A token file gives its first line, and an empty one is refused", "[common][file]") {
