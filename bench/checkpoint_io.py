@@ -77,7 +77,7 @@ def rate(pattern, text):
     return float(m.group(1)), float(m.group(3))
 
 
-# dd's block sizes: the disk's speed is the faster of the two. On this project's VMs a read
+# dd's block sizes: the disk's speed is the fastest way (writes also with oflag=direct). On this project's VMs a read
 # with 4 MiB blocks runs 2-4x as fast as one with 64 MiB blocks (4.4-4.9 against 1.1-1.9 GB/s,
 # the page cache dropped), and a write with fsync the other way round (0.35-0.54 against
 # 0.82-1.0 GB/s): one block size alone understates the disk for one of them.
@@ -148,9 +148,10 @@ def main():
         shutil.rmtree(work, ignore_errors=True)
     median = lambda v: sorted(v)[len(v) // 2]
     print(f"GPT d_model {a.d_model} x {a.layers} layers at world 2, checkpoints under {a.dir}, "
-          f"{a.repeat} repetition(s); disk (dd, the faster of 4 and 64 MiB blocks, measured "
-          f"next to each save and load, medians): write with fsync {median(writes):.2f} GB/s, read {median(reads):.2f} "
-          f"GB/s{'' if dropped else ' (page cache NOT dropped: not root)'}")
+          f"{a.repeat} repetition(s); disk (dd, the fastest of 4 and 64 MiB blocks, writes "
+          f"also oflag=direct, measured next to each save and load, medians): write with fsync "
+          f"{median(writes):.2f} GB/s, read {median(reads):.2f} GB/s"
+          f"{'' if dropped else ' (page cache NOT dropped: not root)'}")
     print(f"{'strategy':14s} {'GB':>6s} {'save x disk':>12s} {'load x disk':>12s} "
           f"{'warm x disk':>12s}   (medians; each repetition against its own dd)")
     for m in modes:
