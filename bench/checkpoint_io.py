@@ -7,11 +7,12 @@ full under ZeRO-3 (gathered unit by unit, rank 0 writes everything); and the pee
 Python DDP saving and loading the same model and AdamW state as accelerate does under DDP
 (bench/checkpoint_peer.py: rank 0 writes everything, every rank reads everything), on the
 same disk in the same run, its save set against the full layout's and its load against DDP's.
-The disk's speed is dd's, the faster of 4 MiB and 64 MiB blocks (and for writes, of writing
-through the page cache and past it), measured next to each save and each load (the machine's
-disk is shared and its speed drifts by 2x within minutes): a write of the same size with fsync
-just before and just after each save, and a read of the checkpoint's own files with the page cache
-dropped (as before each load) just before and just after each load. Each save and load is
+The disk's speed is dd's, the fastest of 4 MiB and 64 MiB blocks, through the page cache and
+past it (oflag=direct, iflag=direct, as the checkpoints are written and read), measured next
+to each save and each load (the machine's disk is shared and its speed drifts by 2x within
+minutes): a write of the same size with fsync just before and just after each save, and a read
+of the checkpoint's own files with the page cache dropped (as before each load) just before and
+just after each load. Each save and load is
 compared with the mean of its two, and the table gives the medians over --repeat repetitions.
 A second load with the checkpoint left in the page cache ("warm") shows what the memory work
 alone costs: copying, checking, faulting in fresh memory.
@@ -77,10 +78,10 @@ def rate(pattern, text):
     return float(m.group(1)), float(m.group(3))
 
 
-# dd's block sizes: the disk's speed is the fastest way (writes also with oflag=direct). On this project's VMs a read
-# with 4 MiB blocks runs 2-4x as fast as one with 64 MiB blocks (4.4-4.9 against 1.1-1.9 GB/s,
-# the page cache dropped), and a write with fsync the other way round (0.35-0.54 against
-# 0.82-1.0 GB/s): one block size alone understates the disk for one of them.
+# dd's block sizes: the disk's speed is the fastest way (also past the page cache). On this
+# project's VMs a read with 4 MiB blocks runs 2-4x as fast as one with 64 MiB blocks (4.4-4.9
+# against 1.1-1.9 GB/s, the page cache dropped), and a write with fsync the other way round
+# (0.35-0.54 against 0.82-1.0 GB/s): one block size alone understates the disk for one of them.
 BLOCKS = ((4 << 20, "4M"), (64 << 20, "64M"))
 
 
@@ -100,16 +101,19 @@ def write_speed(work, size_gb):
 
 def read_speed(folder):
     """dd's read of the checkpoint's files under `folder`, one after another, the page cache
-    dropped first, in GB/s: the faster block size's."""
+    dropped first, in GB/s: the fastest block size's, through the page cache and past it
+    (iflag=direct, as the loads read)."""
     files = sorted(glob.glob(os.path.join(folder, "**", "*.bin"), recursive=True))
     best = 0.0
     for _, name in BLOCKS:
-        drop_caches()
-        seconds, size = 0.0, 0
-        for f in files:
-            size += os.path.getsize(f)
-            seconds += os.path.getsize(f) / 1e9 / dd([f"if={f}", "of=/dev/null", f"bs={name}"])
-        best = max(best, size / 1e9 / seconds)
+        for flags in ([], ["iflag=direct"]):
+            drop_caches()
+            seconds, size = 0.0, 0
+            for f in files:
+                size += os.path.getsize(f)
+                seconds += os.path.getsize(f) / 1e9 / dd(
+                    [f"if={f}", "of=/dev/null", f"bs={name}"] + flags)
+            best = max(best, size / 1e9 / seconds)
     return best
 
 
@@ -148,8 +152,9 @@ def main():
         shutil.rmtree(work, ignore_errors=True)
     median = lambda v: sorted(v)[len(v) // 2]
     print(f"GPT d_model {a.d_model} x {a.layers} layers at world 2, checkpoints under {a.dir}, "
-          f"{a.repeat} repetition(s); disk (dd, the fastest of 4 and 64 MiB blocks, writes "
-          f"also oflag=direct, measured next to each save and load, medians): write with fsync "
+          f"{a.repeat} repetition(s); disk (dd, the fastest of 4 and 64 MiB blocks, through "
+          f"the page cache and past it (oflag/iflag=direct), measured next to each save and "
+          f"load, medians): write with fsync "
           f"{median(writes):.2f} GB/s, read {median(reads):.2f} GB/s"
           f"{'' if dropped else ' (page cache NOT dropped: not root)'}")
     print(f"{'strategy':14s} {'GB':>6s} {'save x disk':>12s} {'load x disk':>12s} "

@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <new>
 #include <sstream>
 
 #include "common/error.h"
@@ -41,8 +43,22 @@ bool plainName(const std::string& name) {
 }  // namespace
 
 namespace {
+// Arrays of at least kAlignedArrayBytes start at file offsets that are multiples of
+// kDirectAlignment (the header is padded to one, the data between arrays with zeros), so that a
+// load reads them with O_DIRECT straight into page-aligned memory (see ShardFileReader::fill).
+constexpr uint64_t kDirectAlignment = 4096;
+constexpr uint64_t kAlignedArrayBytes = 64u << 10;
+constexpr size_t kBounceBytes = 2u << 20;  // a reading thread's buffer for misaligned memory
+
+uint64_t alignedOffset(uint64_t offset, uint64_t bytes) {
+  if (bytes < kAlignedArrayBytes) return offset;
+  return (offset + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
+}
+
+// The header, and in `offsets` each array's offset from the data's start, in the layout's order.
 std::string headerOf(const std::vector<SliceLayout>& layout,
-                     const std::vector<std::pair<std::string, std::string>>& blobs) {
+                     const std::vector<std::pair<std::string, std::string>>& blobs,
+                     std::vector<uint64_t>& offsets) {
   std::ostringstream header;
   uint64_t offset = 0;
   for (const auto& s : layout) {
@@ -53,9 +69,12 @@ std::string headerOf(const std::vector<SliceLayout>& layout,
     header << "slice " << s.param << ' ' << s.begin << ' ' << s.end << ' ' << s.shape.size();
     for (int64_t d : s.shape) header << ' ' << d;
     header << ' ' << s.arrays.size();
+    const uint64_t bytes = static_cast<uint64_t>(s.end - s.begin) * sizeof(float);
     for (const auto& name : s.arrays) {
+      offset = alignedOffset(offset, bytes);
+      offsets.push_back(offset);
       header << ' ' << name << ' ' << offset;
-      offset += static_cast<uint64_t>(s.end - s.begin) * sizeof(float);
+      offset += bytes;
     }
     header << '\n';
   }
@@ -63,8 +82,13 @@ std::string headerOf(const std::vector<SliceLayout>& layout,
     header << "blob " << name << ' ' << offset << ' ' << bytes.size() << '\n';
     offset += bytes.size();
   }
-  const std::string text = header.str();
+  std::string text = header.str();
   char first[64];
+  const int first_len =
+      std::snprintf(first, sizeof(first), "%s %d %020zu\n", kMagic, kFormat, size_t{0});
+  // Empty lines pad the header (readers skip them) so that the data starts aligned.
+  text.append((kDirectAlignment - (first_len + text.size()) % kDirectAlignment) % kDirectAlignment,
+              '\n');
   std::snprintf(first, sizeof(first), "%s %d %020zu\n", kMagic, kFormat, text.size());
   return first + text;
 }
@@ -73,7 +97,7 @@ std::string headerOf(const std::vector<SliceLayout>& layout,
 ShardFileWriter::ShardFileWriter(const std::string& path, std::vector<SliceLayout> layout,
                                  const std::vector<std::pair<std::string, std::string>>& blobs)
     : layout_(std::move(layout)), blobs_(blobs), file_(path) {
-  const std::string header = headerOf(layout_, blobs_);
+  const std::string header = headerOf(layout_, blobs_, offsets_);
   file_.append(header.data(), header.size());
   data_start_ = header.size();
   while (slice_ < layout_.size() && layout_[slice_].arrays.empty()) ++slice_;
@@ -88,6 +112,8 @@ void ShardFileWriter::append(const torch::Tensor& array) {
     throw InvalidArgument("checkpoint: slice of '" + s.param + "' array " + s.arrays[array_] +
                           " has the wrong size");
   }
+  static const char kZeros[kDirectAlignment] = {};
+  file_.append(kZeros, data_start_ + offsets_[next_array_++] - file_.size());  // the alignment
   const float* data = t.data_ptr<float>();
   file_.append(data, static_cast<size_t>(t.numel()) * sizeof(float));
   const int64_t chunks = (t.numel() + kChunkElements - 1) / kChunkElements;
@@ -147,6 +173,7 @@ ShardFileReader::ShardFileReader(std::string path) : path_(std::move(path)) {
   };
   fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0) throw InvalidArgument("checkpoint file '" + path_ + "': " + std::strerror(errno));
+  direct_fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);  // -1 where refused
   struct stat st {};
   if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) throw bad("not a regular file");
   size_ = static_cast<uint64_t>(st.st_size);
@@ -305,6 +332,7 @@ std::optional<std::string> ShardFileReader::corruption() const {
 
 ShardFileReader::~ShardFileReader() {
   if (fd_ >= 0) ::close(fd_);
+  if (direct_fd_ >= 0) ::close(direct_fd_);
 }
 
 void ShardFileReader::pread(uint64_t offset, void* out, size_t bytes) const {
@@ -321,13 +349,68 @@ void ShardFileReader::pread(uint64_t offset, void* out, size_t bytes) const {
   }
 }
 
+bool ShardFileReader::preadDirect(uint64_t offset, char* out, size_t bytes, size_t needed) const {
+  size_t done = 0;
+  while (done < needed) {
+    const ssize_t n =
+        ::pread(direct_fd_, out + done, bytes - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EINVAL && done == 0) {  // this file system takes O_DIRECT only in part
+      direct_ = false;
+      return false;
+    }
+    if (n <= 0) {
+      throw InvalidArgument("checkpoint file '" + path_ + "': read failed (" +
+                            (n == 0 ? std::string("truncated") : std::strerror(errno)) + ")");
+    }
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+void ShardFileReader::fill(uint64_t offset, void* into, size_t bytes) const {
+  char* out = static_cast<char*>(into);
+  if (direct_fd_ < 0 || bytes < kAlignedArrayBytes || !direct_) {
+    pread(offset, out, bytes);
+    return;
+  }
+  const uint64_t skew = (offset - reinterpret_cast<uintptr_t>(out)) % kDirectAlignment;
+  if (skew == 0) {  // the aligned middle straight into `out`, the ends through the page cache
+    const size_t head =
+        std::min<size_t>((kDirectAlignment - offset % kDirectAlignment) % kDirectAlignment, bytes);
+    const size_t body = (bytes - head) / kDirectAlignment * kDirectAlignment;
+    pread(offset, out, head);
+    if (!preadDirect(offset + head, out + head, body, body)) pread(offset + head, out + head, body);
+    pread(offset + head + body, out + head + body, bytes - head - body);
+    return;
+  }
+  // Misaligned memory: through an aligned buffer, a block at a time.
+  thread_local std::unique_ptr<char, decltype(&std::free)> bounce(nullptr, &std::free);
+  if (!bounce) {
+    void* p = nullptr;
+    if (::posix_memalign(&p, kDirectAlignment, kBounceBytes) != 0) throw std::bad_alloc();
+    bounce.reset(static_cast<char*>(p));
+  }
+  for (size_t done = 0; done < bytes;) {
+    const uint64_t at = offset + done, from = at / kDirectAlignment * kDirectAlignment;
+    const size_t skip = at - from, want = std::min<size_t>(kBounceBytes - skip, bytes - done);
+    const size_t span = (skip + want + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
+    if (!preadDirect(from, bounce.get(), span, skip + want)) {
+      pread(at, out + done, bytes - done);
+      return;
+    }
+    std::memcpy(out + done, bounce.get() + skip, want);
+    done += want;
+  }
+}
+
 void ShardFileReader::read(uint64_t offset, int64_t slice_begin, int64_t from, int64_t to,
                            float* out) const {
   prefaultForWriting(out, static_cast<size_t>(to - from) * sizeof(float));
   const auto it = array_checksums_.find(offset);
   if (it == array_checksums_.end()) {  // format 1
-    pread(offset + static_cast<uint64_t>(from - slice_begin) * sizeof(float), out,
-          static_cast<size_t>(to - from) * sizeof(float));
+    fill(offset + static_cast<uint64_t>(from - slice_begin) * sizeof(float), out,
+         static_cast<size_t>(to - from) * sizeof(float));
     return;
   }
   // Chunk by chunk: straight into `out` where a chunk lies inside [from, to), else through a
@@ -343,11 +426,11 @@ void ShardFileReader::read(uint64_t offset, int64_t slice_begin, int64_t from, i
     const auto bytes = static_cast<size_t>(ce - cb) * sizeof(float);
     if (f <= cb && ce <= t) {
       float* into = out + (cb - f);
-      pread(at, into, bytes);
+      fill(at, into, bytes);
       check(sums.chunks[static_cast<size_t>(c)], into, bytes, what);
     } else {
       edge.resize(static_cast<size_t>(ce - cb));
-      pread(at, edge.data(), bytes);
+      fill(at, edge.data(), bytes);
       check(sums.chunks[static_cast<size_t>(c)], edge.data(), bytes, what);
       const int64_t a = std::max(cb, f), b = std::min(ce, t);
       std::memcpy(out + (a - f), edge.data() + (a - cb),

@@ -9,6 +9,8 @@
 //   "slice <param> <begin> <end> <ndim> <dims...> <arrays> (<array> <offset>)...\n" ...
 //   "blob <name> <offset> <bytes>\n" ...
 //   the data: each array (end - begin float32) and blob at its offset from the header's end;
+//   arrays of 64 KiB and more start at multiples of 4096 bytes in the file (empty lines pad the
+//   header, zeros the data before such an array), so that a load reads them with O_DIRECT;
 //   then the checksums: "checksums\n", a line per array (in the header's order) with the
 //   CRC-32C of each kChunkElements-element chunk, a line per blob with its CRC-32C; and last
 //   "cxxlaunch-checksums <offset of the checksums, 20 digits>\n".
@@ -25,6 +27,7 @@
 
 #include <torch/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -72,8 +75,10 @@ class ShardFileWriter {
   std::vector<std::pair<std::string, std::string>> blobs_;
   DurableFile file_;
   uint64_t data_start_ = 0;
-  size_t slice_ = 0, array_ = 0;  // what append() writes next
-  std::string checksums_;         // the checksums' lines so far
+  std::vector<uint64_t> offsets_;  // each array's, from data_start_
+  size_t slice_ = 0, array_ = 0;   // what append() writes next
+  size_t next_array_ = 0;          // its index in offsets_
+  std::string checksums_;          // the checksums' lines so far
 };
 
 // Writes a rank's file of `slices` (their arrays in hand) durably; returns its size and CRC-32C.
@@ -108,11 +113,19 @@ class ShardFileReader {
 
  private:
   void pread(uint64_t offset, void* out, size_t bytes) const;
+  // Reads [offset, offset + bytes) into `out`: past the page cache (O_DIRECT) where the file
+  // system takes it, straight into `out` where it is aligned as the file is, else through a
+  // buffer; through the page cache otherwise.
+  void fill(uint64_t offset, void* out, size_t bytes) const;
+  // At least `needed` of `bytes` (aligned) through direct_fd_; false if the file system refused.
+  bool preadDirect(uint64_t offset, char* out, size_t bytes, size_t needed) const;
   void readChecksums(uint64_t data_start, uint64_t& data_bytes);
   void check(uint32_t expected, const void* data, size_t bytes, const std::string& what) const;
 
   std::string path_;
   int fd_ = -1;
+  int direct_fd_ = -1;                      // the file opened with O_DIRECT, -1 if refused
+  mutable std::atomic<bool> direct_{true};  // false once a direct read was refused
   uint64_t size_ = 0;
   std::vector<SliceInfo> slices_;
   std::vector<std::pair<std::string, std::pair<uint64_t, uint64_t>>> blobs_;

@@ -11,7 +11,9 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
+#include <new>
 #include <optional>
 #include <type_traits>
 
@@ -23,16 +25,26 @@
 
 namespace cxxlaunch::runtime {
 
+torch::Tensor emptyForReading(at::IntArrayRef sizes) {
+  int64_t numel = 1;
+  for (int64_t d : sizes) numel *= d;
+  void* data = nullptr;
+  if (::posix_memalign(&data, 4096, std::max<size_t>(static_cast<size_t>(numel) * 4, 1)) != 0) {
+    throw std::bad_alloc();
+  }
+  return torch::from_blob(
+      data, sizes, [](void* p) { std::free(p); }, torch::kFloat);
+}
+
 float* HostStaging::hostOf(const torch::Tensor& destination) {
   if (destination.is_cpu() && destination.is_contiguous() &&
       destination.scalar_type() == torch::kFloat) {
     return destination.data_ptr<float>();
   }
   // With its present values: what no read covers (a shard's padding) stays as it was.
-  copies_.emplace_back(destination, destination.detach()
-                                        .to(torch::kCPU, torch::kFloat, /*non_blocking=*/false,
-                                            /*copy=*/true)
-                                        .reshape({-1}));
+  torch::NoGradGuard no_grad;
+  copies_.emplace_back(destination, emptyForReading({destination.numel()}));
+  copies_.back().second.copy_(destination.detach().reshape({-1}));
   return copies_.back().second.data_ptr<float>();
 }
 
@@ -142,7 +154,9 @@ std::unique_ptr<torch::optim::OptimizerParamState> torchStateFrom(
     if (!reader.has(name, array)) {
       return needed ? torch::zeros_like(param, at::MemoryFormat::Contiguous) : torch::Tensor();
     }
-    torch::Tensor t = torch::empty_like(param, at::MemoryFormat::Contiguous);
+    torch::Tensor t = param.is_cpu() && param.scalar_type() == torch::kFloat
+                          ? emptyForReading(param.sizes())
+                          : torch::empty_like(param, at::MemoryFormat::Contiguous);
     reads.push_back({name, array, 0, param.numel(), param.sizes().vec(), staging.hostOf(t)});
     return t;
   };

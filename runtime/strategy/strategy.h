@@ -106,6 +106,10 @@ class Strategy {
   virtual void loadStateSlices(const checkpoint::Source& reader) = 0;
 };
 
+// An uninitialised float32 CPU tensor for a checkpoint to fill, page-aligned as the files' large
+// arrays are, so that the load reads into it past the page cache (checkpoint/shard_file.h).
+torch::Tensor emptyForReading(at::IntArrayRef sizes);
+
 // Where a load's reads land: float32 host memory. A tensor that is such memory (contiguous
 // float32 on the CPU) is read into directly; any other (a GPU worker's, another dtype) through a
 // host copy of it that copyBack() copies in once everything was read.

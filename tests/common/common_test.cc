@@ -1,9 +1,6 @@
 // common/: host:port text, the atomic writer, the token reader and the command-line conventions.
 
-#include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -19,6 +16,7 @@
 #include "common/error.h"
 #include "common/file.h"
 #include "common/host.h"
+#include "support/page_cache.h"
 #include "support/subprocess.h"
 
 using namespace cxxlaunch;
@@ -83,48 +81,6 @@ TEST_CASE("An atomic file is old or complete, and leaves no temporary behind", "
   REQUIRE_THROWS_AS(writeFileAtomically(dir.path() + "/no/such/dir/x", "x"), SystemError);
 }
 
-namespace {
-
-// Whether a file system other than tmpfs (whose files are page cache) takes an aligned O_DIRECT
-// write.
-bool takesDirectWrites(const std::string& folder) {
-  struct statfs fs {};
-  constexpr long kTmpfsMagic = 0x01021994;
-  if (::statfs(folder.c_str(), &fs) != 0 || fs.f_type == kTmpfsMagic) return false;
-  const std::string probe = folder + "/direct-probe";
-  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0644);
-  if (fd < 0) return false;
-  void* block = nullptr;
-  bool taken = ::posix_memalign(&block, 4096, 4096) == 0;
-  if (taken) {
-    std::memset(block, 0, 4096);
-    taken = ::pwrite(fd, block, 4096, 0) == 4096;
-    std::free(block);
-  }
-  ::close(fd);
-  ::unlink(probe.c_str());
-  return taken;
-}
-
-// How many of the file's pages are in the page cache (mincore over a mapping of it).
-size_t residentPages(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  REQUIRE(fd >= 0);
-  const auto size = static_cast<size_t>(::lseek(fd, 0, SEEK_END));
-  const auto page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
-  ::close(fd);
-  REQUIRE(map != MAP_FAILED);
-  std::vector<unsigned char> resident((size + page - 1) / page);
-  REQUIRE(::mincore(map, size, resident.data()) == 0);
-  ::munmap(map, size);
-  size_t count = 0;
-  for (unsigned char r : resident) count += r & 1;
-  return count;
-}
-
-}  // namespace
-
 TEST_CASE("An atomic file written past the page cache holds exactly what was appended",
           "[common][file]") {
   // Pieces that cross the 8 MiB buffer and the 4 KiB alignment everywhere, then a short tail;
@@ -146,8 +102,8 @@ TEST_CASE("An atomic file written past the page cache holds exactly what was app
       expected += piece;
     }
     file.commit();
-    if (takesDirectWrites(folder)) {  // then none of it went through the page cache
-      CHECK(residentPages(path) == 0);
+    if (testing::takesDirectIo(folder)) {  // then none of it went through the page cache
+      CHECK(testing::residentPages(path) == 0);
     }
     const std::string written = testing::readFile(path);
     CHECK(written.size() == expected.size());

@@ -6,12 +6,17 @@
 #include "runtime/checkpoint/checkpoint.h"
 
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <array>
 #include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <set>
@@ -24,6 +29,7 @@
 #include "runtime/checkpoint/safetensors.h"
 #include "runtime/optim/param_state_key.h"
 #include "runtime/strategy/strategy.h"
+#include "support/page_cache.h"
 #include "support/ranks.h"
 #include "support/subprocess.h"
 #include "tower.h"
@@ -655,6 +661,55 @@ TEST_CASE("Crafted rank files are refused, never read out of bounds", "[checkpoi
   CHECK_THROWS_AS(ShardFileReader(write("delete everything\n", "")), InvalidArgument);
   { std::ofstream(dir.path() + "/rank0.bin", std::ios::trunc) << "cxxlaunch-checkpoint 1 99999"; }
   CHECK_THROWS_AS(ShardFileReader(dir.path() + "/rank0.bin"), InvalidArgument);
+}
+
+TEST_CASE("Large arrays lie aligned in their file and read past the page cache into any memory",
+          "[checkpoint]") {
+  // Three whole checksum chunks and a tail that is no whole 4 KiB block, after a small array
+  // (which leaves the big one's offset unaligned unless the writer pads).
+  const int64_t n = 3 * checkpoint::kChunkElements + 1234;
+  const torch::Tensor values = torch::arange(n, torch::kFloat) * 0.5;
+  const std::vector<checkpoint::Slice> slices = {
+      {"small", {3}, 0, 3, {{"param", torch::arange(3, torch::kFloat)}}},
+      {"big", {n + 10}, 10, n + 10, {{"param", values}, {"exp_avg", -values}}}};
+  float* memory = nullptr;
+  REQUIRE(::posix_memalign(reinterpret_cast<void**>(&memory), 4096, (n + 4096) * 4) == 0);
+  std::unique_ptr<float, decltype(&std::free)> owner(memory, &std::free);
+  cxxlaunch::testing::TempDir disk;
+  std::vector<std::string> folders = {disk.path()};  // O_DIRECT; tmpfs may refuse it
+  if (fs::is_directory("/dev/shm")) folders.push_back("/dev/shm");
+  for (const std::string& folder : folders) {
+    INFO(folder);
+    const std::string path = folder + "/cxxlaunch-rank0-" + std::to_string(::getpid()) + ".bin";
+    checkpoint::writeShardFile(path, slices, {{"rng", "abc"}});
+    const checkpoint::ShardFileReader reader(path);
+    const auto& big = reader.slices().at(1);
+    for (const auto& [array, offset] : big.arrays) CHECK(offset % 4096 == 0);
+    // Element ranges and where they land: memory aligned as the file is, misaligned, and a range
+    // from inside a chunk into memory aligned as that element is in the file.
+    struct Case {
+      int64_t from, to, at;  // elements of the parameter; the float in `memory` it starts at
+    };
+    const int64_t inside = 10 + 5000;
+    for (const Case c :
+         {Case{10, n + 10, 0}, Case{10, n + 10, 1}, Case{inside, n + 3, 5000 % 1024}}) {
+      INFO("elements " << c.from << " to " << c.to << " at float " << c.at);
+      std::fill(memory, memory + n + 4096, std::nanf(""));
+      reader.read(big.arrays[0].second, 10, c.from, c.to, memory + c.at);
+      const float* expected = values.data_ptr<float>() + (c.from - 10);
+      CHECK(std::memcmp(memory + c.at, expected, static_cast<size_t>(c.to - c.from) * 4) == 0);
+      CHECK(std::isnan(memory[c.at + (c.to - c.from)]));  // nothing written past the range
+      if (c.at > 0) CHECK(std::isnan(memory[c.at - 1]));
+    }
+    CHECK_FALSE(reader.corruption());
+    CHECK(reader.blob("rng") == "abc");
+    if (cxxlaunch::testing::takesDirectIo(folder)) {
+      // Written and read past the page cache: only the header, the checksums and the ends of
+      // reads (less than a block each) went through it, of about 6000 pages.
+      CHECK(cxxlaunch::testing::residentPages(path) < 16);
+    }
+    fs::remove(path);
+  }
 }
 
 TEST_CASE("Loading a checkpoint of another model names the parameter", "[checkpoint]") {
