@@ -14,8 +14,8 @@ minutes): a write of the same size with fsync just before and just after each sa
 of the checkpoint's own files with the page cache dropped (as before each load) just before and
 just after each load. Each save and load is
 compared with the mean of its two, and the table gives the medians over --repeat repetitions.
-A second load with the checkpoint left in the page cache ("warm") shows what the memory work
-alone costs: copying, checking, faulting in fresh memory.
+A second load ("warm") once found the checkpoint in the page cache; since the loads read past
+it (O_DIRECT) it is a second sample of the load.
 Target (issue: checkpoints): at least 0.7 of the disk's sequential write and read speed.
 
 usage: bench/checkpoint_io.py [--dir DIR (on the disk to measure; default /var/tmp)]
