@@ -145,18 +145,35 @@ const Options* groupOptions(torch::optim::Optimizer& optimizer, const torch::Ten
 // when the checkpoint has no state of this optimizer for the parameter (a fresh start; Adagrad's
 // starts as its constructor makes it). An array this optimizer's options need that the
 // checkpoint lacks (saved with amsgrad, momentum or centered off) starts as torch starts it.
+// Where the parameter already has that array (a load in a job that has stepped: a roll-back),
+// plain float32 on the CPU of the parameter's shape, it is read into in place: no new memory,
+// and the optimizer's memory does not double while old and new state coexist.
 std::unique_ptr<torch::optim::OptimizerParamState> torchStateFrom(
     torch::optim::Optimizer& optimizer, const std::string& name, const torch::Tensor& param,
     const checkpoint::Source& reader, int64_t steps, std::vector<checkpoint::ReadRequest>& reads,
     HostStaging& staging) {
   steps = reader.wholeCounter(stepCounter(name), steps);
+  std::vector<std::pair<std::string, torch::Tensor>> present;
+  auto& state = optimizer.state();
+  if (auto it = state.find(paramStateKey(state, param)); it != state.end()) {
+    present = torchStateArrays(*it->second).value_or(present);
+  }
   auto read = [&](const char* array, bool needed) -> torch::Tensor {
     if (!reader.has(name, array)) {
       return needed ? torch::zeros_like(param, at::MemoryFormat::Contiguous) : torch::Tensor();
     }
-    torch::Tensor t = param.is_cpu() && param.scalar_type() == torch::kFloat
-                          ? emptyForReading(param.sizes())
-                          : torch::empty_like(param, at::MemoryFormat::Contiguous);
+    torch::Tensor t;
+    for (const auto& [have, tensor] : present) {
+      if (have == array && tensor.is_cpu() && tensor.is_contiguous() &&
+          tensor.scalar_type() == torch::kFloat && tensor.sizes() == param.sizes()) {
+        t = tensor;
+      }
+    }
+    if (!t.defined()) {
+      t = param.is_cpu() && param.scalar_type() == torch::kFloat
+              ? emptyForReading(param.sizes())
+              : torch::empty_like(param, at::MemoryFormat::Contiguous);
+    }
     reads.push_back({name, array, 0, param.numel(), param.sizes().vec(), staging.hostOf(t)});
     return t;
   };
