@@ -14,8 +14,11 @@ minutes): a write of the same size with fsync just before and just after each sa
 of the checkpoint's own files with the page cache dropped (as before each load) just before and
 just after each load. Each save and load is
 compared with the mean of its two, and the table gives the medians over --repeat repetitions.
-A second load ("warm") once found the checkpoint in the page cache; since the loads read past
-it (O_DIRECT) it is a second sample of the load.
+The load job then loads the checkpoint once more (train --load_again; the peer the same),
+"again": into the memory the job already has, as a roll-back does, where the first load's
+optimizer state is fresh memory. The first load read past the page cache (O_DIRECT), so the
+second finds little of the files there. (This column was once a second job's "warm" load, from
+the page cache.)
 Target (issue: checkpoints): at least 0.7 of the disk's sequential write and read speed.
 
 usage: bench/checkpoint_io.py [--dir DIR (on the disk to measure; default /var/tmp)]
@@ -64,7 +67,7 @@ def train(a, folder, strategy, layout, phase):
             "--checkpoint_dir", folder, os.path.join(ROOT, "build/bin/train"), "--model", "gpt",
             "--steps", "1", "--warmup", "0", "--batch_size", "1", "--seq_len", "32", "--vocab",
             "64", "--d_model", str(a.d_model), "--layers", str(a.layers), "--heads", "4",
-            "--save_every", "1", "--print_every", "1"]
+            "--save_every", "1", "--print_every", "1", "--load_again"]
     env = dict(os.environ, OMP_NUM_THREADS="1", CXXLAUNCH_STRATEGY=strategy,
                CXXLAUNCH_STATE_DICT_TYPE=layout)
     out = subprocess.run(argv, capture_output=True, text=True, env=env)
@@ -127,7 +130,7 @@ def main():
     a = p.parse_args()
     work = tempfile.mkdtemp(prefix="cxxlaunch-ckpt-bench-", dir=a.dir)
     modes = [("zero3", "sharded"), ("ddp", "sharded"), ("zero3", "full"), PEER]
-    ratios = {m: ([], [], []) for m in modes}  # each repetition's save, load and warm load
+    ratios = {m: ([], [], []) for m in modes}  # each repetition's save, load and load again
     sizes, writes, reads, dropped = {}, [], [], True
     try:
         for rep in range(a.repeat):
@@ -138,15 +141,16 @@ def main():
                 write = (before + write_speed(work, size)) / 2
                 before = read_speed(folder)
                 dropped = drop_caches()
-                _, load = rate("resumed from", train(a, folder, strategy, layout, "load"))
-                _, warm = rate("resumed from", train(a, folder, strategy, layout, "load"))
+                loaded = train(a, folder, strategy, layout, "load")
+                _, load = rate("resumed from", loaded)
+                _, again = rate("loaded again", loaded)
                 read = (before + read_speed(folder)) / 2
                 shutil.rmtree(folder, ignore_errors=True)
                 writes.append(write)
                 reads.append(read)
                 sizes[(strategy, layout)] = size
                 for series, value in zip(ratios[(strategy, layout)],
-                                         (save / write, load / read, warm / read)):
+                                         (save / write, load / read, again / read)):
                     series.append(value)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -158,13 +162,13 @@ def main():
           f"{median(writes):.2f} GB/s, read {median(reads):.2f} GB/s"
           f"{'' if dropped else ' (page cache NOT dropped: not root)'}")
     print(f"{'strategy':14s} {'GB':>6s} {'save x disk':>12s} {'load x disk':>12s} "
-          f"{'warm x disk':>12s}   (medians; each repetition against its own dd)")
+          f"{'again x disk':>12s}   (medians; each repetition against its own dd)")
     for m in modes:
-        saves, loads, warms = ratios[m]
+        saves, loads, agains = ratios[m]
         each = lambda v: " ".join(f"{r:.2f}" for r in v)
         print(f"{m[0] + ' ' + m[1]:14s} {sizes[m]:6.3f} {median(saves):12.2f} "
-              f"{median(loads):12.2f} {median(warms):12.2f}   save {each(saves)}; load "
-              f"{each(loads)}; warm {each(warms)}")
+              f"{median(loads):12.2f} {median(agains):12.2f}   save {each(saves)}; load "
+              f"{each(loads)}; again {each(agains)}")
     # The peer moves the same bytes as the full layout's save (rank 0 writes everything) and as
     # DDP's load (every rank reads everything): each repetition against the peer's in it.
     versus = lambda ours, peer: median([o / q for o, q in zip(ours, peer)])

@@ -2,8 +2,10 @@
 saving and loading a checkpoint the way accelerate does under DDP. `save` trains one step, then
 rank 0 writes the model's and the optimizer's state dicts (torch.save, fsynced as ours are); `load`
 builds the job afresh and every rank reads both back (torch.load, load_state_dict), as accelerate's
-load_state does. Prints the same "saved DIR (X GB in T s, R GB/s)" and "resumed from DIR (...)"
-lines as apps/examples/train.cc, timed on rank 0 from a barrier before to a barrier after.
+load_state does, then reads them once more into the job it made. Prints the same "saved DIR
+(X GB in T s, R GB/s)", "resumed from DIR (...)" and "loaded again DIR (...)" lines as
+apps/examples/train.cc with --load_again, timed on rank 0 from a barrier before to a barrier
+after.
 Run under any launcher that sets torchrun's environment (bench/checkpoint_io.py uses cxxlaunch run).
 
 usage: checkpoint_peer.py save|load DIR [--d_model 1024] [--layers 8]
@@ -62,14 +64,15 @@ def main():
         dist.barrier()
         if rank == 0:
             print(f"saved {a.dir} {rate(a.dir, start)}", flush=True)
-    else:
-        dist.barrier()
-        start = time.perf_counter()
-        model.module.load_state_dict(torch.load(model_file, map_location="cpu"))
-        opt.load_state_dict(torch.load(opt_file, map_location="cpu"))
-        dist.barrier()
-        if rank == 0:
-            print(f"resumed from {a.dir} {rate(a.dir, start)}", flush=True)
+    else:  # a fresh job's load, then one into the state the first made (as train --load_again)
+        for line in ("resumed from", "loaded again"):
+            dist.barrier()
+            start = time.perf_counter()
+            model.module.load_state_dict(torch.load(model_file, map_location="cpu"))
+            opt.load_state_dict(torch.load(opt_file, map_location="cpu"))
+            dist.barrier()
+            if rank == 0:
+                print(f"{line} {a.dir} {rate(a.dir, start)}", flush=True)
     dist.destroy_process_group()
 
 

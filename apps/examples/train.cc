@@ -48,6 +48,7 @@ struct Flags {
   std::string checkpoint_dir;  // overrides the launcher's --checkpoint_dir
   int64_t save_every = 0;      // optimizer steps between checkpoints; 0: none
   int64_t crash_at_step = 0;   // demos and tests: the last rank exits 3 there, first attempt only
+  bool load_again = false;     // after training, load the newest checkpoint once more (timed)
 };
 
 Flags parse(int argc, char** argv) {
@@ -79,6 +80,9 @@ Flags parse(int argc, char** argv) {
   add("save_every", f.save_every, "optimizer steps between checkpoints; 0: none");
   add("crash_at_step", f.crash_at_step,
       "demos and tests: the last rank exits 3 there, first attempt only");
+  app.add_flag(cli::spellings("load_again"), f.load_again,
+               "after training, load the newest checkpoint once more, into the memory the job "
+               "already has (a roll-back; bench/checkpoint_io.py times it)");
   cli::parseOrExit(app, argc, argv);
   if (f.model != "gpt" && f.model != "mlp") throw InvalidArgument("--model must be gpt or mlp");
   if (f.optimizer != "adamw" && f.optimizer != "torch_adamw" && f.optimizer != "sgd") {
@@ -333,6 +337,12 @@ int train(const Flags& f, Accelerator& acc, Dataset dataset, Model model, LossFn
   }
   const double timed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - timed_from).count();
+  if (f.load_again) {
+    const auto load_start = std::chrono::steady_clock::now();
+    if (auto from = acc.resume()) {
+      acc.print("loaded again ", *from, " (", ioRate(*from, load_start), ")");
+    }
+  }
   const int64_t timed_steps = f.steps > kUntimedSteps ? f.steps - kUntimedSteps : f.steps;
   acc.print("done: ", f.steps, " steps, mean step time ",
             static_cast<long long>(timed / static_cast<double>(timed_steps) * 1e6) / 1000.0,
