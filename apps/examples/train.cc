@@ -270,11 +270,11 @@ int train(const Flags& f, Accelerator& acc, Dataset dataset, Model model, LossFn
   acc.print("training ", f.model, " (", numel, " parameters) on ", acc.worldSize(),
             " process(es), ", acc.describeBatch(static_cast<size_t>(f.batch_size)), "; ",
             acc.describeStrategy());
+  // The resume is timed from when every rank is ready (as the peer's load is, from a barrier):
+  // the time is the load's, not that of the slowest rank's set-up.
+  if (!acc.checkpointDir().empty()) acc.waitForEveryone();
   // A restarted (or re-formed) job goes on from the newest complete checkpoint; the loader then
   // skips the batches the saved run had already trained on.
-  // Timed from when every rank is ready (as the peer's load is, from a barrier): the time is the
-  // load's, not that of the slowest rank's set-up.
-  if (!acc.checkpointDir().empty()) acc.waitForEveryone();
   const auto resume_start = std::chrono::steady_clock::now();
   if (auto from = acc.resume()) {
     acc.print("resumed from ", *from, " at step ", acc.optimizerSteps(), " (",
