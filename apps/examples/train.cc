@@ -344,6 +344,9 @@ int train(const Flags& f, Accelerator& acc, Dataset dataset, Model model, LossFn
     const auto load_start = std::chrono::steady_clock::now();
     if (auto from = acc.resume()) {
       acc.print("loaded again ", *from, " (", ioRate(*from, load_start), ")");
+    } else {
+      acc.print("--load_again: no complete checkpoint in ", acc.checkpointDir(),
+                " to load (save one with --save_every)");
     }
   }
   const int64_t timed_steps = f.steps > kUntimedSteps ? f.steps - kUntimedSteps : f.steps;
@@ -363,6 +366,11 @@ int main(int argc, char** argv) {
     AcceleratorOptions options;
     if (!f.checkpoint_dir.empty()) options.checkpoint_dir = f.checkpoint_dir;
     Accelerator acc(options);
+    if (f.load_again && acc.checkpointDir().empty()) {
+      throw InvalidArgument(
+          "--load_again loads from the checkpoint folder: give one with --checkpoint_dir (the "
+          "trainer's or the launcher's)");
+    }
     torch::manual_seed(f.seed);  // the same initial weights everywhere (DDP broadcasts anyway)
     const int64_t examples = f.batch_size * acc.worldSize() * acc.gradientAccumulationSteps() * 64;
     if (f.model == "mlp") {

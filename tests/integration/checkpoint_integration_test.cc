@@ -115,6 +115,30 @@ TEST_CASE("The launch's --checkpoint_total_limit keeps the newest complete check
   CHECK_THAT(bad.err, Catch::Contains("checkpoint_total_limit"));
 }
 
+TEST_CASE("train --load_again loads the newest checkpoint once more and needs a folder for it",
+          "[checkpoint][integration]") {
+  TempDir dir;
+  const std::string folder = dir.path() + "/checkpoints";
+  const Trained again =
+      train(dir, "again", 2, {"--checkpoint_dir", folder}, {"--save_every", "4", "--load_again"});
+  INFO(again.finished.out << again.finished.err);
+  REQUIRE(again.finished.exit_code == 0);
+  CHECK_THAT(again.finished.out, Catch::Contains("loaded again " + folder + "/checkpoint_4 ("));
+  // The parameters dumped at the end are the step-4 checkpoint's (as a job resumed from it that
+  // stops there dumps them), not those trained to step 6.
+  const Trained four =
+      train(dir, "four", 2, {"--checkpoint_dir", folder}, {"--steps", "4", "--save_every", "0"});
+  INFO(four.finished.out << four.finished.err);
+  REQUIRE(four.finished.exit_code == 0);
+  CHECK(!four.params.empty());
+  CHECK(again.params == four.params);
+
+  const Trained nowhere = train(dir, "nowhere", 1, {}, {"--load_again"});
+  CHECK(nowhere.finished.exit_code == 2);
+  CHECK_THAT(nowhere.finished.err,
+             Catch::Contains("--load_again") && Catch::Contains("--checkpoint_dir"));
+}
+
 TEST_CASE("A checkpoint of 4 workers resumes with 2", "[checkpoint][integration]") {
   TempDir dir;
   const std::string folder = dir.path() + "/checkpoints";
