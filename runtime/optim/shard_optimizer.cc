@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "common/error.h"
+#include "runtime/host_memory.h"
 #include "runtime/optim/device_kernels.h"
 
 namespace cxxlaunch::runtime {
@@ -117,13 +118,16 @@ std::vector<torch::Tensor> ShardOptimizer::stateToOverwrite(size_t index) {
 
 std::vector<torch::Tensor> ShardOptimizer::allocatedState(size_t index, bool zeroed) {
   Shard& shard = shards_[index];
-  // Allocated at the first step, as torch::optim does: before it, the memory serves the
-  // model's set-up (whole units not yet released).
   if (shard.own_state && shard.state.empty()) {
     const auto options = torch::TensorOptions(shard.device);
     for (size_t i = 0; i < stateArrays(); ++i) {
-      shard.state.push_back(zeroed ? torch::zeros({shard.numel}, options)
-                                   : torch::empty({shard.numel}, options));
+      auto t = torch::empty({shard.numel}, options);
+      if (zeroed) {
+        // Faulted in at once (and as huge pages) first: zeroing page by page is slow in a VM.
+        if (t.is_cpu()) prefaultForWriting(t.data_ptr(), static_cast<size_t>(t.nbytes()));
+        t.zero_();
+      }
+      shard.state.push_back(std::move(t));
     }
   }
   return shard.state;

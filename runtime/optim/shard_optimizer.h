@@ -39,10 +39,15 @@ class ShardOptimizer {
 
   // Registers a shard of `numel` float32 elements in `device`'s memory (the parameters' device,
   // or the host for cpu offload: stepped by the CPU kernels then); its state (zeros, on the same
-  // device) is allocated at its first step unless the caller keeps it (nvme offload: `own_state`
-  // false). Returns its index for step().
+  // device) is allocated by allocateState, or at its first step, unless the caller keeps it (nvme
+  // offload: `own_state` false). Returns its index for step().
   size_t addShard(int64_t numel, std::vector<Segment> segments, c10::Device device,
                   bool own_state = true);
+  // Allocates the shard's state now (zeros) if it was not yet. A strategy calls it once the
+  // shard's unit holds the memory it keeps at rest, as DeepSpeed's engine allocates its state
+  // when it is built: a job that cannot hold the state fails in prepare, not after its first
+  // backward, and a load reads into memory the job already has.
+  void allocateState(size_t shard) { allocatedState(shard, /*zeroed=*/true); }
   // How many float32 arrays of a shard's numel its state is (Adam 2, SGD with momentum 1).
   size_t stateArrays() const;
 

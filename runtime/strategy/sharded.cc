@@ -315,6 +315,11 @@ void ShardedStrategy::settle(size_t i) {
     u.routed = true;
     release(i);
   }
+  // The optimizer's state, now that the unit holds what it keeps at rest (a unit the policy
+  // chose gets it when it is first released, or at the first step).
+  if (options_.stage != 3 || u.routed || u.module == nullptr) {
+    optimizer_.allocateState(u.optimizer_shard);
+  }
   if (lean_) releaseFreedHostMemory();
 }
 
@@ -529,6 +534,7 @@ void ShardedStrategy::release(size_t i) {
     u.device_shard = u.flat.shard().clone();  // the gathers' input from now on (current values)
   }
   u.flat.release(pool_.get());
+  optimizer_.allocateState(u.optimizer_shard);
 }
 
 // ---- backward -----------------------------------------------------------------------------------

@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include "common/error.h"
+#include "runtime/host_memory.h"
 #include "runtime/optim/param_state_key.h"
 #include "runtime/strategy/ddp.h"
 #include "runtime/strategy/model_state.h"
@@ -227,6 +228,47 @@ std::unique_ptr<torch::optim::OptimizerParamState> torchStateFrom(
   return nullptr;
 }
 
+// Adam's and AdamW's state (FusedAdamW's too) for every trainable parameter, as torch makes it
+// at a parameter's first step (zeros, step 0), made in prepare instead, as DeepSpeed's engine
+// makes its state when it is built: a job that cannot hold it fails in prepare, not after its
+// first backward, and a load reads into memory the job already has. Other optimizers keep
+// torch's lazy state (SGD's momentum, for one, starts as the first gradient, not as zeros).
+void allocateAdamState(torch::optim::Optimizer& optimizer) {
+  const bool adamw = dynamic_cast<torch::optim::AdamW*>(&optimizer) != nullptr;
+  if (!adamw && dynamic_cast<torch::optim::Adam*>(&optimizer) == nullptr) return;
+  auto zeros = [](const torch::Tensor& param) {
+    if (!param.is_cpu() || param.scalar_type() != torch::kFloat || !param.is_contiguous()) {
+      return torch::zeros_like(param, at::MemoryFormat::Preserve);
+    }
+    // Page-aligned, so that a load reads into it past the page cache; faulted in at once.
+    auto t = emptyForReading(param.sizes());
+    prefaultForWriting(t.data_ptr(), static_cast<size_t>(t.nbytes()));
+    return t.zero_();
+  };
+  auto fill = [&](auto state, const torch::Tensor& param, bool amsgrad) {
+    state->step(0);
+    state->exp_avg(zeros(param));
+    state->exp_avg_sq(zeros(param));
+    if (amsgrad) state->max_exp_avg_sq(zeros(param));
+    return state;
+  };
+  torch::NoGradGuard no_grad;
+  auto& state = optimizer.state();
+  for (auto& group : optimizer.param_groups()) {
+    for (const auto& param : group.params()) {
+      const auto key = paramStateKey(state, param);
+      if (!param.requires_grad() || state.count(key) != 0) continue;
+      if (adamw) {
+        const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
+        state[key] = fill(std::make_unique<torch::optim::AdamWParamState>(), param, o.amsgrad());
+      } else {
+        const auto& o = static_cast<const torch::optim::AdamOptions&>(group.options());
+        state[key] = fill(std::make_unique<torch::optim::AdamParamState>(), param, o.amsgrad());
+      }
+    }
+  }
+}
+
 // DDP (and FSDP's NO_SHARD): the trainer's own optimizer on whole, all-reduced gradients.
 class DdpStrategy final : public Strategy {
  public:
@@ -239,7 +281,9 @@ class DdpStrategy final : public Strategy {
         world_(backend->worldSize()),
         ddp_(model, std::move(backend),
              DdpOptions{.bucket_bytes = options.bucket_bytes,
-                        .find_unused_parameters = options.find_unused_parameters}) {}
+                        .find_unused_parameters = options.find_unused_parameters}) {
+    allocateAdamState(optimizer_);
+  }
 
   std::string describe() const override {
     return name_ + ": " + std::to_string(ddp_.numBuckets()) + " gradient bucket(s)";

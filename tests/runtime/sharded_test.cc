@@ -801,9 +801,33 @@ TEST_CASE("Units marked with wrap rest sharded from prepare on", "[sharded]") {
   run.unit_types = {};
   run.wrap_blocks = true;
   const Result wrapped = train(run);
-  // Before any step: policy-chosen units are whole until their first unitForward, wrapped ones
-  // hold only their shard (and no optimizer state exists yet).
+  // Before any step: policy-chosen units are whole until their first unitForward, and get their
+  // optimizer state when they are first released; wrapped ones hold only their shard, and its
+  // state from prepare on.
   INFO(lazy.memory[0].str() << " vs " << wrapped.memory[0].str());
   CHECK(wrapped.memory[0].parameters < 0.75 * static_cast<double>(lazy.memory[0].parameters));
-  CHECK(wrapped.memory[0].optimizer_state == 0);
+  CHECK(wrapped.memory[0].optimizer_state > 2 * lazy.memory[0].optimizer_state);
+}
+
+TEST_CASE("prepare allocates the optimizer state a job will hold, but SGD's under DDP",
+          "[sharded]") {
+  torch::set_num_threads(1);
+  for (const std::string optimizer : {"adamw", "sgd"}) {
+    for (const std::string strategy : {"ddp", "zero1", "zero2", "zero3"}) {
+      Run run{.strategy = strategy, .optimizer = optimizer, .d = 32, .layers = 2, .steps = 2};
+      run.wrap_blocks = strategy == "zero3";
+      const Result trained = train(run);
+      run.steps = 0;
+      const Result prepared = train(run);
+      INFO(strategy << " " << optimizer << ": " << prepared.memory[0].str() << " prepared, "
+                    << trained.memory[0].str() << " trained");
+      REQUIRE(trained.memory[0].optimizer_state > 0);
+      if (strategy == "ddp" && optimizer == "sgd") {
+        // torch's momentum buffer starts as the first gradient, so it cannot exist before it.
+        CHECK(prepared.memory[0].optimizer_state == 0);
+      } else {
+        CHECK(prepared.memory[0].optimizer_state == trained.memory[0].optimizer_state);
+      }
+    }
+  }
 }
