@@ -91,7 +91,7 @@ class GlooBackend final : public Backend {
   int worldSize() const override { return size_; }
   std::string name() const override { return "gloo"; }
   std::string transport() const override {
-    // Shared memory carries allreduce and reduce-scatter; TCP the other collectives.
+    // Shared memory carries the collectives that move data; TCP barriers and the rendezvous.
     return shm_ ? "shared memory and tcp" : "tcp";
   }
 
@@ -137,6 +137,8 @@ class GlooBackend final : public Backend {
 
   WorkPtr broadcast(void* data, size_t count, DType dtype, int root) override {
     return submit("broadcast", [=, this](uint32_t tag) {
+      if (size_ == 1) return;
+      if (shm_) return shm_->broadcast(data, count, dtype, root);
       gloo::BroadcastOptions opts(context_);
       opts.setOutput(static_cast<uint8_t*>(data), count * dtypeSize(dtype));
       opts.setRoot(root);

@@ -335,4 +335,24 @@ void ShmCollectives::allGather(const void* input, void* output, size_t count, DT
   }
 }
 
+void ShmCollectives::broadcast(void* data, size_t count, DType dtype, int root) {
+  // One writer: the segment (every slot and the result area, end to end) in two halves, so that
+  // the root fills one while the others copy the other out. Between two barriers the root writes
+  // chunk k and the others read chunk k - 1; half k % 2 was last read before the previous one.
+  const size_t elem = dtypeSize(dtype);
+  const size_t chunk = static_cast<size_t>(size_ + 1) * slot_bytes_ / 2 / elem;
+  auto* bytes = static_cast<char*>(data);
+  auto half = [&](size_t k) { return slot(0) + (k % 2) * chunk * elem; };
+  const size_t chunks = (count + chunk - 1) / chunk;
+  for (size_t k = 0; k <= chunks; ++k) {
+    if (rank_ == root && k < chunks) {
+      std::memcpy(half(k), bytes + k * chunk * elem, std::min(chunk, count - k * chunk) * elem);
+    } else if (rank_ != root && k > 0) {
+      const size_t done = (k - 1) * chunk;
+      std::memcpy(bytes + done * elem, half(k - 1), std::min(chunk, count - done) * elem);
+    }
+    if (chunks > 0) barrier();
+  }
+}
+
 }  // namespace cxxlaunch::runtime

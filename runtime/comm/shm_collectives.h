@@ -1,10 +1,10 @@
 #pragma once
-// ShmCollectives: allreduce, reduce-scatter and all-gather through one shared-memory segment, for
-// worlds whose ranks all run on this host. Each rank copies its data into its slot, every rank
-// reduces its share of the chunk from all slots in rank order, and everyone copies the result out:
-// two barriers per chunk, memory bandwidth instead of TCP loopback and Gloo's per-segment
-// handshakes. NCCL's SHM transport and DeepSpeed's CPU allreduce do the same. The Gloo backend
-// uses it when it can and keeps TCP for everything else (other collectives, several hosts).
+// ShmCollectives: allreduce, reduce-scatter, all-gather and broadcast through one shared-memory
+// segment, for worlds whose ranks all run on this host. Each rank copies its data into its slot,
+// every rank reduces its share of the chunk from all slots in rank order, and everyone copies the
+// result out: two barriers per chunk, memory bandwidth instead of TCP loopback and Gloo's
+// per-segment handshakes. NCCL's SHM transport and DeepSpeed's CPU allreduce do the same. The Gloo
+// backend uses it when it can and keeps TCP for everything else (barriers, several hosts).
 // Internal to runtime/.
 //
 // Results are bitwise the same on every rank (one fixed reduction order). A peer that exits
@@ -51,6 +51,8 @@ class ShmCollectives {
   // `output` (world_size * count) gets every rank's `input` (count) in rank order. `input` may be
   // this rank's place in `output` (each chunk is copied in before any result is written).
   void allGather(const void* input, void* output, size_t count, DType dtype);
+  // Every rank's `data` gets `root`'s, through the whole segment at a time.
+  void broadcast(void* data, size_t count, DType dtype, int root);
 
   // This host as the ranks compare it: boot id and PID namespace (peers are watched by pid).
   static std::string thisHostKey();

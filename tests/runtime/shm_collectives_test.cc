@@ -118,6 +118,36 @@ TEST_CASE("Shared-memory all-gather is exact across chunks, in place too", "[shm
   }
 }
 
+TEST_CASE("Shared-memory broadcast carries the root's bytes across chunks, from any root",
+          "[shm]") {
+  for (int n = 2; n <= 4; ++n) {
+    rendezvous::MemoryStore store;
+    // Many chunks (half the segment: (n + 1) slots of 1024 floats) and an uneven last one.
+    const size_t count = static_cast<size_t>(n + 1) * 1024 * 3 + 7;
+    std::vector<std::vector<std::vector<uint32_t>>> got(n, std::vector<std::vector<uint32_t>>(n));
+    onRanks(n, [&](int r) {
+      auto shm = ShmCollectives::connect(store, options(r, n));
+      RANK_REQUIRE(shm != nullptr);
+      for (int root = 0; root < n; ++root) {
+        auto& data = got[r][root];
+        data.assign(count, 0xffffffffu);  // every receiver's old contents differ from the root's
+        if (r == root) {
+          // Bit patterns a float sum would change: -0, NaN payloads, denormals.
+          for (size_t i = 0; i < count; ++i) data[i] = static_cast<uint32_t>(i * 2654435761u);
+        }
+        shm->broadcast(data.data(), count, DType::kFloat32, root);
+      }
+    });
+    for (int root = 0; root < n; ++root) {
+      for (int r = 0; r < n; ++r) {
+        INFO("world " << n << " root " << root << " rank " << r);
+        CHECK(got[r][root] == got[root][root]);
+      }
+      CHECK(got[root][root][5] == static_cast<uint32_t>(5 * 2654435761u));
+    }
+  }
+}
+
 TEST_CASE("Every rank gets bitwise the same sum of inexact floats", "[shm]") {
   const int n = 3;
   rendezvous::MemoryStore store;
