@@ -381,6 +381,11 @@ void Reader::read(const std::string& param, const std::string& array, int64_t be
     r.piece->file->read(r.piece->offset, r.piece->begin, r.from, r.to, r.out);
 }
 
+void Reader::check(const std::vector<ReadRequest>& requests) const {
+  std::vector<PieceRead> reads;
+  for (const auto& r : requests) plan(r.param, r.array, r.begin, r.end, r.shape, r.out, reads);
+}
+
 void Reader::readAll(const std::vector<ReadRequest>& requests) const {
   std::vector<PieceRead> reads;  // every request checked before anything is read
   for (const auto& r : requests) plan(r.param, r.array, r.begin, r.end, r.shape, r.out, reads);

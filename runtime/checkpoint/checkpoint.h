@@ -114,6 +114,9 @@ class Reader final : public Source {
   // the disk stays busy (one synchronous reader gets about half of its speed).
   void readAll(const std::vector<ReadRequest>& requests) const override;
   static constexpr int kReadThreads = 4;
+  // Throws as readAll would for any request it could not read (missing, another shape,
+  // incomplete), reading nothing: ranks that share the reading check each other's requests.
+  void check(const std::vector<ReadRequest>& requests) const;
   bool has(const std::string& param, const std::string& array) const override;
   // Rank `rank`'s blob, if its file has it.
   std::optional<std::string> blob(int rank, const std::string& name) const;

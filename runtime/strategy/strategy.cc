@@ -279,6 +279,7 @@ class DdpStrategy final : public Strategy {
         name_(std::move(name)),
         rank_(backend->rank()),
         world_(backend->worldSize()),
+        backend_(backend),
         ddp_(model, std::move(backend),
              DdpOptions{.bucket_bytes = options.bucket_bytes,
                         .find_unused_parameters = options.find_unused_parameters}) {
@@ -365,16 +366,26 @@ class DdpStrategy final : public Strategy {
     }
     return out;
   }
+  // Which of `ranks` each parameter falls to (in named_parameters' order): the one with the
+  // fewest elements so far.
+  std::vector<int> ownersOf(int ranks) const {
+    std::vector<int> owners;
+    std::vector<int64_t> load(static_cast<size_t>(ranks), 0);
+    for (const auto& item : model_->named_parameters()) {
+      const auto owner = std::min_element(load.begin(), load.end()) - load.begin();
+      load[static_cast<size_t>(owner)] += item.value().numel();
+      owners.push_back(static_cast<int>(owner));
+    }
+    return owners;
+  }
   // The parameters (and their optimizer state) that fall to `rank` of `ranks`.
   std::vector<checkpoint::Slice> slicesOf(int rank, int ranks) {
     std::vector<checkpoint::Slice> out;
     auto& state = optimizer_.state();
-    std::vector<int64_t> load(static_cast<size_t>(ranks), 0);
+    const std::vector<int> owners = ownersOf(ranks);
+    size_t index = 0;
     for (const auto& item : model_->named_parameters()) {
-      const auto owner =
-          static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
-      load[owner] += item.value().numel();
-      if (owner != static_cast<size_t>(rank)) continue;
+      if (owners[index++] != rank) continue;
       const torch::Tensor& p = item.value();  // the optimizer's key is this TensorImpl
       checkpoint::Slice slice{
           item.key(), p.sizes().vec(), 0, p.numel(), {{"param", p.detach().reshape({-1})}}};
@@ -398,14 +409,23 @@ class DdpStrategy final : public Strategy {
     // The state's key type differs between LibTorch versions (optim/param_state_key.h).
     using Key = std::decay_t<decltype(state)>::key_type;
     std::vector<std::pair<Key, std::unique_ptr<torch::optim::OptimizerParamState>>> fresh;
+    const std::vector<int> owners = ownersOf(world_);
+    std::vector<int> readers;  // of each request
     for (const auto& item : model_->named_parameters()) {
       torch::Tensor p = item.value();
       reads.push_back(
           {item.key(), "param", 0, p.numel(), p.sizes().vec(), staging.hostOf(p.detach())});
       fresh.emplace_back(paramStateKey(state, p),
                          torchStateFrom(optimizer_, item.key(), p, reader, steps, reads, staging));
+      readers.resize(reads.size(), owners[fresh.size() - 1]);
     }
-    reader.readAll(reads);
+    const auto* disk = dynamic_cast<const checkpoint::Reader*>(&reader);
+    // NCCL carries device memory only; the reads land in host memory.
+    if (disk != nullptr && world_ > 1 && backend_->name() != "nccl") {
+      readShared(*disk, reads, readers);
+    } else {
+      reader.readAll(reads);
+    }
     staging.copyBack();
     for (auto& [key, s] : fresh) {
       if (s) {
@@ -417,10 +437,47 @@ class DdpStrategy final : public Strategy {
   }
 
  private:
+  // Every rank needs all of a checkpoint, but the disk need deliver each byte only once: each
+  // rank reads the parameters `readers` gives it (ownersOf: at the saving world size, its own
+  // file) and broadcasts them, one parameter read while the last is sent. Every request is
+  // checked on every rank first, so that all of them refuse a checkpoint that does not fit. A
+  // rank whose reading fails keeps its place in the broadcasts; then every rank throws.
+  void readShared(const checkpoint::Reader& reader,
+                  const std::vector<checkpoint::ReadRequest>& reads,
+                  const std::vector<int>& readers) {
+    reader.check(reads);
+    std::vector<WorkPtr> sent;
+    std::exception_ptr failure;
+    for (size_t i = 0, end; i < reads.size(); i = end) {
+      for (end = i + 1; end < reads.size() && reads[end].param == reads[i].param;) ++end;
+      if (readers[i] == rank_ && !failure) {
+        try {
+          reader.readAll({reads.begin() + static_cast<ptrdiff_t>(i),
+                          reads.begin() + static_cast<ptrdiff_t>(end)});
+        } catch (...) {
+          failure = std::current_exception();
+        }
+      }
+      for (size_t k = i; k < end; ++k) {
+        const auto count = static_cast<size_t>(reads[k].end - reads[k].begin);
+        sent.push_back(backend_->broadcast(reads[k].out, count, DType::kFloat32, readers[k]));
+      }
+    }
+    for (auto& work : sent) work->wait();
+    int32_t failed = failure ? rank_ : world_;  // the lowest failing rank
+    backend_->allreduce(&failed, 1, DType::kInt32, ReduceOp::kMin)->wait();
+    if (failure) std::rethrow_exception(failure);
+    if (failed != world_) {
+      throw CommunicationError("rank " + std::to_string(failed) + " could not read its share of '" +
+                               reader.directory() + "' (its log says why)");
+    }
+  }
+
   std::shared_ptr<torch::nn::Module> model_;
   torch::optim::Optimizer& optimizer_;
   std::string name_;
   int rank_, world_;
+  std::shared_ptr<Backend> backend_;
   DistributedDataParallel ddp_;
   std::unique_ptr<DistributedDataParallel::NoSync> no_sync_;
 };

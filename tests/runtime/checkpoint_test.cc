@@ -57,6 +57,7 @@ struct Job {
   std::string nvme{};              // offload optimizer state and parameters to this directory
   std::string layout = "sharded";  // saveState's: sharded | full
   std::string roll_back{};         // at to_step, load this checkpoint and train to to_step again
+  int64_t d = 11;                  // the Tower's width
 };
 
 // A trainer's own optimizer (plain SGD with a decaying step per parameter): state of a type
@@ -153,7 +154,7 @@ Ended run(const Job& job) {
     Tower net = [&] {
       std::lock_guard<std::mutex> lock(construction);
       torch::manual_seed(job.seed);
-      return Tower(11, 3);
+      return Tower(job.d, 3);
     }();
     auto optimizer = makeOptimizer(job.optimizer, net->parameters());
     LrScheduler schedule(*optimizer, LrScheduler::Kind::kLinear, 1, 20);
@@ -791,6 +792,42 @@ TEST_CASE("Loading a checkpoint of another model names the parameter", "[checkpo
                               acc.loadState(dir.path() + "/c");
                             }),
                     Catch::Contains("has another shape there than in this model"));
+}
+
+// The bytes this process has read so far through read(2) and its kin (/proc/self/io's rchar).
+uint64_t bytesReadByThisProcess() {
+  std::ifstream io("/proc/self/io");
+  std::string key;
+  uint64_t value = 0;
+  while (io >> key >> value) {
+    if (key == "rchar:") return value;
+  }
+  return 0;
+}
+
+TEST_CASE("A DDP job's ranks share the reading: each byte comes off the disk once",
+          "[checkpoint]") {
+  torch::set_num_threads(1);
+  cxxlaunch::testing::TempDir dir;
+  const std::string saved = dir.path() + "/c";
+  const Ended uninterrupted = run(Job{.to_step = 4, .d = 256});
+  run(Job{.to_step = 2, .save = saved, .d = 256});
+  uint64_t bytes = 0;
+  for (const auto& f : fs::recursive_directory_iterator(saved)) {
+    if (f.is_regular_file()) bytes += f.file_size();
+  }
+  // Both ranks are threads of this process: reading everything each, they would read 2x.
+  const uint64_t before = bytesReadByThisProcess();
+  const Ended resumed = run(Job{.from_step = 2, .to_step = 4, .load = saved, .d = 256});
+  const uint64_t read = bytesReadByThisProcess() - before;
+  INFO(read << " bytes read from a checkpoint of " << bytes);
+  CHECK(read > bytes / 2);  // the counter counts
+  CHECK(read < bytes + bytes / 4);
+  // And every rank got all of it: the run ends where the uninterrupted one ends.
+  for (const auto& [name, tensor] : uninterrupted.params) {
+    INFO(name);
+    CHECK(torch::equal(resumed.params.at(name), tensor));
+  }
 }
 
 TEST_CASE("Loading another model's checkpoint fails on every rank of a DDP job", "[checkpoint]") {
