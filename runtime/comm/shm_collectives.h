@@ -51,7 +51,8 @@ class ShmCollectives {
   // `output` (world_size * count) gets every rank's `input` (count) in rank order. `input` may be
   // this rank's place in `output` (each chunk is copied in before any result is written).
   void allGather(const void* input, void* output, size_t count, DType dtype);
-  // Every rank's `data` gets `root`'s, through the whole segment at a time.
+  // Every rank's `data` gets `root`'s, through half the segment at a time: the root fills one
+  // half while the others copy the other out.
   void broadcast(void* data, size_t count, DType dtype, int root);
 
   // This host as the ranks compare it: boot id and PID namespace (peers are watched by pid).
