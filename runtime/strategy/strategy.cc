@@ -460,6 +460,7 @@ class DdpStrategy final : public Strategy {
       }
       for (size_t k = i; k < end; ++k) {
         const auto count = static_cast<size_t>(reads[k].end - reads[k].begin);
+        if (count == 0) continue;  // an empty parameter: the same on every rank
         sent.push_back(backend_->broadcast(reads[k].out, count, DType::kFloat32, readers[k]));
       }
     }
