@@ -15,8 +15,8 @@ of the checkpoint's own files with the page cache dropped (as before each load) 
 just after each load. Each save and load is
 compared with the mean of its two, and the table gives the medians over --repeat repetitions.
 The load job then loads the checkpoint once more (train --load_again; the peer the same),
-"again": into the memory the job already has, as a roll-back does, where the first load's
-optimizer state is fresh memory. The first load read past the page cache (O_DIRECT), so the
+"again", as a roll-back does. Both of our loads read into memory the job already has (the
+optimizer state is allocated in prepare); the first read past the page cache (O_DIRECT), so the
 second finds little of the files there. (This column was once a second job's "warm" load, from
 the page cache.)
 Target (issue: checkpoints): at least 0.7 of the disk's sequential write and read speed.

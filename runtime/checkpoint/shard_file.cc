@@ -10,10 +10,8 @@
 #include <cstring>
 #include <limits>
 #include <memory>
-#include <mutex>
 #include <new>
 #include <sstream>
-#include <vector>
 
 #include "common/error.h"
 #include "runtime/host_memory.h"
@@ -51,44 +49,6 @@ namespace {
 constexpr uint64_t kDirectAlignment = 4096;
 constexpr uint64_t kAlignedArrayBytes = 64u << 10;
 constexpr size_t kBounceBytes = 2u << 20;  // a reading thread's buffer for misaligned memory
-
-// A reading thread's buffer for misaligned memory, taken from the buffers that ended threads
-// left, and left for the next thread in turn: readAll starts its threads anew at each call (a
-// DDP load calls it once per parameter), and fresh memory is slow to fault in.
-class Bounce {
- public:
-  Bounce() {
-    std::lock_guard<std::mutex> lock(mu());
-    if (!kept().empty()) {
-      data_ = std::move(kept().back());
-      kept().pop_back();
-      return;
-    }
-    void* p = nullptr;
-    if (::posix_memalign(&p, kDirectAlignment, kBounceBytes) != 0) throw std::bad_alloc();
-    data_.reset(static_cast<char*>(p));
-  }
-  ~Bounce() {
-    std::lock_guard<std::mutex> lock(mu());
-    kept().push_back(std::move(data_));
-  }
-  char* get() const { return data_.get(); }
-
- private:
-  struct Free {
-    void operator()(char* p) const { std::free(p); }
-  };
-  // Never destroyed: threads may end after static destruction began.
-  static std::mutex& mu() {
-    static auto* m = new std::mutex;
-    return *m;
-  }
-  static std::vector<std::unique_ptr<char, Free>>& kept() {
-    static auto* buffers = new std::vector<std::unique_ptr<char, Free>>;
-    return *buffers;
-  }
-  std::unique_ptr<char, Free> data_;
-};
 
 uint64_t alignedOffset(uint64_t offset, uint64_t bytes) {
   if (bytes < kAlignedArrayBytes) return offset;
@@ -425,7 +385,12 @@ void ShardFileReader::fill(uint64_t offset, void* into, size_t bytes) const {
     return;
   }
   // Misaligned memory: through an aligned buffer, a block at a time.
-  thread_local Bounce bounce;
+  thread_local std::unique_ptr<char, decltype(&std::free)> bounce(nullptr, &std::free);
+  if (!bounce) {
+    void* p = nullptr;
+    if (::posix_memalign(&p, kDirectAlignment, kBounceBytes) != 0) throw std::bad_alloc();
+    bounce.reset(static_cast<char*>(p));
+  }
   for (size_t done = 0; done < bytes;) {
     const uint64_t at = offset + done, from = at / kDirectAlignment * kDirectAlignment;
     const size_t skip = at - from, want = std::min<size_t>(kBounceBytes - skip, bytes - done);

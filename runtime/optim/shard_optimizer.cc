@@ -116,7 +116,7 @@ std::vector<torch::Tensor> ShardOptimizer::stateToOverwrite(size_t index) {
   return allocatedState(index, /*zeroed=*/false);
 }
 
-std::vector<torch::Tensor> ShardOptimizer::allocatedState(size_t index, bool zeroed) {
+const std::vector<torch::Tensor>& ShardOptimizer::allocatedState(size_t index, bool zeroed) {
   Shard& shard = shards_[index];
   if (shard.own_state && shard.state.empty()) {
     const auto options = torch::TensorOptions(shard.device);
@@ -135,7 +135,7 @@ std::vector<torch::Tensor> ShardOptimizer::allocatedState(size_t index, bool zer
 
 void ShardOptimizer::step(size_t index, float* param, const float* grad, float* const* state) {
   Shard& shard = shards_[index];
-  this->state(index);
+  allocatedState(index, /*zeroed=*/true);
   std::vector<float*> own;
   for (auto& t : shard.state) own.push_back(t.data_ptr<float>());
   if (state == nullptr) state = own.data();

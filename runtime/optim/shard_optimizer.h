@@ -82,7 +82,7 @@ class ShardOptimizer {
   int64_t steps_ = 0;
   std::vector<Shard> shards_;
 
-  std::vector<torch::Tensor> allocatedState(size_t shard, bool zeroed);
+  const std::vector<torch::Tensor>& allocatedState(size_t shard, bool zeroed);
 };
 
 }  // namespace cxxlaunch::runtime

@@ -315,11 +315,10 @@ void ShardedStrategy::settle(size_t i) {
     u.routed = true;
     release(i);
   }
-  // The optimizer's state, now that the unit holds what it keeps at rest (a unit the policy
-  // chose gets it when it is first released, or at the first step).
-  if (options_.stage != 3 || u.routed || u.module == nullptr) {
-    optimizer_.allocateState(u.optimizer_shard);
-  }
+  // The optimizer's state, now that the unit holds what it keeps at rest: here for a unit that
+  // is never released, in release() for the others (one the policy chose: at its first
+  // unitForward).
+  if (options_.stage != 3 || u.module == nullptr) optimizer_.allocateState(u.optimizer_shard);
   if (lean_) releaseFreedHostMemory();
 }
 

@@ -146,9 +146,9 @@ const Options* groupOptions(torch::optim::Optimizer& optimizer, const torch::Ten
 // when the checkpoint has no state of this optimizer for the parameter (a fresh start; Adagrad's
 // starts as its constructor makes it). An array this optimizer's options need that the
 // checkpoint lacks (saved with amsgrad, momentum or centered off) starts as torch starts it.
-// Where the parameter already has that array (a load in a job that has stepped: a roll-back),
-// plain float32 on the CPU of the parameter's shape, it is read into in place: no new memory,
-// and the optimizer's memory does not double while old and new state coexist.
+// Where the parameter already has that array (Adam's, made in prepare; any after a step, as in
+// a roll-back), plain float32 on the CPU of the parameter's shape, it is read into in place: no
+// new memory, and the optimizer's memory does not double while old and new state coexist.
 std::unique_ptr<torch::optim::OptimizerParamState> torchStateFrom(
     torch::optim::Optimizer& optimizer, const std::string& name, const torch::Tensor& param,
     const checkpoint::Source& reader, int64_t steps, std::vector<checkpoint::ReadRequest>& reads,

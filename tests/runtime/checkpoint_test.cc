@@ -328,24 +328,6 @@ TEST_CASE("A roll-back in a job that has stepped reads into the memory it has an
   }
 }
 
-TEST_CASE("A fresh DDP job's load reads into the optimizer state that prepare allocated",
-          "[checkpoint]") {
-  torch::set_num_threads(1);
-  cxxlaunch::testing::TempDir dir;
-  for (const std::string strategy : {"ddp", "fsdp_no_shard"}) {
-    INFO(strategy);
-    const std::string saved = dir.path() + "/" + strategy;
-    const Ended uninterrupted = run(Job{.strategy = strategy});
-    run(Job{.strategy = strategy, .to_step = 2, .save = saved});
-    const Ended resumed =
-        run(Job{.strategy = strategy, .from_step = 2, .to_step = 4, .load = saved, .seed = 7});
-    CHECK(maxRelativeDifference(resumed, uninterrupted) == 0);
-    // AdamW's moments, made in prepare (zeros), filled in place: no new memory for the load.
-    CHECK(resumed.state_moved == 0);
-    CHECK(resumed.state_kept > 0);
-  }
-}
-
 // A head that joins the model only from optimizer step 2 on: until then it has no gradient, and
 // torch's AdamW does not step it.
 struct LateHeadImpl : torch::nn::Module {
@@ -828,28 +810,32 @@ uint64_t bytesReadByThisProcess() {
   return 0;
 }
 
-TEST_CASE("A DDP job's ranks share the reading: each byte comes off the disk once",
+TEST_CASE("A fresh DDP job's load reads each byte once, into the state that prepare made",
           "[checkpoint]") {
   torch::set_num_threads(1);
   cxxlaunch::testing::TempDir dir;
-  const std::string saved = dir.path() + "/c";
-  const Ended uninterrupted = run(Job{.to_step = 4, .d = 256});
-  run(Job{.to_step = 2, .save = saved, .d = 256});
-  uint64_t bytes = 0;
-  for (const auto& f : fs::recursive_directory_iterator(saved)) {
-    if (f.is_regular_file()) bytes += f.file_size();
-  }
-  // Both ranks are threads of this process: reading everything each, they would read 2x.
-  const uint64_t before = bytesReadByThisProcess();
-  const Ended resumed = run(Job{.from_step = 2, .to_step = 4, .load = saved, .d = 256});
-  const uint64_t read = bytesReadByThisProcess() - before;
-  INFO(read << " bytes read from a checkpoint of " << bytes);
-  CHECK(read > bytes / 2);  // the counter counts
-  CHECK(read < bytes + bytes / 4);
-  // And every rank got all of it: the run ends where the uninterrupted one ends.
-  for (const auto& [name, tensor] : uninterrupted.params) {
-    INFO(name);
-    CHECK(torch::equal(resumed.params.at(name), tensor));
+  for (const std::string strategy : {"ddp", "fsdp_no_shard"}) {
+    INFO(strategy);
+    const std::string saved = dir.path() + "/" + strategy;
+    const Ended uninterrupted = run(Job{.strategy = strategy, .d = 256});
+    run(Job{.strategy = strategy, .to_step = 2, .save = saved, .d = 256});
+    uint64_t bytes = 0;
+    for (const auto& f : fs::recursive_directory_iterator(saved)) {
+      if (f.is_regular_file()) bytes += f.file_size();
+    }
+    // Both ranks are threads of this process: reading everything each, they would read 2x.
+    const uint64_t before = bytesReadByThisProcess();
+    const Ended resumed = run(Job{
+        .strategy = strategy, .from_step = 2, .to_step = 4, .load = saved, .seed = 7, .d = 256});
+    const uint64_t read = bytesReadByThisProcess() - before;
+    INFO(read << " bytes read from a checkpoint of " << bytes);
+    CHECK(read > bytes / 2);  // the counter counts
+    CHECK(read < bytes + bytes / 4);
+    // AdamW's moments, made in prepare (zeros), filled in place: no new memory for the load.
+    CHECK(resumed.state_moved == 0);
+    CHECK(resumed.state_kept > 0);
+    // And every rank got all of it: the run ends where the uninterrupted one ends.
+    CHECK(maxRelativeDifference(resumed, uninterrupted) == 0);
   }
 }
 
