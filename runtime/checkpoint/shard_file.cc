@@ -47,7 +47,6 @@ namespace {
 // kDirectAlignment (the header is padded to one, the data between arrays with zeros), so that a
 // load reads them with O_DIRECT straight into page-aligned memory (see ShardFileReader::fill).
 constexpr uint64_t kDirectAlignment = 4096;
-constexpr uint64_t kAlignedArrayBytes = 64u << 10;
 constexpr size_t kBounceBytes = 2u << 20;  // a reading thread's buffer for misaligned memory
 
 uint64_t alignedOffset(uint64_t offset, uint64_t bytes) {
@@ -413,29 +412,42 @@ void ShardFileReader::read(uint64_t offset, int64_t slice_begin, int64_t from, i
          static_cast<size_t>(to - from) * sizeof(float));
     return;
   }
-  // Chunk by chunk: straight into `out` where a chunk lies inside [from, to), else through a
-  // buffer (at most the first and the last chunk).
+  // Straight into `out` where chunks lie inside [from, to), up to kChunksPerRead in one read,
+  // each then checked; else through a buffer (at most the first and the last chunk).
   const ArrayChecksums& sums = it->second;
   const int64_t f = from - slice_begin, t = to - slice_begin;  // in the array
+  auto what = [&](int64_t cb, int64_t ce) {
+    return sums.name + ", elements " + std::to_string(slice_begin + cb) + " to " +
+           std::to_string(slice_begin + ce) + ",";
+  };
+  auto at = [&](int64_t element) {
+    return offset + static_cast<uint64_t>(element) * sizeof(float);
+  };
   std::vector<float> edge;
-  for (int64_t c = f / kChunkElements; c * kChunkElements < t; ++c) {
+  for (int64_t c = f / kChunkElements; c * kChunkElements < t;) {
     const int64_t cb = c * kChunkElements, ce = std::min(cb + kChunkElements, sums.numel);
-    const std::string what = sums.name + ", elements " + std::to_string(slice_begin + cb) + " to " +
-                             std::to_string(slice_begin + ce) + ",";
-    const uint64_t at = offset + static_cast<uint64_t>(cb) * sizeof(float);
-    const auto bytes = static_cast<size_t>(ce - cb) * sizeof(float);
     if (f <= cb && ce <= t) {
-      float* into = out + (cb - f);
-      fill(at, into, bytes);
-      check(sums.chunks[static_cast<size_t>(c)], into, bytes, what);
-    } else {
-      edge.resize(static_cast<size_t>(ce - cb));
-      fill(at, edge.data(), bytes);
-      check(sums.chunks[static_cast<size_t>(c)], edge.data(), bytes, what);
-      const int64_t a = std::max(cb, f), b = std::min(ce, t);
-      std::memcpy(out + (a - f), edge.data() + (a - cb),
-                  static_cast<size_t>(b - a) * sizeof(float));
+      int64_t last = c;  // the run of whole chunks inside [from, to) read at once
+      auto whole = [&](int64_t k) {
+        return k * kChunkElements < t && std::min((k + 1) * kChunkElements, sums.numel) <= t;
+      };
+      while (last + 1 - c < kChunksPerRead && whole(last + 1)) ++last;
+      const int64_t re = std::min((last + 1) * kChunkElements, sums.numel);
+      fill(at(cb), out + (cb - f), static_cast<size_t>(re - cb) * sizeof(float));
+      for (; c <= last; ++c) {
+        const int64_t b = c * kChunkElements, e = std::min(b + kChunkElements, sums.numel);
+        check(sums.chunks[static_cast<size_t>(c)], out + (b - f),
+              static_cast<size_t>(e - b) * sizeof(float), what(b, e));
+      }
+      continue;
     }
+    const auto bytes = static_cast<size_t>(ce - cb) * sizeof(float);
+    edge.resize(static_cast<size_t>(ce - cb));
+    fill(at(cb), edge.data(), bytes);
+    check(sums.chunks[static_cast<size_t>(c)], edge.data(), bytes, what(cb, ce));
+    const int64_t a = std::max(cb, f), b = std::min(ce, t);
+    std::memcpy(out + (a - f), edge.data() + (a - cb), static_cast<size_t>(b - a) * sizeof(float));
+    ++c;
   }
 }
 

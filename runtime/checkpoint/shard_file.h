@@ -55,11 +55,18 @@ struct SliceLayout {
   std::vector<std::string> arrays;
 };
 
+// The elements each checksum of an array covers (4 MiB).
+inline constexpr int64_t kChunkElements = int64_t{1} << 20;
+// Whole chunks a load reads at once into place (32 MiB): the disk answers a deep queue faster,
+// and one O_DIRECT read of many MiB goes out as many requests at once.
+inline constexpr int64_t kChunksPerRead = 8;
+// Arrays of at least this size start page-aligned in their file: a load reads them past the page
+// cache (O_DIRECT) straight into page-aligned memory.
+inline constexpr uint64_t kAlignedArrayBytes = 64u << 10;
+
 // Writes a rank's file durably with its slices' data streamed in: the header (from the layout)
 // at once, then each array in the layout's order (append), then the blobs (commit). Nothing is
 // visible at `path` before commit.
-// The elements each checksum of an array covers (4 MiB).
-inline constexpr int64_t kChunkElements = int64_t{1} << 20;
 
 class ShardFileWriter {
  public:

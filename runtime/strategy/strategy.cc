@@ -26,11 +26,25 @@
 
 namespace cxxlaunch::runtime {
 
+namespace {
+
+// Page-aligned for O_DIRECT; from 2 MiB on on a huge page's boundary, so that prefaultForWriting
+// gets transparent huge pages for all of it. Reads past the page cache pin them, and broadcasts
+// copy into them, faster than 4 KiB pages (a fresh DDP job's load of 1.2 GB: 0.41-0.49 s
+// against 0.48-0.81 s).
+size_t readingAlignment(size_t bytes) {
+  constexpr size_t kPageBytes = 4096, kHugePageBytes = 2u << 20;
+  return bytes >= kHugePageBytes ? kHugePageBytes : kPageBytes;
+}
+
+}  // namespace
+
 torch::Tensor emptyForReading(at::IntArrayRef sizes) {
   int64_t numel = 1;
   for (int64_t d : sizes) numel *= d;
+  const size_t bytes = std::max<size_t>(static_cast<size_t>(numel) * sizeof(float), 1);
   void* data = nullptr;
-  if (::posix_memalign(&data, 4096, std::max<size_t>(static_cast<size_t>(numel) * 4, 1)) != 0) {
+  if (::posix_memalign(&data, readingAlignment(bytes), bytes) != 0) {
     throw std::bad_alloc();
   }
   return torch::from_blob(
@@ -269,18 +283,40 @@ void allocateAdamState(torch::optim::Optimizer& optimizer) {
   }
 }
 
+// Moves each large float32 parameter in host memory that has its storage to itself onto memory
+// from emptyForReading (the same tensor, its values copied), so that a load reads into it past
+// the page cache, as into the optimizer's state; the file holds such arrays page-aligned.
+std::shared_ptr<torch::nn::Module> alignForReading(std::shared_ptr<torch::nn::Module> model) {
+  torch::NoGradGuard no_grad;
+  for (auto& param : model->parameters()) {
+    const auto bytes = static_cast<size_t>(param.nbytes());
+    const bool own_storage = param.storage_offset() == 0 && param.storage().use_count() == 1 &&
+                             param.storage().nbytes() == bytes;
+    if (!param.is_cpu() || param.scalar_type() != torch::kFloat || !param.is_contiguous() ||
+        !own_storage || bytes < checkpoint::kAlignedArrayBytes ||
+        reinterpret_cast<uintptr_t>(param.data_ptr()) % readingAlignment(bytes) == 0) {
+      continue;
+    }
+    auto aligned = emptyForReading(param.sizes());
+    prefaultForWriting(aligned.data_ptr(), bytes);
+    aligned.copy_(param);
+    param.set_data(aligned);
+  }
+  return model;
+}
+
 // DDP (and FSDP's NO_SHARD): the trainer's own optimizer on whole, all-reduced gradients.
 class DdpStrategy final : public Strategy {
  public:
   DdpStrategy(std::shared_ptr<Backend> backend, std::shared_ptr<torch::nn::Module> model,
               torch::optim::Optimizer& optimizer, const StrategyOptions& options, std::string name)
-      : model_(model),
+      : model_(alignForReading(std::move(model))),
         optimizer_(optimizer),
         name_(std::move(name)),
         rank_(backend->rank()),
         world_(backend->worldSize()),
         backend_(backend),
-        ddp_(model, std::move(backend),
+        ddp_(model_, std::move(backend),
              DdpOptions{.bucket_bytes = options.bucket_bytes,
                         .find_unused_parameters = options.find_unused_parameters}) {
     allocateAdamState(optimizer_);

@@ -107,7 +107,8 @@ class Strategy {
 };
 
 // An uninitialised float32 CPU tensor for a checkpoint to fill, page-aligned as the files' large
-// arrays are, so that the load reads into it past the page cache (checkpoint/shard_file.h).
+// arrays are, so that the load reads into it past the page cache (checkpoint/shard_file.h); from
+// 2 MiB on aligned to a transparent huge page.
 torch::Tensor emptyForReading(at::IntArrayRef sizes);
 
 // Where a load's reads land: float32 host memory. A tensor that is such memory (contiguous

@@ -732,9 +732,9 @@ TEST_CASE("Crafted rank files are refused, never read out of bounds", "[checkpoi
 
 TEST_CASE("Large arrays lie aligned in their file and read past the page cache into any memory",
           "[checkpoint]") {
-  // Three whole checksum chunks and a tail that is no whole 4 KiB block, after a small array
-  // (which leaves the big one's offset unaligned unless the writer pads).
-  const int64_t n = 3 * checkpoint::kChunkElements + 1234;
+  // More whole checksum chunks than one read takes and a tail that is no whole 4 KiB block,
+  // after a small array (which leaves the big one's offset unaligned unless the writer pads).
+  const int64_t n = (checkpoint::kChunksPerRead + 1) * checkpoint::kChunkElements + 1234;
   const torch::Tensor values = torch::arange(n, torch::kFloat) * 0.5;
   const std::vector<checkpoint::Slice> slices = {
       {"small", {3}, 0, 3, {{"param", torch::arange(3, torch::kFloat)}}},
@@ -772,9 +772,22 @@ TEST_CASE("Large arrays lie aligned in their file and read past the page cache i
     CHECK(reader.blob("rng") == "abc");
     if (cxxlaunch::testing::takesDirectIo(folder)) {
       // Written and read past the page cache: only the header, the checksums and the ends of
-      // reads (less than a block each) went through it, of about 6000 pages.
+      // reads (less than a block each) went through it, of about 18000 pages.
       CHECK(cxxlaunch::testing::residentPages(path) < 16);
     }
+    // A flipped bit in a chunk inside one read is found, and named by that chunk's elements.
+    const int64_t chunk = 5, K = checkpoint::kChunkElements;
+    {
+      std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+      file.seekp(static_cast<std::streamoff>(big.arrays[0].second + (chunk * K + 7) * 4));
+      file.put('\x7f');
+    }
+    const checkpoint::ShardFileReader damaged(path);
+    damaged.read(big.arrays[0].second, 10, 10, n + 10, memory);
+    CHECK(damaged.corruption().value_or("") ==
+          "checkpoint file '" + path + "': 'big' param, elements " +
+              std::to_string(10 + chunk * K) + " to " + std::to_string(10 + (chunk + 1) * K) +
+              ", does not match its checksum");
     fs::remove(path);
   }
 }

@@ -831,3 +831,59 @@ TEST_CASE("prepare allocates the optimizer state a job will hold, but SGD's unde
     }
   }
 }
+
+TEST_CASE("DDP moves large host parameters onto aligned memory and keeps values and optimizer",
+          "[sharded]") {
+  torch::set_num_threads(1);
+  // d 1024: blocks' weights of 4 MiB (huge-page aligned), biases and the input layer's weight
+  // of 4 KiB and 24 KiB (too small to move).
+  const int64_t d = 1024;
+  auto fake = makeFakeWorld(2);
+  std::vector<std::string> problems(2);
+  std::mutex construction;  // one global generator: seed and build one model at a time
+  onRanks(2, [&](int r) {
+    std::unique_lock<std::mutex> lock(construction);
+    torch::manual_seed(42);
+    Tower net(d, 1);
+    torch::manual_seed(42);
+    Tower reference(d, 1);  // rank 0's values
+    lock.unlock();
+    if (r != 0) {  // DDP starts every rank from rank 0's values
+      torch::NoGradGuard no_grad;
+      for (auto& p : net->parameters()) p.add_(0.5);
+    }
+    std::map<std::string, const void*> was_at;
+    for (const auto& item : net->named_parameters()) was_at[item.key()] = item.value().data_ptr();
+    torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(0.01));
+    World world;
+    world.env.rank = r;
+    world.env.world_size = 2;
+    world.env.strategy = "ddp";
+    world.backend = makeFakeBackend(fake, r);
+    Accelerator acc(std::move(world), {});
+    acc.prepare(net.ptr(), optimizer);
+    auto& problem = problems[static_cast<size_t>(r)];
+    const auto params = net->named_parameters();
+    const auto& in_optimizer = optimizer.param_groups().at(0).params();
+    for (size_t i = 0; i < params.size(); ++i) {
+      const std::string& name = params[i].key();
+      const torch::Tensor& p = params[i].value();
+      const auto at = reinterpret_cast<uintptr_t>(p.data_ptr());
+      const size_t alignment = p.nbytes() >= (2u << 20) ? (2u << 20) : 4096;
+      if (p.nbytes() >= (64u << 10) && at % alignment != 0) problem += name + " not aligned; ";
+      if (p.nbytes() < (64u << 10) && p.data_ptr() != was_at[name]) problem += name + " moved; ";
+      if (!torch::equal(p, reference->named_parameters()[name])) problem += name + " changed; ";
+      if (in_optimizer.at(i).data_ptr() != p.data_ptr()) problem += name + " not the optimizer's; ";
+    }
+    // A step trains the parameters the model computes with.
+    const auto x = torch::randn({2, 6}, at::detail::createCPUGenerator(7));
+    acc.backward(torch::mse_loss(net->forward(x), torch::zeros({2, 3})));
+    if (!acc.step()) problem += "no optimizer step; ";
+    if (torch::equal(net->named_parameters()["block0.fc.weight"],
+                     reference->named_parameters()["block0.fc.weight"])) {
+      problem += "a step left block0.fc.weight as it was; ";
+    }
+  });
+  CHECK(problems[0] == "");
+  CHECK(problems[1] == "");
+}
