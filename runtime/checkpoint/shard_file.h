@@ -67,7 +67,6 @@ inline constexpr uint64_t kAlignedArrayBytes = 64u << 10;
 // Writes a rank's file durably with its slices' data streamed in: the header (from the layout)
 // at once, then each array in the layout's order (append), then the blobs (commit). Nothing is
 // visible at `path` before commit.
-
 class ShardFileWriter {
  public:
   ShardFileWriter(const std::string& path, std::vector<SliceLayout> layout,
