@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <utility>
 
 #include "common/error.h"
 
@@ -21,6 +22,16 @@ namespace {
 std::string parentOf(const std::string& path) {
   const auto parent = std::filesystem::path(path).parent_path();
   return parent.empty() ? "." : parent.string();
+}
+
+// One write of an aligned block past the page cache: 0 once all of it is written; EINVAL where
+// the file system opened the file O_DIRECT but refuses its writes, or the write was short or
+// interrupted (the caller writes the block again through the page cache); else the error.
+int pwriteDirect(int fd, const unsigned char* block, size_t bytes, uint64_t offset) {
+  const ssize_t n = ::pwrite(fd, block, bytes, static_cast<off_t>(offset));
+  if (n == static_cast<ssize_t>(bytes)) return 0;
+  if (n >= 0 || errno == EINVAL || errno == EINTR) return EINVAL;
+  return errno;
 }
 
 }  // namespace
@@ -43,19 +54,21 @@ AtomicFile::AtomicFile(std::string path, Durability durability, Writes writes)
       durability_(durability) {
   constexpr int kFlags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
   if (writes == Writes::kPastPageCache) {
-    void* buffer = nullptr;
     fd_ = ::open(temp_.c_str(), kFlags | O_DIRECT, 0644);
-    if (fd_ >= 0 && ::posix_memalign(&buffer, kDirectAlignment, kDirectBufferBytes) == 0) {
-      direct_.reset(static_cast<unsigned char*>(buffer));
-    } else if (fd_ >= 0) {
-      stopWritingDirect();
+    for (auto* buffer : {&direct_, &behind_}) {
+      void* memory = nullptr;
+      if (fd_ >= 0 && ::posix_memalign(&memory, kDirectAlignment, kDirectBufferBytes) == 0) {
+        buffer->reset(static_cast<unsigned char*>(memory));
+      }
     }
+    if (fd_ >= 0 && !(direct_ && behind_)) stopWritingDirect();
   }
   if (fd_ < 0) fd_ = ::open(temp_.c_str(), kFlags, 0644);  // or O_DIRECT refused (EINVAL)
   if (fd_ < 0) fail("creating", temp_);
 }
 
 AtomicFile::~AtomicFile() {
+  stopWritingThread();
   if (fd_ >= 0) {
     ::close(fd_);
     ::unlink(temp_.c_str());
@@ -80,17 +93,78 @@ void AtomicFile::stopWritingDirect() {
   on_disk_ += buffered_;
   buffered_ = 0;
   direct_.reset();
+  behind_.reset();
 }
 
-void AtomicFile::writeDirectBuffer(size_t bytes) {
-  const size_t padded = (bytes + kDirectAlignment - 1) & ~(kDirectAlignment - 1);
-  std::memset(direct_.get() + bytes, 0, padded - bytes);  // past the end: cut off at commit
-  const ssize_t n = ::pwrite(fd_, direct_.get(), padded, static_cast<off_t>(on_disk_));
-  if (n == static_cast<ssize_t>(padded)) return;
-  // A file system that opened O_DIRECT but refuses its writes (EINVAL), or a short or
-  // interrupted write: whatever reached the file is written again through the page cache.
-  if (n < 0 && errno != EINVAL && errno != EINTR) fail("writing", temp_);
+void AtomicFile::writeBehindLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [this] { return writing_ || stopping_; });
+    if (!writing_) return;
+    const uint64_t offset = behind_offset_;
+    lock.unlock();
+    const int result = pwriteDirect(fd_, behind_.get(), kDirectBufferBytes, offset);
+    lock.lock();
+    behind_result_ = result;
+    writing_ = false;
+    cv_.notify_all();
+  }
+}
+
+void AtomicFile::awaitWriteBehind() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return !writing_; });
+  const int result = std::exchange(behind_result_, 0);
+  lock.unlock();
+  if (result == 0) return;
+  if (result != EINVAL) {
+    errno = result;
+    fail("writing", temp_);
+  }
+  const auto refused = std::move(behind_);
   stopWritingDirect();
+  writeAll(refused.get(), kDirectBufferBytes, behind_offset_);
+}
+
+void AtomicFile::writeFullBufferBehind() {
+  awaitWriteBehind();
+  if (!direct_) return;  // O_DIRECT was refused: the full buffer went through the page cache
+  std::swap(direct_, behind_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    behind_offset_ = on_disk_;
+    writing_ = true;
+  }
+  on_disk_ += kDirectBufferBytes;
+  buffered_ = 0;
+  if (writer_.joinable()) {
+    cv_.notify_all();
+  } else {
+    writer_ = std::thread([this] { writeBehindLoop(); });
+  }
+}
+
+void AtomicFile::stopWritingThread() {
+  if (!writer_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  writer_.join();  // after the write in flight, if any
+}
+
+void AtomicFile::writeLastBuffer() {
+  const size_t padded = (buffered_ + kDirectAlignment - 1) & ~(kDirectAlignment - 1);
+  std::memset(direct_.get() + buffered_, 0, padded - buffered_);
+  const int result = pwriteDirect(fd_, direct_.get(), padded, on_disk_);
+  if (result == EINVAL) return stopWritingDirect();
+  if (result != 0) {
+    errno = result;
+    fail("writing", temp_);
+  }
+  on_disk_ += buffered_;
+  buffered_ = 0;
 }
 
 void AtomicFile::append(const void* data, size_t bytes) {
@@ -102,13 +176,7 @@ void AtomicFile::append(const void* data, size_t bytes) {
       buffered_ += n;
       p += n;
       bytes -= n;
-      if (buffered_ == kDirectBufferBytes) {
-        writeDirectBuffer(buffered_);
-        if (direct_) {
-          on_disk_ += buffered_;
-          buffered_ = 0;
-        }
-      }
+      if (buffered_ == kDirectBufferBytes) writeFullBufferBehind();
     }
     if (bytes == 0) return;
     data = p;  // O_DIRECT was refused on the way: the rest through the page cache
@@ -127,10 +195,12 @@ void AtomicFile::append(const void* data, size_t bytes) {
 }
 
 void AtomicFile::commit() {
+  awaitWriteBehind();
+  stopWritingThread();
   if (direct_) {
     // The last block goes out padded to the alignment: the file ends where the bytes do.
     const uint64_t size = on_disk_ + buffered_;
-    if (buffered_ > 0) writeDirectBuffer(buffered_);
+    if (buffered_ > 0) writeLastBuffer();
     if (::ftruncate(fd_, static_cast<off_t>(size)) != 0) fail("truncating", temp_);
   }
   const bool durable = durability_ == Durability::kPowerLoss;

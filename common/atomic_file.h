@@ -6,11 +6,14 @@
 // writer per object; writers of the same path in different processes do not collide (the
 // temporary name carries the pid), the last rename wins.
 
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 
 namespace cxxlaunch {
 
@@ -25,13 +28,17 @@ enum class Durability {
 // How the bytes travel. Through the page cache by default. kPastPageCache (O_DIRECT) copies
 // them into an aligned buffer and writes it straight to the disk: for large files written once
 // and not read back soon (checkpoints), whose page-cache copy costs fresh pages the writer's
-// process pays for (slow in a virtual machine) and evicts what other processes cache. Where
-// the file system refuses O_DIRECT the file is written through the page cache.
+// process pays for (slow in a virtual machine) and evicts what other processes cache. There are
+// two buffers: while a thread of the file's own writes a full one, append() fills the other, so
+// that the caller's work between appends (copying, checksums, gathering the next bytes) runs
+// while the disk writes. Where the file system refuses O_DIRECT the file is written through the
+// page cache.
 enum class Writes { kThroughPageCache, kPastPageCache };
 
 // An open file being written: append, then commit(). Destroyed uncommitted (an exception on the
 // way), it removes its temporary file and the final name is untouched. Every failing system call
-// throws SystemError naming it and the path (ENOSPC, EIO...).
+// throws SystemError naming it and the path (ENOSPC, EIO...); a write of kPastPageCache's thread
+// that failed throws from the next append() or from commit().
 class AtomicFile {
  public:
   explicit AtomicFile(std::string path, Durability durability = Durability::kPowerLoss,
@@ -51,8 +58,15 @@ class AtomicFile {
   // logical block; 4 KiB covers every common one.
   static constexpr size_t kDirectAlignment = 4096, kDirectBufferBytes = size_t{8} << 20;
   void writeAll(const void* data, size_t bytes, uint64_t offset);
-  void writeDirectBuffer(size_t bytes);  // the buffer's first `bytes`, padded to the alignment
-  void stopWritingDirect();              // O_DIRECT refused: the rest through the page cache
+  // Hands the full buffer to the writing thread, and append() fills the other one next.
+  void writeFullBufferBehind();
+  void writeBehindLoop();  // the writing thread's
+  // Waits for the writing thread's write. Throws if it failed; if O_DIRECT was refused, writes
+  // its bytes and the rest through the page cache.
+  void awaitWriteBehind();
+  void stopWritingThread();
+  void writeLastBuffer();    // the rest of direct_, padded to the alignment (cut off at commit)
+  void stopWritingDirect();  // O_DIRECT refused: the rest through the page cache
 
   std::string path_, temp_;
   Durability durability_;
@@ -60,10 +74,21 @@ class AtomicFile {
   struct FreeDeleter {
     void operator()(void* p) const;
   };
-  std::unique_ptr<unsigned char, FreeDeleter> direct_;  // kPastPageCache's buffer, while used
-  // Bytes in the file; the first the disk was not yet asked to write (through the page cache);
-  // bytes in the buffer, not yet written (past it).
+  // kPastPageCache's buffers, while used: the one append() fills, the other written behind it.
+  std::unique_ptr<unsigned char, FreeDeleter> direct_, behind_;
+  // Bytes in the file (appended and no longer in direct_); the first the disk was not yet asked
+  // to write (through the page cache); bytes in direct_, not yet written (past it).
   size_t on_disk_ = 0, writeback_from_ = 0, buffered_ = 0;
+
+  // The writing thread, started with the first full buffer. While `writing_` it writes behind_
+  // at behind_offset_, then records the write's result: 0, EINVAL where O_DIRECT was refused
+  // (behind_ then still holds the bytes), or the error.
+  std::thread writer_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool writing_ = false, stopping_ = false;
+  uint64_t behind_offset_ = 0;
+  int behind_result_ = 0;
 };
 
 // `bytes` as the whole content of `path`, through an AtomicFile.

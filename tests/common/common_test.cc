@@ -1,9 +1,12 @@
 // common/: host:port text, the atomic writer, the token reader and the command-line conventions.
 
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -83,10 +86,12 @@ TEST_CASE("An atomic file is old or complete, and leaves no temporary behind", "
 
 TEST_CASE("An atomic file written past the page cache holds exactly what was appended",
           "[common][file]") {
-  // Pieces that cross the 8 MiB buffer and the 4 KiB alignment everywhere, then a short tail;
-  // on the disk's file system (O_DIRECT) and on tmpfs (which may refuse it: the page cache).
+  // Pieces that cross the 8 MiB buffers (more of them than the two: each written behind the
+  // next one's filling) and the 4 KiB alignment everywhere, then a short tail; on the disk's
+  // file system (O_DIRECT) and on tmpfs (which may refuse it: the page cache).
   std::string expected;
-  std::vector<size_t> pieces = {1, 4095, 4097, (size_t{5} << 20) + 3, size_t{9} << 20, 17, 0};
+  std::vector<size_t> pieces = {
+      1, 4095, 4097, (size_t{5} << 20) + 3, size_t{9} << 20, 17, 0, (size_t{20} << 20) + 5, 3};
   testing::TempDir disk;
   std::vector<std::string> folders = {disk.path()};
   if (std::filesystem::is_directory("/dev/shm")) folders.push_back("/dev/shm");
@@ -126,6 +131,40 @@ TEST_CASE("An atomic file written past the page cache holds exactly what was app
   CHECK(testing::readFile(disk.path() + "/small.bin") == "tail");
   CHECK(std::distance(std::filesystem::directory_iterator(disk.path()),
                       std::filesystem::directory_iterator()) == 1);
+}
+
+TEST_CASE("A write that fails behind the caller is an error, and nothing is renamed into place",
+          "[common][file]") {
+  testing::TempDir disk;
+  const std::string path = disk.path() + "/big.bin";
+  // A child limited to files of 8 MiB: past the page cache, the second buffer's write fails
+  // (EFBIG) on the writing thread while the child appends the third; through it (a file system
+  // that refuses O_DIRECT), the write that crosses the limit fails in append().
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    std::signal(SIGXFSZ, SIG_IGN);
+    const rlimit limit{size_t{8} << 20, size_t{8} << 20};
+    if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) ::_exit(3);
+    const std::vector<char> piece(size_t{1} << 20, 'x');
+    try {
+      AtomicFile file(path, Durability::kPowerLoss, Writes::kPastPageCache);
+      for (int i = 0; i < 40; ++i) file.append(piece.data(), piece.size());
+      file.commit();
+    } catch (const SystemError& e) {
+      const std::string what = e.what();
+      ::_exit(what.find("writing") != std::string::npos && what.find(path) != std::string::npos
+                  ? 0
+                  : 4);
+    }
+    ::_exit(1);  // committed past the limit
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  // The temporary file went with the error, and the final name was never written.
+  CHECK(std::filesystem::is_empty(disk.path()));
 }
 
 TEST_CASE("A token file gives its first line, and an empty one is refused", "[common][file]") {
