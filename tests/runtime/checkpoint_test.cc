@@ -681,23 +681,29 @@ TEST_CASE("A load that reads a flipped bit goes on from the newest intact checkp
   torch::set_num_threads(1);
   cxxlaunch::testing::TempDir dir;
   const std::string root = dir.path() + "/checkpoints";
-  for (const std::string layout : {"sharded", "full"}) {
-    INFO(layout);
+  // DDP's ranks share the reading (each reads its own file and broadcasts it): only rank 1 reads
+  // the flipped bit, and rank 0 must go on from the older checkpoint with it.
+  const std::array<std::array<std::string, 3>, 3> cases = {{{"zero3", "sharded", "rank0.bin"},
+                                                            {"zero3", "full", "rank0.bin"},
+                                                            {"ddp", "sharded", "rank1.bin"}}};
+  for (const auto& [strategy, layout, file] : cases) {
+    INFO(strategy << " " << layout << " " << file);
     fs::remove_all(root);
     const Ended one = run(
-        Job{.strategy = "zero3", .to_step = 1, .save = root + "/checkpoint_1", .layout = layout});
-    run(Job{.strategy = "zero3",
+        Job{.strategy = strategy, .to_step = 1, .save = root + "/checkpoint_1", .layout = layout});
+    run(Job{.strategy = strategy,
             .from_step = 1,
             .to_step = 2,
             .load = root,
             .save = root + "/checkpoint_2",
             .layout = layout});
     // The sizes still match: only the chunk checksums read during the load can tell.
-    const std::string victim = root + "/checkpoint_2/rank0.bin";
+    const std::string victim = root + "/checkpoint_2/" + file;
     std::string bytes = cxxlaunch::testing::readFile(victim);
     bytes[bytes.size() / 2] = static_cast<char>(bytes[bytes.size() / 2] ^ 0x01);
     std::ofstream(victim, std::ios::binary | std::ios::trunc) << bytes;
-    const Ended resumed = run(Job{.strategy = "zero3", .from_step = 1, .to_step = 1, .load = root});
+    const Ended resumed =
+        run(Job{.strategy = strategy, .from_step = 1, .to_step = 1, .load = root});
     CHECK(resumed.loaded == root + "/checkpoint_1");
     CHECK(maxRelativeDifference(resumed, one) == 0);
   }
