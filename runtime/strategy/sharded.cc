@@ -3,8 +3,10 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <set>
 
 #include "common/error.h"
@@ -804,28 +806,60 @@ checkpoint::FullState ShardedStrategy::fullState() {
   state.produce = [this, arrays](const std::function<void(const torch::Tensor&)>& write) {
     std::lock_guard<std::mutex> lock(mu_);
     torch::NoGradGuard no_grad;
+    // The gathers run one array ahead of the writes: while rank 0 writes one array (the disk's
+    // time), the next is gathered into the other of two buffers of the largest unit's array,
+    // so that the disk does not wait for the gathers.
     int64_t largest = 0;
-    for (const auto& u : units_) largest = std::max(largest, u.flat.padded());
-    torch::Tensor gathered;  // one buffer of the largest unit, reused for every array
+    std::vector<std::pair<Unit*, size_t>> order;  // the arrays as they are written
     for (auto& u : units_) {
-      waitGather(u);
-      const std::vector<torch::Tensor> optimizer_state = stateNow(u);
-      for (size_t k = 0; k < arrays.size(); ++k) {
-        torch::Tensor full;
-        if (k == 0 && u.flat.resident() && !mixed()) {
-          full = u.flat.full();  // whole already (stages 1-2, a unit in use)
-        } else {  // the fp32 shards of every rank (of this node, under hybrid sharding)
-          const torch::Tensor shard = k == 0 ? masterNow(u) : optimizer_state[k - 1];
-          if (!gathered.defined()) gathered = torch::empty({largest}, shard.options());
-          full = gathered.narrow(0, 0, u.flat.padded());
-          shards_
-              ->allGather(shard.data_ptr(), full.data_ptr(),
-                          static_cast<size_t>(u.flat.shardNumel()), DType::kFloat32)
-              ->wait();
+      largest = std::max(largest, u.flat.padded());
+      for (size_t k = 0; k < arrays.size(); ++k) order.emplace_back(&u, k);
+    }
+    std::array<torch::Tensor, 2> buffers;
+    struct Gather {
+      torch::Tensor full;   // the unit's whole array, once `work` is done
+      torch::Tensor shard;  // its input, kept until then (nvme's read buffers)
+      WorkPtr work;
+    };
+    std::vector<torch::Tensor> optimizer_state;  // of the unit of the latest gather
+    auto start = [&](size_t step) {
+      auto [u, k] = order[step];
+      if (k == 0) {
+        waitGather(*u);
+        optimizer_state = stateNow(*u);
+        // Whole already (stages 1-2, a unit in use).
+        if (u->flat.resident() && !mixed()) return Gather{u->flat.full(), {}, nullptr};
+      }
+      // The fp32 shards of every rank (of this node, under hybrid sharding).
+      Gather g{{}, k == 0 ? masterNow(*u) : optimizer_state[k - 1], nullptr};
+      torch::Tensor& buffer = buffers[step % 2];  // the one step - 2 wrote from
+      if (!buffer.defined()) buffer = torch::empty({largest}, g.shard.options());
+      g.full = buffer.narrow(0, 0, u->flat.padded());
+      g.work = shards_->allGather(g.shard.data_ptr(), g.full.data_ptr(),
+                                  static_cast<size_t>(u->flat.shardNumel()), DType::kFloat32);
+      return g;
+    };
+    std::optional<Gather> next;
+    // Never free a buffer a gather is still writing, whatever is thrown.
+    struct Drain {
+      std::optional<Gather>& gather;
+      ~Drain() {
+        if (!gather || !gather->work) return;
+        try {
+          gather->work->wait();
+        } catch (const std::exception&) {  // the exception on its way says enough
         }
-        for (size_t i = 0; i < u.flat.params().size(); ++i) {
-          write(full.narrow(0, u.flat.offset(i), u.flat.params()[i].numel()));
-        }
+      }
+    } drain{next};
+    if (!order.empty()) next = start(0);
+    for (size_t step = 0; step < order.size(); ++step) {
+      Gather now = std::move(*next);
+      next.reset();
+      if (now.work) now.work->wait();
+      if (step + 1 < order.size()) next = start(step + 1);
+      const Unit& u = *order[step].first;
+      for (size_t i = 0; i < u.flat.params().size(); ++i) {
+        write(now.full.narrow(0, u.flat.offset(i), u.flat.params()[i].numel()));
       }
     }
     for (const auto& item : model_->named_parameters(/*recurse=*/true)) {

@@ -526,23 +526,31 @@ TEST_CASE("The full layout has every parameter whole in rank 0's file and resume
 TEST_CASE("nvme offload's state is in its checkpoints, and loads back to disk or memory",
           "[checkpoint]") {
   torch::set_num_threads(1);
-  cxxlaunch::testing::TempDir dir;
-  const std::string swap = dir.path() + "/swap";
-  fs::create_directory(swap);
-  Job whole{.strategy = "zero3", .save_at = 2, .save_at_dir = dir.path() + "/step2", .nvme = swap};
-  whole.save = dir.path() + "/uninterrupted";
-  const Ended uninterrupted = run(whole);
-  Job resumed = whole;
-  resumed.from_step = 2;
-  resumed.load = dir.path() + "/step2";
-  resumed.save_at = -1;
-  resumed.save = dir.path() + "/resumed";
-  resumed.seed = 7;
-  CHECK(maxRelativeDifference(run(resumed), uninterrupted) == 0);
-  CHECK(sameBytes(dir.path() + "/resumed/rank1.bin", dir.path() + "/uninterrupted/rank1.bin"));
-  resumed.nvme = "";  // the same checkpoint, in memory this time
-  resumed.save = "";
-  CHECK(maxRelativeDifference(run(resumed), uninterrupted) < 1e-6);
+  for (const std::string layout : {"sharded", "full"}) {  // full: gathered from nvme's buffers
+    INFO(layout);
+    cxxlaunch::testing::TempDir dir;
+    const std::string swap = dir.path() + "/swap";
+    fs::create_directory(swap);
+    Job whole{.strategy = "zero3",
+              .save_at = 2,
+              .save_at_dir = dir.path() + "/step2",
+              .nvme = swap,
+              .layout = layout};
+    whole.save = dir.path() + "/uninterrupted";
+    const Ended uninterrupted = run(whole);
+    Job resumed = whole;
+    resumed.from_step = 2;
+    resumed.load = dir.path() + "/step2";
+    resumed.save_at = -1;
+    resumed.save = dir.path() + "/resumed";
+    resumed.seed = 7;
+    CHECK(maxRelativeDifference(run(resumed), uninterrupted) == 0);
+    CHECK(sameBytes(dir.path() + "/resumed/rank0.bin", dir.path() + "/uninterrupted/rank0.bin"));
+    CHECK(sameBytes(dir.path() + "/resumed/rank1.bin", dir.path() + "/uninterrupted/rank1.bin"));
+    resumed.nvme = "";  // the same checkpoint, in memory this time
+    resumed.save = "";
+    CHECK(maxRelativeDifference(run(resumed), uninterrupted) < 1e-6);
+  }
 }
 
 TEST_CASE("A checkpoint resumes at another world size and in another strategy", "[checkpoint]") {
