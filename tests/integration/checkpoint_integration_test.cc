@@ -7,6 +7,7 @@
                                             // too, and Catch's, included after it, must win
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <filesystem>
@@ -137,6 +138,50 @@ TEST_CASE("train --load_again loads the newest checkpoint once more and needs a 
   CHECK(nowhere.finished.exit_code == 2);
   CHECK_THAT(nowhere.finished.err,
              Catch::Contains("--load_again") && Catch::Contains("--checkpoint_dir"));
+}
+
+TEST_CASE("On a file system that refuses O_DIRECT (ramfs) checkpoints save and resume",
+          "[checkpoint][integration]") {
+  // Rank files are written and read past the page cache where the file system allows it;
+  // ramfs refuses O_DIRECT at open, so both sides take the page cache. The folder is a ramfs
+  // mounted in a mount namespace of the test's own (as root, or as root of a user namespace),
+  // which holds both jobs and vanishes with them. Arrays of 64 KiB and more (d_model 128) are
+  // the ones a load would read past the page cache.
+  TempDir dir;
+  const Args wider = {"--d_model", "128"};
+  const Trained uninterrupted = train(dir, "uninterrupted", 2, {}, wider);
+  REQUIRE(uninterrupted.finished.exit_code == 0);
+  const std::string folder = dir.path() + "/ramfs";
+  fs::create_directory(folder);
+  auto job = [&](const std::string& name, const Args& flags) {
+    std::string line = "'" CXXLAUNCH_BIN "' run --nproc_per_node 2 --checkpoint_dir '" + folder +
+                       "' '" TRAIN_BIN
+                       "' --model gpt --steps 6 --batch_size 4 --seq_len 16"
+                       " --d_model 128 --layers 3 --heads 2 --print_every 1 --dump_params '" +
+                       dir.path() + "/" + name + ".bin'";
+    for (const auto& flag : flags) line += " " + flag;
+    return line;
+  };
+  const std::string script =
+      "set -e; mount -t ramfs none '" + folder + "'; " + "if dd if=/dev/zero of='" + folder +
+      "/probe' bs=4096 count=1 oflag=direct 2>/dev/null; " +
+      "then echo 'O_DIRECT taken'; else echo 'O_DIRECT refused'; fi; rm -f '" + folder +
+      "/probe'; " + job("died", {"--save_every", "3", "--crash_at_step", "4"}) +
+      " || echo \"died with $?\"; test -f '" + folder + "/checkpoint_3/manifest'; " +
+      job("resumed", {});
+  const Args unshare = ::geteuid() == 0
+                           ? Args{"/usr/bin/unshare", "--mount", "--propagation", "private"}
+                           : Args{"/usr/bin/unshare", "--user", "--map-root-user", "--mount"};
+  Args argv = unshare;
+  argv.insert(argv.end(), {"sh", "-c", script});
+  const Finished both = run(argv, {{"CXXLAUNCH_STRATEGY", "zero3"}}, 240s);
+  INFO(both.out << both.err);
+  REQUIRE(both.exit_code == 0);
+  CHECK_THAT(both.out, Catch::Contains("O_DIRECT refused"));
+  CHECK_THAT(both.out, Catch::Contains("died with"));
+  CHECK_THAT(both.out, Catch::Contains("resumed from " + folder + "/checkpoint_3") &&
+                           Catch::Contains("at step 3"));
+  CHECK(readFile(dir.path() + "/resumed.bin") == uninterrupted.params);
 }
 
 TEST_CASE("A checkpoint of 4 workers resumes with 2", "[checkpoint][integration]") {
