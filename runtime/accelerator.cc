@@ -264,8 +264,8 @@ std::string Accelerator::loadState(const std::string& path) {
     return all == 1;
   };
   // The newest checkpoint whose files have their sizes. Its files check each chunk as it is read
-  // (format 2: one pass); older ones are checked first, the ranks sharing the files. A mismatch
-  // anywhere sends every rank to the slow search (every checksum) and loads what it finds.
+  // (formats 2 and 3: one pass); older ones are checked first, the ranks sharing the files. A
+  // mismatch anywhere sends every rank to the slow search (every checksum) and loads what it finds.
   std::string dir = checkpoint::find(path, /*checksums=*/false);
   {
     const checkpoint::Reader reader(dir);

@@ -120,8 +120,8 @@ class Reader final : public Source {
   bool has(const std::string& param, const std::string& array) const override;
   // Rank `rank`'s blob, if its file has it.
   std::optional<std::string> blob(int rank, const std::string& name) const;
-  // Whether every file checks what is read from it (format 2), and the first thing read so far
-  // that failed its checksum (shard_file.h): a load is then one pass over the data.
+  // Whether every file checks what is read from it (formats 2 and 3), and the first thing read so
+  // far that failed its checksum (shard_file.h): a load is then one pass over the data.
   bool checksReads() const;
   std::optional<std::string> corruption() const;
 

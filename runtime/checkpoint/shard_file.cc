@@ -20,7 +20,9 @@ namespace cxxlaunch::runtime::checkpoint {
 namespace {
 
 constexpr const char kMagic[] = "cxxlaunch-checkpoint";
-constexpr int kFormat = 2;  // 1: without the checksums (still read)
+constexpr int kFormat = 3;  // 1: without the checksums; 2: chunks of 2^20 (both still read)
+constexpr int64_t kFormat2Chunk = int64_t{1} << 20;
+constexpr int64_t kMinChunk = int64_t{1} << 10, kMaxChunk = int64_t{1} << 24;  // format 3's
 constexpr const char kChecksumsMagic[] = "cxxlaunch-checksums";
 constexpr size_t kFooterBytes = sizeof(kChecksumsMagic) + 20 + 1;  // magic, ' ', offset, '\n'
 
@@ -140,7 +142,7 @@ std::pair<uint64_t, uint32_t> ShardFileWriter::commit() {
     checksums_ += "blob " + hex(crc32c(0, bytes.data(), bytes.size())) + '\n';
   }
   const uint64_t at = file_.size() - data_start_;
-  const std::string text = "checksums\n" + checksums_;
+  const std::string text = "checksums " + std::to_string(kChunkElements) + '\n' + checksums_;
   file_.append(text.data(), text.size());
   char footer[64];
   std::snprintf(footer, sizeof(footer), "%s %020llu\n", kChecksumsMagic,
@@ -187,7 +189,10 @@ ShardFileReader::ShardFileReader(std::string path) : path_(std::move(path)) {
       std::strcmp(magic, kMagic) != 0 || first[first_len - 1] != '\n') {
     throw bad("no cxxlaunch checkpoint header");
   }
-  if (format != 1 && format != 2) throw bad("format " + std::to_string(format) + " is not 1 or 2");
+  if (format < 1 || format > kFormat) {
+    throw bad("format " + std::to_string(format) + " is not 1 to " + std::to_string(kFormat) +
+              " (a newer cxxlaunch wrote it?)");
+  }
   if (header_bytes > kMaxHeader || first_len + header_bytes > size_) {
     throw bad("header length beyond the file");
   }
@@ -195,7 +200,7 @@ ShardFileReader::ShardFileReader(std::string path) : path_(std::move(path)) {
   pread(first_len, text.data(), text.size());
   const uint64_t data_start = first_len + header_bytes;
   uint64_t data_bytes = size_ - data_start;
-  if (format == 2) readChecksums(data_start, data_bytes);  // and the data ends before them
+  if (format >= 2) readChecksums(format, data_start, data_bytes);  // the data ends before them
   std::istringstream in(text);
   std::string line;
   auto inData = [&](uint64_t offset, uint64_t bytes) {
@@ -255,7 +260,7 @@ ShardFileReader::ShardFileReader(std::string path) : path_(std::move(path)) {
       if (next >= pending_.size()) throw bad("fewer checksums than arrays");
       auto& chunks = pending_[next++];
       const int64_t numel = s.end - s.begin;
-      if (static_cast<int64_t>(chunks.size()) != (numel + kChunkElements - 1) / kChunkElements) {
+      if (static_cast<int64_t>(chunks.size()) != (numel + chunk_ - 1) / chunk_) {
         throw bad("slice '" + s.param + "' array '" + name + "' has the wrong number of checksums");
       }
       array_checksums_[offset] = {numel, std::move(chunks), "'" + s.param + "' " + name};
@@ -270,7 +275,7 @@ ShardFileReader::ShardFileReader(std::string path) : path_(std::move(path)) {
   pending_.clear();
 }
 
-void ShardFileReader::readChecksums(uint64_t data_start, uint64_t& data_bytes) {
+void ShardFileReader::readChecksums(int format, uint64_t data_start, uint64_t& data_bytes) {
   auto bad = [&](const std::string& why) {
     return InvalidArgument("checkpoint file '" + path_ + "' is corrupt: " + why);
   };
@@ -290,7 +295,22 @@ void ShardFileReader::readChecksums(uint64_t data_start, uint64_t& data_bytes) {
   pread(data_start + at, text.data(), text.size());
   std::istringstream in(text);
   std::string line;
-  if (!std::getline(in, line) || line != "checksums") throw bad("no checksums line");
+  if (!std::getline(in, line)) throw bad("no checksums line");
+  if (format == 2) {
+    if (line != "checksums") throw bad("no checksums line");
+    chunk_ = kFormat2Chunk;
+  } else {
+    std::istringstream words(line);
+    std::string word, rest;
+    long long chunk = 0;
+    // Bounded both ways: a chunk is what a read that starts inside one buffers (at most 64 MiB),
+    // and each needs its checksum held in memory (at least 4 KiB of the file per checksum).
+    if (!(words >> word >> chunk) || word != "checksums" || (words >> rest) || chunk < kMinChunk ||
+        chunk > kMaxChunk) {
+      throw bad("no checksums line with a chunk size of 2^10 to 2^24 elements");
+    }
+    chunk_ = chunk;
+  }
   while (std::getline(in, line)) {
     // "array <chunks> <crc>..." or "blob <crc>", in the header's order, CRCs as 8 hex digits.
     std::istringstream words(line);
@@ -299,7 +319,7 @@ void ShardFileReader::readChecksums(uint64_t data_start, uint64_t& data_bytes) {
     words >> kind;
     if (kind == "array") words >> count;
     if (!words || (kind != "array" && kind != "blob") || count < 0 ||
-        count > (int64_t{1} << 40) / kChunkElements) {
+        count > (int64_t{1} << 40) / chunk_) {
       throw bad("a checksums line is malformed");
     }
     std::vector<uint32_t> values;
@@ -412,7 +432,7 @@ void ShardFileReader::read(uint64_t offset, int64_t slice_begin, int64_t from, i
          static_cast<size_t>(to - from) * sizeof(float));
     return;
   }
-  // Straight into `out` where chunks lie inside [from, to), up to kChunksPerRead in one read,
+  // Straight into `out` where chunks lie inside [from, to), up to kReadBytes in one read,
   // each then checked; else through a buffer (at most the first and the last chunk).
   const ArrayChecksums& sums = it->second;
   const int64_t f = from - slice_begin, t = to - slice_begin;  // in the array
@@ -424,18 +444,19 @@ void ShardFileReader::read(uint64_t offset, int64_t slice_begin, int64_t from, i
     return offset + static_cast<uint64_t>(element) * sizeof(float);
   };
   std::vector<float> edge;
-  for (int64_t c = f / kChunkElements; c * kChunkElements < t;) {
-    const int64_t cb = c * kChunkElements, ce = std::min(cb + kChunkElements, sums.numel);
+  const int64_t per_read = std::max<int64_t>(1, kReadBytes / (chunk_ * 4));
+  for (int64_t c = f / chunk_; c * chunk_ < t;) {
+    const int64_t cb = c * chunk_, ce = std::min(cb + chunk_, sums.numel);
     if (f <= cb && ce <= t) {
       int64_t last = c;  // the run of whole chunks inside [from, to) read at once
       auto whole = [&](int64_t k) {
-        return k * kChunkElements < t && std::min((k + 1) * kChunkElements, sums.numel) <= t;
+        return k * chunk_ < t && std::min((k + 1) * chunk_, sums.numel) <= t;
       };
-      while (last + 1 - c < kChunksPerRead && whole(last + 1)) ++last;
-      const int64_t re = std::min((last + 1) * kChunkElements, sums.numel);
+      while (last + 1 - c < per_read && whole(last + 1)) ++last;
+      const int64_t re = std::min((last + 1) * chunk_, sums.numel);
       fill(at(cb), out + (cb - f), static_cast<size_t>(re - cb) * sizeof(float));
       for (; c <= last; ++c) {
-        const int64_t b = c * kChunkElements, e = std::min(b + kChunkElements, sums.numel);
+        const int64_t b = c * chunk_, e = std::min(b + chunk_, sums.numel);
         check(sums.chunks[static_cast<size_t>(c)], out + (b - f),
               static_cast<size_t>(e - b) * sizeof(float), what(b, e));
       }

@@ -5,22 +5,23 @@
 // its elements, not a shard, a checkpoint saved by any strategy at any world size loads into any
 // other: the reader finds, for each range it needs, the slices that cover it.
 //
-//   "cxxlaunch-checkpoint 2 <header bytes>\n"
+//   "cxxlaunch-checkpoint 3 <header bytes>\n"
 //   "slice <param> <begin> <end> <ndim> <dims...> <arrays> (<array> <offset>)...\n" ...
 //   "blob <name> <offset> <bytes>\n" ...
 //   the data: each array (end - begin float32) and blob at its offset from the header's end;
 //   arrays of 64 KiB and more start at multiples of 4096 bytes in the file (empty lines pad the
 //   header, zeros the data before such an array), so that a load reads them with O_DIRECT;
-//   then the checksums: "checksums\n", a line per array (in the header's order) with the
-//   CRC-32C of each kChunkElements-element chunk, a line per blob with its CRC-32C; and last
-//   "cxxlaunch-checksums <offset of the checksums, 20 digits>\n".
+//   then the checksums: "checksums <elements per chunk>\n", a line per array (in the header's
+//   order) with the CRC-32C of each chunk of that many elements, a line per blob with its
+//   CRC-32C; and last "cxxlaunch-checksums <offset of the checksums, 20 digits>\n".
 //
 // The checksums make a load one pass: the reader checks each chunk it reads (a read that starts
 // or ends inside a chunk reads the whole chunk) and records a mismatch rather than throwing, so
 // that every rank finishes the load's collectives and all agree to fall back (checkpoint.h).
-// Format 1 (no checksums) is still read. The reader checks everything it parses (counts,
-// ranges, offsets against the file's size) and reads with pread, so a corrupt or crafted file is
-// an error, never an out-of-bounds read, and memory stays bounded by what the caller asks for.
+// Formats 1 (no checksums) and 2 (chunks of 2^20 elements, a line "checksums") are still read. The
+// reader checks everything it parses (counts, ranges, offsets against the file's size) and reads
+// with pread, so a corrupt or crafted file is an error, never an out-of-bounds read, and memory
+// stays bounded by what the caller asks for.
 //
 // Thread-safety: ShardFileReader's read() and blob() may run on several threads at once (the
 // reads of a load do); everything else on one thread.
@@ -55,11 +56,15 @@ struct SliceLayout {
   std::vector<std::string> arrays;
 };
 
-// The elements each checksum of an array covers (4 MiB).
-inline constexpr int64_t kChunkElements = int64_t{1} << 20;
-// Whole chunks a load reads at once into place (32 MiB): the disk answers a deep queue faster,
-// and one O_DIRECT read of many MiB goes out as many requests at once.
-inline constexpr int64_t kChunksPerRead = 8;
+// The elements each checksum of an array covers in the files written (1 MiB). A read that
+// starts or ends inside a chunk reads all of it: where ZeRO's and FSDP's shards split a full
+// checkpoint's arrays, each rank reads up to a chunk more per array than it needs (format 2's
+// 4 MiB chunks made that 17% more for rank 1 of the bench's GPT at world 2).
+inline constexpr int64_t kChunkElements = int64_t{1} << 18;
+// The most a load reads at once into place, in whole chunks: the disk answers a deep queue
+// faster, and one O_DIRECT read of many MiB goes out as many requests at once.
+inline constexpr int64_t kReadBytes = int64_t{32} << 20;
+inline constexpr int64_t kChunksPerRead = kReadBytes / (kChunkElements * 4);  // of such chunks
 // Arrays of at least this size start page-aligned in their file: a load reads them past the page
 // cache (O_DIRECT) straight into page-aligned memory.
 inline constexpr uint64_t kAlignedArrayBytes = 64u << 10;
@@ -113,7 +118,8 @@ class ShardFileReader {
   bool hasBlob(const std::string& name) const;
   std::string blob(const std::string& name) const;
 
-  // Whether reads are checked (format 2), and the first thing read that failed its checksum.
+  // Whether reads are checked (formats 2 and 3), and the first thing read that failed its
+  // checksum.
   bool checksReads() const { return checked_; }
   std::optional<std::string> corruption() const;
 
@@ -125,7 +131,7 @@ class ShardFileReader {
   void fill(uint64_t offset, void* out, size_t bytes) const;
   // At least `needed` of `bytes` (aligned) through direct_fd_; false if the file system refused.
   bool preadDirect(uint64_t offset, char* out, size_t bytes, size_t needed) const;
-  void readChecksums(uint64_t data_start, uint64_t& data_bytes);
+  void readChecksums(int format, uint64_t data_start, uint64_t& data_bytes);
   void check(uint32_t expected, const void* data, size_t bytes, const std::string& what) const;
 
   std::string path_;
@@ -136,6 +142,7 @@ class ShardFileReader {
   std::vector<SliceInfo> slices_;
   std::vector<std::pair<std::string, std::pair<uint64_t, uint64_t>>> blobs_;
   bool checked_ = false;
+  int64_t chunk_ = kChunkElements;  // the elements each checksum covers, in this file
   struct ArrayChecksums {
     int64_t numel;
     std::vector<uint32_t> chunks;

@@ -744,6 +744,85 @@ TEST_CASE("Crafted rank files are refused, never read out of bounds", "[checkpoi
   CHECK_THROWS_AS(ShardFileReader(dir.path() + "/rank0.bin"), InvalidArgument);
 }
 
+TEST_CASE(
+    "Checksum chunks are the file's own: format 2's of 2^20 elements still read, bad ones refused",
+    "[checkpoint]") {
+  cxxlaunch::testing::TempDir dir;
+  const std::string path = dir.path() + "/rank0.bin";
+  // One slice "w" of `n` elements 0.5 * i, by hand as a writer of `format` would write it, with
+  // `checksums` as its checksums' first line and the CRC-32C of each `chunk` elements.
+  auto write = [&](int format, const std::string& checksums, int64_t chunk, int64_t n) {
+    std::vector<float> values(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) values[static_cast<size_t>(i)] = 0.5f * static_cast<float>(i);
+    const std::string header =
+        "slice w 0 " + std::to_string(n) + " 1 " + std::to_string(n) + " 1 param 0\n";
+    std::string sums = checksums + "\narray " + std::to_string((n + chunk - 1) / chunk);
+    for (int64_t c = 0; c * chunk < n; ++c) {
+      char crc[16];
+      std::snprintf(crc, sizeof(crc), " %08x",
+                    checkpoint::crc32c(0, values.data() + c * chunk,
+                                       static_cast<size_t>(std::min(chunk, n - c * chunk)) * 4));
+      sums += crc;
+    }
+    sums += "\n";
+    char first[64], footer[64];
+    std::snprintf(first, sizeof(first), "cxxlaunch-checkpoint %d %020zu\n", format, header.size());
+    std::snprintf(footer, sizeof(footer), "cxxlaunch-checksums %020zu\n", values.size() * 4);
+    std::ofstream(path, std::ios::binary | std::ios::trunc)
+        << first << header
+        << std::string(reinterpret_cast<const char*>(values.data()), values.size() * 4) << sums
+        << footer;
+    return values;
+  };
+  auto flip = [&](int64_t element) {
+    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+    const checkpoint::ShardFileReader reader(path);
+    file.seekp(
+        static_cast<std::streamoff>(reader.slices().at(0).arrays.at(0).second + element * 4));
+    file.put('\x7f');
+  };
+  struct Case {
+    int format;
+    std::string checksums;
+    int64_t chunk, n, flipped, chunk_begin, chunk_end;  // the chunk the flipped element is in
+  };
+  const int64_t M = int64_t{1} << 20;
+  for (const Case& c : {Case{2, "checksums", M, M + 100, M + 5, M, M + 100},
+                        Case{3, "checksums 1024", 1024, 3000, 2100, 2048, 3000},
+                        Case{3, "checksums 262144", 262144, M + 7, 300000, 262144, 524288}}) {
+    INFO(c.format << " " << c.checksums);
+    const std::vector<float> values = write(c.format, c.checksums, c.chunk, c.n);
+    std::vector<float> out(static_cast<size_t>(c.n));
+    {
+      const checkpoint::ShardFileReader reader(path);
+      REQUIRE(reader.checksReads());
+      reader.read(reader.slices().at(0).arrays.at(0).second, 0, 0, c.n, out.data());
+      CHECK_FALSE(reader.corruption());
+      CHECK(out == values);
+    }
+    flip(c.flipped);
+    const checkpoint::ShardFileReader damaged(path);
+    damaged.read(damaged.slices().at(0).arrays.at(0).second, 0, 0, c.n, out.data());
+    CHECK(damaged.corruption().value_or("") ==
+          "checkpoint file '" + path + "': 'w' param, elements " + std::to_string(c.chunk_begin) +
+              " to " + std::to_string(c.chunk_end) + ", does not match its checksum");
+  }
+  using cxxlaunch::InvalidArgument;
+  for (const auto& [format, line] :
+       std::vector<std::pair<int, std::string>>{{3, "checksums"},
+                                                {3, "checksums 0"},
+                                                {3, "checksums 512"},
+                                                {3, "checksums 33554432"},
+                                                {3, "checksums x"},
+                                                {3, "checksums 1024 7"},
+                                                {2, "checksums 1024"},
+                                                {4, "checksums 1024"}}) {
+    INFO(format << " " << line);
+    write(format, line, 1024, 3000);
+    CHECK_THROWS_AS(checkpoint::ShardFileReader(path), InvalidArgument);
+  }
+}
+
 TEST_CASE("Large arrays lie aligned in their file and read past the page cache into any memory",
           "[checkpoint]") {
   // More whole checksum chunks than one read takes and a tail that is no whole 4 KiB block,
