@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <random>
 #include <set>
@@ -32,8 +33,10 @@ struct Trained {
   std::string params;  // the trainer's --dump_params file
 };
 
+using Env = std::map<std::string, std::string>;
+
 Trained train(const TempDir& dir, const std::string& name, int nproc, const Args& launch_flags,
-              const Args& trainer_flags) {
+              const Args& trainer_flags, const Env& env = {{"CXXLAUNCH_STRATEGY", "zero3"}}) {
   Args argv = {CXXLAUNCH_BIN, "run", "--nproc_per_node", std::to_string(nproc)};
   argv.insert(argv.end(), launch_flags.begin(), launch_flags.end());
   argv.insert(argv.end(),
@@ -41,7 +44,7 @@ Trained train(const TempDir& dir, const std::string& name, int nproc, const Args
                "--d_model", "32", "--layers", "3", "--heads", "2", "--print_every", "1",
                "--dump_params", dir.path() + "/" + name + ".bin"});
   argv.insert(argv.end(), trainer_flags.begin(), trainer_flags.end());
-  Trained t{run(argv, {{"CXXLAUNCH_STRATEGY", "zero3"}}, 240s), {}};
+  Trained t{run(argv, env, 240s), {}};
   if (fs::exists(dir.path() + "/" + name + ".bin")) {
     t.params = readFile(dir.path() + "/" + name + ".bin");
   }
@@ -84,44 +87,22 @@ TEST_CASE("Every strategy resumes bit for bit in real processes, in fp32 and bf1
                                        "fsdp_shard_grad_op", "fsdp_no_shard"}) {
       INFO(strategy << " " << precision);
       TempDir dir;
-      auto job = [&](const std::string& folder) {
-        const Finished f =
-            run({CXXLAUNCH_BIN,
-                 "run",
-                 "--nproc_per_node",
-                 "2",
-                 "--checkpoint_dir",
-                 folder,
-                 TRAIN_BIN,
-                 "--model",
-                 "gpt",
-                 "--steps",
-                 "6",
-                 "--batch_size",
-                 "4",
-                 "--seq_len",
-                 "16",
-                 "--d_model",
-                 "32",
-                 "--layers",
-                 "3",
-                 "--heads",
-                 "2",
-                 "--print_every",
-                 "1",
-                 "--save_every",
-                 "3"},
-                {{"CXXLAUNCH_STRATEGY", strategy}, {"CXXLAUNCH_MIXED_PRECISION", precision}}, 240s);
-        INFO(f.out << f.err);
-        REQUIRE(f.exit_code == 0);
-        return f;
+      const Env env = {{"CXXLAUNCH_STRATEGY", strategy}, {"CXXLAUNCH_MIXED_PRECISION", precision}};
+      auto job = [&](const std::string& name) {
+        const Trained t = train(dir, name, 2, {"--checkpoint_dir", dir.path() + "/" + name},
+                                {"--save_every", "3"}, env);
+        INFO(t.finished.out << t.finished.err);
+        REQUIRE(t.finished.exit_code == 0);
+        return t;
       };
       const std::string first = dir.path() + "/first", second = dir.path() + "/second";
-      job(first);
+      const Trained uninterrupted = job("first");
       fs::create_directories(second);
       fs::copy(first + "/checkpoint_3", second + "/checkpoint_3", fs::copy_options::recursive);
-      const Finished resumed = job(second);
-      CHECK_THAT(resumed.out, Catch::Contains("resumed from " + second + "/checkpoint_3"));
+      const Trained resumed = job("second");
+      CHECK_THAT(resumed.finished.out, Catch::Contains("resumed from " + second + "/checkpoint_3"));
+      CHECK(!resumed.params.empty());
+      CHECK(resumed.params == uninterrupted.params);
       size_t files = 0;
       for (const auto& entry : fs::directory_iterator(first + "/checkpoint_6")) {
         const std::string name = entry.path().filename().string();
