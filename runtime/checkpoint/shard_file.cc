@@ -444,7 +444,7 @@ void ShardFileReader::read(uint64_t offset, int64_t slice_begin, int64_t from, i
     return offset + static_cast<uint64_t>(element) * sizeof(float);
   };
   std::vector<float> edge;
-  const int64_t per_read = std::max<int64_t>(1, kReadBytes / (chunk_ * 4));
+  const int64_t per_read = chunksPerRead(chunk_);
   for (int64_t c = f / chunk_; c * chunk_ < t;) {
     const int64_t cb = c * chunk_, ce = std::min(cb + chunk_, sums.numel);
     if (f <= cb && ce <= t) {

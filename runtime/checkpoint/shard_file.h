@@ -28,6 +28,7 @@
 
 #include <torch/types.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -64,7 +65,10 @@ inline constexpr int64_t kChunkElements = int64_t{1} << 18;
 // The most a load reads at once into place, in whole chunks: the disk answers a deep queue
 // faster, and one O_DIRECT read of many MiB goes out as many requests at once.
 inline constexpr int64_t kReadBytes = int64_t{32} << 20;
-inline constexpr int64_t kChunksPerRead = kReadBytes / (kChunkElements * 4);  // of such chunks
+// Whole chunks of `chunk_elements` in one such read.
+inline constexpr int64_t chunksPerRead(int64_t chunk_elements) {
+  return std::max<int64_t>(1, kReadBytes / (chunk_elements * 4));
+}
 // Arrays of at least this size start page-aligned in their file: a load reads them past the page
 // cache (O_DIRECT) straight into page-aligned memory.
 inline constexpr uint64_t kAlignedArrayBytes = 64u << 10;

@@ -827,7 +827,9 @@ TEST_CASE("Large arrays lie aligned in their file and read past the page cache i
           "[checkpoint]") {
   // More whole checksum chunks than one read takes and a tail that is no whole 4 KiB block,
   // after a small array (which leaves the big one's offset unaligned unless the writer pads).
-  const int64_t n = (checkpoint::kChunksPerRead + 1) * checkpoint::kChunkElements + 1234;
+  const int64_t n =
+      (checkpoint::chunksPerRead(checkpoint::kChunkElements) + 1) * checkpoint::kChunkElements +
+      1234;
   const torch::Tensor values = torch::arange(n, torch::kFloat) * 0.5;
   const std::vector<checkpoint::Slice> slices = {
       {"small", {3}, 0, 3, {{"param", torch::arange(3, torch::kFloat)}}},
