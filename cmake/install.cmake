@@ -6,6 +6,7 @@
 #   lib/                       the static libraries: the runtime and ours that it links
 #   lib/cmake/cxxlaunch/       the package config: find_package(cxxlaunch CONFIG), cxxlaunch::runtime
 #   lib/pkgconfig/cxxlaunch.pc the same link line for other build systems (LibTorch's flags aside)
+#   share/doc/cxxlaunch/       the user guide (docs/*.md)
 # Everything is relocatable: the config and the .pc file find the prefix from where they lie.
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
@@ -17,6 +18,9 @@ set(CXXLAUNCH_INSTALL_INCLUDEDIR ${CMAKE_INSTALL_INCLUDEDIR}/cxxlaunch)
 set_target_properties(cxxlaunch cxxlaunchd cxxlaunch_selftest PROPERTIES
   INSTALL_RPATH_USE_LINK_PATH ON)
 install(TARGETS cxxlaunch cxxlaunchd cxxlaunch_selftest RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+# The user guide, where the messages' "see docs/config.md" finds it: share/doc/cxxlaunch/.
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR} FILES_MATCHING
+        PATTERN "*.md")
 
 # The runtime and every library of ours it links, static: a user names cxxlaunch::runtime and
 # CMake brings the rest, ours and the dependencies the config finds.

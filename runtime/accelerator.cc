@@ -10,14 +10,18 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <map>
+#include <utility>
 
 #include "common/atomic_file.h"
 #include "common/error.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/checkpoint/files.h"
 #include "runtime/checkpoint/safetensors.h"
+#include "runtime/comm/checked_backend.h"
 #include "runtime/comm/tensor_ops.h"
+#include "runtime/error_report.h"
 #include "runtime/host_memory.h"
 
 namespace cxxlaunch::runtime {
@@ -51,6 +55,7 @@ Accelerator::Accelerator(World world, AcceleratorOptions options)
         "AcceleratorOptions::checkpoint_total_limit is negative; give the "
         "number of checkpoints to keep, or 0 for all");
   }
+  installUncaughtErrorReport(world_.env.error_file);
   if (world_.env.gradient_accumulation_steps < 1) {
     throw InvalidArgument("gradient accumulation steps must be >= 1");
   }
@@ -75,6 +80,11 @@ Accelerator::Accelerator(World world, AcceleratorOptions options)
 
 Accelerator::~Accelerator() {
   for (const auto* module : checkpointed_) detail::setCheckpointActivations(module, false);
+  if (backward_pending_ && std::uncaught_exceptions() == 0) {
+    std::cerr << "cxxlaunch: warning: the last Accelerator::backward had no Accelerator::step "
+                 "after it, so its gradients were never applied (call acc.step() after each "
+                 "acc.backward)\n";
+  }
 }
 
 torch::Device Accelerator::device() const {
@@ -96,6 +106,7 @@ void Accelerator::checkpointActivations(const torch::nn::Module& block, bool on)
 
 void Accelerator::prepare(std::shared_ptr<torch::nn::Module> model,
                           torch::optim::Optimizer& optimizer, LrScheduler* scheduler) {
+  const CollectiveApi api("prepare");
   // As accelerate's prepare: the model trains on this worker's device (a GPU under NCCL).
   model->to(device());
   StrategyOptions options;
@@ -135,7 +146,20 @@ void Accelerator::checkpointUnits(const torch::nn::Module& model) {
 bool Accelerator::syncGradients() const { return (micro_step_ + 1) % accumulation_steps_ == 0; }
 
 void Accelerator::backward(const torch::Tensor& loss) {
+  const CollectiveApi api("backward");
   if (!strategy_) throw InvalidArgument("Accelerator::backward before prepare(model, optimizer)");
+  // The trainer that steps its own optimizer instead of acc.step() must hear it at once: under
+  // ZeRO-2/3 and FSDP the optimizer's step() finds no gradients (they live in the strategy's
+  // shards) and changes nothing, and under every strategy the schedule would not advance.
+  if (backward_pending_) {
+    throw InvalidArgument(
+        "Accelerator::backward was called again without Accelerator::step after the last one: "
+        "call acc.step() after each acc.backward(loss), not optimizer.step() (acc.step() steps "
+        "the optimizer, which under ZeRO and FSDP runs on the strategy's shards, and the LR "
+        "schedule, and counts gradient accumulation). For several losses in one step, call "
+        "acc.backward on their sum");
+  }
+  backward_pending_ = true;
   world_.heartbeat->beat();  // progress, for the launcher's --watchdog_timeout
   const bool sync = syncGradients();
   strategy_->beforeBackward(sync);
@@ -151,7 +175,9 @@ void Accelerator::backward(const torch::Tensor& loss) {
 }
 
 bool Accelerator::step() {
+  const CollectiveApi api("step");
   if (!strategy_) throw InvalidArgument("Accelerator::step before prepare(model, optimizer)");
+  backward_pending_ = false;
   const bool sync = syncGradients();
   ++micro_step_;
   if (!sync) return false;
@@ -178,19 +204,29 @@ bool Accelerator::accumulate(const std::function<torch::Tensor()>& micro_step) {
 }
 
 double Accelerator::clipGradNorm(double max_norm) {
+  const CollectiveApi api("clipGradNorm");
   if (!strategy_) throw InvalidArgument("Accelerator::clipGradNorm before prepare");
+  if (!(max_norm > 0) || !std::isfinite(max_norm)) {
+    throw InvalidArgument("Accelerator::clipGradNorm: max_norm is " + std::to_string(max_norm) +
+                          "; give a finite norm > 0");
+  }
   return strategy_->clipGradNorm(max_norm);
 }
 
-void Accelerator::waitForEveryone() { world_.backend->barrier()->wait(); }
+void Accelerator::waitForEveryone() {
+  const CollectiveApi api("waitForEveryone");
+  world_.backend->barrier()->wait();
+}
 
 void Accelerator::mainProcessFirst(const std::function<void()>& work) {
+  const CollectiveApi api("mainProcessFirst");
   if (!isMainProcess()) waitForEveryone();
   work();
   if (isMainProcess()) waitForEveryone();
 }
 
 torch::Tensor Accelerator::gather(const torch::Tensor& tensor) {
+  const CollectiveApi api("gather");
   auto input = tensor.contiguous();
   std::vector<int64_t> shape = input.sizes().vec();
   if (shape.empty()) shape.push_back(1);
@@ -215,7 +251,13 @@ std::vector<std::pair<std::string, at::Generator>> generatorsOf(const torch::Dev
 }  // namespace
 
 void Accelerator::saveState(const std::string& dir) {
+  const CollectiveApi api("saveState");
   if (!strategy_) throw InvalidArgument("Accelerator::saveState before prepare");
+  if (backward_pending_) {
+    throw InvalidArgument(
+        "Accelerator::saveState between backward and step: call acc.step() "
+        "first, or the checkpoint would miss this step's gradients");
+  }
   std::vector<std::pair<std::string, std::string>> blobs;
   for (auto& [name, generator] : generatorsOf(device())) {
     torch::Tensor rng;
@@ -257,31 +299,63 @@ void Accelerator::saveState(const std::string& dir) {
 }
 
 std::string Accelerator::loadState(const std::string& path) {
+  const CollectiveApi api("loadState");
   if (!strategy_) throw InvalidArgument("Accelerator::loadState before prepare");
-  auto everywhere = [&](bool good) {
-    int32_t all = good ? 1 : 0;
-    world_.backend->allreduce(&all, 1, DType::kInt32, ReduceOp::kMin)->wait();
-    return all == 1;
+  // The lowest rank for which `failed`, or -1: every rank learns whether all of them succeeded.
+  auto lowestFailing = [&](bool failed) {
+    int32_t lowest = failed ? rank() : worldSize();
+    world_.backend->allreduce(&lowest, 1, DType::kInt32, ReduceOp::kMin)->wait();
+    return lowest == worldSize() ? -1 : lowest;
   };
-  // The newest checkpoint whose files have their sizes. Its files check each chunk as it is read
-  // (formats 2 and 3: one pass); older ones are checked first, the ranks sharing the files. A
-  // mismatch anywhere sends every rank to the slow search (every checksum) and loads what it finds.
-  std::string dir = checkpoint::find(path, /*checksums=*/false);
-  {
-    const checkpoint::Reader reader(dir);
-    if (reader.checksReads()) {
-      restoreFrom(reader);
-      const auto problem = reader.corruption();
-      if (problem) std::cerr << "cxxlaunch: " << *problem << "; looking for an intact checkpoint\n";
-      if (everywhere(!problem)) return dir;
-    } else if (everywhere(checkpoint::verifyShare(dir, rank(), worldSize()))) {
-      restoreFrom(reader);
-      return dir;
+  // Each checkpoint whose files have their sizes, newest first, until one loads on every rank.
+  // Its files check each chunk as it is read (formats 2 and 3: one pass; format 1's files are
+  // checked first, the ranks sharing them). Anything wrong on any rank (a checksum, a header, a
+  // name or shape, a permission) sends every rank on to the next one, with a note; the one loaded
+  // last overwrites whatever a failed one had read. Two agreements, so that a rank that cannot
+  // even open the files never meets the others' collectives inside the restore.
+  std::vector<std::string> skipped;
+  for (const std::string& dir : checkpoint::complete(path, /*checksums=*/false)) {
+    std::string problem;
+    std::optional<checkpoint::Reader> reader;
+    try {
+      reader.emplace(dir);
+      if (!reader->checksReads() && !checkpoint::verifyShare(dir, rank(), worldSize())) {
+        problem = "a file does not match its checksum";
+      }
+    } catch (const Error& e) {
+      problem = e.what();
     }
+    int failed = lowestFailing(!problem.empty());
+    if (failed < 0) {
+      try {
+        restoreFrom(*reader);
+        if (auto corruption = reader->corruption()) problem = *corruption;
+      } catch (const Error& e) {  // a peer's failure to read too: the agreement below tells
+        problem = e.what();
+      }
+      failed = lowestFailing(!problem.empty());
+      if (failed < 0) return dir;
+    }
+    if (failed == rank()) {  // one note, from the lowest rank that knows why
+      // The file is to blame when it no longer matches its manifest; else it does not fit.
+      const bool intact = checkpoint::verifyShare(dir, 0, 1);
+      std::cerr << "cxxlaunch: checkpoint '" << dir << "' cannot be loaded on rank " << rank()
+                << (intact ? " (its files are intact: was it saved from another model?): "
+                           : " (it is corrupt): ")
+                << problem << "; trying the previous one\n";
+    }
+    skipped.push_back(
+        dir + (problem.empty() ? " (rank " + std::to_string(failed) + ")" : ": " + problem));
   }
-  dir = checkpoint::find(path, /*checksums=*/true);
-  restoreFrom(checkpoint::Reader(dir));
-  return dir;
+  std::string why;
+  for (const auto& s : skipped) why += "\n  " + s;
+  throw InvalidArgument(
+      skipped.empty()
+          ? "no complete checkpoint at '" + path +
+                "' (a checkpoint directory has a manifest; a folder of them is searched for the "
+                "newest complete one)"
+          : "no checkpoint at '" + path + "' can be loaded; each was tried, newest first:" + why +
+                "\nMove the folder away (or remove these checkpoints) to start from step 0.");
 }
 
 void Accelerator::restoreFrom(const checkpoint::Reader& reader) {
@@ -331,7 +405,7 @@ void Accelerator::restoreFrom(const checkpoint::Reader& reader) {
   }
   optimizer_steps_ = optimizer_steps;
   micro_step_ = micro_step;
-  resume_skip_ = micro_step_;
+  resume_position_ = micro_step_;
   for (size_t g = 0; g < lrs.size(); ++g) {
     if (lrs[g]) groups[g].options().set_lr(*lrs[g]);
   }
@@ -382,7 +456,13 @@ class ModelSource final : public checkpoint::Source {
 
 void Accelerator::saveModel(const std::string& dir, uint64_t max_file_bytes,
                             c10::ScalarType dtype) {
+  const CollectiveApi api("saveModel");
   if (!strategy_) throw InvalidArgument("Accelerator::saveModel before prepare");
+  if (max_file_bytes == 0) {
+    throw InvalidArgument(
+        "Accelerator::saveModel: max_file_bytes is 0; give the largest file to "
+        "write in bytes (e.g. 5'000'000'000)");
+  }
   std::optional<checkpoint::SafetensorsWriter> writer;
   std::string error;
   try {
@@ -416,6 +496,7 @@ void Accelerator::saveModel(const std::string& dir, uint64_t max_file_bytes,
 }
 
 void Accelerator::loadModel(const std::string& dir) {
+  const CollectiveApi api("loadModel");
   if (!strategy_) throw InvalidArgument("Accelerator::loadModel before prepare");
   const ModelSource source(dir);
   strategy_->loadStateSlices(source);
@@ -442,6 +523,7 @@ void Accelerator::save(const std::string& path,
 }
 
 std::string Accelerator::saveCheckpoint() {
+  const CollectiveApi api("saveCheckpoint");
   if (checkpoint_dir_.empty()) {
     throw InvalidArgument(
         "saveCheckpoint needs a checkpoint folder: launch with --checkpoint_dir DIR (or "
@@ -457,17 +539,24 @@ std::string Accelerator::saveCheckpoint() {
 }
 
 std::optional<std::string> Accelerator::resume() {
-  if (checkpoint_dir_.empty() || !checkpoint::hasComplete(checkpoint_dir_, /*checksums=*/false)) {
+  const CollectiveApi api("resume");
+  // A folder that holds checkpoints, none of which loads, is an error: starting from step 0 would
+  // silently throw away the run (and the next save would remove the checkpoints in the end).
+  if (checkpoint_dir_.empty() || !checkpoint::holdsCheckpoints(checkpoint_dir_)) {
     return std::nullopt;
   }
   return loadState(checkpoint_dir_);
 }
 
-int64_t Accelerator::takeResumeSkip(int64_t batches_per_epoch) {
-  if (!resume_skip_ || batches_per_epoch <= 0) return 0;
-  const int64_t skip = *resume_skip_ % batches_per_epoch;
-  resume_skip_.reset();
-  return skip;
+void Accelerator::requireBatchSize(size_t batch_size) {
+  if (batch_size == 0) {
+    throw InvalidArgument(
+        "prepareDataLoader: batch_size is 0; give the examples per process per micro-step (>= 1)");
+  }
+}
+
+std::optional<int64_t> Accelerator::takeResumePosition() {
+  return std::exchange(resume_position_, std::nullopt);
 }
 
 MemoryReport Accelerator::memoryReport() const {
@@ -486,6 +575,7 @@ std::string Accelerator::describeStrategy() const {
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> Accelerator::fullParameters() {
+  const CollectiveApi api("fullParameters");
   if (!strategy_) throw InvalidArgument("Accelerator::fullParameters before prepare");
   return strategy_->fullParameters();
 }

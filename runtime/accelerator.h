@@ -31,6 +31,8 @@
 #include <sstream>
 #include <string>
 
+#include "common/error.h"
+#include "runtime/epoch_sampler.h"
 #include "runtime/precision/loss_scaler.h"
 #include "runtime/precision/policy.h"
 #include "runtime/scheduler.h"
@@ -61,21 +63,38 @@ struct AcceleratorOptions {
 
 class Accelerator;
 
-// What prepareDataLoader returns: LibTorch's loader, resumed where a loaded checkpoint was.
+// What prepareDataLoader returns: LibTorch's loader, reshuffled each epoch (EpochSampler) and
+// resumed where a loaded checkpoint was.
 template <typename Loader>
 class PreparedDataLoader {
  public:
-  PreparedDataLoader(std::unique_ptr<Loader> loader, Accelerator& acc, int64_t batches)
-      : loader_(std::move(loader)), acc_(acc), batches_(batches) {}
+  PreparedDataLoader(std::unique_ptr<Loader> loader, Accelerator& acc, int64_t batches,
+                     std::shared_ptr<size_t> next_epoch, size_t padding)
+      : loader_(std::move(loader)),
+        acc_(acc),
+        batches_(batches),
+        next_epoch_(std::move(next_epoch)),
+        padding_(padding) {}
+  // Starts an epoch: epochs 0, 1, 2, ... in turn, each in its own order.
   auto begin();
   auto end() { return loader_->end(); }
   int64_t batchesPerEpoch() const { return batches_; }
+  // The epoch the next begin() starts (PyTorch's sampler.set_epoch: to pick one by hand).
+  size_t nextEpoch() const { return *next_epoch_; }
+  void setEpoch(size_t epoch) { *next_epoch_ = epoch; }
+  // Examples that appear twice in each epoch, over all ranks: the sampler gives every rank
+  // ceil(examples / world), repeating the first ones of the order to fill the last shares (as
+  // PyTorch's DistributedSampler). Accelerator::gather of a whole epoch's results holds them
+  // too: drop this many of the last batch's gathered rows for exact metrics.
+  size_t paddingExamples() const { return padding_; }
   Loader& torchLoader() { return *loader_; }
 
  private:
   std::unique_ptr<Loader> loader_;
   Accelerator& acc_;
   int64_t batches_;
+  std::shared_ptr<size_t> next_epoch_;
+  size_t padding_;
 };
 
 class Accelerator {
@@ -116,32 +135,39 @@ class Accelerator {
   void prepare(std::shared_ptr<torch::nn::Module> model, torch::optim::Optimizer& optimizer,
                LrScheduler* scheduler = nullptr);
 
-  // A data loader over this rank's share of `dataset` (torch::data::samplers'
-  // DistributedRandomSampler: shuffled, disjoint across ranks): `batch_size` examples per process
-  // per micro-step. Iterate it as LibTorch's (`for (auto& batch : *loader)`). It resumes where a
-  // saved run was: the first loader iterated after loadState (or resume) skips the batches of
-  // that epoch the saved run had drawn (microSteps() modulo the batches of an epoch; the
-  // sampler's order is the same every epoch), so a resumed run sees exactly the batches the
-  // uninterrupted one would have.
+  // A data loader over this rank's share of `dataset` (EpochSampler: shuffled, disjoint across
+  // ranks, another order each epoch): `batch_size` examples per process per micro-step. Iterate
+  // it as LibTorch's (`for (auto& batch : *loader)`); each loop is one epoch. It resumes where a
+  // saved run was: the first loader iterated after loadState (or resume) starts at the saved
+  // run's epoch (microSteps() / the batches of an epoch) and skips the batches of it that run
+  // had drawn, so a resumed run sees exactly the batches the uninterrupted one would have.
   template <typename Dataset>
   auto prepareDataLoader(Dataset dataset, size_t batch_size) {
-    const size_t examples = dataset.size().value();
-    torch::data::samplers::DistributedRandomSampler sampler(
-        examples, static_cast<size_t>(worldSize()), static_cast<size_t>(rank()),
-        /*allow_duplicates=*/true);
+    requireBatchSize(batch_size);
+    const std::optional<size_t> size = dataset.size();
+    if (!size) throw InvalidArgument("prepareDataLoader: the dataset has no size() to shard by");
+    const size_t examples = *size, world = static_cast<size_t>(worldSize());
+    auto next_epoch = std::make_shared<size_t>(0);
+    EpochSampler sampler(examples, world, static_cast<size_t>(rank()), next_epoch);
     // The sampler gives each rank ceil(examples / world) of them; the last batch may be short.
-    const size_t mine = (examples + static_cast<size_t>(worldSize()) - 1) / worldSize();
+    const size_t mine = (examples + world - 1) / world;
     const auto batches = static_cast<int64_t>((mine + batch_size - 1) / batch_size);
     auto loader = torch::data::make_data_loader(std::move(dataset), std::move(sampler),
                                                 torch::data::DataLoaderOptions(batch_size));
     using Loader = typename decltype(loader)::element_type;
-    return std::make_unique<PreparedDataLoader<Loader>>(std::move(loader), *this, batches);
+    return std::make_unique<PreparedDataLoader<Loader>>(
+        std::move(loader), *this, batches, std::move(next_epoch), mine * world - examples);
   }
-  // The batches a loader prepared after a load skips once (see prepareDataLoader); 0 after.
-  int64_t takeResumeSkip(int64_t batches_per_epoch);
+  // InvalidArgument naming the argument for a batch of 0 examples.
+  static void requireBatchSize(size_t batch_size);
+  // The micro-steps of a loaded run, once, for the first loader that begins after the load.
+  std::optional<int64_t> takeResumePosition();
 
   // loss.backward() for this micro-step: the loss is divided by the accumulation steps, and
   // gradients are only synchronised on the last micro-step of each accumulation cycle.
+  // Each backward wants its step(): a second backward without one throws InvalidArgument (the
+  // optimizer's own step() is not a substitute: under ZeRO-2/3 and FSDP it finds no gradients,
+  // and it never advances the schedule). Several losses in one step: backward their sum.
   void backward(const torch::Tensor& loss);
 
   // Whether the current micro-step ends an accumulation cycle (gradients are synchronised).
@@ -169,6 +195,8 @@ class Accelerator {
   void mainProcessFirst(const std::function<void()>& work);
 
   // Every rank's `tensor` concatenated along dim 0, in rank order (same shape on every rank).
+  // Gathered results of a prepared loader's last batch hold its padding duplicates
+  // (PreparedDataLoader::paddingExamples).
   torch::Tensor gather(const torch::Tensor& tensor);
 
   // Prints on the main process only, one line.
@@ -259,13 +287,20 @@ class Accelerator {
   std::unique_ptr<Strategy> strategy_;
   int64_t micro_step_ = 0;
   int64_t optimizer_steps_ = 0;
-  std::optional<int64_t> resume_skip_;  // micro-steps of the loaded run, until a loader takes them
+  bool backward_pending_ = false;  // a backward() that no step() followed yet
+  std::optional<int64_t>
+      resume_position_;  // micro-steps of the loaded run, until a loader takes them
 };
 
 template <typename Loader>
 auto PreparedDataLoader<Loader>::begin() {
+  int64_t skip = 0;
+  if (const auto position = acc_.takeResumePosition(); position && batches_ > 0) {
+    *next_epoch_ = static_cast<size_t>(*position / batches_);
+    skip = *position % batches_;
+  }
   auto it = loader_->begin();
-  for (int64_t skip = acc_.takeResumeSkip(batches_); skip > 0 && it != loader_->end(); --skip) ++it;
+  for (; skip > 0 && it != loader_->end(); --skip) ++it;
   return it;
 }
 

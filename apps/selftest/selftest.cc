@@ -2,16 +2,23 @@
 // whether their setup is ready. Every rank:
 //   1. connects to the others (the backend the configuration chose),
 //   2. checks each collective against its closed form (rank-derived data, exact in fp32),
-//   3. trains a tiny model with DDP for a few steps and compares the parameters with one
-//      process training on the whole batch (relative difference below 1e-6).
+//   3. trains a tiny model with the configured strategy, precision and clipping for a few steps
+//      and compares the parameters with one process training on the whole batch with the same
+//      precision (autocast) and clipping: a relative difference below 1e-6 in fp32, below 2e-2
+//      (a few of bf16's or fp16's steps) with mixed precision. The config's wrap class names
+//      (fsdp_transformer_layer_cls_to_wrap) are its model's, not the test model's: the test
+//      model's Linear layers are the units instead, and a line says so.
 // Prints one line per check (rank 0) and exits 0 when all pass, 1 when one fails, 2 for bad
 // settings, 3 when the ranks cannot connect.
 
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <iostream>
+#include <string>
 
 #include "common/command_line.h"
+#include "common/env_names.h"
 #include "common/error.h"
 #include "runtime/accelerator.h"
 
@@ -46,21 +53,40 @@ bool checkCollectives(Accelerator& acc) {
   return passed == 1;
 }
 
-bool checkDdpParity(Accelerator& acc) {
+// Two layers that run through unitForward: the units of a sharded strategy's test.
+struct TestNetImpl : torch::nn::Module {
+  TestNetImpl()
+      : first(register_module("first", torch::nn::Linear(5, 8))),
+        second(register_module("second", torch::nn::Linear(8, 2))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    return unitForward(second, torch::tanh(unitForward(first, x)));
+  }
+  torch::nn::Linear first, second;
+};
+TORCH_MODULE(TestNet);
+
+bool checkParity(Accelerator& acc) {
   constexpr int64_t kPerRank = 4, kSteps = 3;
   const int n = acc.worldSize();
   auto gen = at::detail::createCPUGenerator(11);
   auto x = torch::randn({kPerRank * n, 5}, gen), y = torch::randn({kPerRank * n, 2}, gen);
   auto make = [] {
     torch::manual_seed(3);
-    return torch::nn::Sequential(torch::nn::Linear(5, 8), torch::nn::Tanh(),
-                                 torch::nn::Linear(8, 2));
+    return TestNet();
   };
+  const PrecisionPolicy& precision = acc.precision();
+  const double clipping = acc.env().gradient_clipping;
   auto reference = make();
   torch::optim::AdamW ref_opt(reference->parameters(), torch::optim::AdamWOptions(0.01));
   for (int64_t s = 0; s < kSteps; ++s) {
     ref_opt.zero_grad();
-    torch::mse_loss(reference->forward(x), y).backward();
+    torch::Tensor loss;
+    {
+      const AutocastScope autocast(torch::kCPU, precision.compute, precision.mixed());
+      loss = torch::mse_loss(reference->forward(x), y);
+    }
+    loss.backward();
+    if (clipping > 0) torch::nn::utils::clip_grad_norm_(reference->parameters(), clipping);
     ref_opt.step();
   }
   auto model = make();
@@ -73,17 +99,20 @@ bool checkDdpParity(Accelerator& acc) {
     acc.step();
   }
   double worst = 0;
-  auto got = model->parameters(), want = reference->parameters();
-  for (size_t i = 0; i < got.size(); ++i) {
-    worst = std::max(
-        worst,
-        ((got[i] - want[i]).abs().max() / want[i].abs().max().clamp_min(1e-12)).item<double>());
+  const auto got = acc.fullParameters();
+  const auto want = reference->named_parameters();
+  for (const auto& [name, value] : got) {
+    const torch::Tensor& w = want[name];
+    worst =
+        std::max(worst, ((value - w).abs().max() / w.abs().max().clamp_min(1e-12)).item<double>());
   }
-  int32_t passed = worst < 1e-6 ? 1 : 0;
+  const double tolerance = precision.mixed() ? 2e-2 : 1e-6;
+  int32_t passed = worst < tolerance ? 1 : 0;
   acc.backend().allreduce(&passed, 1, DType::kInt32, ReduceOp::kMin)->wait();
-  acc.print(passed ? "ok" : "FAILED", "  DDP parity: ", n, " ranks x ", kPerRank,
-            " examples vs one process on ", kPerRank * n, " (max relative difference ", worst,
-            " on rank 0)");
+  acc.print(passed ? "ok" : "FAILED", "  parity with one process (", acc.describeStrategy(),
+            "): ", n, " ranks x ", kPerRank, " examples vs one process on ", kPerRank * n, " (",
+            precision.name, clipping > 0 ? ", clipping " + std::to_string(clipping) : std::string(),
+            "; max relative difference ", worst, " on rank 0, at most ", tolerance, ")");
   return passed == 1;
 }
 
@@ -98,13 +127,23 @@ int main(int argc, char** argv) {
   cli::parseOrExit(app, argc, argv);
   try {
     torch::set_num_threads(1);
+    // The config's wrap classes name the user's model; the test model's units are its layers.
+    if (const char* wrap = std::getenv(env::kFsdpTransformerLayerClsToWrap); wrap && *wrap) {
+      if (std::getenv("RANK") == nullptr || std::string(std::getenv("RANK")) == "0") {
+        std::cout << "note: fsdp_transformer_layer_cls_to_wrap (" << wrap
+                  << ") names your model's blocks; the test model's Linear layers are its "
+                     "units instead"
+                  << std::endl;
+      }
+      ::setenv(env::kFsdpTransformerLayerClsToWrap, "Linear", 1);
+    }
     AcceleratorOptions options;
     options.gradient_accumulation_steps = 1;  // the parity check is per step
     // Tiny buckets (one per parameter here): several all-reduces in flight during the backward,
     // as a large model has.
     options.bucket_bytes = 64;
     Accelerator acc(options);
-    const bool ok = checkCollectives(acc) && checkDdpParity(acc);
+    const bool ok = checkCollectives(acc) && checkParity(acc);
     acc.print(ok ? "all checks passed" : "a check failed");
     return ok ? 0 : 1;
   } catch (const InvalidArgument& e) {

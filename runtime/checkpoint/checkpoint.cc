@@ -109,7 +109,11 @@ bool filesIntact(const std::string& dir, const Manifest& m, bool checksums) {
     const std::string path = dir + "/" + name;
     const auto size = fs::file_size(path, ec);
     if (ec || size != expected.first) return false;
-    if (checksums && fileSizeAndCrc(path) != expected) return false;
+    try {
+      if (checksums && fileSizeAndCrc(path) != expected) return false;
+    } catch (const Error&) {  // unreadable, or no file of its own (a link)
+      return false;
+    }
   }
   return true;
 }
@@ -215,6 +219,30 @@ void saveFull(Backend& backend, const std::string& dir, const FullState& state,
   });
 }
 
+namespace {
+
+// Whether `name` ends in `suffix`.
+bool endsWith(const std::string& name, const std::string& suffix) {
+  return name.size() >= suffix.size() &&
+         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The directories directly under `path` that may hold a checkpoint: no staging (`.tmp`) ones, and
+// no symbolic links, which could lead out of the folder.
+std::vector<fs::directory_entry> checkpointEntries(const std::string& path) {
+  std::vector<fs::directory_entry> out;
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return out;
+  for (const auto& entry : fs::directory_iterator(path, ec)) {
+    if (entry.is_symlink(ec) || !entry.is_directory(ec)) continue;
+    if (endsWith(entry.path().filename().string(), ".tmp")) continue;
+    out.push_back(entry);
+  }
+  return out;
+}
+
+}  // namespace
+
 bool verifyShare(const std::string& dir, int rank, int world) {
   const auto m = readManifest(dir);
   if (!m) return false;
@@ -230,21 +258,15 @@ bool verifyShare(const std::string& dir, int rank, int world) {
 }
 
 bool hasComplete(const std::string& path, bool checksums) {
-  try {
-    find(path, checksums);
-    return true;
-  } catch (const InvalidArgument&) {
-    return false;
-  }
+  return !complete(path, checksums).empty();
 }
 
 void removeOldest(const std::string& root, size_t keep) {
   std::error_code ec;
   std::vector<std::pair<int64_t, std::string>> complete;
-  for (const auto& entry : fs::directory_iterator(root, ec)) {
+  for (const auto& entry : checkpointEntries(root)) {
     const std::string dir = entry.path().string();
-    const std::string name = entry.path().filename().string();
-    if (!entry.is_directory() || name.find('.') != std::string::npos) continue;
+    if (entry.path().filename().string().find('.') != std::string::npos) continue;
     if (auto m = readManifest(dir); m && filesIntact(dir, *m, /*checksums=*/false)) {
       complete.push_back({stepOf(*m), dir});
     }
@@ -255,30 +277,46 @@ void removeOldest(const std::string& root, size_t keep) {
   }
 }
 
-std::string find(const std::string& path, bool checksums) {
+std::vector<std::string> complete(const std::string& path, bool checksums) {
+  std::vector<std::string> out;
   for (const std::string& dir : {path, path + ".old"}) {
-    if (auto m = readManifest(dir); m && filesIntact(dir, *m, checksums)) return dir;
+    if (auto m = readManifest(dir); m && filesIntact(dir, *m, checksums)) out.push_back(dir);
   }
-  std::error_code ec;
   std::vector<std::pair<int64_t, std::string>> candidates;
-  if (fs::is_directory(path, ec)) {
-    for (const auto& entry : fs::directory_iterator(path, ec)) {
-      const std::string name = entry.path().filename().string();
-      if (!entry.is_directory() || (name.size() > 4 && name.substr(name.size() - 4) == ".tmp")) {
-        continue;
-      }
-      if (auto m = readManifest(entry.path().string())) {
-        candidates.push_back({stepOf(*m), entry.path().string()});
-      }
+  for (const auto& entry : checkpointEntries(path)) {
+    if (auto m = readManifest(entry.path().string())) {
+      candidates.push_back({stepOf(*m), entry.path().string()});
     }
   }
   std::sort(candidates.rbegin(), candidates.rend());
   for (const auto& [step, dir] : candidates) {
     const auto m = readManifest(dir);
-    if (m && filesIntact(dir, *m, checksums)) return dir;
-    std::cerr << "cxxlaunch: checkpoint '" << dir << "' (step " << step
-              << ") is incomplete or corrupt; skipping it\n";
+    if (m && filesIntact(dir, *m, checksums)) {
+      out.push_back(dir);
+    } else {
+      std::cerr << "cxxlaunch: checkpoint '" << dir << "' (step " << step
+                << ") is incomplete or corrupt; skipping it\n";
+    }
   }
+  return out;
+}
+
+bool holdsCheckpoints(const std::string& path) {
+  std::error_code ec;
+  for (const std::string& dir : {path, path + ".old"}) {
+    if (fs::exists(dir + "/" + kManifest, ec)) return true;
+  }
+  for (const auto& entry : checkpointEntries(path)) {
+    const std::string name = entry.path().filename().string();
+    const bool named = name.rfind("checkpoint_", 0) == 0 && wholeNumber(name.substr(11));
+    if (named || fs::exists(entry.path() / kManifest, ec)) return true;
+  }
+  return false;
+}
+
+std::string find(const std::string& path, bool checksums) {
+  const auto found = complete(path, checksums);
+  if (!found.empty()) return found.front();
   throw InvalidArgument("no complete checkpoint at '" + path +
                         "' (a checkpoint directory has a manifest; a folder of them is searched "
                         "for the newest complete one)");
@@ -296,6 +334,27 @@ Reader::Reader(const std::string& dir) : dir_(dir) {
         pieces_[{s.param, array}].push_back(
             {files_.back().get(), s.begin, s.end, offset, &s.shape});
       }
+    }
+  }
+  // Each element has one owner when saved: slices that overlap (each file's CRCs may be right)
+  // would leave part of a parameter unread while plan() counted it covered.
+  for (auto& [key, pieces] : pieces_) {
+    std::sort(pieces.begin(), pieces.end(),
+              [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
+    const Piece* reach = nullptr;  // of the non-empty pieces so far, the one reaching furthest
+    for (const Piece& p : pieces) {
+      if (*p.shape != *pieces.front().shape) {
+        throw InvalidArgument("checkpoint '" + dir + "' is corrupt: its slices of '" + key.first +
+                              "' disagree on its shape");
+      }
+      if (p.begin == p.end) continue;
+      if (reach != nullptr && p.begin < reach->end) {
+        throw InvalidArgument("checkpoint '" + dir + "' is corrupt: its slices of '" + key.first +
+                              "' (" + key.second + ") overlap: elements " +
+                              std::to_string(reach->begin) + "-" + std::to_string(reach->end) +
+                              " and " + std::to_string(p.begin) + "-" + std::to_string(p.end));
+      }
+      if (reach == nullptr || p.end > reach->end) reach = &p;
     }
   }
 }

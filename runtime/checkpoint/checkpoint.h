@@ -16,9 +16,10 @@
 // Loading picks a checkpoint: `path` itself when it is complete (manifest present, every file
 // of the listed size and checksum), else `<path>.old`, else the complete subdirectory of `path`
 // with the highest step (an incomplete or corrupt one is skipped with a note). The files need
-// a filesystem every rank sees (as PyTorch DCP assumes). Accelerator::loadState first takes the
-// newest whose files have their sizes and checks the checksums of what it reads (one pass);
-// only if something fails its checksum does every rank search again, reading every file.
+// a filesystem every rank sees (as PyTorch DCP assumes). Accelerator::loadState takes the newest
+// whose files have their sizes and checks the checksums of what it reads (one pass); if any rank
+// cannot load it (a checksum, a header, a name or shape, a permission), every rank goes on to the
+// next newest, and so on.
 //
 // Thread-safety: one training thread.
 
@@ -55,11 +56,17 @@ void saveFull(Backend& backend, const std::string& dir, const FullState& state,
               const std::vector<std::pair<std::string, std::string>>& blobs,
               const Counters& counters);
 
-// The complete checkpoint `path` names (see above); throws InvalidArgument when there is none.
-// Without `checksums` files are checked by size only (verifyShare then checks the CRCs, the
-// ranks sharing the reading).
+// The complete checkpoints `path` names, best first (see above): `path` itself, `<path>.old`,
+// then the subdirectories of `path` by step, newest first. Without `checksums` files are checked
+// by size only (verifyShare, or a format 2/3 file's reads, then check the CRCs). A subdirectory
+// that is a symbolic link is never taken: a checkpoint lies inside its folder.
+std::vector<std::string> complete(const std::string& path, bool checksums = true);
+// The first of complete(); throws InvalidArgument when there is none.
 std::string find(const std::string& path, bool checksums = true);
 bool hasComplete(const std::string& path, bool checksums = true);
+// Whether `path` is or holds a checkpoint, complete or not (a manifest, or a directory named
+// `checkpoint_<step>` as saveCheckpoint names them); staging directories do not count.
+bool holdsCheckpoints(const std::string& path);
 // Whether the files of checkpoint `dir` that fall to `rank` (every world-th, from rank) have
 // their manifest's CRC-32C.
 bool verifyShare(const std::string& dir, int rank, int world);

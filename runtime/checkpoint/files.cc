@@ -109,7 +109,8 @@ void DurableFile::append(const void* data, size_t bytes) {
 }
 
 std::pair<uint64_t, uint32_t> fileSizeAndCrc(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // A FIFO reads empty; a symbolic link is no file of a checkpoint (its files are never one).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
   if (fd < 0) fail("opening", path);
   std::vector<unsigned char> buffer(8u << 20);
   uint64_t size = 0;
@@ -132,8 +133,14 @@ std::pair<uint64_t, uint32_t> fileSizeAndCrc(const std::string& path) {
 }
 
 std::string readWholeFile(const std::string& path, size_t max_bytes) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // Not blocking on a FIFO put in the file's place: only a regular file is read.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) fail("opening", path);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw InvalidArgument("'" + path + "' is not a regular file");
+  }
   std::string out;
   char buffer[65536];
   for (;;) {

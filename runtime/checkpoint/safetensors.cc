@@ -65,12 +65,14 @@ void writeLittleEndian64(uint64_t v, char* out) {
 class File {
  public:
   explicit File(const std::string& path) : path_(path) {
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO in a file's place must not block the open; it fails the check below.
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd_ < 0) {
       throw InvalidArgument("safetensors '" + path + "': " + std::strerror(errno));
     }
     struct stat st {};
     if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd_);
       throw InvalidArgument("safetensors '" + path + "' is not a regular file");
     }
     size_ = static_cast<uint64_t>(st.st_size);
@@ -216,21 +218,11 @@ void readSafetensors(const std::string& path,
   if (!fs::is_directory(path, ec)) return readFile(path, visit, nullptr);
   const std::string index = path + "/" + kIndex;
   if (!fs::exists(index)) return readFile(path + "/model.safetensors", visit, nullptr);
-  json parsed;
-  try {
-    parsed = json::parse(readWholeFile(index, 64u << 20));
-  } catch (const json::exception& e) {
-    throw InvalidArgument("'" + index + "' is not JSON (" + e.what() + ")");
-  }
-  if (!parsed.is_object() || !parsed.contains("weight_map") || !parsed["weight_map"].is_object()) {
-    throw InvalidArgument("'" + index + "' has no weight_map");
-  }
   std::map<std::string, std::set<std::string>> by_file;
-  for (const auto& [tensor, file] : parsed["weight_map"].items()) {
-    if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos) {
-      throw InvalidArgument("'" + index + "': tensor '" + tensor + "' maps to no file name");
-    }
-    by_file[file.get<std::string>()].insert(tensor);
+  try {
+    by_file = parseSafetensorsIndex(readWholeFile(index, 64u << 20));
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument("'" + index + "': " + e.what());
   }
   for (const auto& [file, tensors] : by_file) readFile(path + "/" + file, visit, &tensors);
 }

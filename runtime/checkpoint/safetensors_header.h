@@ -3,6 +3,8 @@
 // LibTorch, so that the fuzz target (tests/fuzz/safetensors_fuzz.cc) builds it alone.
 
 #include <cstdint>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -20,7 +22,14 @@ size_t safetensorsDtypeSize(const std::string& dtype);
 
 // A file's header (the JSON text), checked against the `data_bytes` that follow it: known
 // dtypes, sizes for shapes (overflow-safe), offsets inside the data and matching each tensor's
-// bytes, no two tensors overlapping. Throws InvalidArgument saying what is wrong.
+// bytes, no two tensors overlapping or of one name. Throws InvalidArgument saying what is wrong.
+// Memory follows the entries kept, not the text: `__metadata__` and unknown fields are skipped,
+// anything else a header cannot hold (an array at the top, nesting past 16 levels, more than 2^18
+// tensors or 64 dimensions) stops the parse where it is met.
 std::vector<SafetensorsEntry> parseSafetensorsHeader(const std::string& json, uint64_t data_bytes);
+
+// A sharded export's model.safetensors.index.json: each file's tensors, from its weight_map (the
+// rest skipped, as above; at most 2^20 tensors). Throws InvalidArgument saying what is wrong.
+std::map<std::string, std::set<std::string>> parseSafetensorsIndex(const std::string& json);
 
 }  // namespace cxxlaunch::runtime::checkpoint

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <memory>
 #include <new>
@@ -172,11 +173,22 @@ ShardFileReader::ShardFileReader(std::string path) : path_(std::move(path)) {
   auto bad = [&](const std::string& why) {
     return InvalidArgument("checkpoint file '" + path_ + "' is corrupt: " + why);
   };
-  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  // Never through a symbolic link (a rank file lies in its checkpoint), and without blocking on a
+  // FIFO put in its place: the regular-file check comes before any read.
+  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd_ < 0) throw InvalidArgument("checkpoint file '" + path_ + "': " + std::strerror(errno));
-  direct_fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);  // -1 where refused
+  struct CloseOnThrow {  // the destructor does not run when the constructor throws
+    ShardFileReader& reader;
+    const int unwinding = std::uncaught_exceptions();
+    ~CloseOnThrow() {
+      if (std::uncaught_exceptions() == unwinding) return;
+      ::close(reader.fd_);
+      if (reader.direct_fd_ >= 0) ::close(reader.direct_fd_);
+    }
+  } guard{*this};
   struct stat st {};
   if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) throw bad("not a regular file");
+  direct_fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT | O_NOFOLLOW);  // -1: refused
   size_ = static_cast<uint64_t>(st.st_size);
   char first[64] = {};
   const size_t first_len = std::strlen(kMagic) + 1 + 1 + 1 + 20 + 1;

@@ -1,6 +1,7 @@
 #include "runtime/comm/checked_backend.h"
 
 #include <algorithm>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -10,6 +11,8 @@ namespace cxxlaunch::runtime {
 namespace {
 
 constexpr size_t kHistory = 16;
+
+thread_local const char* current_api = nullptr;
 
 enum class Op : int64_t { kAllreduce, kReduceScatter, kAllGather, kBroadcast, kBarrier };
 const char* opName(Op op) {
@@ -36,13 +39,32 @@ struct Call {
   int64_t count = 0;
   int64_t extra = -1;  // the reduce op, or the broadcast's root
   bool done = false;
+  std::string api = CollectiveApi::current() ? CollectiveApi::current() : "";  // who issued it
 
   std::string str() const {
     std::ostringstream out;
     out << "#" << seq << " " << opName(op);
     if (op != Op::kBarrier) out << " " << dtypeName(dtype) << " x" << count;
     if (op == Op::kBroadcast) out << " from rank " << extra;
+    if (!api.empty()) out << " (in " << api << ")";
     return out.str();
+  }
+  // As the store carries it: "seq op dtype count extra api".
+  std::string encode() const {
+    return std::to_string(seq) + " " + std::to_string(static_cast<int64_t>(op)) + " " +
+           std::to_string(static_cast<int64_t>(dtype)) + " " + std::to_string(count) + " " +
+           std::to_string(extra) + " " + api;
+  }
+  static std::optional<Call> decode(const std::string& text) {
+    std::istringstream in(text);
+    Call c;
+    int64_t op = 0, dtype = 0;
+    if (!(in >> c.seq >> op >> dtype >> c.count >> c.extra)) return std::nullopt;
+    c.op = static_cast<Op>(op);
+    c.dtype = static_cast<DType>(dtype);
+    c.api.clear();
+    in >> c.api;
+    return c;
   }
   bool sameAs(const Call& other) const {
     return op == other.op && dtype == other.dtype && count == other.count && extra == other.extra;
@@ -68,6 +90,59 @@ class Tracker {
     for (Call& c : history_) {
       if (c.seq == seq) c.done = true;
     }
+  }
+
+  // A wait past kCompareAfter: this rank's call in the store, and its peer's compared (the
+  // header says why). Throws CommunicationError when they are in different calls.
+  void compareWhileWaiting(int64_t seq) {
+    if (!options_.store || world_ < 2) return;
+    std::optional<Call> mine;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const Call& c : history_) {
+        if (c.seq == seq) mine = c;
+      }
+    }
+    if (!mine) return;
+    const std::string key = options_.prefix + "/waiting/";
+    const int peer = rank_ == 0 ? 1 : 0;
+    std::optional<Call> theirs;
+    try {
+      options_.store->set(key + std::to_string(rank_), mine->encode());
+      const std::string peer_key = key + std::to_string(peer);
+      if (!options_.store->check({peer_key})) return;
+      theirs = Call::decode(options_.store->get(peer_key, std::chrono::milliseconds(1000)));
+    } catch (const std::exception&) {
+      return;  // no store to compare through: the timeout's report still comes
+    }
+    if (!theirs || theirs->seq != seq || theirs->sameAs(*mine)) return;
+    const Call& lower = rank_ < peer ? *mine : *theirs;
+    const Call& higher = rank_ < peer ? *theirs : *mine;
+    std::string message = "the ranks called different collectives at #" + std::to_string(seq) +
+                          ":\n  rank " + std::to_string(std::min(rank_, peer)) + ": " +
+                          lower.str() + "\n  rank " + std::to_string(std::max(rank_, peer)) + ": " +
+                          higher.str();
+    for (const std::string& api : {lower.api, higher.api}) {
+      if (!api.empty() && message.find(api + " is a collective") == std::string::npos) {
+        message += "\n" + api + " is a collective: every rank must call it, in the same order";
+      }
+    }
+    throw CommunicationError(message);
+  }
+
+  // What a failed collective's error gains here: this rank's call, and for ranks in different
+  // calls the public API that must be called on every rank.
+  std::string context(int64_t seq, const std::string& error) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Call& c : history_) {
+      if (c.seq != seq) continue;
+      std::string out = "\n  this rank (" + std::to_string(rank_) + ") was in " + c.str();
+      if (!c.api.empty() && error.find("called different collectives") != std::string::npos) {
+        out += "\n" + c.api + " is a collective: every rank must call it, in the same order";
+      }
+      return out;
+    }
+    return "";
   }
 
   // A timed-out wait: the error that says where every rank is.
@@ -130,20 +205,27 @@ class CheckedWork final : public Work {
         seq_(seq),
         heartbeat_(std::move(heartbeat)) {}
   void wait(std::chrono::milliseconds timeout) override {
-    // In slices of a second when a heartbeat is watched: waiting for peers is not a stall.
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
+    // In slices: the first of kCompareAfter, then of a second, after each of which the peers'
+    // calls are compared (and the heartbeat beaten: waiting for peers is not a stall).
+    const auto start = std::chrono::steady_clock::now(), deadline = start + timeout;
+    for (auto slice = kCompareAfter;; slice = std::chrono::milliseconds(1000)) {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
           deadline - std::chrono::steady_clock::now());
       try {
-        inner_->wait(heartbeat_ ? std::min(left, std::chrono::milliseconds(1000)) : left);
+        inner_->wait(
+            std::min(left, heartbeat_ ? std::min(slice, std::chrono::milliseconds(1000)) : slice));
         break;
+      } catch (const CommunicationError& e) {
+        throw CommunicationError(e.what() + tracker_->context(seq_, e.what()));
       } catch (const TimeoutError& e) {
         // The collective's own failure (done, with its error), or this wait's end: report.
-        if (!heartbeat_ || inner_->done() || std::chrono::steady_clock::now() >= deadline) {
+        if (inner_->done() || std::chrono::steady_clock::now() >= deadline) {
           tracker_->timedOut(seq_, e);
         }
-        heartbeat_->beat();
+        if (heartbeat_) heartbeat_->beat();
+        if (std::chrono::steady_clock::now() - start >= kCompareAfter) {
+          tracker_->compareWhileWaiting(seq_);
+        }
       }
     }
     tracker_->completed(seq_);
@@ -216,8 +298,9 @@ class CheckedBackend final : public Backend {
     bool differ = false;
     for (int r = 0; r < worldSize(); ++r) {
       const int64_t* theirs = all.data() + 4 * r;
-      const Call c{call.seq, static_cast<Op>(theirs[0]), static_cast<DType>(theirs[1]), theirs[2],
-                   theirs[3]};
+      Call c{call.seq, static_cast<Op>(theirs[0]), static_cast<DType>(theirs[1]), theirs[2],
+             theirs[3]};
+      c.api.clear();  // not carried: this thread's would be wrong for the others
       differ = differ || !c.sameAs(call);
       calls += "\n  rank " + std::to_string(r) + ": " + c.str();
     }
@@ -233,6 +316,12 @@ class CheckedBackend final : public Backend {
 };
 
 }  // namespace
+
+CollectiveApi::CollectiveApi(const char* api) : previous_(current_api) {
+  if (current_api == nullptr) current_api = api;
+}
+CollectiveApi::~CollectiveApi() { current_api = previous_; }
+const char* CollectiveApi::current() { return current_api; }
 
 std::unique_ptr<Backend> makeCheckedBackend(std::unique_ptr<Backend> inner, CheckOptions options) {
   return std::make_unique<CheckedBackend>(std::move(inner), std::move(options));

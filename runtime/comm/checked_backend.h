@@ -8,6 +8,12 @@
 //   rank that timed out publishes where it is and reads where the others are, so the message
 //   says which rank was behind, and where ("rank 1: last in #41 allGather ..., #42 never
 //   started"), or that a rank never answered (busy outside collectives, stopped, or gone).
+// - Always, at no cost to a collective that completes within kCompareAfter: a rank still waiting
+//   then puts its call in the store and reads a peer's (rank 0 watches rank 1, the others rank
+//   0); a peer waiting in the same numbered call of another kind (a collective called on some
+//   ranks only) fails the wait at once, naming each rank's call and the public API that issued it
+//   (CollectiveApi): "saveCheckpoint is a collective: every rank must call it". On one host the
+//   shared-memory path (shm_collectives.h) finds such a mismatch at the call's first barrier.
 // - In debug mode (accelerate's `debug: true`, CXXLAUNCH_DEBUG): before each collective, the
 //   ranks all-gather its description (operation, dtype, count, root) and compare; any
 //   difference fails at once on every rank, naming each rank's call, instead of hanging or
@@ -36,5 +42,24 @@ struct CheckOptions {
 };
 
 std::unique_ptr<Backend> makeCheckedBackend(std::unique_ptr<Backend> inner, CheckOptions options);
+
+// How long a collective waits before its rank compares its call with a peer's (see above).
+inline constexpr std::chrono::milliseconds kCompareAfter{2000};
+
+// While one lives, the collectives the calling thread issues are counted as `api`'s (a public
+// call such as "saveCheckpoint", a string literal): the messages above name it. The outermost
+// one of nested calls wins (saveCheckpoint's, not the saveState it calls).
+class CollectiveApi {
+ public:
+  explicit CollectiveApi(const char* api);
+  ~CollectiveApi();
+  CollectiveApi(const CollectiveApi&) = delete;
+  CollectiveApi& operator=(const CollectiveApi&) = delete;
+  // The calling thread's current API, or nullptr.
+  static const char* current();
+
+ private:
+  const char* previous_;
+};
 
 }  // namespace cxxlaunch::runtime

@@ -91,7 +91,7 @@ class GlooBackend final : public Backend {
   int worldSize() const override { return size_; }
   std::string name() const override { return "gloo"; }
   std::string transport() const override {
-    // Shared memory carries the collectives that move data; TCP barriers and the rendezvous.
+    // Shared memory carries the collectives and barriers; TCP the connection set-up.
     return shm_ ? "shared memory and tcp" : "tcp";
   }
 
@@ -150,6 +150,7 @@ class GlooBackend final : public Backend {
 
   WorkPtr barrier() override {
     return submit("barrier", [=, this](uint32_t tag) {
+      if (shm_) return shm_->barrierCall();
       gloo::BarrierOptions opts(context_);
       opts.setTag(tag);
       opts.setTimeout(timeout_);

@@ -25,17 +25,30 @@
 
 namespace cxxlaunch::runtime {
 
-// At the start of the segment; slots and the result area follow, page-aligned.
+// At the start of the segment, then one Call per rank; slots and the result area follow,
+// page-aligned.
 struct ShmCollectives::Header {
   uint64_t nonce;  // rank 0's random number: proves the others opened the same segment
   alignas(64) uint32_t arrived;  // barrier: ranks arrived in this generation
   alignas(64) uint32_t release;  // barrier generation; the futex the waiters sleep on
 };
 
+// What a rank is doing: written before its call's first barrier, compared by every rank after
+// it (the second barrier keeps it in place until all have read it).
+struct ShmCollectives::Call {
+  uint64_t seq;  // this segment's calls, counted from 1
+  int32_t op, dtype;
+  uint64_t count;
+  int64_t extra;  // the reduce op, or the broadcast's root
+
+  bool operator==(const Call& o) const {
+    return seq == o.seq && op == o.op && dtype == o.dtype && count == o.count && extra == o.extra;
+  }
+};
+
 namespace {
 
 constexpr size_t kPage = 4096;
-constexpr size_t kHeaderBytes = kPage;
 // How long a rank spins before it sleeps: about what a peer needs to copy a chunk in. Short,
 // because the waiting thread may share its core with the trainer's (DDP overlaps backward).
 constexpr auto kSpin = std::chrono::microseconds(30);
@@ -50,7 +63,7 @@ size_t defaultSlotBytes(int size) {
 }
 
 size_t segmentBytes(int size, size_t slot_bytes) {
-  return kHeaderBytes + (static_cast<size_t>(size) + 1) * slot_bytes;
+  return ShmCollectives::headerBytes(size) + (static_cast<size_t>(size) + 1) * slot_bytes;
 }
 
 long futex(uint32_t* word, int op, uint32_t value, const timespec* timeout) {
@@ -204,7 +217,6 @@ ShmCollectives::ShmCollectives(const ShmOptions& options, void* base, size_t byt
       bytes_(bytes),
       header_(static_cast<Header*>(base)),
       pids_(std::move(pids)) {
-  static_assert(sizeof(Header) <= kHeaderBytes);
   for (int r = 0; r < size_; ++r) {
     if (r != rank_) pidfds_.push_back(pidfdOpen(pids_[static_cast<size_t>(r)]));
   }
@@ -217,8 +229,52 @@ ShmCollectives::~ShmCollectives() {
   ::munmap(base_, bytes_);
 }
 
+size_t ShmCollectives::headerBytes(int size) {
+  const size_t bytes = sizeof(Header) + static_cast<size_t>(size) * sizeof(Call);
+  return (bytes + kPage - 1) / kPage * kPage;
+}
+
+ShmCollectives::Call* ShmCollectives::calls() const {
+  return reinterpret_cast<Call*>(static_cast<char*>(base_) + sizeof(Header));
+}
+
 char* ShmCollectives::slot(int rank) const {
-  return static_cast<char*>(base_) + kHeaderBytes + static_cast<size_t>(rank) * slot_bytes_;
+  return static_cast<char*>(base_) + headerBytes(size_) + static_cast<size_t>(rank) * slot_bytes_;
+}
+
+namespace {
+const char* opName(int32_t op) {
+  static const char* const names[] = {"allreduce", "reduceScatter", "allGather", "broadcast",
+                                      "barrier"};
+  return op >= 0 && op < 5 ? names[op] : "?";
+}
+}  // namespace
+
+// The first barrier of a call, and the check that every rank is in the same call: a mismatch
+// (another operation, dtype or count: a collective called on some ranks only, or with other
+// sizes) fails on every rank at once, naming each rank's call, instead of hanging or mixing
+// unrelated data. A few words per call: no measurable cost.
+void ShmCollectives::enter(int32_t op, DType dtype, size_t count, int64_t extra) {
+  const Call mine{++calls_, op, static_cast<int32_t>(dtype), count, extra};
+  calls()[rank_] = mine;
+  barrier();
+  bool same = true;
+  for (int r = 0; r < size_; ++r) same = same && calls()[r] == mine;
+  if (same) return;
+  std::string each;
+  for (int r = 0; r < size_; ++r) {
+    const Call& c = calls()[r];
+    each += "\n  rank " + std::to_string(r) + ": shared-memory call #" + std::to_string(c.seq) +
+            " " + opName(c.op);
+    if (c.op != 4) {
+      each += std::string(" ") + dtypeName(static_cast<DType>(c.dtype)) + " x" +
+              std::to_string(c.count) + (c.op == 3 ? " from rank " + std::to_string(c.extra) : "");
+    }
+  }
+  throw CommunicationError(
+      "the ranks called different collectives (a collective called on some ranks only, or with "
+      "other sizes):" +
+      each);
 }
 
 char* ShmCollectives::result() const { return slot(size_); }
@@ -282,7 +338,11 @@ void ShmCollectives::allreduce(void* data, size_t count, DType dtype, ReduceOp o
   for (size_t done = 0; done < count; done += chunk) {
     const size_t n = std::min(chunk, count - done);
     std::memcpy(slot(rank_), bytes + done * elem, n * elem);
-    barrier();
+    if (done == 0) {
+      enter(0, dtype, count, static_cast<int64_t>(op));
+    } else {
+      barrier();
+    }
     // This rank's share of the chunk, reduced from every slot in rank order.
     const size_t lo = n * static_cast<size_t>(rank_) / static_cast<size_t>(size_);
     const size_t hi = n * static_cast<size_t>(rank_ + 1) / static_cast<size_t>(size_);
@@ -309,7 +369,11 @@ void ShmCollectives::reduceScatter(const void* input, void* output, size_t count
     for (size_t r = 0; r < size; ++r) {
       std::memcpy(slot(rank_) + r * n * elem, in + (r * count + done) * elem, n * elem);
     }
-    barrier();
+    if (done == 0) {
+      enter(1, dtype, count, static_cast<int64_t>(op));
+    } else {
+      barrier();
+    }
     char* mine = out + done * elem;
     const size_t row = static_cast<size_t>(rank_) * n * elem;
     std::memcpy(mine, slot(0) + row, n * elem);
@@ -327,7 +391,11 @@ void ShmCollectives::allGather(const void* input, void* output, size_t count, DT
   for (size_t done = 0; done < count; done += chunk) {
     const size_t n = std::min(chunk, count - done);
     std::memcpy(slot(rank_), in + done * elem, n * elem);
-    barrier();
+    if (done == 0) {
+      enter(2, dtype, count, -1);
+    } else {
+      barrier();
+    }
     for (int r = 0; r < size_; ++r) {
       std::memcpy(out + (static_cast<size_t>(r) * count + done) * elem, slot(r), n * elem);
     }
@@ -351,8 +419,17 @@ void ShmCollectives::broadcast(void* data, size_t count, DType dtype, int root) 
       const size_t done = (k - 1) * chunk;
       std::memcpy(bytes + done * elem, half(k - 1), std::min(chunk, count - done) * elem);
     }
-    if (chunks > 0) barrier();
+    if (k == 0 && chunks > 0) {
+      enter(3, dtype, count, root);
+    } else if (chunks > 0) {
+      barrier();
+    }
   }
+}
+
+void ShmCollectives::barrierCall() {
+  enter(4, DType::kUInt8, 0, -1);
+  barrier();  // the calls are read: they may be written again
 }
 
 }  // namespace cxxlaunch::runtime

@@ -8,7 +8,9 @@
 // Internal to runtime/.
 //
 // Results are bitwise the same on every rank (one fixed reduction order). A peer that exits
-// ends the waits of the others with PeerLost within ~50 ms; a silent one with TimeoutError.
+// ends the waits of the others with PeerLost within ~50 ms; a silent one with TimeoutError. Ranks
+// in different calls (another operation, dtype or count) all fail with CommunicationError naming
+// each rank's call, at the call's first barrier.
 // Thread-safety: one thread at a time (the backend's communication thread).
 
 #include <chrono>
@@ -54,12 +56,20 @@ class ShmCollectives {
   // Every rank's `data` gets `root`'s, through half the segment at a time: the root fills one
   // half while the others copy the other out.
   void broadcast(void* data, size_t count, DType dtype, int root);
+  // Returns once every rank called it (through the segment, not TCP: a rank in another
+  // collective is then named at once, as above).
+  void barrierCall();
 
   // This host as the ranks compare it: boot id and PID namespace (peers are watched by pid).
   static std::string thisHostKey();
+  // The segment's header for `size` ranks: the barrier and each rank's current call.
+  static size_t headerBytes(int size);
 
  private:
   struct Header;
+  struct Call;
+  Call* calls() const;
+  void enter(int32_t op, DType dtype, size_t count, int64_t extra);
   ShmCollectives(const ShmOptions& options, void* base, size_t bytes, std::vector<int> pids);
 
   char* slot(int rank) const;
@@ -76,6 +86,7 @@ class ShmCollectives {
   Header* header_;
   std::vector<int> pids_;    // every rank's pid
   std::vector<int> pidfds_;  // the peers' (not ours); -1 where pidfd_open is missing
+  uint64_t calls_ = 0;       // this rank's calls so far
 };
 
 }  // namespace cxxlaunch::runtime

@@ -6,11 +6,14 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <exception>
+#include <iostream>
 #include <optional>
 #include <set>
 
 #include "common/error.h"
 #include "runtime/comm/tensor_ops.h"
+#include "runtime/error_report.h"
 #include "runtime/host_memory.h"
 #include "runtime/optim/device_kernels.h"
 #include "runtime/strategy/grad_hooks.h"
@@ -536,6 +539,31 @@ void ShardedStrategy::release(size_t i) {
   }
   u.flat.release(pool_.get());
   optimizer_.allocateState(u.optimizer_shard);
+  addUncaughtErrorHint(
+      "data is not allocated yet",
+      "cxxlaunch: a shard unit's parameters were used while they are freed: under ZeRO-3 and "
+      "FSDP FULL_SHARD a unit is gathered only around its unitForward calls, so once it ran "
+      "through cxxlaunch::runtime::unitForward(block, x, ...) it must always be called that way, "
+      "never as block->forward(x) or block(x)");
+}
+
+void ShardedStrategy::warnOfUnitsNeverRouted() {
+  if (warned_never_routed_ || options_.stage != 3) return;
+  warned_never_routed_ = true;
+  std::string names;
+  size_t count = 0;
+  for (const auto& item : model_->named_modules()) {
+    for (const Unit& u : units_) {
+      if (u.module != item.value().get() || u.routed) continue;
+      if (++count <= 4) names += std::string(count > 1 ? ", " : "") + "'" + item.key() + "'";
+    }
+  }
+  if (count == 0 || backend_->rank() != 0) return;
+  std::cerr << "cxxlaunch: warning: " << count << " module(s) the wrap policy chose as shard "
+            << "units never ran through unitForward (" << names << (count > 4 ? ", ..." : "")
+            << "), so their parameters stay whole on every rank: ZeRO-3's memory saving does not "
+            << "happen for them. Call each as cxxlaunch::runtime::unitForward(block, x, ...) in "
+            << "the model's forward (runtime/strategy/unit.h)\n";
 }
 
 // ---- backward -----------------------------------------------------------------------------------
@@ -716,6 +744,7 @@ void ShardedStrategy::step() {
                                          dtypeOf(u.flat.full())));
   }
   for (auto& w : gathers) w->wait();
+  warnOfUnitsNeverRouted();
 }
 
 void ShardedStrategy::zeroGrad() {
@@ -916,6 +945,7 @@ void ShardedStrategy::loadStateSlices(const checkpoint::Source& reader) {
   std::lock_guard<std::mutex> lock(mu_);
   torch::NoGradGuard no_grad;
   const std::vector<std::string> names = optimizer_.stateNames();
+  std::exception_ptr failure;
   for (auto& u : units_) {
     const int64_t sb = u.flat.shardBegin(), sn = u.flat.shardNumel();
     waitGather(u);
@@ -951,7 +981,15 @@ void ShardedStrategy::loadStateSlices(const checkpoint::Source& reader) {
     // which is zeroed, as a fresh state is, rather than left as whatever the memory held.
     const int64_t used = std::clamp(u.flat.numel() - sb, int64_t{0}, sn);
     for (float* at : state_at) std::fill(at + used, at + sn, 0.0f);
-    reader.readAll(reads);
+    // A read that fails (a corrupt or foreign checkpoint) is thrown once the units' collectives
+    // below are over on this rank as on the others; the caller then loads another checkpoint.
+    if (!failure) {
+      try {
+        reader.readAll(reads);
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
     staging.copyBack();
     const size_t bytes = NvmeFile::roundUp(static_cast<size_t>(sn) * 4);
     if (param_file_) {
@@ -975,6 +1013,7 @@ void ShardedStrategy::loadStateSlices(const checkpoint::Source& reader) {
     if (u.device_shard.defined()) u.device_shard.copy_(master);
     publish(u);
   }
+  if (failure) std::rethrow_exception(failure);
   for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
     torch::Tensor p = item.value();
     if (p.requires_grad()) continue;

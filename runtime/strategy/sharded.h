@@ -158,6 +158,9 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   torch::TensorOptions shardOptions() const;
   void prefetch(size_t unit);  // returns at once
   void release(size_t unit);   // stage 3, routed units only
+  // After the first step: one warning naming the units the policy chose that never ran through
+  // unitForward (whole at rest on every rank), on rank 0.
+  void warnOfUnitsNeverRouted();
   size_t unitOf(const torch::nn::Module& module) const;
   size_t previousInForward(size_t unit) const;  // next in backward order, or kNone
 
@@ -174,6 +177,7 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   std::shared_ptr<Backend> shards_;    // the ranks the parameters are sharded over (hybrid: a node)
   std::shared_ptr<Backend> replicas_;  // hybrid, several nodes: this shard on every node
   std::shared_ptr<torch::nn::Module> model_;
+  bool warned_never_routed_ = false;
   ShardingOptions options_;
   c10::Device device_;  // the model's
   ShardOptimizer optimizer_;

@@ -5,6 +5,9 @@
 
 #include "runtime/checkpoint/checkpoint.h"
 
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -15,6 +18,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -717,6 +721,148 @@ TEST_CASE("A load that reads a flipped bit goes on from the newest intact checkp
   }
 }
 
+namespace {
+
+// `path`'s bytes with `change` applied, written back in place (same size unless it changes it).
+void edit(const std::string& path, const std::function<void(std::string&)>& change) {
+  std::string bytes = cxxlaunch::testing::readFile(path);
+  change(bytes);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+// The token at `index` (0: "slice") of the first slice line of a rank file's header.
+size_t firstSliceToken(const std::string& bytes, int index) {
+  size_t at = bytes.find("\nslice ");
+  REQUIRE(at != std::string::npos);
+  ++at;
+  for (int i = 0; i < index; ++i) at = bytes.find(' ', at) + 1;
+  return at;
+}
+
+// Damage a checkpoint's rank file in ways its sizes do not show: each must be refused as a whole
+// checkpoint, not stop the load.
+const std::vector<std::pair<std::string, std::function<void(const std::string&)>>> kDamages = {
+    {"its format", [](const std::string& file) { edit(file, [](auto& b) { b[21] = '4'; }); }},
+    {"a parameter's name",
+     [](const std::string& file) { edit(file, [](auto& b) { b[firstSliceToken(b, 1)] = 'Q'; }); }},
+    {"a shape digit",
+     [](const std::string& file) {
+       edit(file, [](auto& b) {
+         char& digit = b[firstSliceToken(b, 5)];
+         digit = digit == '9' ? '1' : static_cast<char>(digit + 1);
+       });
+     }},
+    {"its checksums' footer",
+     [](const std::string& file) { edit(file, [](auto& b) { b[b.size() - 3] = 'x'; }); }},
+    {"a symbolic link in its place",
+     [](const std::string& file) {
+       const std::string moved = file + ".real";
+       fs::rename(file, moved);
+       fs::create_symlink(moved, file);
+     }},
+};
+
+}  // namespace
+
+TEST_CASE(
+    "A checkpoint no rank can read, whatever is wrong with it, sends every rank to the "
+    "previous one",
+    "[checkpoint]") {
+  torch::set_num_threads(1);
+  cxxlaunch::testing::TempDir dir;
+  const std::string root = dir.path() + "/checkpoints", pristine = dir.path() + "/pristine";
+  // DDP's ranks share the reading (rank 1 reads rank1.bin); ZeRO-2's loads all-gather each unit
+  // (a rank that fails must keep its place in them); ZeRO-3 reads its shards alone.
+  for (const auto& [strategy, file] : std::vector<std::pair<std::string, std::string>>{
+           {"ddp", "rank1.bin"}, {"zero2", "rank0.bin"}, {"zero3", "rank0.bin"}}) {
+    fs::remove_all(root);
+    fs::remove_all(pristine);
+    const Ended one = run(Job{.strategy = strategy, .to_step = 1, .save = root + "/checkpoint_1"});
+    run(Job{.strategy = strategy,
+            .from_step = 1,
+            .to_step = 2,
+            .load = root,
+            .save = root + "/checkpoint_2"});
+    fs::copy(root + "/checkpoint_2", pristine);
+    for (const auto& [what, damage] : kDamages) {
+      INFO(strategy << ": " << file << ", " << what);
+      fs::remove_all(root + "/checkpoint_2");
+      fs::copy(pristine, root + "/checkpoint_2");
+      damage(root + "/checkpoint_2/" + file);
+      const Ended resumed =
+          run(Job{.strategy = strategy, .from_step = 1, .to_step = 1, .load = root});
+      CHECK(resumed.loaded == root + "/checkpoint_1");
+      CHECK(maxRelativeDifference(resumed, one) == 0);
+    }
+  }
+}
+
+TEST_CASE("No loadable checkpoint where there were checkpoints is an error, never step 0",
+          "[checkpoint]") {
+  torch::set_num_threads(1);
+  cxxlaunch::testing::TempDir dir;
+  const std::string root = dir.path() + "/checkpoints";
+  CHECK_FALSE(checkpoint::holdsCheckpoints(root));  // no folder: a fresh start
+  fs::create_directories(root + "/checkpoint_5.tmp");
+  CHECK_FALSE(checkpoint::holdsCheckpoints(root));  // the first save died: a fresh start
+  run(Job{.to_step = 1, .save = root + "/checkpoint_1"});
+  run(Job{.from_step = 1, .to_step = 2, .load = root, .save = root + "/checkpoint_2"});
+  CHECK(checkpoint::holdsCheckpoints(root));
+  kDamages[0].second(root + "/checkpoint_1/rank0.bin");
+  kDamages[1].second(root + "/checkpoint_2/rank1.bin");
+  CHECK(checkpoint::holdsCheckpoints(root));
+  CHECK_THROWS_WITH(run(Job{.from_step = 2, .to_step = 2, .load = root}),
+                    Catch::Contains("no checkpoint at '" + root + "' can be loaded") &&
+                        Catch::Contains("checkpoint_2: ") && Catch::Contains("checkpoint_1: ") &&
+                        Catch::Contains("to start from step 0"));
+  // Even without a manifest, a directory named as saveCheckpoint names them was a checkpoint.
+  fs::remove(root + "/checkpoint_1/manifest");
+  fs::remove_all(root + "/checkpoint_2");
+  CHECK(checkpoint::holdsCheckpoints(root));
+}
+
+TEST_CASE("A checkpoint reached through a symbolic link is never loaded", "[checkpoint]") {
+  torch::set_num_threads(1);
+  cxxlaunch::testing::TempDir dir;
+  const std::string root = dir.path() + "/checkpoints", outside = dir.path() + "/outside";
+  run(Job{.to_step = 1, .save = root + "/checkpoint_1"});
+  run(Job{.from_step = 1, .to_step = 2, .load = root, .save = outside + "/checkpoint_2"});
+  fs::create_directory_symlink(outside + "/checkpoint_2", root + "/checkpoint_99");
+  CHECK(checkpoint::complete(root) == std::vector<std::string>{root + "/checkpoint_1"});
+  CHECK(run(Job{.from_step = 1, .to_step = 1, .load = root}).loaded == root + "/checkpoint_1");
+  checkpoint::removeOldest(root, 1);  // nor counted, nor removed
+  CHECK(fs::is_symlink(root + "/checkpoint_99"));
+  CHECK(fs::exists(outside + "/checkpoint_2/manifest"));
+}
+
+TEST_CASE("Rank files whose slices overlap are refused as corrupt", "[checkpoint]") {
+  cxxlaunch::testing::TempDir dir;
+  const std::string ckpt = dir.path() + "/checkpoint_1";
+  fs::create_directories(ckpt);
+  // Two files whose checksums are right, each claiming half of `w` (8 elements) twice over, so
+  // that together they "cover" 8 elements while elements 4 to 7 are never read.
+  auto writeRank = [&](int rank, int64_t begin) {
+    const torch::Tensor values = torch::full({4}, static_cast<float>(rank + 1));
+    const std::string path = ckpt + "/rank" + std::to_string(rank) + ".bin";
+    checkpoint::writeShardFile(path, {{"w", {8}, begin, begin + 4, {{"param", values}}}}, {});
+    return checkpoint::fileSizeAndCrc(path);
+  };
+  auto manifest = [&](int64_t second_begin) {
+    const auto a = writeRank(0, 0), b = writeRank(1, second_begin);
+    std::ofstream(ckpt + "/manifest", std::ios::trunc)
+        << "cxxlaunch-checkpoint-manifest 1\nworld 2\ncounter optimizer_steps 1\n"
+        << "file rank0.bin " << a.first << ' ' << a.second << "\nfile rank1.bin " << b.first << ' '
+        << b.second << "\nend\n";
+  };
+  manifest(4);
+  CHECK_NOTHROW(checkpoint::Reader(ckpt));
+  manifest(0);
+  CHECK_THROWS_WITH(checkpoint::Reader(ckpt),
+                    Catch::Contains("is corrupt: its slices of 'w' (param) overlap"));
+  manifest(2);
+  CHECK_THROWS_WITH(checkpoint::Reader(ckpt), Catch::Contains("elements 0-4 and 2-6"));
+}
+
 TEST_CASE("Crafted rank files are refused, never read out of bounds", "[checkpoint]") {
   cxxlaunch::testing::TempDir dir;
   auto write = [&](const std::string& header, const std::string& data) {
@@ -1091,6 +1237,119 @@ TEST_CASE("Corrupt and crafted safetensors files get one clear error",
                     Catch::Contains("shorter than its header length"));
 }
 
+namespace {
+
+// The peak resident memory (KiB) `work` adds, run in a child process (so that nothing this test
+// allocated before counts), or -1 if it threw there.
+long peakGrowthKiB(const std::function<void()>& work) {
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ::close(fds[0]);
+    struct rusage before {
+    }, after{};
+    ::getrusage(RUSAGE_SELF, &before);
+    long grown = -1;
+    try {
+      work();
+      ::getrusage(RUSAGE_SELF, &after);
+      grown = after.ru_maxrss - before.ru_maxrss;
+    } catch (const std::exception&) {
+    }
+    [[maybe_unused]] const auto written = ::write(fds[1], &grown, sizeof(grown));
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  long grown = -2;
+  [[maybe_unused]] const auto got = ::read(fds[0], &grown, sizeof(grown));
+  ::close(fds[0]);
+  ::waitpid(child, nullptr, 0);
+  return grown;
+}
+
+}  // namespace
+
+TEST_CASE("Hostile safetensors headers cost memory for what is kept, not for their size",
+          "[checkpoint][safetensors]") {
+  using checkpoint::parseSafetensorsHeader;
+  using checkpoint::parseSafetensorsIndex;
+  const size_t big = 95u << 20;
+  // 95 MB of `[{},{},...]`: a DOM took 3.3 GB for it. Refused where the array opens.
+  std::string array = "[";
+  array.reserve(big + 8);
+  while (array.size() < big) array += "{},";
+  array.back() = ']';
+  CHECK_THROWS_WITH(parseSafetensorsHeader(array, 0), Catch::Contains("not a JSON object"));
+  // A valid header with 95 MB of __metadata__ (a DOM took 2.5 GB): loads, keeping one entry.
+  std::string metadata = R"({"__metadata__": {)";
+  metadata.reserve(big + 200);
+  for (int i = 0; metadata.size() < big; ++i) metadata += "\"k" + std::to_string(i) + "\": \"v\",";
+  metadata.back() = '}';
+  metadata += R"(, "w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}})";
+  const long metadata_kib = peakGrowthKiB([&] {
+    if (parseSafetensorsHeader(metadata, 16).size() != 1) throw std::runtime_error("lost w");
+  });
+  // Bounded by the text's size (nlohmann's lexer keeps the characters of a run of brackets), not
+  // a multiple of it.
+  CHECK(metadata_kib >= 0);
+  CHECK(metadata_kib < static_cast<long>(metadata.size() / 1024));
+  // A 60 MB index (a DOM took 1.7 GB): its weight_map kept, the rest skipped.
+  std::string index = R"({"metadata": {"junk": [)";
+  index.reserve((60u << 20) + 200);
+  while (index.size() < (60u << 20)) index += "[[[{}]]],";
+  index.back() = ']';
+  index += R"(}, "weight_map": {"a": "one.safetensors", "b": "two.safetensors"}})";
+  const long index_kib = peakGrowthKiB([&] {
+    if (parseSafetensorsIndex(index).size() != 2) throw std::runtime_error("lost a file");
+  });
+  CHECK(index_kib >= 0);
+  CHECK(index_kib < static_cast<long>(2 * index.size() / 1024));
+  // What a header cannot hold stops the parse.
+  auto refused = [](const std::string& header, const std::string& why) {
+    INFO(header);
+    CHECK_THROWS_WITH(parseSafetensorsHeader(header, 64), Catch::Contains(why));
+  };
+  refused(R"({"__metadata__": )" + std::string(40, '[') + std::string(40, ']') + "}",
+          "nested deeper");
+  std::string dims = R"({"w": {"dtype": "F32", "shape": [1)";
+  for (int i = 0; i < 70; ++i) dims += ",1";
+  refused(dims + R"(], "data_offsets": [0, 4]}})", "more than 64 dimensions");
+  refused(R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4, 8]}})",
+          "data_offsets is not [begin, end]");
+  refused(R"({"w": {"dtype": "F32", "shape": [[1]], "data_offsets": [0, 4]}})",
+          "other than a size");
+  refused(R"({"w": {"dtype": 7, "shape": [1], "data_offsets": [0, 4]}})", "no dtype");
+  refused(R"({"w": [1]})", "not an object");
+  refused(R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+              "w": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
+          "appears twice");
+  CHECK(parseSafetensorsHeader(R"({"__metadata__": {"format": "pt"}, "w": {"dtype": "F32",
+            "shape": [1], "data_offsets": [0, 4], "extra": {"x": [1, {"y": null}]}}})",
+                               4)
+            .size() == 1);
+  CHECK_THROWS_WITH(parseSafetensorsIndex(R"({"weight_map": {"a": 3}})"),
+                    Catch::Contains("tensor 'a' maps to no file name"));
+  CHECK_THROWS_WITH(parseSafetensorsIndex(R"({"weight_map": {"a": "../x"}})"),
+                    Catch::Contains("maps to no file name"));
+  CHECK_THROWS_WITH(parseSafetensorsIndex(R"({"metadata": {}})"), Catch::Contains("no weight_map"));
+  CHECK_THROWS_WITH(parseSafetensorsIndex("[1]"), Catch::Contains("not a JSON object"));
+}
+
+TEST_CASE("A FIFO in a model file's place is refused, never waited on",
+          "[checkpoint][safetensors]") {
+  cxxlaunch::testing::TempDir dir;
+  for (const std::string name : {"model.safetensors", "model.safetensors.index.json"}) {
+    INFO(name);
+    const std::string folder = dir.path() + "/" + name + ".d";
+    fs::create_directories(folder);
+    REQUIRE(::mkfifo((folder + "/" + name).c_str(), 0600) == 0);
+    CHECK_THROWS_WITH(checkpoint::readSafetensors(folder, [](auto&&...) {}),
+                      Catch::Contains("not a regular file"));
+  }
+}
+
 TEST_CASE("CRC-32C gives the standard check value, in one piece or many", "[checkpoint]") {
   const std::string text = "123456789";
   CHECK(checkpoint::crc32c(0, text.data(), text.size()) == 0xE3069283u);
@@ -1176,4 +1435,86 @@ TEST_CASE("acc.save writes on the main process only, atomically", "[checkpoint]"
   size_t files = 0;
   for (const auto& entry : fs::directory_iterator(dir.path())) files += entry.is_regular_file();
   CHECK(files == 2);  // no temporary left behind
+}
+
+namespace {
+
+// Example i holds the number i.
+struct Numbers : torch::data::datasets::Dataset<Numbers> {
+  torch::data::Example<> get(size_t i) override {
+    return {torch::full({1}, static_cast<float>(i)), torch::zeros({1})};
+  }
+  torch::optional<size_t> size() const override { return 21; }
+};
+
+// The numbers of each batch a rank draws, over `micro_steps` micro-steps (backward and step each)
+// from `load` (a checkpoint, or none), saving at micro-step `save_at` into `save`.
+std::vector<std::vector<std::vector<int>>> drawBatches(int micro_steps, const std::string& load,
+                                                       int save_at, const std::string& save) {
+  auto fake = makeFakeWorld(2);
+  std::vector<std::vector<std::vector<int>>> drawn(2);
+  onRanks(2, [&](int r) {
+    torch::manual_seed(0);
+    auto model = torch::nn::Linear(1, 1);
+    torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
+    World world;
+    world.env.rank = r;
+    world.env.world_size = 2;
+    world.backend = makeFakeBackend(fake, r);
+    Accelerator acc(std::move(world), {});
+    acc.prepare(model.ptr(), optimizer);
+    if (!load.empty()) acc.loadState(load);
+    auto loader = acc.prepareDataLoader(Numbers().map(torch::data::transforms::Stack<>()), 4);
+    RANK_REQUIRE(loader->batchesPerEpoch() == 3);  // 11 of the 21 (one twice) per rank
+    RANK_REQUIRE(loader->paddingExamples() == 1);
+    while (static_cast<int>(drawn[r].size()) < micro_steps) {
+      for (auto& batch : *loader) {
+        std::vector<int> numbers;
+        for (int64_t i = 0; i < batch.data.size(0); ++i) {
+          numbers.push_back(batch.data[i].item<int>());
+        }
+        drawn[r].push_back(numbers);
+        acc.backward(model->forward(batch.data).sum());
+        acc.step();
+        if (static_cast<int>(drawn[r].size()) == save_at) acc.saveState(save);
+        if (static_cast<int>(drawn[r].size()) == micro_steps) break;
+      }
+    }
+  });
+  return drawn;
+}
+
+}  // namespace
+
+TEST_CASE("A prepared loader has another order each epoch, the same on every rank, and resumes",
+          "[checkpoint]") {
+  torch::set_num_threads(1);
+  cxxlaunch::testing::TempDir dir;
+  const auto whole = drawBatches(9, "", 4, dir.path() + "/at4");  // epochs 0, 1, 2
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    std::multiset<int> seen;  // both ranks' numbers: all 21, one of them twice
+    std::vector<int> order;
+    for (int r = 0; r < 2; ++r) {
+      for (int b = 3 * epoch; b < 3 * epoch + 3; ++b) {
+        for (int n : whole[r][b]) {
+          seen.insert(n);
+          if (r == 0) order.push_back(n);
+        }
+      }
+    }
+    CHECK(seen.size() == 22);
+    CHECK(std::set<int>(seen.begin(), seen.end()).size() == 21);
+    if (epoch > 0) {
+      std::vector<int> before;
+      for (int b = 3 * epoch - 3; b < 3 * epoch; ++b) {
+        before.insert(before.end(), whole[0][b].begin(), whole[0][b].end());
+      }
+      CHECK(order != before);  // reshuffled
+    }
+  }
+  // Saved after micro-step 4 (the second batch of epoch 1): a resumed run draws batches 5 to 9.
+  const auto resumed = drawBatches(5, dir.path() + "/at4", -1, "");
+  for (int r = 0; r < 2; ++r) {
+    CHECK(resumed[r] == std::vector<std::vector<int>>(whole[r].begin() + 4, whole[r].end()));
+  }
 }

@@ -11,9 +11,11 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <limits>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <thread>
 #include <tuple>
 
@@ -886,4 +888,56 @@ TEST_CASE("DDP moves large host parameters onto aligned memory and keeps values 
   });
   CHECK(problems[0] == "");
   CHECK(problems[1] == "");
+}
+
+TEST_CASE("Units the policy chose that never ran through unitForward are named in one warning",
+          "[sharded]") {
+  torch::set_num_threads(1);
+  for (const bool routed : {false, true}) {
+    INFO((routed ? "through unitForward" : "called directly"));
+    auto fake = makeFakeWorld(2);
+    std::ostringstream said;
+    auto* const cerr = std::cerr.rdbuf(said.rdbuf());
+    std::mutex construction;
+    onRanks(2, [&](int r) {
+      Tower net = [&] {
+        std::lock_guard<std::mutex> lock(construction);
+        torch::manual_seed(1);
+        return Tower(11, 3);
+      }();
+      torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(0.01));
+      World world;
+      world.env.rank = r;
+      world.env.world_size = 2;
+      world.env.strategy = "zero3";
+      world.env.fsdp_transformer_layer_cls = {"Block"};
+      world.env.fsdp_auto_wrap_policy = "TRANSFORMER_BASED_WRAP";
+      world.backend = makeFakeBackend(fake, r);
+      Accelerator acc(std::move(world), {});
+      acc.prepare(net.ptr(), optimizer);
+      for (int step = 0; step < 2; ++step) {
+        const auto x = torch::randn({2, 6}, at::detail::createCPUGenerator(step));
+        torch::Tensor y;
+        if (routed) {
+          y = net->forward(x);
+        } else {  // as a model that knows nothing of units writes its forward
+          auto h = net->in(x);
+          for (auto& block : net->blocks) h = block->forward(h);
+          y = net->out(h);
+        }
+        acc.backward(torch::mse_loss(y, torch::zeros({2, 3})));
+        RANK_REQUIRE(acc.step());
+      }
+    });
+    std::cerr.rdbuf(cerr);
+    const std::string warning =
+        "3 module(s) the wrap policy chose as shard units never ran "
+        "through unitForward ('block0', 'block1', 'block2')";
+    if (routed) {
+      CHECK(said.str().find("never ran through unitForward") == std::string::npos);
+    } else {
+      CHECK_THAT(said.str(), Catch::Contains(warning));
+      CHECK(said.str().find(warning) == said.str().rfind(warning));  // once, from rank 0
+    }
+  }
 }

@@ -224,3 +224,46 @@ TEST_CASE("A rank that never arrives ends the others' wait with a timeout", "[sh
                   TimeoutError);
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
 }
+
+TEST_CASE("Ranks in different calls all fail at once, naming each rank's call", "[shm]") {
+  // A collective on some ranks only (rank 0 all-reduces where the others are at a barrier), and
+  // one with other sizes: without the check the first mixes unrelated data or hangs, the second
+  // reduces garbage.
+  struct Case {
+    std::string name, rank0, others;
+  };
+  for (const Case& c :
+       {Case{"some ranks only", "#2 allreduce int32 x1", "#2 barrier"},
+        Case{"other sizes", "#2 allGather float32 x7", "#2 allGather float32 x8"}}) {
+    INFO(c.name);
+    for (int n = 2; n <= 3; ++n) {
+      rendezvous::MemoryStore store;
+      std::vector<std::string> errors(static_cast<size_t>(n));
+      onRanks(n, [&](int r) {
+        auto shm = ShmCollectives::connect(store, options(r, n));
+        RANK_REQUIRE(shm != nullptr);
+        shm->barrierCall();  // #1: the same everywhere
+        std::vector<float> in(8, 1.f), out(8 * static_cast<size_t>(n));
+        int32_t flag = 1;
+        try {
+          if (c.name == "other sizes") {
+            shm->allGather(in.data(), out.data(), r == 0 ? 7 : 8, DType::kFloat32);
+          } else if (r == 0) {
+            shm->allreduce(&flag, 1, DType::kInt32, ReduceOp::kMin);
+          } else {
+            shm->barrierCall();
+          }
+        } catch (const CommunicationError& e) {
+          errors[static_cast<size_t>(r)] = e.what();
+        }
+      });
+      for (int r = 0; r < n; ++r) {
+        INFO("rank " << r << ": " << errors[static_cast<size_t>(r)]);
+        CHECK_THAT(errors[static_cast<size_t>(r)],
+                   Catch::Contains("the ranks called different collectives") &&
+                       Catch::Contains("rank 0: shared-memory call " + c.rank0) &&
+                       Catch::Contains("rank 1: shared-memory call " + c.others));
+      }
+    }
+  }
+}

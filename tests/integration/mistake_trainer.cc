@@ -1,0 +1,48 @@
+// mistake_trainer: a trainer with one of a new user's mistakes, as a user writes it (no try, no
+// catch): what the runtime makes of it is the test (runtime_integration_test.cc).
+//   mistake_trainer batch0     prepareDataLoader(dataset, 0)
+//   mistake_trainer own_step   optimizer.step() / zero_grad() in place of acc.step()
+//   mistake_trainer main_only_save   saveCheckpoint on the main process only, after 2 steps,
+//                                    while the others wait for everyone
+
+#include <torch/torch.h>
+
+#include <cstring>
+
+#include "runtime/accelerator.h"
+
+using namespace cxxlaunch::runtime;
+
+struct Pairs : torch::data::datasets::Dataset<Pairs> {
+  torch::data::Example<> get(size_t i) override {
+    const auto x = torch::full({4}, static_cast<float>(i % 7));
+    return {x, x.sum(0, true)};
+  }
+  torch::optional<size_t> size() const override { return 64; }
+};
+
+int main(int argc, char** argv) {
+  const std::string mistake = argc > 1 ? argv[1] : "";
+  torch::set_num_threads(1);
+  Accelerator acc;
+  torch::manual_seed(0);
+  auto model = torch::nn::Linear(4, 1);
+  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  acc.prepare(model.ptr(), optimizer);
+  auto loader = acc.prepareDataLoader(Pairs().map(torch::data::transforms::Stack<>()),
+                                      mistake == "batch0" ? 0 : 4);
+  for (auto& batch : *loader) {
+    acc.backward(torch::mse_loss(model->forward(batch.data), batch.target));
+    if (mistake == "own_step") {
+      optimizer.step();
+      optimizer.zero_grad();
+    } else {
+      acc.step();
+    }
+    if (mistake == "main_only_save" && acc.optimizerSteps() == 2) {
+      if (acc.isMainProcess()) acc.saveCheckpoint();
+      acc.waitForEveryone();
+    }
+  }
+  acc.print("finished after ", acc.optimizerSteps(), " steps");
+}
