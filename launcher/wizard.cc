@@ -270,15 +270,25 @@ Config askConfig(int in_fd, int out_fd, const HostInfo& host) {
              "Do you want to run your training on CPU only (even if a GPU is available)?", false);
   }
   const bool gpu = type == 2;
-  if (gpu && p.yesNo("Do you want to use DeepSpeed?", false)) {
+  // Sharding runs on CPUs too (over Gloo): a multi-CPU machine is offered it as a GPU one is.
+  // Offload to host memory is for GPU runs; nvme for both.
+  const std::vector<std::string> offload = gpu ? std::vector<std::string>{"none", "cpu", "nvme"}
+                                               : std::vector<std::string>{"none", "nvme"};
+  auto offloadKey = [&](const std::string& what, const std::string& question) {
+    const std::string key = "deepspeed_config.offload_" + what + "_device";
+    chooseKey(p, c, key, question, offload, "none");
+    if (c.text(key) == "nvme") {
+      askKey(p, c, "deepspeed_config.offload_" + what + "_nvme_path",
+             "Which directory on local disk holds the swap file?", "/tmp/cxxlaunch_nvme");
+    }
+  };
+  if (multi && p.yesNo("Do you want to use DeepSpeed?", false)) {
     c.set("distributed_type", "DEEPSPEED", answer);
     chooseKey(p, c, "deepspeed_config.zero_stage", "What should be your DeepSpeed's ZeRO stage?",
               {"0", "1", "2", "3"}, "2");
-    chooseKey(p, c, "deepspeed_config.offload_optimizer_device",
-              "Where to offload optimizer states?", {"none", "cpu"}, "none");
+    offloadKey("optimizer", "Where to offload optimizer states?");
     if (c.integer("deepspeed_config.zero_stage") == 3) {
-      chooseKey(p, c, "deepspeed_config.offload_param_device", "Where to offload parameters?",
-                {"none", "cpu"}, "none");
+      offloadKey("param", "Where to offload parameters?");
     }
     askKey(p, c, "deepspeed_config.gradient_accumulation_steps",
            "How many gradient accumulation steps you're passing in your script?", "1");
@@ -292,12 +302,15 @@ Config askConfig(int in_fd, int out_fd, const HostInfo& host) {
       yesNoKey(p, c, "deepspeed_config.zero3_init_flag",
                "Do you want to build the model already sharded (ZeRO-3 init)?", false);
     }
-  } else if (gpu && p.yesNo("Do you want to use FullyShardedDataParallel?", false)) {
+  } else if (multi && p.yesNo("Do you want to use FullyShardedDataParallel?", false)) {
     c.set("distributed_type", "FSDP", answer);
     chooseKey(p, c, "fsdp_config.fsdp_sharding_strategy", "What should be your sharding strategy?",
-              {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"}, "FULL_SHARD");
-    yesNoKey(p, c, "fsdp_config.fsdp_offload_params",
-             "Do you want to offload parameters and gradients to CPU?", false);
+              {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"},
+              "FULL_SHARD");
+    if (gpu) {
+      yesNoKey(p, c, "fsdp_config.fsdp_offload_params",
+               "Do you want to offload parameters and gradients to CPU?", false);
+    }
     chooseKey(p, c, "fsdp_config.fsdp_auto_wrap_policy", "What should be your auto wrap policy?",
               {"TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"}, "TRANSFORMER_BASED_WRAP");
     const std::string policy = c.text("fsdp_config.fsdp_auto_wrap_policy");
@@ -314,7 +327,7 @@ Config askConfig(int in_fd, int out_fd, const HostInfo& host) {
               {"BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"}, "BACKWARD_PRE");
     chooseKey(p, c, "fsdp_config.fsdp_state_dict_type",
               "What should be your FSDP's state dict type?",
-              {"FULL_STATE_DICT", "SHARDED_STATE_DICT"}, "SHARDED_STATE_DICT");
+              {"FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT"}, "FULL_STATE_DICT");
     yesNoKey(p, c, "fsdp_config.fsdp_forward_prefetch",
              "Do you want to enable FSDP's forward prefetch?", false);
     yesNoKey(p, c, "fsdp_config.fsdp_sync_module_states",

@@ -153,6 +153,10 @@ TEST_CASE(
     REQUIRE(pty.expect("Should distributed operations be checked while running for errors?"));
     REQUIRE(pty.expect("[yes/NO]: "));
     pty.send("\n");
+    REQUIRE(pty.expect("Do you want to use DeepSpeed? [yes/NO]: "));
+    pty.send("\n");
+    REQUIRE(pty.expect("Do you want to use FullyShardedDataParallel? [yes/NO]: "));
+    pty.send("\n");
     REQUIRE(pty.expect("How many processes should be used in total, across all machines? [1]: "));
     pty.send("3\n");
     REQUIRE(pty.expect("Do you wish to use mixed precision?"));
@@ -236,12 +240,46 @@ TEST_CASE(
   REQUIRE(forced.exit_code == 0);
 }
 
+TEST_CASE("The wizard offers DeepSpeed and FSDP on CPUs, with every value their keys accept",
+          "[wizard]") {
+  TempDir dir;
+  auto answer = [&](const std::string& name, const std::string& answers) {
+    const std::string file = dir.path() + "/" + name + ".yaml";
+    auto result = run({"/bin/sh", "-c",
+                       std::string(CXXLAUNCH_BIN) + " config --config_file " + file + " < " +
+                           write(dir, name + ".answers", answers)},
+                      isolated(dir));
+    INFO(result.out << result.err);
+    REQUIRE(result.exit_code == 0);
+    return std::make_pair(result.out, cxxlaunch::launcher::loadConfigFile(file));
+  };
+  // multi-CPU, 1 machine, no debug, DeepSpeed, stage 3, the optimizer to nvme (the default
+  // folder), no parameter offload, the rest by default, 2 processes, no mixed precision.
+  const auto [ds_out, ds] = answer("ds", "1\n1\n\nyes\n3\n1\n\n0\n\n\n\n\n2\n0\n");
+  CHECK_THAT(ds_out,
+             Catch::Contains("Where to offload optimizer states?\n  [0] none\n  [1] nvme\n"));
+  const auto ds_env = cxxlaunch::launcher::workerSettings(ds, {});
+  CHECK(ds_env.at("CXXLAUNCH_STRATEGY") == "zero3");
+  CHECK(ds_env.at("CXXLAUNCH_OFFLOAD_OPTIMIZER") == "nvme");
+  CHECK(ds.text("deepspeed_config.offload_optimizer_nvme_path") == "/tmp/cxxlaunch_nvme");
+  // multi-CPU, 1 machine, no debug, no DeepSpeed, FSDP, HYBRID_SHARD_ZERO2, wrapping Block, the
+  // rest by default (the state dict type FULL, as the key's default), 2 processes.
+  const auto [fsdp_out, fsdp] = answer("fsdp", "1\n1\n\n\nyes\n4\n0\nBlock\n\n\n\n\n\n2\n0\n");
+  CHECK_THAT(fsdp_out, Catch::Contains("[4] HYBRID_SHARD_ZERO2"));
+  CHECK_THAT(fsdp_out, Catch::Contains("[1] LOCAL_STATE_DICT"));
+  CHECK(fsdp.text("distributed_type") == "FSDP");
+  CHECK(fsdp.text("fsdp_config.fsdp_sharding_strategy") == "HYBRID_SHARD_ZERO2");
+  CHECK(fsdp.text("fsdp_config.fsdp_state_dict_type") == "FULL_STATE_DICT");
+}
+
 TEST_CASE("The wizard's questions for several machines", "[wizard]") {
   TempDir dir;
   const std::string file = dir.path() + "/node.yaml";
   // multi-CPU, 2 machines, rank 1, the main IP, port 0 (refused) then the default, not the same
-  // network, c10d, no debug, 3 processes (refused: uneven) then 4, no mixed precision.
-  const std::string answers = write(dir, "answers", "1\n2\n1\n10.0.0.1\n0\n\nno\n1\n\n3\n4\n0\n");
+  // network, c10d, no debug, no DeepSpeed, no FSDP, 3 processes (refused: uneven) then 4, no
+  // mixed precision.
+  const std::string answers =
+      write(dir, "answers", "1\n2\n1\n10.0.0.1\n0\n\nno\n1\n\n\n\n3\n4\n0\n");
   auto result =
       run({"/bin/sh", "-c",
            std::string(CXXLAUNCH_BIN) + " config --config_file " + file + " < " + answers},
