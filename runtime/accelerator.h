@@ -144,7 +144,7 @@ class Accelerator {
   template <typename Dataset>
   auto prepareDataLoader(Dataset dataset, size_t batch_size) {
     requireBatchSize(batch_size);
-    const std::optional<size_t> size = dataset.size();
+    const auto size = dataset.size();  // LibTorch's optional (c10::optional in 1.13)
     if (!size) throw InvalidArgument("prepareDataLoader: the dataset has no size() to shard by");
     const size_t examples = *size, world = static_cast<size_t>(worldSize());
     auto next_epoch = std::make_shared<size_t>(0);

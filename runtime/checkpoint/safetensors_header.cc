@@ -289,8 +289,11 @@ std::vector<SafetensorsEntry> parseSafetensorsHeader(const std::string& text, ui
     }
     entries.push_back(std::move(e));
   }
+  // A tensor of no elements overlaps nothing, wherever its offset (and whatever its name).
   std::vector<const SafetensorsEntry*> by_offset;
-  for (const auto& e : entries) by_offset.push_back(&e);
+  for (const auto& e : entries) {
+    if (e.end > e.begin) by_offset.push_back(&e);
+  }
   std::sort(by_offset.begin(), by_offset.end(),
             [](const auto* a, const auto* b) { return a->begin < b->begin; });
   for (size_t i = 1; i < by_offset.size(); ++i) {

@@ -1329,6 +1329,11 @@ TEST_CASE("Hostile safetensors headers cost memory for what is kept, not for the
             "shape": [1], "data_offsets": [0, 4], "extra": {"x": [1, {"y": null}]}}})",
                                4)
             .size() == 1);
+  // A tensor of no elements at another's offset: accepted, before it or after it.
+  const std::string full = R"("m": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]})";
+  const std::string empty = R"("e": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]})";
+  CHECK(parseSafetensorsHeader("{" + full + ", " + empty + "}", 8).size() == 2);
+  CHECK(parseSafetensorsHeader("{" + empty + ", " + full + "}", 8).size() == 2);
   CHECK_THROWS_WITH(parseSafetensorsIndex(R"({"weight_map": {"a": 3}})"),
                     Catch::Contains("tensor 'a' maps to no file name"));
   CHECK_THROWS_WITH(parseSafetensorsIndex(R"({"weight_map": {"a": "../x"}})"),
