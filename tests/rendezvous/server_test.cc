@@ -360,6 +360,72 @@ TEST_CASE("Each run's store is bounded: a full run is refused, others keep being
   REQUIRE_THROWS_WITH(other.set("one-too-many", ""), Catch::Contains("--store-max-keys"));
 }
 
+// One client with many runs: each run's bound holds, so only the total over all runs can stop it
+// (16 runs of 1 MiB values once took cxxlaunchd to 1.06 GB).
+TEST_CASE("The server's total over all runs is bounded: past it writes and new joins are refused",
+          "[server][store][limits]") {
+  ServerOptions options;
+  options.max_total_bytes = 12 << 20;
+  RendezvousServer server(options);
+  std::vector<Placement> runs;
+  int accepted = 0;
+  std::string refusal;
+  for (int i = 0; i < 16; ++i) {
+    const std::string id = "flood" + std::to_string(i);
+    runs.push_back(soloRun(server, id));
+    GrpcStore store(clientFor(server), id, runs.back().round);
+    try {
+      store.set("v", std::string(1 << 20, 'x'));
+      ++accepted;
+    } catch (const LimitExceeded& e) {
+      refusal = e.what();
+    }
+  }
+  CHECK(accepted == 11);  // 12 MiB hold eleven 1 MiB values beside 16 runs' state, not twelve
+  CHECK_THAT(refusal, Catch::Contains("--store-max-total-bytes"));
+  // Filled to the brim: a new run cannot join, a known node still can, and a failure keeps only
+  // the note that its description was cut.
+  GrpcStore brim(clientFor(server), "flood15", runs.back().round);
+  for (int i = 0;; ++i) {
+    try {
+      brim.set("s" + std::to_string(i), std::string(1000, 's'));
+    } catch (const LimitExceeded&) {
+      break;
+    }
+  }
+  CHECK(server.heldBytes() <= options.max_total_bytes);
+  RendezvousClient late(clientFor(server), "late");
+  REQUIRE_THROWS_WITH(late.join(node("n"), settings(1, 1), 1s),
+                      Catch::Contains("--store-max-total-bytes"));
+  RendezvousClient flood0(clientFor(server), "flood0");
+  CHECK(flood0.join(node("solo"), settings(1, 1), 1s).placement);
+  const auto failed =
+      flood0.requestRestart("solo", runs[0].round, {"solo", 0, 1, std::string(64 << 10, 'd')});
+  REQUIRE(failed.action == Action::kFail);
+  REQUIRE(failed.root_cause);
+  CHECK(failed.root_cause->description == "... [65536 more bytes not kept]");
+  // The failed run's store is gone, and its bytes are free for a new run.
+  CHECK(late.join(node("n"), settings(1, 1), 1s).placement);
+}
+
+TEST_CASE("A failure description is kept to 64 KiB, in every run", "[server][rendezvous][limits]") {
+  RendezvousServer server({});
+  const std::string description(1 << 20, 'd');
+  for (int i = 0; i < 16; ++i) {
+    RendezvousClient client(clientFor(server), "fail" + std::to_string(i));
+    auto placed = joinUntilPlaced(client, node("a"), settings(1, 1, /*max_restarts=*/1));
+    const auto verdict = client.requestRestart("a", placed.round, {"a", 0, 1, description});
+    REQUIRE(verdict.action == Action::kRestart);
+    CHECK_THAT(verdict.reason,
+               Catch::EndsWith(std::string(100, 'd') + "... [983040 more bytes not kept]"));
+    CHECK(verdict.reason.size() < kMaxFailureDescriptionBytes + 100);
+  }
+  // Each run keeps the description twice (the root cause, and why its round ended): 16 runs hold
+  // about 2 MiB, not the 32 MiB sent.
+  CHECK(server.heldBytes() <
+        16 * (2 * static_cast<int64_t>(kMaxFailureDescriptionBytes) + 32 * 1024));
+}
+
 TEST_CASE("A counter that would overflow is refused over gRPC", "[server][store][limits]") {
   RendezvousServer server({});
   auto placed = soloRun(server, "job");
