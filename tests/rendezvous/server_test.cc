@@ -4,6 +4,7 @@
 #include "rendezvous/server.h"
 
 #include <arpa/inet.h>
+#include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
@@ -17,6 +18,7 @@
 
 #include "common/error.h"
 #include "rendezvous/client.h"
+#include "support/foreign_listener.h"
 #include "support/ranks.h"
 #include "support/subprocess.h"
 
@@ -322,6 +324,50 @@ TEST_CASE("TLS: plaintext is refused, mutual TLS admits only certified clients",
   options.tls_key_file = d + "/missing.key";
   options.port = 0;
   REQUIRE_THROWS_WITH(RendezvousServer(options), Catch::Contains("missing.key"));
+}
+
+// An endpoint held by another program is named at once; the launcher's view of it, through the
+// real binary: multinode_integration_test.
+TEST_CASE("A join at an endpoint that is not a rendezvous server says what answered",
+          "[server][security]") {
+  ClientOptions o;
+  o.call_timeout = 1s;
+  auto join = [&](const std::string& endpoint) {
+    o.endpoint = endpoint;
+    RendezvousClient(o, "job").join(node("a"), settings(1, 1), 1s);
+  };
+  // Not HTTP/2: an error at once, with what it sent.
+  testing::ForeignListener http("HTTP/1.1 200 OK\r\n\r\nhello");
+  const auto start = std::chrono::steady_clock::now();
+  REQUIRE_THROWS_AS(join(http.endpoint), InvalidArgument);
+  REQUIRE_THROWS_WITH(
+      join(http.endpoint),
+      Catch::Contains(http.endpoint + " answered but is not a cxxlaunch rendezvous server") &&
+          Catch::Contains("HTTP/1.1 200 OK\\r\\n\\r\\nhello"));
+  CHECK(std::chrono::steady_clock::now() - start < 1s);
+  // A gRPC server without our services (another program's): its UNIMPLEMENTED, at once.
+  grpc::CallbackGenericService unimplemented;  // answers every call UNIMPLEMENTED
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterCallbackGenericService(&unimplemented);
+  auto other = builder.BuildAndStart();
+  REQUIRE(other);
+  REQUIRE_THROWS_AS(join("127.0.0.1:" + std::to_string(port)), InvalidArgument);
+  REQUIRE_THROWS_WITH(join("127.0.0.1:" + std::to_string(port)),
+                      Catch::Contains("is not a cxxlaunch rendezvous server"));
+  // Silence may be a stopped server: retried (CommunicationError), saying what was found.
+  testing::ForeignListener silent("");
+  try {
+    join(silent.endpoint);
+    FAIL("a silent listener let the join through");
+  } catch (const CommunicationError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("accepted the connection but sent nothing back"));
+  }
+  // Our own server passes the probe.
+  RendezvousServer server({});
+  RendezvousClient client(clientFor(server), "job");
+  CHECK(joinUntilPlaced(client, node("a"), settings(1, 1)).world_size == 1);
 }
 
 // ---- limits and lifetimes (docs/reliability.md) ---------------------------------------------
