@@ -221,9 +221,9 @@ class EtcdLink final : public Link {
     return rendezvous_.join(node, settings, poll);
   }
   void cancel() override { rendezvous_.cancel(); }
-  rdzv::Verdict keepAlive(const std::string& node_id, int64_t round, rdzv::Millis,
+  rdzv::Verdict keepAlive(const std::string& node_id, int64_t round, rdzv::Millis timeout,
                           const std::vector<rdzv::WorkerProgress>& workers) override {
-    return rendezvous_.keepAlive(node_id, round, workers);
+    return rendezvous_.keepAlive(node_id, round, workers, timeout);
   }
   rdzv::Verdict requestRestart(const std::string& node_id, int64_t round,
                                const rdzv::FailureReport& failure) override {

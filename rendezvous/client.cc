@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "proto/rendezvous.grpc.pb.h"
+#include "rendezvous/endpoint_probe.h"
 #include "rendezvous/wire.h"
 
 namespace cxxlaunch::rendezvous {
@@ -217,6 +218,40 @@ struct RendezvousClient::Impl {
   std::mutex mu;
   grpc::ClientContext* joining = nullptr;  // the join in progress, for cancel()
   bool cancelled = false;
+  // Until a server has answered a join: look at what holds the endpoint first.
+  bool probe = false;
+
+  // An endpoint that answers but not as a gRPC server is an error now (InvalidArgument: the
+  // endpoint is the user's to fix), not a wait for a server that cannot come there. Nothing
+  // listening goes on to the join, which waits for the server; a connection that stays silent
+  // (or is closed at once) is a CommunicationError, retried until the join timeout: a stopped
+  // server, or a port forward with nothing behind it yet, looks the same.
+  void checkEndpoint() {
+    const Millis timeout = std::min(options.call_timeout, kProbeTimeout);
+    const EndpointAnswer answer = probeEndpoint(options.endpoint, timeout);
+    const std::string said = " (it answered: \"" + printableBytes(answer.first_bytes) + "\")";
+    switch (answer.kind) {
+      case EndpointAnswer::Kind::kNothing:
+      case EndpointAnswer::Kind::kHttp2:
+        return;
+      case EndpointAnswer::Kind::kTls:
+        throw InvalidArgument(options.endpoint +
+                              " answered with TLS: give its CA (--rdzv_conf tls_ca=FILE)" + said);
+      case EndpointAnswer::Kind::kSilent:
+        throw CommunicationError(options.endpoint +
+                                 " accepted the connection but sent nothing back within " +
+                                 std::to_string(timeout.count()) +
+                                 " ms (a stopped server; a TLS server, then give its CA with "
+                                 "--rdzv_conf tls_ca=FILE; or not a cxxlaunch rendezvous "
+                                 "server)");
+      case EndpointAnswer::Kind::kOther:
+        throw InvalidArgument(options.endpoint +
+                              " answered but is not a cxxlaunch rendezvous server: it did not "
+                              "speak HTTP/2 (gRPC)" +
+                              said + "; check --rdzv_endpoint");
+    }
+  }
+  static constexpr Millis kProbeTimeout = std::chrono::seconds(2);
 
   template <typename Response, typename Call>
   Response unary(const char* what, Call&& rpc, Millis timeout = Millis(0)) {
@@ -231,7 +266,11 @@ struct RendezvousClient::Impl {
 };
 
 RendezvousClient::RendezvousClient(const ClientOptions& options, std::string run_id)
-    : RendezvousClient(options, std::move(run_id), makeChannel(options)) {}
+    : RendezvousClient(options, std::move(run_id), makeChannel(options)) {
+  // Only our own channel goes where options.endpoint says; with TLS the server speaks only after
+  // our handshake, so the probe could tell nothing.
+  impl_->probe = !options.endpoint.empty() && options.tls_ca_file.empty();
+}
 
 RendezvousClient::RendezvousClient(const ClientOptions& options, std::string run_id,
                                    std::shared_ptr<grpc::Channel> channel)
@@ -250,6 +289,7 @@ JoinPoll RendezvousClient::join(const NodeSpec& node, const RunSettings& setting
   wire::toProto(node, req.mutable_node());
   wire::toProto(settings, req.mutable_settings());
   req.set_poll_ms(poll.count());
+  if (impl_->probe) impl_->checkEndpoint();
   rdzv::JoinResponse resp;
   grpc::ClientContext ctx;
   prepare(ctx, impl_->options, poll + impl_->options.call_timeout);
@@ -263,6 +303,18 @@ JoinPoll RendezvousClient::join(const NodeSpec& node, const RunSettings& setting
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->joining = nullptr;
+  }
+  if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+    // An HTTP/2 server without our service: another gRPC server (etcd's, say).
+    const std::string said = status.error_message().empty() ? "" : ": " + status.error_message();
+    throw InvalidArgument(impl_->options.endpoint +
+                          " answered but is not a cxxlaunch rendezvous server (it answered "
+                          "UNIMPLEMENTED" +
+                          said + "); check --rdzv_endpoint");
+  }
+  if (status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED &&
+      status.error_code() != grpc::StatusCode::UNAVAILABLE) {
+    impl_->probe = false;  // a rendezvous server answered
   }
   wire::throwIfError(explainUnreachable(status, *impl_->channel, impl_->options),
                      "rendezvous join at " + impl_->options.endpoint);

@@ -78,7 +78,9 @@ class RendezvousClient {
   // One poll of Join: waits at most `poll` on the server. Waits for the server to come up (a
   // node may start before the daemon). Throws CommunicationError when it cannot be reached
   // within `poll` + the call timeout, StaleError for a closed or failed run, InvalidArgument for
-  // settings that contradict the run's.
+  // settings that contradict the run's, and for an endpoint that answers but is not a
+  // rendezvous server (until a server has answered, each poll first probes the endpoint:
+  // rendezvous/endpoint_probe.h; a silent one is a CommunicationError).
   JoinPoll join(const NodeSpec& node, const RunSettings& settings, Millis poll);
   // `timeout`: the call's deadline when shorter than the call timeout (a keep-alive must not
   // outlast the interval it reports on); 0: the call timeout. `workers`: how this node's workers

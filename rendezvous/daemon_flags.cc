@@ -47,6 +47,10 @@ const std::vector<NumberFlag>& numberFlags() {
        [](ServerOptions& o, int64_t v) { o.store_limits.max_key_bytes = v; }},
       {"store-max-value-bytes", "N", "bytes of one value (default 16 MiB)", 1, 1 << 30,
        [](ServerOptions& o, int64_t v) { o.store_limits.max_value_bytes = v; }},
+      {"store-max-total-bytes", "N",
+       "bytes held for all runs together: keys, values, failure descriptions, run state "
+       "(default 1 GiB)",
+       1, int64_t{1} << 50, [](ServerOptions& o, int64_t v) { o.max_total_bytes = v; }},
       {"max-message-bytes", "N", "bytes of one request or answer (default 64 MiB)", 4096, 1 << 30,
        [](ServerOptions& o, int64_t v) { o.max_message_bytes = static_cast<int>(v); }},
       {"run-retention", "SECONDS",
@@ -66,7 +70,9 @@ struct DaemonFlags {
 
 void addDaemonFlags(CLI::App& app, DaemonFlags& f) {
   cli::useConventions(app);
-  app.footer("The store limits are per run; a call past one gets RESOURCE_EXHAUSTED naming it.");
+  app.footer(
+      "The --store-max-* limits are per run, --store-max-total-bytes over all runs; a call past "
+      "one gets RESOURCE_EXHAUSTED naming it.");
   app.add_option(cli::spellings("host"), f.host,
                  "address to bind (default 127.0.0.1: loopback only)")
       ->type_name("ADDR");

@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "common/error.h"
@@ -264,6 +265,27 @@ struct EtcdClient::Impl {
   std::atomic<size_t> current{0};
   std::mutex auth_mu;
   std::string token;  // under auth_mu; empty: not authenticated (yet)
+  std::mutex calls_mu;
+  std::set<grpc::ClientContext*> calls;  // in flight, for cancelCalls()
+
+  // Registers a call in flight while it lives.
+  class InFlight {
+   public:
+    InFlight(Impl& impl, grpc::ClientContext& ctx) : impl_(impl), ctx_(ctx) {
+      std::lock_guard<std::mutex> lock(impl_.calls_mu);
+      impl_.calls.insert(&ctx_);
+    }
+    ~InFlight() {
+      std::lock_guard<std::mutex> lock(impl_.calls_mu);
+      impl_.calls.erase(&ctx_);
+    }
+    InFlight(const InFlight&) = delete;
+    InFlight& operator=(const InFlight&) = delete;
+
+   private:
+    Impl& impl_;
+    grpc::ClientContext& ctx_;
+  };
   std::string list;
 
   explicit Impl(EtcdOptions o) : options(std::move(o)) {
@@ -392,6 +414,7 @@ struct EtcdClient::Impl {
         grpc::ClientContext ctx;
         ctx.set_deadline(grpcDeadline(deadline));
         if (!tok.empty()) ctx.AddMetadata(kTokenKey, tok);
+        const InFlight in_flight(*this, ctx);
         s = rpc(m, ctx);
         if (s.ok()) {
           current = at;
@@ -424,15 +447,16 @@ std::string EtcdClient::endpointList() const { return impl_->list; }
 
 EtcdTxnResult EtcdClient::txn(const std::vector<EtcdCompare>& compares,
                               const std::vector<EtcdOp>& success,
-                              const std::vector<EtcdOp>& failure) {
+                              const std::vector<EtcdOp>& failure, milliseconds timeout) {
   pb::TxnRequest req;
   for (const auto& c : compares) *req.add_compare() = toProto(c);
   for (const auto& op : success) toProto(op, req.add_success());
   for (const auto& op : failure) toProto(op, req.add_failure());
   pb::TxnResponse resp;
-  impl_->call("transaction", [&](Impl::Member& m, grpc::ClientContext& ctx) {
-    return m.kv->Txn(&ctx, req, &resp);
-  });
+  impl_->call(
+      "transaction",
+      [&](Impl::Member& m, grpc::ClientContext& ctx) { return m.kv->Txn(&ctx, req, &resp); },
+      timeout);
   EtcdTxnResult out;
   out.succeeded = resp.succeeded();
   out.revision = resp.header().revision();
@@ -441,8 +465,8 @@ EtcdTxnResult EtcdClient::txn(const std::vector<EtcdCompare>& compares,
 }
 
 // A transaction of one operation and no compares: the same as etcd's unary call.
-EtcdOpResult EtcdClient::run(const EtcdOp& op, int64_t* revision) {
-  EtcdTxnResult r = txn({}, {op});
+EtcdOpResult EtcdClient::run(const EtcdOp& op, int64_t* revision, milliseconds timeout) {
+  EtcdTxnResult r = txn({}, {op}, {}, timeout);
   if (revision) *revision = r.revision;
   return r.results.empty() ? EtcdOpResult{} : std::move(r.results[0]);
 }
@@ -459,31 +483,42 @@ int64_t EtcdClient::grantLease(milliseconds ttl, std::chrono::seconds* granted) 
   return resp.id();
 }
 
-bool EtcdClient::keepLeaseAlive(int64_t lease) {
+bool EtcdClient::keepLeaseAlive(int64_t lease, milliseconds timeout) {
   pb::LeaseKeepAliveResponse resp;
   bool answered = false;
-  impl_->call("lease keep-alive", [&](Impl::Member& m, grpc::ClientContext& ctx) {
-    auto stream = m.lease->LeaseKeepAlive(&ctx);
-    pb::LeaseKeepAliveRequest req;
-    req.set_id(lease);
-    answered = stream->Write(req) && stream->Read(&resp);
-    stream->WritesDone();
-    if (answered) ctx.TryCancel();  // we have our answer; the stream would stay open
-    const grpc::Status s = stream->Finish();
-    return answered ? grpc::Status::OK
-           : s.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "keep-alive stream closed")
-                    : s;
-  });
+  impl_->call(
+      "lease keep-alive",
+      [&](Impl::Member& m, grpc::ClientContext& ctx) {
+        auto stream = m.lease->LeaseKeepAlive(&ctx);
+        pb::LeaseKeepAliveRequest req;
+        req.set_id(lease);
+        answered = stream->Write(req) && stream->Read(&resp);
+        stream->WritesDone();
+        if (answered) ctx.TryCancel();  // we have our answer; the stream would stay open
+        const grpc::Status s = stream->Finish();
+        return answered ? grpc::Status::OK
+               : s.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "keep-alive stream closed")
+                        : s;
+      },
+      timeout);
   return resp.ttl() > 0;
 }
 
-void EtcdClient::revokeLease(int64_t lease) {
+void EtcdClient::cancelCalls() {
+  std::lock_guard<std::mutex> lock(impl_->calls_mu);
+  for (grpc::ClientContext* ctx : impl_->calls) ctx->TryCancel();
+}
+
+void EtcdClient::revokeLease(int64_t lease, milliseconds timeout) {
   pb::LeaseRevokeRequest req;
   req.set_id(lease);
   pb::LeaseRevokeResponse resp;
-  impl_->call("lease revoke", [&](Impl::Member& m, grpc::ClientContext& ctx) {
-    return m.lease->LeaseRevoke(&ctx, req, &resp);
-  });
+  impl_->call(
+      "lease revoke",
+      [&](Impl::Member& m, grpc::ClientContext& ctx) {
+        return m.lease->LeaseRevoke(&ctx, req, &resp);
+      },
+      timeout);
 }
 
 // 1. Open a Watch stream on the current member, from `revision` + 1 (etcd replays what happened

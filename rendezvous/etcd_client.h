@@ -11,6 +11,8 @@
 //
 // Errors: a wrong user or password -> InvalidArgument (one line, what to fix); etcd unreachable
 // on every endpoint -> CommunicationError naming them; a call past its deadline -> TimeoutError.
+// Deadlines: each attempt on a member gets the call's `timeout`, where a method takes one (0:
+// EtcdOptions::call_timeout).
 //
 // Thread-safety: every method may be called from many threads at once.
 
@@ -118,15 +120,21 @@ class EtcdClient {
   // If every compare holds, runs `success`, else `failure`, atomically. At most etcd's
   // --max-txn-ops (128 by default) operations per branch.
   EtcdTxnResult txn(const std::vector<EtcdCompare>& compares, const std::vector<EtcdOp>& success,
-                    const std::vector<EtcdOp>& failure = {});
+                    const std::vector<EtcdOp>& failure = {},
+                    std::chrono::milliseconds timeout = {});
   // One operation, outside a transaction; `revision` gets the store's revision when given.
-  EtcdOpResult run(const EtcdOp& op, int64_t* revision = nullptr);
+  EtcdOpResult run(const EtcdOp& op, int64_t* revision = nullptr,
+                   std::chrono::milliseconds timeout = {});
 
   // A lease of at least `ttl` (etcd rounds up to whole seconds and to its minimum); its id.
   int64_t grantLease(std::chrono::milliseconds ttl, std::chrono::seconds* granted = nullptr);
   // Renews the lease once; false when etcd says it has expired (its keys are gone).
-  bool keepLeaseAlive(int64_t lease);
-  void revokeLease(int64_t lease);
+  bool keepLeaseAlive(int64_t lease, std::chrono::milliseconds timeout = {});
+  void revokeLease(int64_t lease, std::chrono::milliseconds timeout = {});
+
+  // Ends the calls in flight now (they throw CommunicationError): for an agent that stops
+  // talking to etcd while one of its threads waits on a silent member.
+  void cancelCalls();
 
   // Blocks until something changes in [key, range_end) after `revision` (exclusive), at most
   // `timeout`, and then returns true (also when etcd compacted past `revision`: re-read). False

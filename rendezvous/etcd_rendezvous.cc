@@ -234,13 +234,13 @@ EtcdRendezvous::~EtcdRendezvous() {
 //    kEtcdFinalStateRetention (a lease of its own).
 // 4. Someone else wrote first: read again and decide again.
 template <typename Decide>
-EtcdRendezvous::Snapshot EtcdRendezvous::update(Decide&& decide) {
+EtcdRendezvous::Snapshot EtcdRendezvous::update(Decide&& decide, Millis timeout) {
   const std::string state_key = prefix_ + "state";
   const std::string round_key = etcdRoundKey(run_id_, root_);
   for (;;) {
     const EtcdTxnResult read = client_->txn(
-        {},
-        {EtcdOp::get(state_key), EtcdOp::prefix(prefix_ + "alive/", false, /*keys_only=*/true)});
+        {}, {EtcdOp::get(state_key), EtcdOp::prefix(prefix_ + "alive/", false, /*keys_only=*/true)},
+        {}, timeout);
     Snapshot snap;
     snap.revision = read.revision;
     int64_t mod = 0;
@@ -325,7 +325,9 @@ void EtcdRendezvous::keepLeaseLoop() {
     const Millis period = lease_period_;
     lock.unlock();
     try {
-      if (!client_->keepLeaseAlive(lease)) {
+      // A renewal later than the next one is due is of no use: it waits at most a period, and
+      // so does close() for it.
+      if (!client_->keepLeaseAlive(lease, period)) {
         lease_lost_ = true;
         const int64_t fresh = client_->grantLease(period * 3);
         client_->run(EtcdOp::put(alive_key_, alive_value_, fresh));
@@ -342,15 +344,18 @@ void EtcdRendezvous::keepLeaseLoop() {
 
 void EtcdRendezvous::close() {
   int64_t lease = 0;
+  Millis period{0};
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
     lease = lease_;
     lease_ = 0;
+    period = lease_period_;
   }
   wake_.notify_all();
+  if (etcd_silent_) client_->cancelCalls();  // the keeper may be waiting on it too
   if (keeper_.joinable()) keeper_.join();
-  if (lease != 0) client_->revokeLease(lease);
+  if (lease != 0 && !etcd_silent_) client_->revokeLease(lease, period);
 }
 
 void EtcdRendezvous::cancel() { cancelled_ = true; }
@@ -483,22 +488,35 @@ RunStatus EtcdRendezvous::status() {
 }
 
 Verdict EtcdRendezvous::keepAlive(const std::string& node_id, int64_t round,
-                                  const std::vector<WorkerProgress>& workers) {
+                                  const std::vector<WorkerProgress>& workers, Millis timeout) {
   Verdict verdict;
-  update([&](State& s, bool exists, const std::set<std::string>& alive) {
-    if (!exists) {
-      verdict = {Action::kFail, "the run's state is gone from etcd", std::nullopt};
-      return;
-    }
-    sanitize(s, alive, wallMs());
-    verdict = verdictOf(s, node_id, round);
-  });
-  if (verdict.action == Action::kContinue && !workers.empty()) reportProgress(node_id, workers);
+  try {
+    update(
+        [&](State& s, bool exists, const std::set<std::string>& alive) {
+          if (!exists) {
+            verdict = {Action::kFail, "the run's state is gone from etcd", std::nullopt};
+            return;
+          }
+          sanitize(s, alive, wallMs());
+          verdict = verdictOf(s, node_id, round);
+        },
+        timeout);
+  } catch (const TimeoutError&) {
+    etcd_silent_ = true;
+    throw;
+  } catch (const CommunicationError&) {
+    etcd_silent_ = true;
+    throw;
+  }
+  etcd_silent_ = false;
+  if (verdict.action == Action::kContinue && !workers.empty()) {
+    reportProgress(node_id, workers, timeout);
+  }
   return verdict;
 }
 
 void EtcdRendezvous::reportProgress(const std::string& node_id,
-                                    const std::vector<WorkerProgress>& workers) {
+                                    const std::vector<WorkerProgress>& workers, Millis timeout) {
   rdzv::EtcdNodeProgress p;
   p.set_written_ms(wallMs());
   for (const auto& w : workers) wire::toProto(w, p.add_workers());
@@ -509,7 +527,8 @@ void EtcdRendezvous::reportProgress(const std::string& node_id,
   }
   if (lease == 0) return;
   try {  // what status shows, nothing more: a lost report is replaced by the next
-    client_->run(EtcdOp::put(prefix_ + "progress/" + node_id, p.SerializeAsString(), lease));
+    client_->run(EtcdOp::put(prefix_ + "progress/" + node_id, p.SerializeAsString(), lease),
+                 nullptr, timeout);
   } catch (const Error&) {
   }
 }

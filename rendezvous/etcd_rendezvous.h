@@ -54,9 +54,11 @@ class EtcdRendezvous {
 
   // As RunState's: what this node of `round` must do now. Evicts participants whose alive key is
   // gone (their agent's lease expired). `workers` (when not empty) is this node's report for
-  // `cxxlaunch status`, kept under its lease.
+  // `cxxlaunch status`, kept under its lease. `timeout`: each etcd call's deadline (0: the
+  // client's call timeout), as RendezvousClient::keepAlive's: a keep-alive must not outlast the
+  // interval it reports on, or a stopped etcd is noticed late.
   Verdict keepAlive(const std::string& node_id, int64_t round,
-                    const std::vector<WorkerProgress>& workers = {});
+                    const std::vector<WorkerProgress>& workers = {}, Millis timeout = {});
   Verdict requestRestart(const std::string& node_id, int64_t round, const FailureReport& failure);
   Verdict leave(const std::string& node_id, int64_t round);
 
@@ -66,8 +68,10 @@ class EtcdRendezvous {
   // such run.
   RunStatus status();
 
-  // Stops the lease's keep-alives and revokes it: this agent's alive key goes at once.
-  // Idempotent.
+  // Stops the lease's keep-alives and revokes it: this agent's alive key goes at once. The
+  // revocation waits at most a renewal period (a third of the lease's TTL). When the last
+  // keep-alive found etcd silent, neither waits: the renewal in flight is cancelled, and the
+  // lease expires on its own. Idempotent.
   void close();
 
   // Whether the lease thread found the lease expired at some point (the agent was silent past
@@ -77,9 +81,10 @@ class EtcdRendezvous {
  private:
   struct Snapshot;
   template <typename Decide>
-  Snapshot update(Decide&& decide);
+  Snapshot update(Decide&& decide, Millis timeout = {});
   void ensureLease(const NodeSpec& node, const RunSettings& settings);
-  void reportProgress(const std::string& node_id, const std::vector<WorkerProgress>& workers);
+  void reportProgress(const std::string& node_id, const std::vector<WorkerProgress>& workers,
+                      Millis timeout);
   void keepLeaseLoop();
 
   std::shared_ptr<EtcdClient> client_;
@@ -95,6 +100,7 @@ class EtcdRendezvous {
   std::condition_variable wake_;  // ends the keeper's wait
   std::atomic<bool> stop_ = false;
   std::atomic<bool> lease_lost_ = false;
+  std::atomic<bool> etcd_silent_ = false;  // the last keep-alive had no answer
   std::thread keeper_;
 };
 

@@ -7,8 +7,27 @@
 
 namespace cxxlaunch::rendezvous {
 
-void MemoryStore::checkWriteLocked(const std::vector<std::string>& keys,
-                                   const std::vector<const std::string*>& values) const {
+void MemoryBudget::refuse(const std::string& what) const {
+  throw LimitExceeded(what + " would pass the server's total of " + std::to_string(limit_) +
+                      " bytes over all runs (" + std::to_string(used_) + " held; cxxlaunchd " +
+                      flag_ + ")");
+}
+
+bool MemoryBudget::fits(int64_t bytes) const { return limit_ <= 0 || used_ + bytes <= limit_; }
+
+void MemoryBudget::take(int64_t bytes, const std::string& what) {
+  int64_t used = used_;
+  do {
+    if (limit_ > 0 && used + bytes > limit_) refuse(what);
+  } while (!used_.compare_exchange_weak(used, used + bytes));
+}
+
+MemoryStore::~MemoryStore() {
+  if (budget_ != nullptr) budget_->adjust(-bytes_);
+}
+
+int64_t MemoryStore::checkWriteLocked(const std::vector<std::string>& keys,
+                                      const std::vector<const std::string*>& values) const {
   auto exceeded = [](const std::string& what, int64_t limit, const char* flag) {
     throw LimitExceeded("store: " + what + " would pass the limit of " + std::to_string(limit) +
                         " (cxxlaunchd " + flag + ")");
@@ -44,6 +63,19 @@ void MemoryStore::checkWriteLocked(const std::vector<std::string>& keys,
     exceeded("this run's store bytes (" + std::to_string(bytes_after) + ")", limits_.max_bytes,
              "--store-max-bytes");
   }
+  return bytes_after;
+}
+
+void MemoryStore::writeLocked(const std::vector<std::string>& keys,
+                              const std::vector<const std::string*>& values) {
+  const int64_t before = bytes_;
+  const int64_t growth = checkWriteLocked(keys, values) - before;
+  if (budget_ != nullptr && growth > 0) {
+    budget_->take(growth, "a store write of " + std::to_string(growth) + " more bytes");
+  }
+  for (size_t i = 0; i < keys.size(); ++i) storeLocked(keys[i], *values[i]);
+  // Gives back what the check counted twice (a key given twice) or what the write freed.
+  if (budget_ != nullptr) budget_->adjust(bytes_ - before - std::max<int64_t>(growth, 0));
 }
 
 void MemoryStore::storeLocked(const std::string& key, const std::string& value) {
@@ -57,8 +89,7 @@ void MemoryStore::storeLocked(const std::string& key, const std::string& value) 
 void MemoryStore::set(const std::string& key, const std::string& value) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    checkWriteLocked({key}, {&value});
-    storeLocked(key, value);
+    writeLocked({key}, {&value});
   }
   changed_.notify_all();
 }
@@ -87,8 +118,7 @@ int64_t MemoryStore::add(const std::string& key, int64_t delta) {
                             " is past the 64-bit range); it keeps its value");
     }
     const std::string text = std::to_string(value);
-    checkWriteLocked({key}, {&text});
-    storeLocked(key, text);
+    writeLocked({key}, {&text});
   }
   changed_.notify_all();
   return value;
@@ -102,11 +132,9 @@ std::string MemoryStore::compareSet(const std::string& key, const std::string& e
     auto it = data_.find(key);
     if (it == data_.end()) {
       if (!expected.empty()) return expected;
-      checkWriteLocked({key}, {&desired});
-      storeLocked(key, desired);
+      writeLocked({key}, {&desired});
     } else if (it->second == expected) {
-      checkWriteLocked({key}, {&desired});
-      storeLocked(key, desired);
+      writeLocked({key}, {&desired});
     } else {
       return it->second;
     }
@@ -131,7 +159,9 @@ bool MemoryStore::deleteKey(const std::string& key) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = data_.find(key);
   if (it == data_.end()) return false;
-  bytes_ -= static_cast<int64_t>(it->first.size() + it->second.size());
+  const auto freed = static_cast<int64_t>(it->first.size() + it->second.size());
+  bytes_ -= freed;
+  if (budget_ != nullptr) budget_->adjust(-freed);
   data_.erase(it);
   return true;
 }
@@ -162,8 +192,7 @@ void MemoryStore::multiSet(const std::vector<std::string>& keys,
     std::vector<const std::string*> pointers;
     pointers.reserve(values.size());
     for (const auto& value : values) pointers.push_back(&value);
-    checkWriteLocked(keys, pointers);  // all or nothing
-    for (size_t i = 0; i < keys.size(); ++i) storeLocked(keys[i], values[i]);
+    writeLocked(keys, pointers);
   }
   changed_.notify_all();
 }

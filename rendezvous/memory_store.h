@@ -4,9 +4,11 @@
 // condition variable, never poll.
 //
 // Limits: a store may be bounded (the daemon bounds each run's key space, so that one client
-// cannot take the server's memory). A write that would pass a bound throws LimitExceeded naming
-// it and changes nothing.
+// cannot take the server's memory), and several stores may share a MemoryBudget (the daemon's
+// total over all runs). A write that would pass a bound throws LimitExceeded naming it and
+// changes nothing.
 
+#include <atomic>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -23,9 +25,38 @@ struct StoreLimits {
   int64_t max_value_bytes = 0;
 };
 
+// Bytes held by several owners (the stores and run states of a server), against one limit.
+// Thread-safe.
+class MemoryBudget {
+ public:
+  // `limit`: 0 for none; `flag`: what sets it, named in refusals.
+  MemoryBudget(int64_t limit, std::string flag) : limit_(limit), flag_(std::move(flag)) {}
+
+  // Takes `bytes` (> 0), or throws LimitExceeded when the total would pass the limit; `what`
+  // says what asked ("a store write of N bytes").
+  void take(int64_t bytes, const std::string& what);
+  // Whether `bytes` more would fit now (no guarantee for a later take()).
+  bool fits(int64_t bytes) const;
+  // Changes the total by `bytes` (either sign) unchecked: for what was already allocated, and to
+  // give back.
+  void adjust(int64_t bytes) { used_ += bytes; }
+  int64_t used() const { return used_; }
+  int64_t limit() const { return limit_; }
+  // The refusal of `what`, naming the limit and its flag.
+  [[noreturn]] void refuse(const std::string& what) const;
+
+ private:
+  const int64_t limit_;
+  const std::string flag_;
+  std::atomic<int64_t> used_ = 0;
+};
+
 class MemoryStore final : public Store {
  public:
-  explicit MemoryStore(StoreLimits limits = {}) : limits_(limits) {}
+  // `budget` (optional, outliving the store): also counts this store's keys and values.
+  explicit MemoryStore(StoreLimits limits = {}, MemoryBudget* budget = nullptr)
+      : limits_(limits), budget_(budget) {}
+  ~MemoryStore() override;
 
   void set(const std::string& key, const std::string& value) override;
   std::string get(const std::string& key, Timeout timeout) override;
@@ -45,13 +76,18 @@ class MemoryStore final : public Store {
   void waitLocked(std::unique_lock<std::mutex>& lock, const std::vector<std::string>& keys,
                   Timeout timeout);
 
-  // Throws LimitExceeded when writing `values` at `keys` (lock held) would pass a limit. A key
-  // given twice counts twice: a bound may bite a little early, never late.
-  void checkWriteLocked(const std::vector<std::string>& keys,
-                        const std::vector<const std::string*>& values) const;
+  // Writes `values` at `keys` (lock held), all or nothing: throws LimitExceeded when that would
+  // pass a limit. A key given twice counts twice in the check: a bound may bite a little early,
+  // never late.
+  void writeLocked(const std::vector<std::string>& keys,
+                   const std::vector<const std::string*>& values);
+  // The bytes held after writing `values` at `keys`; throws LimitExceeded past a limit of ours.
+  int64_t checkWriteLocked(const std::vector<std::string>& keys,
+                           const std::vector<const std::string*>& values) const;
   void storeLocked(const std::string& key, const std::string& value);
 
   const StoreLimits limits_;
+  MemoryBudget* const budget_;
   int64_t bytes_ = 0;  // keys + values held
   std::mutex mutex_;
   std::condition_variable changed_;

@@ -30,6 +30,12 @@ std::string describe(const RunSettings& s) {
 
 }  // namespace
 
+std::string truncateDescription(const std::string& description, size_t max) {
+  if (description.size() <= max) return description;
+  return description.substr(0, max) + "... [" + std::to_string(description.size() - max) +
+         " more bytes not kept]";
+}
+
 void RunSettings::validate() const {
   auto bad = [](const std::string& what) { throw InvalidArgument("rendezvous settings: " + what); };
   auto ms = [](Millis t) { return std::to_string(t.count()) + " ms"; };
@@ -211,6 +217,7 @@ void RunState::startNextRound(SteadyTime now, const std::string& reason) {
   joined_ranks_ = 0;
   last_call_deadline_.reset();
   workers_.clear();  // the round's workers are being stopped; the next round reports its own
+  reported_workers_ = 0;
   // Nodes waiting for room are polling Join: they are in, as far as room allows.
   std::vector<NodeSpec> still_waiting;
   for (auto& node : waiting_) {
@@ -256,24 +263,29 @@ void RunState::reportWorkers(const std::string& node_id, std::vector<WorkerProgr
                             std::to_string(kMaxWorkerStateBytes) + " bytes");
     }
   }
-  workers_[node_id] = std::move(workers);
+  auto& kept = workers_[node_id];
+  reported_workers_ += static_cast<int64_t>(workers.size()) - static_cast<int64_t>(kept.size());
+  kept = std::move(workers);
 }
 
 Verdict RunState::requestRestart(const std::string& node_id, int64_t round,
                                  const FailureReport& failure, SteadyTime now) {
   Verdict verdict = keepAlive(node_id, round, now);
   if (verdict.action != Action::kContinue) return verdict;  // already restarting, failed, closed
+  // What the run keeps: the caller as the failed node, and a bounded description (both are the
+  // client's to send, and outlive the store).
+  root_cause_ = failure;
+  root_cause_->node_id = node_id;
+  root_cause_->description = truncateDescription(failure.description, kMaxFailureDescriptionBytes);
   if (restart_count_ >= settings_.max_restarts) {
     phase_ = Phase::kFailed;
     ++epoch_;
-    root_cause_ = failure;
     informed_.insert(node_id);
     return {Action::kFail, "no restarts left (" + std::to_string(settings_.max_restarts) + " used)",
             root_cause_};
   }
   ++restart_count_;
-  root_cause_ = failure;
-  startNextRound(now, "node " + node_id + " failed: " + failure.description);
+  startNextRound(now, "node " + node_id + " failed: " + root_cause_->description);
   return {Action::kRestart, superseded_reason_, std::nullopt};
 }
 
@@ -349,11 +361,27 @@ const NodeSpec* RunState::specOf(const std::string& id) const {
 }
 
 void RunState::forget(const std::string& id) {
-  workers_.erase(id);
+  if (auto w = workers_.find(id); w != workers_.end()) {
+    reported_workers_ -= static_cast<int64_t>(w->second.size());
+    workers_.erase(w);
+  }
   auto it = heartbeats_.find(id);
   if (it == heartbeats_.end()) return;
   by_beat_.erase({it->second, id});
   heartbeats_.erase(it);
+}
+
+int64_t RunState::memoryBytes() const {
+  const size_t node_entries = heartbeats_.size() + joined_.size() + participants_.size() +
+                              waiting_.size() + expected_.size() + finished_.size() +
+                              informed_.size();
+  int64_t bytes = kRunBytes + static_cast<int64_t>(run_id_.size() + superseded_reason_.size()) +
+                  static_cast<int64_t>(node_entries) * kNodeEntryBytes +
+                  reported_workers_ * kWorkerBytes;
+  if (root_cause_) {
+    bytes += static_cast<int64_t>(root_cause_->node_id.size() + root_cause_->description.size());
+  }
+  return bytes;
 }
 
 bool RunState::everyoneInformed() const {

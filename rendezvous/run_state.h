@@ -90,6 +90,13 @@ struct FailureReport {
   std::string description;
 };
 
+// The longest failure description a run keeps (docs/reliability.md): a longer one is cut there,
+// with a note saying so.
+inline constexpr size_t kMaxFailureDescriptionBytes = 64 << 10;
+
+// `description` cut to its first `max` bytes, followed by a note of how many bytes were cut.
+std::string truncateDescription(const std::string& description, size_t max);
+
 struct Verdict {
   Action action = Action::kContinue;
   std::string reason;
@@ -139,6 +146,10 @@ class RunState {
   // the run's, a taken static rank) or StaleError (closed or failed run).
   std::optional<Placement> join(const NodeSpec& node, const RunSettings& settings, SteadyTime now);
 
+  // Whether the run tracks this node (it joined, runs or waits, evicted or not): its next join
+  // adds nothing.
+  bool knows(const std::string& node_id) const { return specOf(node_id) != nullptr; }
+
   // What a node of `round` must do now. Records the keep-alive.
   Verdict keepAlive(const std::string& node_id, int64_t round, SteadyTime now);
 
@@ -150,7 +161,8 @@ class RunState {
 
   // The node's workers failed in `round`. The first report of a round spends one restart and
   // supersedes the round (kRestart) or, with none left, fails the run (kFail); later reports of
-  // the same round just get the same answer.
+  // the same round just get the same answer. The run keeps the failure's description cut to
+  // kMaxFailureDescriptionBytes, and `node_id` as the failed node.
   Verdict requestRestart(const std::string& node_id, int64_t round, const FailureReport& failure,
                          SteadyTime now);
 
@@ -167,6 +179,17 @@ class RunState {
   // Whether store calls of `round` are current (the fencing check). Throws StaleError saying why
   // not. A closed or failed run has no store any more.
   void checkStoreRound(int64_t round) const;
+
+  // What the run holds, in bytes, as an upper estimate counted in O(1) (a server's total bound):
+  // every place a node is kept counts kNodeEntryBytes (its id and address at their 256-byte
+  // bounds), every reported worker kWorkerBytes, strings (reasons, the root cause) their size.
+  int64_t memoryBytes() const;
+  static constexpr int64_t kRunBytes = 4096;  // the run itself: settings, maps, bookkeeping
+  static constexpr int64_t kNodeEntryBytes = 768;
+  static constexpr int64_t kWorkerBytes = 128;
+  // The most a join of a node the run does not know yet adds (the places a node may be kept at
+  // once: heartbeat, joined or waiting, participants, expected, finished, informed).
+  static constexpr int64_t kJoinBytes = 6 * kNodeEntryBytes;
 
   // Whether any node is still tracked as alive (joined, running or waiting, and not evicted).
   // A run with none, final or not, only waits for its retention time to be freed.
@@ -213,6 +236,7 @@ class RunState {
   std::map<std::string, SteadyTime> heartbeats_;
   std::set<std::pair<SteadyTime, std::string>> by_beat_;        // the same, oldest first
   std::map<std::string, std::vector<WorkerProgress>> workers_;  // by node, as last reported
+  int64_t reported_workers_ = 0;                                // in workers_, all nodes
   // Joining: who has joined round_ (by id), and who is expected back.
   std::map<std::string, NodeSpec> joined_;
   int64_t joined_ranks_ = 0;  // the sum of their local world sizes

@@ -46,8 +46,14 @@ struct Parked {
 };
 
 struct Run {
-  Run(const std::string& id, const RunSettings& settings) : state(id, settings) {}
+  Run(const std::string& id, const RunSettings& settings, MemoryBudget& budget)
+      : state(id, settings), budget(budget) {}
+  ~Run() { budget.adjust(-counted); }  // the store gives back its own
+  Run(const Run&) = delete;
+  Run& operator=(const Run&) = delete;
   RunState state;
+  MemoryBudget& budget;
+  int64_t counted = 0;  // state.memoryBytes() as last counted in the budget
   int64_t store_round = -1;
   std::unique_ptr<MemoryStore> store;  // the key space of store_round
   std::list<Parked> parked;
@@ -80,7 +86,8 @@ Millis waitTime(int64_t requested_ms, Millis cap) {
 // The state of every run, the parked calls, and the thread that acts on deadlines.
 class Core {
  public:
-  explicit Core(const ServerOptions& options) : options_(options) {
+  explicit Core(const ServerOptions& options)
+      : options_(options), budget_(options.max_total_bytes, "--store-max-total-bytes") {
     ticker_ = std::thread([this] { tickLoop(); });
   }
 
@@ -210,12 +217,8 @@ class Core {
     {
       std::lock_guard<std::mutex> lock(mu_);
       checkRunning();
-      node.validate();  // before the run exists: a bad first join must create nothing
-      settings.validate();
-      Run& run = runFor(run_id, settings);
       const auto now = Clock::now();
-      run.state.join(node, settings, now);
-      const RunSettings& s = run.state.settings();
+      const RunSettings& s = join(run_id, node, settings, now).state.settings();
       deadline = now + std::min({waitTime(poll.count(), options_.max_wait), s.keep_alive_interval,
                                  s.evictionTimeout() / 2});
       recheck(run_id, now, ready);
@@ -280,13 +283,43 @@ class Core {
     return *it->second;
   }
 
-  Run& runFor(const std::string& run_id, const RunSettings& settings) {
+  // A node's join (the Join service's, and the hosting process's own): creates the run on its
+  // first join. A node the run does not know yet is refused when what it adds would pass the
+  // server's total, so that joins of new nodes and new runs cannot take the memory either.
+  Run& join(const std::string& run_id, const NodeSpec& node, const RunSettings& settings,
+            SteadyTime now) {
     validateRunId(run_id);
+    node.validate();  // before the run exists: a bad first join must create nothing
+    settings.validate();
     auto it = runs_.find(run_id);
-    if (it == runs_.end()) {
-      it = runs_.emplace(run_id, std::make_unique<Run>(run_id, settings)).first;
+    if (it == runs_.end() || !it->second->state.knows(node.id)) {
+      const int64_t adds = RunState::kJoinBytes + (it == runs_.end() ? RunState::kRunBytes : 0);
+      if (!budget_.fits(adds)) budget_.refuse("the join of node " + node.id + " to run " + run_id);
     }
+    if (it == runs_.end()) {
+      it = runs_.emplace(run_id, std::make_unique<Run>(run_id, settings, budget_)).first;
+    }
+    it->second->state.join(node, settings, now);
     return *it->second;
+  }
+
+  // A keep-alive's report of the node's workers: kept while the server's total has room for it,
+  // else dropped (the keep-alive still counts; status shows the last report kept).
+  void report(RunState& state, const std::string& node_id, std::vector<WorkerProgress> workers) {
+    if (workers.empty()) return;
+    if (!budget_.fits(static_cast<int64_t>(workers.size()) * RunState::kWorkerBytes)) return;
+    state.reportWorkers(node_id, std::move(workers));
+  }
+
+  // A restart request's failure as the run may keep it: once the server's total has no room for
+  // its description, only the note that it was cut (the restart itself must go through).
+  FailureReport failureToKeep(const FailureReport& failure) const {
+    const auto size =
+        static_cast<int64_t>(std::min(failure.description.size(), kMaxFailureDescriptionBytes));
+    if (budget_.fits(2 * size)) return failure;  // kept twice: the root cause and the reason
+    FailureReport kept = failure;
+    kept.description = truncateDescription(failure.description, 0);
+    return kept;
   }
 
   // The key space of a store call; throws StaleError when its round is not current. `write`:
@@ -297,7 +330,7 @@ class Core {
     run.state.checkStoreRound(scope.round());
     if (run.store_round != scope.round()) {
       // The old round's keys go with it.
-      run.store = std::make_unique<MemoryStore>(options_.store_limits);
+      run.store = std::make_unique<MemoryStore>(options_.store_limits, &budget_);
       run.store_round = scope.round();
     }
     return *run.store;
@@ -309,6 +342,8 @@ class Core {
     std::lock_guard<std::mutex> lock(mu_);
     return runs_.size();
   }
+
+  int64_t heldBytes() const { return budget_.used(); }
 
   bool waitUntilSettled(const std::string& run_id, Millis timeout) {
     std::unique_lock<std::mutex> lock(mu_);
@@ -368,17 +403,26 @@ class Core {
     if (it != runs_.end()) recheck(*it->second, now, ready);
   }
 
-  // After a call of a run: it was active now, and a run that became final drops its store at
-  // once (its keys are what a flooding client would leave behind).
+  // After a call of a run: it was active now, its state is counted again, and a run that became
+  // final drops its store at once (its keys are what a flooding client would leave behind).
   void touch(const std::string& run_id, SteadyTime now) {
     auto it = runs_.find(run_id);
     if (it == runs_.end()) return;
     Run& run = *it->second;
     run.last_call = now;
+    count(run);
     if (run.state.finalState() && run.store) {
       run.store.reset();
       run.store_round = -1;
     }
+  }
+
+  // Brings the budget up to date with the run's state (after the change: a call that adds to it
+  // was admitted before, by join(), report() or failureToKeep()).
+  void count(Run& run) {
+    const int64_t now = run.state.memoryBytes();
+    budget_.adjust(now - run.counted);
+    run.counted = now;
   }
 
   // When a run may be freed: its retention after its last call, once it is final or has no live
@@ -407,6 +451,7 @@ class Core {
       Ready ready;
       for (auto& [id, run] : runs_) {
         run->state.tick(now);
+        count(*run);
         recheck(*run, now, ready);
       }
       sweep(now);
@@ -436,6 +481,7 @@ class Core {
   }
 
   const ServerOptions options_;
+  MemoryBudget budget_;  // before runs_: their stores give back to it when they go
   std::mutex mu_;
   std::condition_variable changed_;
   std::condition_variable here_;  // local joins (joinHere) wait on it: rounds moved, or stop
@@ -618,11 +664,8 @@ class RendezvousService final : public rdzv::Rendezvous::CallbackService {
     const NodeSpec node = wire::fromProto(req->node());
     Millis wait{0};
     auto prepare = [&] {
-      node.validate();  // before the run exists: a bad first join must create nothing
-      settings.validate();
-      Run& run = core_.runFor(req->run_id(), settings);
-      run.state.join(node, settings, Clock::now());
-      const RunSettings& s = run.state.settings();
+      const RunSettings& s =
+          core_.join(req->run_id(), node, settings, Clock::now()).state.settings();
       wait = std::min({waitTime(req->poll_ms(), core_.options().max_wait), s.keep_alive_interval,
                        s.evictionTimeout() / 2});
       return grpc::Status::OK;
@@ -652,12 +695,10 @@ class RendezvousService final : public rdzv::Rendezvous::CallbackService {
                                       rdzv::KeepAliveResponse* resp) override {
     return core_.answer(ctx, req->run_id(), [&] {
       Run& run = core_.runOf(req->run_id());
-      if (req->workers_size() > 0) {
-        std::vector<WorkerProgress> workers;
-        workers.reserve(static_cast<size_t>(req->workers_size()));
-        for (const auto& w : req->workers()) workers.push_back(wire::fromProto(w));
-        run.state.reportWorkers(req->node_id(), std::move(workers));
-      }
+      std::vector<WorkerProgress> workers;
+      workers.reserve(static_cast<size_t>(req->workers_size()));
+      for (const auto& w : req->workers()) workers.push_back(wire::fromProto(w));
+      core_.report(run.state, req->node_id(), std::move(workers));
       wire::toProto(run.state.keepAlive(req->node_id(), req->round(), Clock::now()), resp);
       return grpc::Status::OK;
     });
@@ -669,7 +710,8 @@ class RendezvousService final : public rdzv::Rendezvous::CallbackService {
     return core_.answer(ctx, req->run_id(), [&] {
       Run& run = core_.runOf(req->run_id());
       wire::toProto(run.state.requestRestart(req->node_id(), req->round(),
-                                             wire::fromProto(req->failure()), Clock::now()),
+                                             core_.failureToKeep(wire::fromProto(req->failure())),
+                                             Clock::now()),
                     resp);
       return grpc::Status::OK;
     });
@@ -795,6 +837,8 @@ std::shared_ptr<grpc::Channel> RendezvousServer::inProcessChannel() {
 
 size_t RendezvousServer::runCount() const { return impl_->core.runCount(); }
 
+int64_t RendezvousServer::heldBytes() const { return impl_->core.heldBytes(); }
+
 bool RendezvousServer::waitUntilSettled(const std::string& run_id,
                                         std::chrono::milliseconds timeout) {
   return impl_->core.waitUntilSettled(run_id, timeout);
@@ -809,7 +853,7 @@ JoinPoll RendezvousServer::join(const std::string& run_id, const NodeSpec& node,
 Verdict RendezvousServer::keepAlive(const std::string& run_id, const std::string& node_id,
                                     int64_t round, const std::vector<WorkerProgress>& workers) {
   return impl_->core.callHere(run_id, [&](RunState& state, SteadyTime now) {
-    if (!workers.empty()) state.reportWorkers(node_id, workers);
+    impl_->core.report(state, node_id, workers);
     return state.keepAlive(node_id, round, now);
   });
 }
@@ -817,7 +861,7 @@ Verdict RendezvousServer::keepAlive(const std::string& run_id, const std::string
 Verdict RendezvousServer::requestRestart(const std::string& run_id, const std::string& node_id,
                                          int64_t round, const FailureReport& failure) {
   return impl_->core.callHere(run_id, [&](RunState& state, SteadyTime now) {
-    return state.requestRestart(node_id, round, failure, now);
+    return state.requestRestart(node_id, round, impl_->core.failureToKeep(failure), now);
   });
 }
 

@@ -33,14 +33,18 @@ struct ServerOptions {
   // the store takes can be read back, alone or in a MultiGet of several.
   int max_message_bytes = kDefaultMaxMessageBytes;
   std::chrono::milliseconds max_wait = std::chrono::minutes(10);  // cap on every blocking call
-  // Each run's key space (docs/reliability.md): one client cannot take the daemon's memory.
+  // Each run's key space, and all runs together (docs/reliability.md): one client cannot take
+  // the daemon's memory. The total counts every store's keys and values and every run's state
+  // (nodes, worker reports, failure descriptions); 0: no bound.
   StoreLimits store_limits = kDefaultStoreLimits;
+  int64_t max_total_bytes = kDefaultMaxTotalBytes;
   // How long a run stays after it closed or failed (for `cxxlaunch status` and late joins that
   // should hear "closed"), and after its last call when no node of it is alive any more (joins
   // that never completed). Then its state is freed.
   std::chrono::milliseconds run_retention = std::chrono::minutes(10);
 
   static constexpr int kDefaultMaxMessageBytes = 64 << 20;
+  static constexpr int64_t kDefaultMaxTotalBytes = int64_t{1} << 30;
   static constexpr StoreLimits kDefaultStoreLimits{.max_keys = 100'000,
                                                    .max_bytes = 64 << 20,
                                                    .max_key_bytes = 4096,
@@ -87,6 +91,8 @@ class RendezvousServer {
 
   // How many runs the server holds (live, and finished ones within their retention).
   size_t runCount() const;
+  // The bytes counted against max_total_bytes now.
+  int64_t heldBytes() const;
 
   void shutdown();
   // Blocks until shutdown() (from another thread or a signal handler's helper).

@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "support/daemon.h"
+#include "support/foreign_listener.h"
 #include "support/subprocess.h"
 #include "support/worker_lines.h"
 
@@ -288,6 +289,40 @@ TEST_CASE("A rendezvous that never completes times out naming who is missing",
   CHECK(r.exit_code == 1);
   CHECK_THAT(r.err, Catch::Contains("did not complete within 1 s"));
   CHECK_THAT(r.err, Catch::Contains("1 of 2 nodes joined"));
+}
+
+// An endpoint that nothing listens on is waited for (the server may come up later); one held by
+// another program that answers is an error within seconds, naming it, not a join timeout later.
+TEST_CASE("A rendezvous endpoint held by another program is named at once",
+          "[multinode][integration]") {
+  ForeignListener http("HTTP/1.1 200 OK\r\n\r\nhello");
+  const auto start = std::chrono::steady_clock::now();
+  auto r = run(node(http.endpoint, "foreign", {"--nnodes", "1"}, {"env"}), {}, 30s);
+  INFO(r.err);
+  CHECK(std::chrono::steady_clock::now() - start < 10s);  // was the join timeout: 60 s here
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.err, Catch::Contains(http.endpoint + " answered but is not a cxxlaunch rendezvous "
+                                                    "server"));
+  CHECK_THAT(r.err, Catch::Contains("HTTP/1.1 200 OK\\r\\n\\r\\nhello"));
+  CHECK(values(r.out, "RANK").empty());  // nothing was spawned
+}
+
+// A listener that accepts and stays silent may be a stopped server: it is waited for like one,
+// until the join timeout, whose message says what was found there.
+TEST_CASE("A silent listener at the rendezvous endpoint is waited for, then named",
+          "[multinode][integration]") {
+  ForeignListener silent("");
+  const auto start = std::chrono::steady_clock::now();
+  auto r = run(
+      node(silent.endpoint, "silent", {"--nnodes", "1", "--rdzv_conf", "join_timeout=3"}, {"env"}),
+      {}, 30s);
+  const auto took = std::chrono::steady_clock::now() - start;
+  INFO(r.err);
+  CHECK(took >= 3s);
+  CHECK(took < 10s);
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.err, Catch::Contains("did not complete within 3 s"));
+  CHECK_THAT(r.err, Catch::Contains(silent.endpoint + " accepted the connection but sent nothing"));
 }
 
 // ---- reliability (docs/reliability.md) ----------------------------------------------------

@@ -45,20 +45,23 @@ TEST_CASE("cxxlaunchd flags give the limits, with defaults, and refuse bad numbe
   CHECK(defaults.store_limits.max_bytes == 64 << 20);
   CHECK(defaults.store_limits.max_key_bytes == 4096);
   CHECK(defaults.store_limits.max_value_bytes == 16 << 20);
+  CHECK(defaults.max_total_bytes == int64_t{1} << 30);
   CHECK(defaults.max_message_bytes == 64 << 20);
   CHECK(defaults.run_retention == 600s);
   auto o = parseDaemonFlags({"--store-max-keys=10", "--store-max-bytes", "1000",
                              "--store-max-key-bytes=16", "--store-max-value-bytes=100",
-                             "--run-retention=2", "--port=0"});
+                             "--run-retention=2", "--port=0", "--store-max-total-bytes=5000"});
   CHECK(o.store_limits.max_keys == 10);
   CHECK(o.store_limits.max_bytes == 1000);
   CHECK(o.store_limits.max_key_bytes == 16);
   CHECK(o.store_limits.max_value_bytes == 100);
   CHECK(o.run_retention == 2s);
+  CHECK(o.max_total_bytes == 5000);
+  CHECK_THAT(daemonUsage(), Catch::Contains("--store-max-total-bytes"));
   for (const std::string bad :
        {"--store-max-keys=0", "--store-max-keys=-1", "--store-max-bytes=9223372036854775808",
         "--max-message-bytes=99999999999", "--run-retention=1e9", "--port=65536",
-        "--store-max-key-bytes=x"}) {
+        "--store-max-key-bytes=x", "--store-max-total-bytes=0"}) {
     REQUIRE_THROWS_WITH(parseDaemonFlags({bad}), Catch::Contains("is not a whole number from"));
   }
   REQUIRE_THROWS_WITH(parseDaemonFlags({"--max-message-bytes=1000000"}),

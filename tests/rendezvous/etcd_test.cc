@@ -249,6 +249,30 @@ TEST_CASE("Etcd rendezvous: a node whose lease is gone is evicted, the run close
                     Catch::Contains("every node must use the same"));
 }
 
+// A stopped etcd (SIGSTOP: its kernel still accepts, nothing answers) costs a keep-alive its own
+// deadline, not the client's call timeout, and close() does not wait on it: a launcher with
+// keep-alives of 1 s x 3 noticed it after 6.2 s, each call waiting the whole call timeout.
+TEST_CASE("Etcd rendezvous: a stopped etcd costs a keep-alive its deadline and close() nothing",
+          "[etcd][rendezvous]") {
+  EtcdServer etcd;
+  EtcdRendezvous r(clientOf(etcd), "stopped");  // a call timeout of 3 s
+  const auto placed = joinUntilPlaced(r, nodeOf("a"), settingsOf(1, 1), 20s);
+  REQUIRE(placed);
+  CHECK(r.keepAlive("a", placed->round, {}, 300ms).action == Action::kContinue);
+  REQUIRE(::kill(etcd.pid(), SIGSTOP) == 0);
+  struct Resume {
+    pid_t pid;
+    ~Resume() { ::kill(pid, SIGCONT); }
+  } resume{etcd.pid()};
+  auto start = std::chrono::steady_clock::now();
+  REQUIRE_THROWS_AS(r.keepAlive("a", placed->round, {}, 300ms), TimeoutError);
+  CHECK(std::chrono::steady_clock::now() - start < 1s);
+  std::this_thread::sleep_for(500ms);  // the lease's keeper renews meanwhile, and hangs
+  start = std::chrono::steady_clock::now();
+  r.close();
+  CHECK(std::chrono::steady_clock::now() - start < 500ms);
+}
+
 TEST_CASE("The etcd client fails over to the next endpoint and names them when none answers",
           "[etcd][rendezvous]") {
   EtcdServer etcd;

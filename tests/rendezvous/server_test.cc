@@ -4,6 +4,7 @@
 #include "rendezvous/server.h"
 
 #include <arpa/inet.h>
+#include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
@@ -17,6 +18,7 @@
 
 #include "common/error.h"
 #include "rendezvous/client.h"
+#include "support/foreign_listener.h"
 #include "support/ranks.h"
 #include "support/subprocess.h"
 
@@ -324,6 +326,50 @@ TEST_CASE("TLS: plaintext is refused, mutual TLS admits only certified clients",
   REQUIRE_THROWS_WITH(RendezvousServer(options), Catch::Contains("missing.key"));
 }
 
+// An endpoint held by another program is named at once; the launcher's view of it, through the
+// real binary: multinode_integration_test.
+TEST_CASE("A join at an endpoint that is not a rendezvous server says what answered",
+          "[server][security]") {
+  ClientOptions o;
+  o.call_timeout = 1s;
+  auto join = [&](const std::string& endpoint) {
+    o.endpoint = endpoint;
+    RendezvousClient(o, "job").join(node("a"), settings(1, 1), 1s);
+  };
+  // Not HTTP/2: an error at once, with what it sent.
+  testing::ForeignListener http("HTTP/1.1 200 OK\r\n\r\nhello");
+  const auto start = std::chrono::steady_clock::now();
+  REQUIRE_THROWS_AS(join(http.endpoint), InvalidArgument);
+  REQUIRE_THROWS_WITH(
+      join(http.endpoint),
+      Catch::Contains(http.endpoint + " answered but is not a cxxlaunch rendezvous server") &&
+          Catch::Contains("HTTP/1.1 200 OK\\r\\n\\r\\nhello"));
+  CHECK(std::chrono::steady_clock::now() - start < 1s);
+  // A gRPC server without our services (another program's): its UNIMPLEMENTED, at once.
+  grpc::CallbackGenericService unimplemented;  // answers every call UNIMPLEMENTED
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterCallbackGenericService(&unimplemented);
+  auto other = builder.BuildAndStart();
+  REQUIRE(other);
+  REQUIRE_THROWS_AS(join("127.0.0.1:" + std::to_string(port)), InvalidArgument);
+  REQUIRE_THROWS_WITH(join("127.0.0.1:" + std::to_string(port)),
+                      Catch::Contains("is not a cxxlaunch rendezvous server"));
+  // Silence may be a stopped server: retried (CommunicationError), saying what was found.
+  testing::ForeignListener silent("");
+  try {
+    join(silent.endpoint);
+    FAIL("a silent listener let the join through");
+  } catch (const CommunicationError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("accepted the connection but sent nothing back"));
+  }
+  // Our own server passes the probe.
+  RendezvousServer server({});
+  RendezvousClient client(clientFor(server), "job");
+  CHECK(joinUntilPlaced(client, node("a"), settings(1, 1)).world_size == 1);
+}
+
 // ---- limits and lifetimes (docs/reliability.md) ---------------------------------------------
 
 TEST_CASE("Each run's store is bounded: a full run is refused, others keep being served",
@@ -358,6 +404,72 @@ TEST_CASE("Each run's store is bounded: a full run is refused, others keep being
   CHECK(other.get("k", 1s).size() == 1 << 20);
   for (int i = 0; i < 1000; ++i) other.add("n" + std::to_string(i % 999), 1);
   REQUIRE_THROWS_WITH(other.set("one-too-many", ""), Catch::Contains("--store-max-keys"));
+}
+
+// One client with many runs: each run's bound holds, so only the total over all runs can stop it
+// (16 runs of 1 MiB values once took cxxlaunchd to 1.06 GB).
+TEST_CASE("The server's total over all runs is bounded: past it writes and new joins are refused",
+          "[server][store][limits]") {
+  ServerOptions options;
+  options.max_total_bytes = 12 << 20;
+  RendezvousServer server(options);
+  std::vector<Placement> runs;
+  int accepted = 0;
+  std::string refusal;
+  for (int i = 0; i < 16; ++i) {
+    const std::string id = "flood" + std::to_string(i);
+    runs.push_back(soloRun(server, id));
+    GrpcStore store(clientFor(server), id, runs.back().round);
+    try {
+      store.set("v", std::string(1 << 20, 'x'));
+      ++accepted;
+    } catch (const LimitExceeded& e) {
+      refusal = e.what();
+    }
+  }
+  CHECK(accepted == 11);  // 12 MiB hold eleven 1 MiB values beside 16 runs' state, not twelve
+  CHECK_THAT(refusal, Catch::Contains("--store-max-total-bytes"));
+  // Filled to the brim: a new run cannot join, a known node still can, and a failure keeps only
+  // the note that its description was cut.
+  GrpcStore brim(clientFor(server), "flood15", runs.back().round);
+  for (int i = 0;; ++i) {
+    try {
+      brim.set("s" + std::to_string(i), std::string(1000, 's'));
+    } catch (const LimitExceeded&) {
+      break;
+    }
+  }
+  CHECK(server.heldBytes() <= options.max_total_bytes);
+  RendezvousClient late(clientFor(server), "late");
+  REQUIRE_THROWS_WITH(late.join(node("n"), settings(1, 1), 1s),
+                      Catch::Contains("--store-max-total-bytes"));
+  RendezvousClient flood0(clientFor(server), "flood0");
+  CHECK(flood0.join(node("solo"), settings(1, 1), 1s).placement);
+  const auto failed =
+      flood0.requestRestart("solo", runs[0].round, {"solo", 0, 1, std::string(64 << 10, 'd')});
+  REQUIRE(failed.action == Action::kFail);
+  REQUIRE(failed.root_cause);
+  CHECK(failed.root_cause->description == "... [65536 more bytes not kept]");
+  // The failed run's store is gone, and its bytes are free for a new run.
+  CHECK(late.join(node("n"), settings(1, 1), 1s).placement);
+}
+
+TEST_CASE("A failure description is kept to 64 KiB, in every run", "[server][rendezvous][limits]") {
+  RendezvousServer server({});
+  const std::string description(1 << 20, 'd');
+  for (int i = 0; i < 16; ++i) {
+    RendezvousClient client(clientFor(server), "fail" + std::to_string(i));
+    auto placed = joinUntilPlaced(client, node("a"), settings(1, 1, /*max_restarts=*/1));
+    const auto verdict = client.requestRestart("a", placed.round, {"a", 0, 1, description});
+    REQUIRE(verdict.action == Action::kRestart);
+    CHECK_THAT(verdict.reason,
+               Catch::EndsWith(std::string(100, 'd') + "... [983040 more bytes not kept]"));
+    CHECK(verdict.reason.size() < kMaxFailureDescriptionBytes + 100);
+  }
+  // Each run keeps the description twice (the root cause, and why its round ended): 16 runs hold
+  // about 2 MiB, not the 32 MiB sent.
+  CHECK(server.heldBytes() <
+        16 * (2 * static_cast<int64_t>(kMaxFailureDescriptionBytes) + 32 * 1024));
 }
 
 TEST_CASE("A counter that would overflow is refused over gRPC", "[server][store][limits]") {

@@ -158,3 +158,52 @@ TEST_CASE("A client filling its store is refused at the limit while other runs a
   }
   CHECK(rssKiB() <= rss_first_flood * 11 / 10);
 }
+
+// Many runs, each within its own bounds: only the server's total stops them (16 runs of 1 MiB
+// values once took cxxlaunchd to 1.06 GB, 6 runs with a 60 MiB failure description to 815 MB).
+TEST_CASE("A client opening many runs is held to the server's total", "[soak][limits]") {
+  ServerOptions server_options;
+  server_options.max_total_bytes = 256 << 20;
+  RendezvousServer server(server_options);
+  ClientOptions options;
+  options.endpoint = server.endpoint();
+  options.call_timeout = 10s;
+  const long rss_before = rssKiB();
+  int accepted = 0;
+  std::string refusal;
+  for (int run = 0; run < 16; ++run) {
+    const std::string id = "flood-" + std::to_string(run);
+    RendezvousClient client(options, id);
+    auto placed = client.join(node("f"), solo(), 1s);
+    REQUIRE(placed.placement);
+    GrpcStore store(options, id, placed.placement->round);
+    for (int i = 0; i < 63; ++i) {  // each run's own bound (64 MiB) is never reached
+      try {
+        store.set("v" + std::to_string(i), std::string(1 << 20, 'x'));
+        ++accepted;
+      } catch (const LimitExceeded& e) {
+        refusal = e.what();
+        break;
+      }
+    }
+  }
+  const long rss_values = rssKiB();
+  RunSettings restartable = solo();
+  restartable.max_restarts = 1;
+  for (int run = 0; run < 6; ++run) {
+    RendezvousClient client(options, "failing-" + std::to_string(run));
+    auto placed = client.join(node("f"), restartable, 1s);
+    REQUIRE(placed.placement);
+    client.requestRestart("f", placed.placement->round, {"f", 0, 1, std::string(60 << 20, 'd')});
+  }
+  const long rss_end = rssKiB();
+  std::cout << "soak: 16 runs of 1 MiB values under a 256 MiB total: " << accepted
+            << " MiB accepted, then: " << refusal << "; RSS " << (rss_values - rss_before) / 1024
+            << " MiB above the start; after 6 runs with a 60 MiB failure description: "
+            << (rss_end - rss_before) / 1024 << " MiB; held " << server.heldBytes() / 1024
+            << " KiB\n";
+  CHECK(accepted < 256);
+  CHECK_THAT(refusal, Catch::Contains("--store-max-total-bytes"));
+  CHECK(server.heldBytes() <= server_options.max_total_bytes);
+  CHECK(rss_end - rss_before < (256 + 128) * 1024);  // the total, and room for gRPC's buffers
+}
