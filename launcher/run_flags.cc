@@ -108,7 +108,7 @@ const std::vector<FlagSpec>& flagTable() {
          if (v.empty()) failFlag(f, v, "a non-empty name");
          p.options.role = v;
        }},
-      {"log_dir", "DIR", "where per-attempt, per-rank logs go (default $TMPDIR/cxxlaunch)",
+      {"log_dir", "DIR", "where per-attempt, per-rank logs go (default $TMPDIR/cxxlaunch-UID)",
        [](RunFlags& p, const std::string& f, const std::string& v) {
          if (v.empty()) failFlag(f, v, "a directory");
          p.options.log_dir = v;
