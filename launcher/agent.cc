@@ -33,6 +33,7 @@
 #include "launcher/log_folder.h"
 #include "launcher/output.h"
 #include "launcher/process.h"
+#include "launcher/stop_deadline.h"
 
 namespace cxxlaunch::launcher {
 namespace fs = std::filesystem;
@@ -634,6 +635,7 @@ void Agent::onSignal(std::vector<Failure>& failures, AttemptResult& result) {
     if (sig == SIGCHLD) {
       reap(failures);
     } else if (stopsJob(sig)) {
+      noteStopSignal(sig);
       if (result.signal == 0) {
         say("cxxlaunch: received " + signalName(sig) + ", stopping " + std::to_string(running()) +
             " workers\n");
@@ -735,7 +737,10 @@ int Agent::waitForStopSignal(int extra_fd, std::chrono::milliseconds timeout) {
       signalfd_siginfo info{};
       while (::read(signal_fd_, &info, sizeof(info)) == static_cast<ssize_t>(sizeof(info))) {
         const int sig = static_cast<int>(info.ssi_signo);
-        if (sig != SIGCHLD && stopsJob(sig)) return sig;
+        if (sig != SIGCHLD && stopsJob(sig)) {
+          noteStopSignal(sig);
+          return sig;
+        }
         if (sig == SIGCHLD) {
           while (::waitpid(-1, nullptr, WNOHANG) > 0) {
           }

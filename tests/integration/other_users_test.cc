@@ -165,3 +165,22 @@ TEST_CASE("A symlink planted below --log_dir is refused with one line and exit c
   CHECK(readFile(victim + "/run-summary.json") == "precious");
   CHECK(std::distance(fs::directory_iterator(victim), fs::directory_iterator()) == 1);
 }
+
+TEST_CASE("Without threads or processes to be had (ulimit -u) the launcher says so and exits 1",
+          "[launcher][integration][limits]") {
+  if (!canBecomeNobody()) return;
+  SharedTmp tmp;
+  // As uid 65534: root ignores RLIMIT_NPROC, which counts every process and thread of the user.
+  for (const int limit : {1, 2, 6, 12}) {
+    auto r = run({"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                  "/usr/bin/prlimit", "--nproc=" + std::to_string(limit), "--", CXXLAUNCH_BIN,
+                  "run", "--nproc_per_node=8", TEST_WORKER, "sleep", "1"},
+                 {{"TMPDIR", tmp.path()}}, 30s);
+    INFO("limit " << limit << ": " << r.err);
+    CHECK(r.exit_code == 1);
+    CHECK(r.err.starts_with("cxxlaunch run: "));
+    CHECK(r.err.ends_with(" (no thread or process could be started: this user may run " +
+                          std::to_string(limit) + " at most, ulimit -u)\n"));
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  }
+}
