@@ -48,13 +48,13 @@ void fsyncDirectory(const std::string& dir) {
 
 void AtomicFile::FreeDeleter::operator()(void* p) const { std::free(p); }
 
-AtomicFile::AtomicFile(std::string path, Durability durability, Writes writes)
+AtomicFile::AtomicFile(std::string path, Durability durability, Writes writes, mode_t mode)
     : path_(std::move(path)),
       temp_(path_ + ".tmp." + std::to_string(::getpid())),
       durability_(durability) {
-  constexpr int kFlags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
+  constexpr int kFlags = O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC;
   if (writes == Writes::kPastPageCache) {
-    fd_ = ::open(temp_.c_str(), kFlags | O_DIRECT, 0644);
+    fd_ = ::open(temp_.c_str(), kFlags | O_DIRECT, mode);
     for (auto* buffer : {&direct_, &behind_}) {
       void* memory = nullptr;
       if (fd_ >= 0 && ::posix_memalign(&memory, kDirectAlignment, kDirectBufferBytes) == 0) {
@@ -63,7 +63,7 @@ AtomicFile::AtomicFile(std::string path, Durability durability, Writes writes)
     }
     if (fd_ >= 0 && !(direct_ && behind_)) stopWritingDirect();
   }
-  if (fd_ < 0) fd_ = ::open(temp_.c_str(), kFlags, 0644);  // or O_DIRECT refused (EINVAL)
+  if (fd_ < 0) fd_ = ::open(temp_.c_str(), kFlags, mode);  // or O_DIRECT refused (EINVAL)
   if (fd_ < 0) fail("creating", temp_);
 }
 
@@ -222,8 +222,9 @@ void AtomicFile::commit() {
   if (durable) fsyncDirectory(parentOf(path_));
 }
 
-void writeFileAtomically(const std::string& path, std::string_view bytes, Durability durability) {
-  AtomicFile file(path, durability);
+void writeFileAtomically(const std::string& path, std::string_view bytes, Durability durability,
+                         mode_t mode) {
+  AtomicFile file(path, durability, Writes::kThroughPageCache, mode);
   file.append(bytes.data(), bytes.size());
   file.commit();
 }

@@ -6,6 +6,8 @@
 // writer per object; writers of the same path in different processes do not collide (the
 // temporary name carries the pid), the last rename wins.
 
+#include <sys/types.h>
+
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -35,14 +37,15 @@ enum class Durability {
 // page cache.
 enum class Writes { kThroughPageCache, kPastPageCache };
 
-// An open file being written: append, then commit(). Destroyed uncommitted (an exception on the
+// An open file being written: append, then commit(). The temporary file is created with `mode`,
+// never through a symlink. Destroyed uncommitted (an exception on the
 // way), it removes its temporary file and the final name is untouched. Every failing system call
 // throws SystemError naming it and the path (ENOSPC, EIO...); a write of kPastPageCache's thread
 // that failed throws from the next append() or from commit().
 class AtomicFile {
  public:
   explicit AtomicFile(std::string path, Durability durability = Durability::kPowerLoss,
-                      Writes writes = Writes::kThroughPageCache);
+                      Writes writes = Writes::kThroughPageCache, mode_t mode = 0644);
   ~AtomicFile();
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
@@ -93,7 +96,7 @@ class AtomicFile {
 
 // `bytes` as the whole content of `path`, through an AtomicFile.
 void writeFileAtomically(const std::string& path, std::string_view bytes,
-                         Durability durability = Durability::kPowerLoss);
+                         Durability durability = Durability::kPowerLoss, mode_t mode = 0644);
 
 // Makes the folder's entries (a rename, a new file) durable. Throws SystemError.
 void fsyncDirectory(const std::string& dir);

@@ -30,8 +30,10 @@
 #include "common/host.h"
 #include "launcher/cgroup.h"
 #include "launcher/failure.h"
+#include "launcher/log_folder.h"
 #include "launcher/output.h"
 #include "launcher/process.h"
+#include "launcher/stop_deadline.h"
 
 namespace cxxlaunch::launcher {
 namespace fs = std::filesystem;
@@ -92,17 +94,7 @@ struct AttemptResult {
 class Agent {
  public:
   Agent(const LaunchOptions& options, NodeRendezvous& rendezvous)
-      : options_(options), rendezvous_(rendezvous), host_(hostName()) {
-    run_id_ = options.run_id;
-    const char* tmp = std::getenv("TMPDIR");  // NOLINT(concurrency-mt-unsafe)
-    fs::path root = options.log_dir.empty()
-                        ? fs::path(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") / "cxxlaunch"
-                        : fs::path(options.log_dir);
-    // Nodes of one job may share a machine (and a log folder): each gets its own below the job's.
-    run_dir_ = options.rdzv.multiNode()
-                   ? root / run_id_ / (host_ + "_" + std::to_string(::getpid()))
-                   : root / run_id_;
-  }
+      : options_(options), rendezvous_(rendezvous), host_(hostName()), run_id_(options.run_id) {}
 
   ~Agent() {
     for (int fd : {epoll_fd_, signal_fd_, timer_fd_, news_fd_, tick_fd_}) {
@@ -114,6 +106,7 @@ class Agent {
 
  private:
   void setUpProcess();
+  void makeLogFolder();
   std::optional<WorldAssignment> joinInterruptibly(int& signal);
   std::optional<Decision> waitForPeers(int& signal);
   int waitForStopSignal(int extra_fd, std::chrono::milliseconds timeout);
@@ -145,7 +138,7 @@ class Agent {
   NodeRendezvous& rendezvous_;
   std::string host_;
   std::string run_id_;
-  fs::path run_dir_;
+  LogFolder log_;
   std::vector<std::string> base_env_;
   std::vector<Worker> workers_;
   int epoll_fd_ = -1;
@@ -230,6 +223,14 @@ void Agent::setUpProcess() {
   }
 }
 
+void Agent::makeLogFolder() {
+  std::vector<std::string> components = {run_id_};
+  // Nodes of one job may share a machine (and a log folder): each gets its own below the job's.
+  if (options_.rdzv.multiNode()) components.push_back(host_ + "_" + std::to_string(::getpid()));
+  log_ = makeRunFolder(options_.log_dir, components);
+  if (!log_.note.empty()) say("cxxlaunch: note: " + log_.note + "\n");
+}
+
 bool Agent::userSets(const char* name) const {
   const std::string prefix = std::string(name) + "=";
   return options_.worker_env.count(name) > 0 ||
@@ -287,8 +288,8 @@ std::vector<std::string> Agent::workerEnvironment(const Worker& worker,
 }
 
 void Agent::spawnWorkers(int attempt, const WorldAssignment& world) {
-  const fs::path attempt_dir = run_dir_ / ("attempt_" + std::to_string(attempt));
-  fs::remove_all(attempt_dir);
+  const std::string attempt_name = "attempt_" + std::to_string(attempt);
+  fs::remove_all(log_.path / attempt_name);
   workers_.clear();
   workers_.resize(static_cast<size_t>(options_.nproc_per_node));
   stopping_ = false;
@@ -298,8 +299,8 @@ void Agent::spawnWorkers(int attempt, const WorldAssignment& world) {
     Worker& w = workers_[i];
     w.local_rank = static_cast<int>(i);
     w.global_rank = world.rank_offset + w.local_rank;
-    const fs::path dir = attempt_dir / std::to_string(w.local_rank);
-    fs::create_directories(dir);
+    const fs::path dir =
+        makeSubfolders(log_.path, {attempt_name, std::to_string(w.local_rank)}, log_.folder_mode);
     w.error_file = (dir / "error.json").string();
     // Always: a touch per micro-step costs about a microsecond, and `cxxlaunch status` shows
     // its age with or without --watchdog_timeout (docs/reliability.md).
@@ -316,7 +317,7 @@ void Agent::spawnWorkers(int attempt, const WorldAssignment& world) {
                              : nullptr;
       w.sinks[static_cast<size_t>(s)] =
           std::make_unique<StreamSink>((dir / names[static_cast<size_t>(s)]).string(), console,
-                                       prefix, s == 1 ? kStderrTailLines : 0);
+                                       prefix, s == 1 ? kStderrTailLines : 0, log_.file_mode);
     }
     SpawnSpec spec;
     spec.program = options_.program;
@@ -634,6 +635,7 @@ void Agent::onSignal(std::vector<Failure>& failures, AttemptResult& result) {
     if (sig == SIGCHLD) {
       reap(failures);
     } else if (stopsJob(sig)) {
+      noteStopSignal(sig);
       if (result.signal == 0) {
         say("cxxlaunch: received " + signalName(sig) + ", stopping " + std::to_string(running()) +
             " workers\n");
@@ -735,7 +737,10 @@ int Agent::waitForStopSignal(int extra_fd, std::chrono::milliseconds timeout) {
       signalfd_siginfo info{};
       while (::read(signal_fd_, &info, sizeof(info)) == static_cast<ssize_t>(sizeof(info))) {
         const int sig = static_cast<int>(info.ssi_signo);
-        if (sig != SIGCHLD && stopsJob(sig)) return sig;
+        if (sig != SIGCHLD && stopsJob(sig)) {
+          noteStopSignal(sig);
+          return sig;
+        }
         if (sig == SIGCHLD) {
           while (::waitpid(-1, nullptr, WNOHANG) > 0) {
           }
@@ -798,10 +803,7 @@ int Agent::finish(RunReport& report, const std::string& status, int exit_code) {
   report.status = status;
   report.exit_code = exit_code;
   report.confinement = confinement_;
-  // A job stopped while it joined has spawned nothing: its folder may not exist yet.
-  std::error_code ec;
-  fs::create_directories(run_dir_, ec);
-  writeRunSummary((run_dir_ / "run-summary.json").string(), report);
+  writeRunSummary((log_.path / "run-summary.json").string(), report, log_.file_mode);
   rendezvous_.finish();
   // The job is over; a console that does not take its last lines within the bound only loses
   // them from the screen.
@@ -811,20 +813,21 @@ int Agent::finish(RunReport& report, const std::string& status, int exit_code) {
   if (unwritten > 0) {
     say("cxxlaunch: the console did not take the last " + std::to_string(unwritten) +
         " bytes of output within " + std::to_string(kConsoleDrain.count()) +
-        " s; every byte is in the logs under " + run_dir_.string() + "\n");
+        " s; every byte is in the logs under " + log_.path.string() + "\n");
   }
   err.drain(kConsoleDrain);
   return exit_code;
 }
 
 int Agent::run() {
+  makeLogFolder();
   setUpProcess();
   RunReport report;
   report.run_id = run_id_;
   report.program = options_.program;
   report.args = options_.args;
   report.max_restarts = options_.max_restarts;
-  report.log_dir = run_dir_.string();
+  report.log_dir = log_.path.string();
   for (int attempt = 0;; ++attempt) {
     int signal = 0;
     const auto world = joinInterruptibly(signal);

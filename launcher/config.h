@@ -139,10 +139,13 @@ struct ConfigLayers {
   std::vector<FlagValue> flags;
 };
 
-// file, then the cluster's variables, then env, then flags; then validateConfig.
+// file, then the cluster's variables, then env, then flags; the file's deepspeed_config or
+// fsdp_config set aside (Config::ignored, a note) when distributed_type is not theirs, as
+// accelerate ignores them; then validateConfig.
 Config resolveConfig(const ConfigLayers& layers);
-// Reads the DeepSpeed JSON that deepspeed_config.deepspeed_config_file names, if set, into the
-// keys it corresponds to (deepspeed_config_file.cc); resolveConfig calls it after the layers.
+// Reads the DeepSpeed JSON that deepspeed_config.deepspeed_config_file names, if set and
+// distributed_type is DEEPSPEED (else a note), into the keys it corresponds to
+// (deepspeed_config_file.cc); resolveConfig calls it after the layers.
 void applyDeepSpeedConfigFile(Config& config);
 
 // Impossible combinations (fp16 on CPU, num_processes not divisible by num_machines, ...):

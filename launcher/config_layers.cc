@@ -2,7 +2,12 @@
 // the cluster's own variables (Slurm, MPI), then CXXLAUNCH_* environment, then flags, and
 // validates the result.
 
+#include <yaml-cpp/yaml.h>
+
 #include <cstdlib>
+#include <set>
+#include <utility>
+#include <vector>
 
 #include "launcher/config.h"
 #include "launcher/config_internal.h"
@@ -75,6 +80,47 @@ std::map<std::string, std::string> configEnvironment() {
   return env;
 }
 
+namespace {
+
+// accelerate reads a file's deepspeed_config only for DEEPSPEED and its fsdp_config only for FSDP
+// (its tests/test_configs/validate_launch_cmd.yaml names a DeepSpeed file that does not exist
+// under distributed_type NO). So does cxxlaunch: the file's keys of a section not in use are set
+// aside as accelerate's keys it does not use are (kept when the file is written again), with one
+// note per section. Flags and variables are the user's word for this run and stay, and so do
+// the two keys accelerate keeps under deepspeed_config that apply to every strategy here.
+void setAsideUnusedSections(Config& config) {
+  const std::set<std::string> every_strategy = {"deepspeed_config.gradient_accumulation_steps",
+                                                "deepspeed_config.gradient_clipping"};
+  const std::string type = config.text("distributed_type");
+  for (const auto& [section, owner] :
+       {std::pair<std::string, std::string>{"deepspeed_config", "DEEPSPEED"},
+        {"fsdp_config", "FSDP"}}) {
+    if (type == owner) continue;
+    std::vector<std::string> keys;
+    for (const auto& [key, setting] : config.values()) {
+      if (setting.origin.kind == Origin::kFile && key.starts_with(section + ".") &&
+          every_strategy.count(key) == 0) {
+        keys.push_back(key);
+      }
+    }
+    if (keys.empty()) continue;
+    std::string names;
+    for (const std::string& key : keys) {
+      YAML::Emitter out;
+      out << config.text(key);
+      config.ignored[key] = out.c_str();
+      names += (names.empty() ? "" : ", ") + key.substr(section.size() + 1);
+    }
+    config.notes.push_back(config.origin(keys.front()).where + ": " + section + " (" + names +
+                           ") is for distributed_type " + owner + ", and this config's is " + type +
+                           " (" + originName(config.origin("distributed_type")) +
+                           "); ignored, as accelerate does");
+    for (const std::string& key : keys) config.unset(key);
+  }
+}
+
+}  // namespace
+
 Config resolveConfig(const ConfigLayers& layers) {
   Config config;
   if (!layers.file.empty()) config = loadConfigFile(layers.file);
@@ -86,6 +132,7 @@ Config resolveConfig(const ConfigLayers& layers) {
     }
   }
   for (const auto& f : layers.flags) config.set(f.key, f.value, {Origin::kFlag, f.flag});
+  setAsideUnusedSections(config);
   applyDeepSpeedConfigFile(config);
   validateConfig(config);
   return config;

@@ -182,7 +182,7 @@ std::vector<KeySpec> buildSchema() {
                "saveCheckpoint keeps the newest N complete checkpoints (accelerate's total_limit); "
                "0: all"),
       textKey("cxxlaunch.log_dir", K::kText, "", "", "CXXLAUNCH_LOG_DIR",
-              "per-rank logs (--log_dir; unset: $TMPDIR/cxxlaunch)"),
+              "per-rank logs (--log_dir; unset: $TMPDIR/cxxlaunch-UID)"),
       textKey("cxxlaunch.token_file", K::kText, "", "", "CXXLAUNCH_TOKEN_FILE",
               "file holding the job token (--rdzv_conf token_file=)"),
       textKey("cxxlaunch.rdzv_endpoint", K::kText, "", "", "CXXLAUNCH_RDZV_ENDPOINT",

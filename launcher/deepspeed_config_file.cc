@@ -184,6 +184,13 @@ void applyDeepSpeedConfigFile(Config& config) {
   if (!config.isSet(kFileKey)) return;
   const std::string given = config.text(kFileKey);
   const Origin origin = config.origin(kFileKey);
+  // As accelerate: the file is DeepSpeed's, not even opened for another distributed type.
+  if (const std::string type = config.text("distributed_type"); type != "DEEPSPEED") {
+    config.notes.push_back(originName(origin) + ": deepspeed_config_file is read for " +
+                           "distributed_type DEEPSPEED only, and this config's is " + type +
+                           "; not read");
+    return;
+  }
   // As accelerate: relative to the current directory; a YAML's own folder is tried next, so a
   // config and its JSON kept side by side work from anywhere.
   std::string path = given;

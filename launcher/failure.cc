@@ -97,7 +97,7 @@ std::string formatFailureTable(const RunReport& report) {
   return out.str();
 }
 
-void writeRunSummary(const std::string& path, const RunReport& report) {
+void writeRunSummary(const std::string& path, const RunReport& report, mode_t mode) {
   nlohmann::json failures = nlohmann::json::array();
   for (const auto& f : report.failures) {
     failures.push_back(
@@ -125,7 +125,7 @@ void writeRunSummary(const std::string& path, const RunReport& report) {
   if (!report.failures.empty()) json["root_cause_rank"] = rootCause(report.failures).global_rank;
   // A report of a job that is over: nothing resumes from it, and the fsyncs of kPowerLoss were
   // the largest part of a short launch on a busy disk.
-  writeFileAtomically(path, json.dump(2) + "\n", Durability::kProcessCrash);
+  writeFileAtomically(path, json.dump(2) + "\n", Durability::kProcessCrash, mode);
 }
 
 }  // namespace cxxlaunch::launcher

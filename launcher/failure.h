@@ -61,6 +61,6 @@ std::string formatFailureTable(const RunReport& report);
 
 // Writes run-summary.json atomically (temporary file, then rename; no fsync: a power loss may
 // lose it, a crash of the launcher never leaves half of it).
-void writeRunSummary(const std::string& path, const RunReport& report);
+void writeRunSummary(const std::string& path, const RunReport& report, mode_t mode = 0644);
 
 }  // namespace cxxlaunch::launcher

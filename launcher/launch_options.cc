@@ -174,6 +174,25 @@ int resolveNproc(const std::string& text, const LaunchOptions& options, const Ho
   return parseInt("nproc_per_node", text, 1, 1 << 16, "a number >= 1, cpu, gpu or auto");
 }
 
+void checkProcessCounts(const Config& c, LaunchOptions& options) {
+  if (!c.isSet("num_processes")) return;
+  const long long total = c.integer("num_processes");
+  const long long machines = c.integer("num_machines");
+  if (total / machines == options.nproc_per_node) return;
+  const Origin& from = c.origin("num_processes");
+  const std::string nproc = "--nproc_per_node " + std::to_string(options.nproc_per_node);
+  const std::string per_machine = machines > 1 ? " (" + std::to_string(total / machines) +
+                                                     " per machine over " +
+                                                     std::to_string(machines) + " machines)"
+                                               : "";
+  if (from.kind == Origin::kFlag) {
+    throw UsageError(nproc + " conflicts with " + from.where + " " + std::to_string(total) +
+                     per_machine + "; give one of them");
+  }
+  options.config_notes.push_back(nproc + " overrides num_processes " + std::to_string(total) +
+                                 per_machine + " from " + from.describe());
+}
+
 void validateLaunch(LaunchOptions& options, bool nproc_explicit) {
   if (!options.gpus.empty() && options.gpus.size() != static_cast<size_t>(options.nproc_per_node)) {
     if (nproc_explicit) {

@@ -18,6 +18,7 @@ struct RunFlags {
   LaunchOptions options;
   std::string nproc_text;       // --nproc_per_node as given: N, cpu, gpu or auto
   bool nproc_explicit = false;  // a number given by --nproc_per_node
+  bool nproc_given = false;     // --nproc_per_node in any form
   std::string config_file;
   std::vector<FlagValue> config_flags;  // accelerate's flags: the config's flag layer
 };
@@ -33,6 +34,11 @@ ConfigLayers configLayers(const std::string& file, const std::vector<FlagValue>&
 
 // --nproc_per_node N|cpu|gpu|auto on `host`.
 int resolveNproc(const std::string& text, const LaunchOptions& options, const HostInfo& host);
+
+// --nproc_per_node (resolved in `options`) against the config's num_processes, accelerate's
+// total across machines: from a flag (--num_processes) a different count is a UsageError, from
+// the file or the environment it is overridden with a note in options.config_notes.
+void checkProcessCounts(const Config& c, LaunchOptions& options);
 
 // The worker count against --gpus and the world-size bound, then the rendezvous settings
 // together; throws UsageError.

@@ -86,9 +86,11 @@ bool Console::drain(std::chrono::milliseconds timeout) {
 }
 
 StreamSink::StreamSink(const std::string& log_path, Console* console, std::string prefix,
-                       size_t tail_lines)
+                       size_t tail_lines, mode_t mode)
     : console_(console), prefix_(std::move(prefix)), tail_lines_(tail_lines) {
-  log_fd_ = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+  // A fresh file, never a name someone else prepared (log_folder.h).
+  log_fd_ = ::open(log_path.c_str(),
+                   O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_APPEND | O_CLOEXEC, mode);
   if (log_fd_ == -1) throw SystemError("open " + log_path, errno);
 }
 

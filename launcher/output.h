@@ -10,6 +10,8 @@
 // in write, as they would writing to the console themselves), so no byte is dropped and the log
 // files get everything.
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <deque>
 #include <string>
@@ -56,9 +58,10 @@ class StreamSink {
   // A line longer than this reaches the console in pieces of this size.
   static constexpr size_t kMaxLine = 64 * 1024;
 
-  // `console` nullptr: not echoed; it must outlive the sink. Throws SystemError when the log file
-  // cannot be created.
-  StreamSink(const std::string& log_path, Console* console, std::string prefix, size_t tail_lines);
+  // `console` nullptr: not echoed; it must outlive the sink. The log file is created with `mode`
+  // and must not exist yet (nor be a symlink). Throws SystemError when it cannot be created.
+  StreamSink(const std::string& log_path, Console* console, std::string prefix, size_t tail_lines,
+             mode_t mode = 0600);
   Console* console() const { return console_; }
   ~StreamSink();
   StreamSink(const StreamSink&) = delete;

@@ -76,6 +76,7 @@ const std::vector<FlagSpec>& flagTable() {
       {"nproc_per_node", "N|cpu|gpu|auto", "workers on this node (default 1)",
        [](RunFlags& p, const std::string&, const std::string& v) {
          p.nproc_text = v;
+         p.nproc_given = true;
          p.nproc_explicit = v != "gpu" && v != "auto";
        }},
       {"gpus", "IDS", "GPU ids to use, e.g. 0,2: one worker per id",
@@ -108,7 +109,7 @@ const std::vector<FlagSpec>& flagTable() {
          if (v.empty()) failFlag(f, v, "a non-empty name");
          p.options.role = v;
        }},
-      {"log_dir", "DIR", "where per-attempt, per-rank logs go (default $TMPDIR/cxxlaunch)",
+      {"log_dir", "DIR", "where per-attempt, per-rank logs go (default $TMPDIR/cxxlaunch-UID)",
        [](RunFlags& p, const std::string& f, const std::string& v) {
          if (v.empty()) failFlag(f, v, "a directory");
          p.options.log_dir = v;
@@ -292,6 +293,7 @@ LaunchOptions parseRunArgs(const std::vector<std::string>& args, const HostInfo&
     return options;
   }
   options.nproc_per_node = resolveNproc(parsed.nproc_text, options, host);
+  if (parsed.nproc_given) checkProcessCounts(config, options);
   validateLaunch(options, parsed.nproc_explicit);
   if (options.run_id.empty()) options.run_id = randomHex(12);
   options.program = findProgram(rest[0], host.path);

@@ -2,9 +2,14 @@
 // errors to the documented exit codes (docs/launcher.md): 2 for a user's mistake, 1 when the
 // launcher itself failed, else the job's own exit code.
 
+#include <sys/resource.h>
+
+#include <cerrno>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "common/command_line.h"
@@ -15,6 +20,7 @@
 #include "launcher/remote.h"
 #include "launcher/self_test.h"
 #include "launcher/status.h"
+#include "launcher/stop_deadline.h"
 #include "launcher/system_info.h"
 #include "launcher/wizard.h"
 
@@ -23,18 +29,65 @@ namespace {
 using namespace cxxlaunch::launcher;
 using Args = std::vector<std::string>;
 
+[[noreturn]] void exitNow(int exit_code) {
+  std::cout.flush();
+  std::cerr.flush();
+  std::_Exit(exit_code);
+}
+
+// Why a thread or process could not be started (EAGAIN), for the error line.
+std::string limitHint(int err) {
+  if (err != EAGAIN) return "";
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NPROC, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
+    return " (no thread or process could be started: this user may run " +
+           std::to_string(limit.rlim_cur) + " at most, ulimit -u)";
+  }
+  return " (no thread or process could be started)";
+}
+
+// Prints the exception being handled as one line; returns its exit code (docs/launcher.md).
+int reportError(const std::string& command) {
+  const std::string who = "cxxlaunch " + command + ": ";
+  try {
+    throw;
+  } catch (const cxxlaunch::cli::HelpRequested& help) {
+    std::cout << help.text;
+    return kExitOk;
+  } catch (const cxxlaunch::InvalidArgument& e) {
+    std::cerr << who << "error: " << e.what() << "\n";
+    return kExitUsage;
+  } catch (const cxxlaunch::SystemError& e) {
+    std::cerr << who << e.what() << limitHint(e.code()) << "\n";
+  } catch (const std::filesystem::filesystem_error& e) {
+    std::cerr << who << e.what() << "\n";
+  } catch (const std::system_error& e) {  // std::thread's: what() is only the errno text
+    const int err = e.code().value();
+    std::cerr << who << (err == EAGAIN ? "cannot start a thread: " : "") << e.what()
+              << limitHint(err) << "\n";
+  } catch (const std::exception& e) {
+    std::cerr << who << e.what() << "\n";
+  }
+  return kExitInternal;
+}
+
 int run(const Args& args) {
   LaunchOptions options = parseRunArgs(args, HostInfo::detect());
   for (const auto& note : options.config_notes) std::cerr << "cxxlaunch: note: " << note << "\n";
   blockAgentSignals();                                 // before the rendezvous starts any thread
   if (options.remote) std::_Exit(runRemote(options));  // --hostfile: the hosts' agents over ssh
-  auto rendezvous = makeNodeRendezvous(options);
-  const int exit_code = runAgent(options, *rendezvous);
-  // The job is over and its peers informed; tearing down gRPC's threads and the hosted server
-  // would only add tens of milliseconds to every launch.
-  std::cout.flush();
-  std::cerr.flush();
-  std::_Exit(exit_code);
+  armStopDeadline(options.shutdown_grace);
+  // From here on the launcher leaves through exitNow, errors included, never through gRPC's
+  // destructors: the job is over and its peers informed (tearing down would only add tens of
+  // milliseconds), or it failed, and a server some of whose threads could not start waits for
+  // them for ever while it is torn down. Declared outside the try: unwinding would destroy it.
+  std::unique_ptr<NodeRendezvous> rendezvous;
+  try {
+    rendezvous = makeNodeRendezvous(options);
+    exitNow(runAgent(options, *rendezvous));
+  } catch (...) {
+    exitNow(reportError("run"));
+  }
 }
 
 struct Command {
@@ -140,14 +193,7 @@ int main(int argc, char** argv) {
   }
   try {
     return command->main(args);
-  } catch (const cxxlaunch::cli::HelpRequested& help) {
-    std::cout << help.text;
-    return kExitOk;
-  } catch (const cxxlaunch::InvalidArgument& e) {
-    std::cerr << "cxxlaunch " << name << ": error: " << e.what() << "\n";
-    return kExitUsage;
-  } catch (const std::exception& e) {
-    std::cerr << "cxxlaunch " << name << ": " << e.what() << "\n";
-    return kExitInternal;
+  } catch (...) {
+    return reportError(name);
   }
 }

@@ -555,3 +555,21 @@ TEST_CASE("A stop signal during the leftovers' grace kills them at once and ends
   CHECK(std::chrono::steady_clock::now() - start < 3s);
   CHECK(noneAlive(pids));
 }
+
+TEST_CASE("Process counts: two flags that disagree exit 2, a flag over the file prints a note",
+          "[launcher][integration]") {
+  auto conflict = run(launch({"--num_processes", "3", "--nproc_per_node", "1"}, {"print", "x"}));
+  CHECK(conflict.exit_code == 2);
+  CHECK(conflict.err ==
+        "cxxlaunch run: error: --nproc_per_node 1 conflicts with --num_processes 3; give one of "
+        "them\n");
+  TempDir dir;
+  const std::string yaml = dir.path() + "/c.yaml";
+  std::ofstream(yaml) << "distributed_type: MULTI_CPU\nnum_processes: 2\n";
+  auto over = run(launch({"--config_file", yaml, "--nproc_per_node", "3", "--log_dir", dir.path()},
+                         {"print", "hi"}));
+  CHECK(over.exit_code == 0);
+  CHECK(linesOf(over.out, 2) == std::vector<std::string>{"hi"});
+  CHECK(over.err == "cxxlaunch: note: --nproc_per_node 3 overrides num_processes 2 from file " +
+                        yaml + ":2:16\n");
+}

@@ -400,3 +400,30 @@ TEST_CASE("A launcher hosting the rendezvous beyond loopback without TLS warns",
                    {}, 30s);
   CHECK(quiet.err.find("warning: serving") == std::string::npos);
 }
+
+TEST_CASE("A stop signal ends a launcher stuck in a call to a stopped daemon within the grace",
+          "[multinode][integration][reliability]") {
+  Daemon daemon;
+  TempDir dir;
+  const std::string go = dir.path() + "/go";
+  // Keep-alives every 20 s: a call may wait a minute for an answer, signals unread meanwhile.
+  Subprocess launcher({CXXLAUNCH_BIN, "run", "--rdzv_endpoint", daemon.endpoint, "--rdzv_id",
+                       "deaf", "--shutdown_grace", "1", "--rdzv_conf",
+                       "keep_alive_interval=20,keep_alive_max_misses=3,join_timeout=30",
+                       TEST_WORKER, "print", "started", "wait-file", go});
+  REQUIRE(eventually([&] { return launcher.out().find("started") != std::string::npos; }, 20s));
+  REQUIRE(::kill(daemon.process->pid(), SIGSTOP) == 0);
+  std::ofstream(go).close();  // the worker succeeds; the launcher tells the stopped daemon
+  sleepFor(1s);
+  REQUIRE(::kill(launcher.pid(), SIGTERM) == 0);
+  const auto signalled = std::chrono::steady_clock::now();
+  auto r = launcher.wait(20s);
+  const auto took = std::chrono::steady_clock::now() - signalled;
+  ::kill(daemon.process->pid(), SIGCONT);
+  REQUIRE(r);
+  INFO(r->err);
+  CHECK(r->exit_code == 128 + SIGTERM);
+  CHECK_THAT(r->err, Catch::Contains("cxxlaunch: still running past the shutdown grace after a "
+                                     "stop signal; exiting now\n"));
+  CHECK(took < 1s + 1s + 1s);  // the grace, the margin (kStopMargin), the timer and slack
+}

@@ -410,6 +410,35 @@ TEST_CASE("cxxlaunch run takes the config file, and torchrun's flags win over it
   REQUIRE(cpu.worker_env.at("CUDA_VISIBLE_DEVICES").empty());
 }
 
+TEST_CASE("Process counts that disagree: two flags are an error, a flag over the file a note",
+          "[config][cli]") {
+  REQUIRE_THROWS_WITH(
+      parseRunArgs({"--num_processes", "3", "--nproc_per_node", "1", "/bin/true"}, host()),
+      "--nproc_per_node 1 conflicts with --num_processes 3; give one of them");
+  REQUIRE_THROWS_WITH(parseRunArgs({"--nproc-per-node=1", "--num-machines=2",
+                                    "--main_process_ip=10.0.0.1", "--num-processes=4", "/bin/true"},
+                                   host()),
+                      "--nproc_per_node 1 conflicts with --num_processes 4 (2 per machine over 2 "
+                      "machines); give one of them");
+  CHECK(parseRunArgs({"--num_processes", "3", "--nproc_per_node", "3", "/bin/true"}, host())
+            .config_notes.empty());
+
+  TempDir dir;
+  const std::string file = write(dir, "c.yaml", "distributed_type: MULTI_CPU\nnum_processes: 2\n");
+  auto o = parseRunArgs({"--config_file", file, "--nproc_per_node", "3", "/bin/true"}, host());
+  CHECK(o.nproc_per_node == 3);
+  CHECK(o.config_notes == std::vector<std::string>{"--nproc_per_node 3 overrides num_processes 2 "
+                                                   "from file " +
+                                                   file + ":2:16"});
+  auto env = parseRunArgs({"--nproc_per_node", "3", "/bin/true"}, [] {
+    HostInfo h = host();
+    h.env["CXXLAUNCH_NUM_PROCESSES"] = "2";
+    return h;
+  }());
+  CHECK(env.config_notes == std::vector<std::string>{"--nproc_per_node 3 overrides num_processes 2 "
+                                                     "from env CXXLAUNCH_NUM_PROCESSES"});
+}
+
 TEST_CASE("A multi-machine config maps to the static rendezvous at main_process_ip:port",
           "[config][cli]") {
   TempDir dir;
