@@ -279,7 +279,12 @@ Config askConfig(int in_fd, int out_fd, const HostInfo& host) {
     chooseKey(p, c, key, question, offload, "none");
     if (c.text(key) == "nvme") {
       askKey(p, c, "deepspeed_config.offload_" + what + "_nvme_path",
-             "Which directory on local disk holds the swap file?", "/tmp/cxxlaunch_nvme");
+             "Which directory on local disk holds the swap file?", "", [](const std::string& path) {
+               std::error_code ec;
+               return std::filesystem::is_directory(path, ec)
+                          ? std::string()
+                          : "'" + path + "' is not an existing directory; create it first";
+             });
     }
   };
   if (multi && p.yesNo("Do you want to use DeepSpeed?", false)) {

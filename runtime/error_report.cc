@@ -48,7 +48,9 @@ std::string explained(const std::string& what) {
     } catch (const std::exception& e) {
       const std::string message = explained(e.what());
       std::cout.flush();
-      std::cerr << "error: " << message << std::endl;
+      // One write: the launcher may stop this worker any moment once a peer failed.
+      const std::string line = "error: " + message + "\n";
+      [[maybe_unused]] const auto written = ::write(STDERR_FILENO, line.data(), line.size());
       if (!errorFile().empty()) std::ofstream(errorFile()) << errorFileJson(message);
       // Not exit(): other threads (a backend's) may hold locks that static destructors take.
       std::fflush(nullptr);

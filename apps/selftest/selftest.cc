@@ -15,6 +15,7 @@
 
 #include <cstdlib>
 #include <iostream>
+#include <sstream>
 #include <string>
 
 #include "common/command_line.h"
@@ -107,12 +108,14 @@ bool checkParity(Accelerator& acc) {
         std::max(worst, ((value - w).abs().max() / w.abs().max().clamp_min(1e-12)).item<double>());
   }
   const double tolerance = precision.mixed() ? 2e-2 : 1e-6;
+  std::ostringstream clipping_text;
+  if (clipping > 0) clipping_text << ", clipping " << clipping;
   int32_t passed = worst < tolerance ? 1 : 0;
   acc.backend().allreduce(&passed, 1, DType::kInt32, ReduceOp::kMin)->wait();
   acc.print(passed ? "ok" : "FAILED", "  parity with one process (", acc.describeStrategy(),
             "): ", n, " ranks x ", kPerRank, " examples vs one process on ", kPerRank * n, " (",
-            precision.name, clipping > 0 ? ", clipping " + std::to_string(clipping) : std::string(),
-            "; max relative difference ", worst, " on rank 0, at most ", tolerance, ")");
+            precision.name, clipping_text.str(), "; max relative difference ", worst,
+            " on rank 0, at most ", tolerance, ")");
   return passed == 1;
 }
 

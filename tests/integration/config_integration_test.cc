@@ -253,15 +253,18 @@ TEST_CASE("The wizard offers DeepSpeed and FSDP on CPUs, with every value their 
     REQUIRE(result.exit_code == 0);
     return std::make_pair(result.out, cxxlaunch::launcher::loadConfigFile(file));
   };
-  // multi-CPU, 1 machine, no debug, DeepSpeed, stage 3, the optimizer to nvme (the default
-  // folder), no parameter offload, the rest by default, 2 processes, no mixed precision.
-  const auto [ds_out, ds] = answer("ds", "1\n1\n\nyes\n3\n1\n\n0\n\n\n\n\n2\n0\n");
+  // multi-CPU, 1 machine, no debug, DeepSpeed, stage 3, the optimizer to nvme (a folder that
+  // does not exist, asked again, then this test's), no parameter offload, the rest by default, 2
+  // processes, no mixed precision.
+  const auto [ds_out, ds] = answer(
+      "ds", "1\n1\n\nyes\n3\n1\n" + dir.path() + "/nope\n" + dir.path() + "\n0\n\n\n\n\n2\n0\n");
+  CHECK_THAT(ds_out, Catch::Contains("'" + dir.path() + "/nope' is not an existing directory"));
   CHECK_THAT(ds_out,
              Catch::Contains("Where to offload optimizer states?\n  [0] none\n  [1] nvme\n"));
   const auto ds_env = cxxlaunch::launcher::workerSettings(ds, {});
   CHECK(ds_env.at("CXXLAUNCH_STRATEGY") == "zero3");
   CHECK(ds_env.at("CXXLAUNCH_OFFLOAD_OPTIMIZER") == "nvme");
-  CHECK(ds.text("deepspeed_config.offload_optimizer_nvme_path") == "/tmp/cxxlaunch_nvme");
+  CHECK(ds.text("deepspeed_config.offload_optimizer_nvme_path") == dir.path());
   // multi-CPU, 1 machine, no debug, no DeepSpeed, FSDP, HYBRID_SHARD_ZERO2, wrapping Block, the
   // rest by default (the state dict type FULL, as the key's default), 2 processes.
   const auto [fsdp_out, fsdp] = answer("fsdp", "1\n1\n\n\nyes\n4\n0\nBlock\n\n\n\n\n\n2\n0\n");
@@ -303,7 +306,7 @@ TEST_CASE("The wizard's questions for several machines", "[wizard]") {
   REQUIRE(config.text("mixed_precision") == "no");
 
   // The same answers with etcd as the rendezvous backend.
-  const std::string etcd = write(dir, "etcd", "1\n2\n1\n10.0.0.1\n29400\nno\n2\n\n4\n0\n");
+  const std::string etcd = write(dir, "etcd", "1\n2\n1\n10.0.0.1\n29400\nno\n2\n\n\n\n4\n0\n");
   auto with_etcd =
       run({"/bin/sh", "-c",
            std::string(CXXLAUNCH_BIN) + " config --force --config_file " + file + " < " + etcd},

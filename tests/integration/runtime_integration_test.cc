@@ -183,7 +183,7 @@ TEST_CASE("cxxlaunch test calls a ready setup ready: bf16, clipping, FSDP naming
     if (file == fsdp) {
       CHECK_THAT(r.out, Catch::Contains("fsdp_transformer_layer_cls_to_wrap (LlamaDecoderLayer) "
                                         "names your model's blocks"));
-      CHECK_THAT(r.out, Catch::Contains("zero3"));
+      CHECK_THAT(r.out, Catch::Contains("parity with one process (fsdp_full_shard: 2 unit(s)"));
     }
   }
 }
