@@ -539,12 +539,15 @@ void ShardedStrategy::release(size_t i) {
   }
   u.flat.release(pool_.get());
   optimizer_.allocateState(u.optimizer_shard);
-  addUncaughtErrorHint(
-      "data is not allocated yet",
-      "cxxlaunch: a shard unit's parameters were used while they are freed: under ZeRO-3 and "
-      "FSDP FULL_SHARD a unit is gathered only around its unitForward calls, so once it ran "
-      "through cxxlaunch::runtime::unitForward(block, x, ...) it must always be called that way, "
-      "never as block->forward(x) or block(x)");
+  // What LibTorch says of a freed parameter (1.13 and 2.x), which says nothing of units.
+  for (const char* freed : {"data is not allocated yet", "for storage of size 0"}) {
+    addUncaughtErrorHint(
+        freed,
+        "cxxlaunch: a shard unit's parameters were used while they are freed: under ZeRO-3 and "
+        "FSDP FULL_SHARD a unit is gathered only around its unitForward calls, so once it ran "
+        "through cxxlaunch::runtime::unitForward(block, x, ...) it must always be called that "
+        "way, never as block->forward(x) or block(x)");
+  }
 }
 
 void ShardedStrategy::warnOfUnitsNeverRouted() {

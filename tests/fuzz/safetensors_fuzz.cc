@@ -1,7 +1,8 @@
-// libFuzzer target for the safetensors header parser (runtime/checkpoint/safetensors_header.h):
-// any bytes as a header, with any data size after it, either parse or fail with
-// InvalidArgument; what parses lies inside the data, matches its dtype and shape, and does not
-// overlap.
+// libFuzzer target for the safetensors header and index parsers
+// (runtime/checkpoint/safetensors_header.h): any bytes as a header, with any data size after it,
+// either parse or fail with InvalidArgument; what parses lies inside the data, matches its dtype
+// and shape, and does not overlap. The same bytes as an index parse or fail alike, and every
+// file they name is a plain name.
 
 #include <cstdint>
 #include <cstdlib>
@@ -25,6 +26,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           e.end - e.begin != elements * safetensorsDtypeSize(e.dtype)) {
         std::abort();
       }
+    }
+  } catch (const cxxlaunch::InvalidArgument&) {
+  }
+  try {
+    for (const auto& [file, tensors] : parseSafetensorsIndex(header)) {
+      if (file.find('/') != std::string::npos || tensors.empty()) std::abort();
     }
   } catch (const cxxlaunch::InvalidArgument&) {
   }

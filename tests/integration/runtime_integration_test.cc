@@ -116,6 +116,19 @@ TEST_CASE("Stepping the optimizer instead of acc.step() fails at once in every s
   }
 }
 
+TEST_CASE("A ZeRO-3 unit called directly while freed is explained, not only LibTorch's words",
+          "[runtime][integration]") {
+  auto r = launch({"--nproc_per_node", "2"}, MISTAKE_TRAINER_BIN, {"direct_unit"},
+                  {{"CXXLAUNCH_STRATEGY", "zero3"},
+                   {"CXXLAUNCH_FSDP_AUTO_WRAP_POLICY", "TRANSFORMER_BASED_WRAP"},
+                   {"CXXLAUNCH_FSDP_TRANSFORMER_LAYER_CLS_TO_WRAP", "Linear"}});
+  INFO(r.out << r.err);
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.err, Catch::Contains("cxxlaunch: a shard unit's parameters were used while they "
+                                    "are freed"));
+  CHECK_THAT(r.err, !Catch::Contains("terminate called"));
+}
+
 TEST_CASE("A collective called on some ranks only fails every rank within seconds, naming it",
           "[runtime][integration]") {
   // saveCheckpoint inside `if (acc.isMainProcess())`: the other rank goes on to waitForEveryone.
