@@ -1,5 +1,6 @@
 #include "runtime/error_report.h"
 
+#include <c10/util/Exception.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -46,7 +47,10 @@ std::string explained(const std::string& what) {
     try {
       std::rethrow_exception(error);
     } catch (const std::exception& e) {
-      const std::string message = explained(e.what());
+      // LibTorch's errors carry a C++ stack trace in what(): the message alone is for the user.
+      const auto* torch_error = dynamic_cast<const c10::Error*>(&e);
+      const std::string message =
+          explained(torch_error ? torch_error->what_without_backtrace() : e.what());
       std::cout.flush();
       // One write: the launcher may stop this worker any moment once a peer failed.
       const std::string line = "error: " + message + "\n";

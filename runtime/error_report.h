@@ -2,9 +2,10 @@
 // What becomes of an error a trainer does not catch, as torchrun's @record does for a Python
 // trainer: instead of std::terminate's abort (a SIGABRT and a core, the message lost among the
 // stderr lines), one line `error: <what>` on stderr, the message in TORCHELASTIC_ERROR_FILE (the
-// launcher's failure table shows it), and an ordinary exit code: 2 for an InvalidArgument (the
-// trainer's own mistake, as the launcher's usage errors), 1 for any other error. Anything that is
-// not a std::exception, or a terminate without an exception, goes to the handler there was.
+// launcher's failure table shows it; LibTorch's errors without their C++ stack trace), and an
+// ordinary exit code: 2 for an InvalidArgument (the trainer's own mistake, as the launcher's
+// usage errors), 1 for any other error. Anything that is not a std::exception, or a terminate
+// without an exception, goes to the handler there was.
 //
 // Thread-safety: installUncaughtErrorReport may be called from any thread, any number of times;
 // the first call installs the handler for the whole process.
