@@ -137,9 +137,10 @@ std::string config_detail::kindName(const KeySpec& spec) {
     case KeyType::kInt:
       return "a whole number from " + formatNumber(spec.min) + " to " + formatNumber(spec.max);
     case KeyType::kNumber:
-      return "a number >= " + formatNumber(spec.min);
+      return "a number from " + formatNumber(spec.min) + " to " + formatNumber(spec.max);
     case KeyType::kSeconds:
-      return "a number of seconds " + std::string(spec.min > 0 ? "> 0" : ">= 0");
+      return "a number of seconds " + std::string(spec.min > 0 ? "> 0" : ">= 0") +
+             " and <= " + formatNumber(spec.max);
     case KeyType::kChoice: {
       std::string list;
       for (size_t i = 0; i < spec.choices.size(); ++i) {

@@ -33,7 +33,15 @@ void failFlag(const std::string& flag, const std::string& value, const std::stri
 int parseInt(const std::string& flag, const std::string& value, long long lo, long long hi,
              const std::string& want) {
   long long v = 0;
-  if (!parseIntText(value, v) || v < lo || v > hi) failFlag(flag, value, want);
+  if (!parseIntText(value, v) || v < lo) failFlag(flag, value, want);
+  // A number past the top: `want` if it names the top, else the range.
+  if (v > hi) {
+    const std::string top = std::to_string(hi);
+    failFlag(flag, value,
+             want.find(top) != std::string::npos
+                 ? want
+                 : "a number from " + std::to_string(lo) + " to " + top);
+  }
   return static_cast<int>(v);
 }
 

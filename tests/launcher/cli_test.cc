@@ -165,6 +165,7 @@ TEST_CASE("Bad command lines fail with one clear message", "[cli]") {
       {{"--master_port", "65536", "true"}, "is not a port number 0-65535"},
       {{"--master_port", "-1", "true"}, "is not a port number"},
       {{"--max_restarts=-1", "true"}, "'-1' is not a number >= 0"},
+      {{"--nproc_per_node", "65537", "true"}, "'65537' is not a number from 1 to 65536"},
       {{"--monitor_interval=0", "true"}, "a number of seconds > 0"},
       {{"--run_id", "../etc", "true"}, "letters, digits"},
       {{"--redirects", "4", "true"}, "0-3 or a per-local-rank map"},

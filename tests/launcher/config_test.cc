@@ -183,9 +183,15 @@ TEST_CASE("Impossible combinations name the setting at fault", "[config][errors]
           "c.yaml:3:15: deepspeed_config.zero_stage: 4 is out of range; use a whole number from 0 "
           "to 3");
   REQUIRE(errorOf("cxxlaunch:\n  join_timeout: -5\n") ==
-          "c.yaml:2:17: cxxlaunch.join_timeout: -5 is out of range; use a number of seconds > 0");
+          "c.yaml:2:17: cxxlaunch.join_timeout: -5 is out of range; use a number of seconds > 0 "
+          "and <= 31536000");
   REQUIRE(errorOf("cxxlaunch:\n  close_timeout: -1\n") ==
-          "c.yaml:2:18: cxxlaunch.close_timeout: -1 is out of range; use a number of seconds >= 0");
+          "c.yaml:2:18: cxxlaunch.close_timeout: -1 is out of range; use a number of seconds >= 0 "
+          "and <= 31536000");
+  // Past the top, the message names it (it once said only "a number >= 0").
+  REQUIRE(errorOf("distributed_type: DEEPSPEED\ndeepspeed_config:\n  gradient_clipping: 1e31\n") ==
+          "c.yaml:3:22: deepspeed_config.gradient_clipping: 1e31 is out of range; use a number "
+          "from 0 to 1e+30");
   REQUIRE(errorOf("num_machines: 2\nmachine_rank: 2\nmain_process_ip: h\n") ==
           "c.yaml:2:15: machine_rank 2 is out of range for 2 machine(s); use 0 to 1");
   REQUIRE(errorOf("distributed_type: MULTI_GPU\nnum_machines: 2\n") ==
