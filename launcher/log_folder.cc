@@ -54,8 +54,12 @@ int openFolderAt(int dir, const std::string& name) {
   return ::openat(dir, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 }
 
-std::string whyNot(int err) {
-  return err == ELOOP || err == ENOTDIR ? "a symlink or not a folder" : std::strerror(err);
+// Why a folder that could not be opened is not to be used: a symlink or no folder (the callers
+// refuse it or make their own). Any other failure (no descriptor left, no permission) is no
+// judgement on the folder: a SystemError.
+std::string whyNot(int err, const fs::path& path) {
+  if (err != ELOOP && err != ENOTDIR) throw SystemError("open " + path.string(), err);
+  return "a symlink or not a folder";
 }
 
 }  // namespace
@@ -74,7 +78,7 @@ fs::path makeSubfolders(const fs::path& parent, const std::vector<std::string>& 
       throw SystemError("mkdir " + path.string(), errno);
     }
     Fd next(openFolderAt(dir.get(), name));
-    const std::string why = next.get() == -1 ? whyNot(errno) : whyNotPrivate(next.get());
+    const std::string why = next.get() == -1 ? whyNot(errno, path) : whyNotPrivate(next.get());
     if (!why.empty()) {
       throw Error("the log folder " + path.string() + " is " + why +
                   ": refusing to write logs there (remove it, or choose --log_dir)");
@@ -101,7 +105,7 @@ LogFolder makeRunFolder(const std::string& log_dir, const std::vector<std::strin
       throw SystemError("mkdir " + base.string(), errno);
     }
     const Fd dir(::open(base.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-    const std::string why = dir.get() == -1 ? whyNot(errno) : whyNotPrivate(dir.get());
+    const std::string why = dir.get() == -1 ? whyNot(errno, base) : whyNotPrivate(dir.get());
     if (!why.empty()) {
       std::string own = (shared / (name + "-XXXXXX")).string();
       if (::mkdtemp(own.data()) == nullptr) throw SystemError("mkdtemp " + own, errno);

@@ -195,7 +195,8 @@ SpawnedProcess spawnProcess(const SpawnSpec& spec) {
     ::close(err[0]);
     if (pid == -1) throw SystemError("clone", clone_errno);
     ::waitpid(pid, nullptr, 0);  // the child already _exit-ed
-    throw SystemError("exec " + spec.program, args.error);
+    // The child's set-up (its /dev/null, its pipes) or its exec: "starting", not "exec".
+    throw SystemError("starting " + spec.program, args.error);
   }
   CXXLAUNCH_SYSCALL(::fcntl(out[0], F_SETFL, O_NONBLOCK));
   CXXLAUNCH_SYSCALL(::fcntl(err[0], F_SETFL, O_NONBLOCK));

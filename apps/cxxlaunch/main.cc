@@ -35,15 +35,23 @@ using Args = std::vector<std::string>;
   std::_Exit(exit_code);
 }
 
-// Why a thread or process could not be started (EAGAIN), for the error line.
+// The limit behind `err`, for the error line: no thread or process could be started (EAGAIN),
+// or the launcher has as many files open as it may (EMFILE) or the system does (ENFILE).
 std::string limitHint(int err) {
-  if (err != EAGAIN) return "";
   rlimit limit{};
-  if (::getrlimit(RLIMIT_NPROC, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
-    return " (no thread or process could be started: this user may run " +
-           std::to_string(limit.rlim_cur) + " at most, ulimit -u)";
+  if (err == EAGAIN) {
+    if (::getrlimit(RLIMIT_NPROC, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
+      return " (no thread or process could be started: this user may run " +
+             std::to_string(limit.rlim_cur) + " at most, ulimit -u)";
+    }
+    return " (no thread or process could be started)";
   }
-  return " (no thread or process could be started)";
+  if (err == EMFILE && ::getrlimit(RLIMIT_NOFILE, &limit) == 0) {
+    return " (the launcher has as many files open as it may, " + std::to_string(limit.rlim_cur) +
+           ": its workers' pipes and logs need a few each; raise ulimit -n)";
+  }
+  if (err == ENFILE) return " (the system has as many files open as it may: fs.file-max)";
+  return "";
 }
 
 // Prints the exception being handled as one line; returns its exit code (docs/launcher.md).
@@ -60,7 +68,7 @@ int reportError(const std::string& command) {
   } catch (const cxxlaunch::SystemError& e) {
     std::cerr << who << e.what() << limitHint(e.code()) << "\n";
   } catch (const std::filesystem::filesystem_error& e) {
-    std::cerr << who << e.what() << "\n";
+    std::cerr << who << e.what() << limitHint(e.code().value()) << "\n";
   } catch (const std::system_error& e) {  // std::thread's: what() is only the errno text
     const int err = e.code().value();
     std::cerr << who << (err == EAGAIN ? "cannot start a thread: " : "") << e.what()

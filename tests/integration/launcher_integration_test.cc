@@ -573,3 +573,26 @@ TEST_CASE("Process counts: two flags that disagree exit 2, a flag over the file 
   CHECK(over.err == "cxxlaunch: note: --nproc_per_node 3 overrides num_processes 2 from file " +
                         yaml + ":2:16\n");
 }
+
+TEST_CASE("Out of file descriptors (ulimit -n) the launcher says so and exits 1",
+          "[launcher][integration][limits]") {
+  // Past some of these limits the launcher runs out of descriptors in its own pipes, its log
+  // folder, or a new worker's set-up (once reported as "exec ... failed").
+  TempDir dir;
+  int refused = 0;
+  for (const int limit : {12, 16, 20, 24, 28, 32, 36}) {
+    auto r = run({"/usr/bin/prlimit", "--nofile=" + std::to_string(limit), "--", CXXLAUNCH_BIN,
+                  "run", "--log_dir", dir.path(), "--nproc_per_node=4", "/bin/true"},
+                 {}, 30s);
+    INFO("limit " << limit << ": " << r.err);
+    if (r.exit_code == 0) continue;
+    ++refused;
+    CHECK(r.exit_code == 1);
+    CHECK(r.err.starts_with("cxxlaunch run: "));
+    CHECK(r.err.ends_with(" (the launcher has as many files open as it may, " +
+                          std::to_string(limit) +
+                          ": its workers' pipes and logs need a few each; raise ulimit -n)\n"));
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  }
+  CHECK(refused >= 3);
+}
