@@ -24,8 +24,8 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR
 
 # The runtime and every library of ours it links, static: a user names cxxlaunch::runtime and
 # CMake brings the rest, ours and the dependencies the config finds.
-set(_cxxlaunch_libraries cxxlaunch_runtime cxxlaunch_kernels_cpu cxxlaunch_rendezvous
-    cxxlaunch_proto cxxlaunch_common)
+set(_cxxlaunch_libraries cxxlaunch_models cxxlaunch_runtime cxxlaunch_kernels_cpu
+    cxxlaunch_rendezvous cxxlaunch_proto cxxlaunch_common)
 set(CXXLAUNCH_PACKAGE_WITH_CUDA OFF)
 if(TARGET cxxlaunch_cuda)
   list(APPEND _cxxlaunch_libraries cxxlaunch_cuda)
@@ -44,7 +44,8 @@ install(EXPORT cxxlaunchTargets NAMESPACE cxxlaunch:: DESTINATION ${CXXLAUNCH_IN
 
 # The public headers: these entry points and every header of ours they include, followed at
 # install time (cmake/install_headers.cmake), so the set cannot fall behind the code.
-set(CXXLAUNCH_PUBLIC_HEADERS runtime/accelerator.h runtime/env.h common/error.h common/env_names.h)
+set(CXXLAUNCH_PUBLIC_HEADERS runtime/accelerator.h runtime/env.h common/error.h common/env_names.h
+    models/llama.h)
 install(CODE "
   set(CXXLAUNCH_HEADER_SOURCE_DIR \"${CMAKE_SOURCE_DIR}\")
   set(CXXLAUNCH_HEADER_ROOTS \"${CXXLAUNCH_PUBLIC_HEADERS}\")

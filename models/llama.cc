@@ -1,0 +1,272 @@
+#include "models/llama.h"
+
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/init.h>
+
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "common/error.h"
+#include "runtime/strategy/unit.h"
+
+namespace cxxlaunch::models {
+namespace {
+
+using nlohmann::json;
+
+// HF's initialisation (initializer_range 0.02): a model built from scratch starts as one
+// transformers would build; a loaded one is overwritten anyway.
+void initLinear(torch::nn::Linear& linear) {
+  torch::NoGradGuard no_grad;
+  torch::nn::init::normal_(linear->weight, 0.0, 0.02);
+  if (linear->bias.defined()) torch::nn::init::zeros_(linear->bias);
+}
+
+torch::nn::Linear linear(int64_t in, int64_t out, bool bias) {
+  torch::nn::Linear l(torch::nn::LinearOptions(in, out).bias(bias));
+  initLinear(l);
+  return l;
+}
+
+// x with its last dimension's halves swapped, the first negated: (-x2, x1).
+torch::Tensor rotateHalf(const torch::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+}  // namespace
+
+LlamaConfig LlamaConfig::fromJson(const std::string& text, const std::string& origin) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw InvalidArgument(origin + " is not JSON (" + e.what() + ")");
+  }
+  if (!j.is_object()) throw InvalidArgument(origin + " is not a JSON object");
+  LlamaConfig c;
+  c.model_type = j.value("model_type", std::string());
+  if (c.model_type != "llama" && c.model_type != "qwen2" && c.model_type != "mistral") {
+    throw InvalidArgument(origin + ": model_type '" + c.model_type +
+                          "' is not one of the Llama family this model builds (llama, qwen2, "
+                          "mistral)");
+  }
+  std::string missing;
+  auto whole = [&](const char* key, int64_t& out, bool required) {
+    if (!j.contains(key)) {
+      if (required) missing += std::string(missing.empty() ? "" : ", ") + key;
+      return;
+    }
+    if (!j[key].is_number_integer() || j[key].get<int64_t>() < 1) {
+      throw InvalidArgument(origin + ": " + key + " is " + j[key].dump() +
+                            ", not a whole number >= 1");
+    }
+    out = j[key].get<int64_t>();
+  };
+  auto real = [&](const char* key, double& out) {
+    if (!j.contains(key) || j[key].is_null()) return;
+    if (!j[key].is_number() || !(j[key].get<double>() > 0)) {
+      throw InvalidArgument(origin + ": " + key + " is " + j[key].dump() + ", not a number > 0");
+    }
+    out = j[key].get<double>();
+  };
+  whole("hidden_size", c.hidden_size, true);
+  whole("intermediate_size", c.intermediate_size, true);
+  whole("num_hidden_layers", c.num_hidden_layers, true);
+  whole("num_attention_heads", c.num_attention_heads, true);
+  whole("vocab_size", c.vocab_size, true);
+  c.num_key_value_heads = c.num_attention_heads;
+  whole("num_key_value_heads", c.num_key_value_heads, false);
+  whole("max_position_embeddings", c.max_position_embeddings, false);
+  if (!missing.empty()) throw InvalidArgument(origin + " has no " + missing);
+  real("rms_norm_eps", c.rms_norm_eps);
+  real("rope_theta", c.rope_theta);
+  if (j.contains("tie_word_embeddings")) {
+    if (!j["tie_word_embeddings"].is_boolean()) {
+      throw InvalidArgument(origin + ": tie_word_embeddings is not true or false");
+    }
+    c.tie_word_embeddings = j["tie_word_embeddings"].get<bool>();
+  }
+  if (c.hidden_size % c.num_attention_heads != 0 || c.headDim() % 2 != 0 ||
+      c.num_attention_heads % c.num_key_value_heads != 0) {
+    throw InvalidArgument(origin +
+                          ": the heads do not fit: hidden_size must be num_attention_heads "
+                          "times an even head size, and num_attention_heads a multiple of "
+                          "num_key_value_heads");
+  }
+  return c;
+}
+
+LlamaConfig LlamaConfig::fromFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    throw InvalidArgument("cannot read '" + path +
+                          "': a model folder in Hugging Face's layout has its config.json");
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  return fromJson(text.str(), path);
+}
+
+std::string LlamaConfig::toJson() const {
+  const json j = {{"architectures",
+                   {model_type == "qwen2"     ? "Qwen2ForCausalLM"
+                    : model_type == "mistral" ? "MistralForCausalLM"
+                                              : "LlamaForCausalLM"}},
+                  {"model_type", model_type},
+                  {"hidden_size", hidden_size},
+                  {"intermediate_size", intermediate_size},
+                  {"num_hidden_layers", num_hidden_layers},
+                  {"num_attention_heads", num_attention_heads},
+                  {"num_key_value_heads", num_key_value_heads},
+                  {"vocab_size", vocab_size},
+                  {"max_position_embeddings", max_position_embeddings},
+                  {"rms_norm_eps", rms_norm_eps},
+                  {"rope_theta", rope_theta},
+                  {"tie_word_embeddings", tie_word_embeddings},
+                  {"hidden_act", "silu"}};
+  return j.dump(2) + "\n";
+}
+
+LlamaRMSNormImpl::LlamaRMSNormImpl(int64_t size, double eps)
+    : weight(register_parameter("weight", torch::ones({size}))), eps_(eps) {}
+
+torch::Tensor LlamaRMSNormImpl::forward(const torch::Tensor& x) {
+  const torch::Tensor x32 = x.to(torch::kFloat);
+  const torch::Tensor normed = x32 * torch::rsqrt(x32.pow(2).mean(-1, true) + eps_);
+  return weight * normed.to(x.scalar_type());
+}
+
+LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c)
+    : q_proj(register_module("q_proj", linear(c.hidden_size, c.hidden_size, c.attentionBias()))),
+      k_proj(register_module(
+          "k_proj", linear(c.hidden_size, c.num_key_value_heads * c.headDim(), c.attentionBias()))),
+      v_proj(register_module(
+          "v_proj", linear(c.hidden_size, c.num_key_value_heads * c.headDim(), c.attentionBias()))),
+      o_proj(register_module("o_proj", linear(c.hidden_size, c.hidden_size, false))),
+      heads_(c.num_attention_heads),
+      kv_heads_(c.num_key_value_heads),
+      head_dim_(c.headDim()) {}
+
+torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
+                                          const torch::Tensor& sin) {
+  const int64_t batch = x.size(0), length = x.size(1);
+  auto heads = [&](const torch::Tensor& t, int64_t n) {  // [B, T, n*d] -> [B, n, T, d]
+    return t.view({batch, length, n, head_dim_}).transpose(1, 2);
+  };
+  torch::Tensor q = heads(q_proj(x), heads_), k = heads(k_proj(x), kv_heads_);
+  torch::Tensor v = heads(v_proj(x), kv_heads_);
+  const torch::Tensor c = cos.to(q.scalar_type()), s = sin.to(q.scalar_type());
+  q = q * c + rotateHalf(q) * s;
+  k = k * c + rotateHalf(k) * s;
+  if (kv_heads_ != heads_) {  // each key/value head serves heads_ / kv_heads_ query heads in turn
+    const int64_t repeat = heads_ / kv_heads_;
+    auto widen = [&](const torch::Tensor& t) {
+      return t.unsqueeze(2)
+          .expand({batch, kv_heads_, repeat, length, head_dim_})
+          .reshape({batch, heads_, length, head_dim_});
+    };
+    k = widen(k);
+    v = widen(v);
+  }
+  torch::Tensor scores = torch::matmul(q, k.transpose(2, 3)) / std::sqrt(double(head_dim_));
+  const torch::Tensor future =
+      torch::ones({length, length}, torch::TensorOptions().dtype(torch::kBool).device(x.device()))
+          .triu(1);
+  scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
+  const torch::Tensor weights = torch::softmax(scores, -1, torch::kFloat).to(q.scalar_type());
+  const torch::Tensor out = torch::matmul(weights, v).transpose(1, 2).reshape({batch, length, -1});
+  return o_proj(out);
+}
+
+LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c)
+    : gate_proj(register_module("gate_proj", linear(c.hidden_size, c.intermediate_size, false))),
+      up_proj(register_module("up_proj", linear(c.hidden_size, c.intermediate_size, false))),
+      down_proj(register_module("down_proj", linear(c.intermediate_size, c.hidden_size, false))) {}
+
+torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
+  return down_proj(torch::silu(gate_proj(x)) * up_proj(x));
+}
+
+LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c)
+    : self_attn(register_module("self_attn", LlamaAttention(c))),
+      mlp(register_module("mlp", LlamaMLP(c))),
+      input_layernorm(
+          register_module("input_layernorm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps))),
+      post_attention_layernorm(register_module("post_attention_layernorm",
+                                               LlamaRMSNorm(c.hidden_size, c.rms_norm_eps))) {}
+
+torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
+                                             const torch::Tensor& sin) {
+  const torch::Tensor h = x + self_attn(input_layernorm(x), cos, sin);
+  return h + mlp(post_attention_layernorm(h));
+}
+
+LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c)
+    : embed_tokens(
+          register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size))),
+      layers(register_module("layers", torch::nn::ModuleList())),
+      norm(register_module("norm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps))),
+      config_(c) {
+  {
+    torch::NoGradGuard no_grad;
+    torch::nn::init::normal_(embed_tokens->weight, 0.0, 0.02);
+  }
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    // Qwen2's layers under their own type name: what a Qwen2 config's wrap class names.
+    LlamaDecoderLayer layer(c.model_type == "qwen2" ? std::make_shared<Qwen2DecoderLayerImpl>(c)
+                                                    : std::make_shared<LlamaDecoderLayerImpl>(c));
+    layers->push_back(layer);
+    decoder_.push_back(layer);
+  }
+}
+
+torch::Tensor LlamaModelImpl::forward(const torch::Tensor& input_ids) {
+  if (input_ids.dim() != 2 || input_ids.scalar_type() != torch::kLong) {
+    throw InvalidArgument("LlamaModel: input_ids must be int64 of shape [batch, length]");
+  }
+  const auto [cos, sin] = rotaryTables(config_, input_ids.size(1), input_ids.device());
+  torch::Tensor h = embed_tokens(input_ids);
+  for (auto& layer : decoder_) h = runtime::unitForward(layer, h, cos, sin);
+  return norm(h);
+}
+
+LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c)
+    : model(register_module("model", LlamaModel(c))), config_(c) {
+  if (!c.tie_word_embeddings) {
+    lm_head = register_module("lm_head", linear(c.hidden_size, c.vocab_size, false));
+  }
+}
+
+torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& input_ids) {
+  const torch::Tensor h = model(input_ids);
+  return lm_head ? lm_head(h) : torch::matmul(h, model->embed_tokens->weight.t());
+}
+
+std::pair<torch::Tensor, torch::Tensor> rotaryTables(const LlamaConfig& c, int64_t length,
+                                                     const torch::Device& device) {
+  const int64_t dim = c.headDim();
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat).device(device);
+  const torch::Tensor inv_freq =
+      1.0 /
+      torch::pow(c.rope_theta, torch::arange(0, dim, 2, f32.dtype(torch::kLong)).to(torch::kFloat) /
+                                   static_cast<double>(dim));
+  const torch::Tensor freqs = torch::outer(torch::arange(length, f32), inv_freq);
+  const torch::Tensor emb = torch::cat({freqs, freqs}, -1);
+  return {emb.cos(), emb.sin()};
+}
+
+torch::Tensor causalLmLoss(const torch::Tensor& logits, const torch::Tensor& labels) {
+  const int64_t length = logits.size(1);
+  const torch::Tensor shifted = logits.narrow(1, 0, length - 1).to(torch::kFloat);
+  const torch::Tensor targets = labels.narrow(1, 1, length - 1);
+  return torch::nn::functional::cross_entropy(
+      shifted.reshape({-1, shifted.size(-1)}), targets.reshape({-1}),
+      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));
+}
+
+}  // namespace cxxlaunch::models

@@ -1,0 +1,145 @@
+#pragma once
+// The Llama family (Llama, Qwen2, Mistral) as Hugging Face's transformers defines it: the same
+// parameter names (`model.layers.3.self_attn.q_proj.weight`, ...), so an HF model folder loads by
+// name (Accelerator::loadModel) and an export loads back into transformers, and the same math
+// (RMSNorm in fp32, rotary embeddings with rotate_half, grouped-query attention, a causal mask,
+// softmax in fp32, a SwiGLU MLP), checked against an independent plain-PyTorch forward
+// (tests/models/llama_reference.py).
+//
+//   auto config = cxxlaunch::models::LlamaConfig::fromFile(dir + "/config.json");
+//   cxxlaunch::models::LlamaForCausalLM model(config);
+//   acc.prepare(model.ptr(), optimizer);
+//   acc.loadModel(dir);
+//   auto logits = model(input_ids);                     // [B, T] int64 -> [B, T, vocab]
+//   acc.backward(cxxlaunch::models::causalLmLoss(logits, labels));
+//
+// The decoder layers run through unitForward (runtime/strategy/unit.h) themselves: their type
+// names, LlamaDecoderLayer and Qwen2DecoderLayer, are what a config's
+// fsdp_transformer_layer_cls_to_wrap names, and ZeRO-3 / FULL_SHARD gathers them in time with no
+// more from the trainer.
+//
+// Thread-safety: as any LibTorch module.
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace cxxlaunch::models {
+
+// An HF config.json's keys that the architecture needs.
+struct LlamaConfig {
+  std::string model_type = "llama";  // llama | qwen2 | mistral
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;  // config.json without it: num_attention_heads (as HF)
+  int64_t vocab_size = 0;
+  int64_t max_position_embeddings = 2048;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  bool tie_word_embeddings = false;
+
+  // Qwen2's q/k/v projections have biases; Llama's and Mistral's do not.
+  bool attentionBias() const { return model_type == "qwen2"; }
+  int64_t headDim() const { return hidden_size / num_attention_heads; }
+
+  // Throws InvalidArgument naming the file: no such file, not JSON, another architecture, keys
+  // missing (all of them listed) or inconsistent (heads that do not divide the hidden size).
+  static LlamaConfig fromFile(const std::string& path);
+  static LlamaConfig fromJson(const std::string& text, const std::string& origin = "config.json");
+  // As an HF config.json (what an export writes beside its weights).
+  std::string toJson() const;
+};
+
+// x * rsqrt(mean(x^2) + eps) in fp32, times the weight, in the input's dtype.
+class LlamaRMSNormImpl : public torch::nn::Module {
+ public:
+  LlamaRMSNormImpl(int64_t size, double eps);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(LlamaRMSNorm);
+
+class LlamaAttentionImpl : public torch::nn::Module {
+ public:
+  explicit LlamaAttentionImpl(const LlamaConfig& config);
+  // x [B, T, hidden]; cos and sin [T, head_dim] (rotaryTables).
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+
+ private:
+  int64_t heads_, kv_heads_, head_dim_;
+};
+TORCH_MODULE(LlamaAttention);
+
+class LlamaMLPImpl : public torch::nn::Module {
+ public:
+  explicit LlamaMLPImpl(const LlamaConfig& config);
+  torch::Tensor forward(const torch::Tensor& x);  // down(silu(gate(x)) * up(x))
+  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(LlamaMLP);
+
+class LlamaDecoderLayerImpl : public torch::nn::Module {
+ public:
+  explicit LlamaDecoderLayerImpl(const LlamaConfig& config);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  LlamaAttention self_attn{nullptr};
+  LlamaMLP mlp{nullptr};
+  LlamaRMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+};
+TORCH_MODULE(LlamaDecoderLayer);
+
+// The same layer under Qwen2's type name, for configs that wrap `Qwen2DecoderLayer`.
+class Qwen2DecoderLayerImpl : public LlamaDecoderLayerImpl {
+ public:
+  using LlamaDecoderLayerImpl::LlamaDecoderLayerImpl;
+};
+
+// The embedding, the decoder layers and the final norm (HF's `model.`).
+class LlamaModelImpl : public torch::nn::Module {
+ public:
+  explicit LlamaModelImpl(const LlamaConfig& config);
+  torch::Tensor forward(const torch::Tensor& input_ids);  // [B, T] -> hidden states [B, T, H]
+  torch::nn::Embedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers;
+  LlamaRMSNorm norm{nullptr};
+
+ private:
+  LlamaConfig config_;
+  std::vector<LlamaDecoderLayer> decoder_;  // the layers, as holders unitForward takes
+};
+TORCH_MODULE(LlamaModel);
+
+class LlamaForCausalLMImpl : public torch::nn::Module {
+ public:
+  explicit LlamaForCausalLMImpl(const LlamaConfig& config);
+  torch::Tensor forward(const torch::Tensor& input_ids);  // [B, T] int64 -> logits [B, T, V]
+  const LlamaConfig& config() const { return config_; }
+  LlamaModel model{nullptr};
+  torch::nn::Linear lm_head{nullptr};  // null when tie_word_embeddings: embed_tokens' weight
+
+ private:
+  LlamaConfig config_;
+};
+TORCH_MODULE(LlamaForCausalLM);
+
+// cos and sin of the rotary embedding for positions 0..length-1: [length, head_dim], fp32.
+std::pair<torch::Tensor, torch::Tensor> rotaryTables(const LlamaConfig& config, int64_t length,
+                                                     const torch::Device& device);
+
+// HF's causal-LM loss: logits [B, T, V] at position t predict labels [B, T] at t + 1; labels
+// -100 are ignored; the mean over the rest, in fp32.
+torch::Tensor causalLmLoss(const torch::Tensor& logits, const torch::Tensor& labels);
+
+}  // namespace cxxlaunch::models

@@ -1,0 +1,134 @@
+#!/usr/bin/python3
+"""Independent reference check for the C++ LlamaForCausalLM / Qwen2ForCausalLM forward.
+
+Written independently of the C++ code, from the published math of Hugging Face
+transformers' modeling_llama / modeling_qwen2 (eager attention), in float32, using
+only the Python standard library and torch (no transformers, no safetensors package).
+
+Usage: llama_reference.py CASE.safetensors CONFIG.json
+Exit 0: logits and loss match; 1: they do not (or a parameter is missing/extra/misshapen);
+2: bad input.
+"""
+import json, math, struct, sys
+import torch
+
+DTYPES = {"F32": torch.float32, "I64": torch.int64}
+INPUTS = {"input_ids": "I64", "logits": "F32", "labels": "I64", "loss": "F32"}
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        blob = f.read()
+    (n,) = struct.unpack("<Q", blob[:8])
+    header, base, out = json.loads(blob[8:8 + n].decode("utf-8")), 8 + n, {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        b, e = info["data_offsets"]
+        dt = DTYPES[info["dtype"]]
+        raw = bytearray(blob[base + b:base + e])
+        t = torch.frombuffer(raw, dtype=dt) if raw else torch.empty(0, dtype=dt)
+        out[name] = (info["dtype"], t.reshape(info["shape"]))
+    return out
+
+def expected_params(c):
+    H, I, V, hd = c["hidden_size"], c["intermediate_size"], c["vocab_size"], head_dim(c)
+    nq, nkv = c["num_attention_heads"], c["num_key_value_heads"]
+    e = {"model.embed_tokens.weight": [V, H], "model.norm.weight": [H]}
+    if not c.get("tie_word_embeddings", False):
+        e["lm_head.weight"] = [V, H]
+    for i in range(c["num_hidden_layers"]):
+        p = "model.layers.%d." % i
+        e.update({p + "self_attn.q_proj.weight": [nq * hd, H], p + "self_attn.k_proj.weight": [nkv * hd, H],
+                  p + "self_attn.v_proj.weight": [nkv * hd, H], p + "self_attn.o_proj.weight": [H, nq * hd],
+                  p + "mlp.gate_proj.weight": [I, H], p + "mlp.up_proj.weight": [I, H],
+                  p + "mlp.down_proj.weight": [H, I], p + "input_layernorm.weight": [H],
+                  p + "post_attention_layernorm.weight": [H]})
+        if has_qkv_bias(c):
+            e.update({p + "self_attn.q_proj.bias": [nq * hd], p + "self_attn.k_proj.bias": [nkv * hd],
+                      p + "self_attn.v_proj.bias": [nkv * hd]})
+    return e
+
+head_dim = lambda c: c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+has_qkv_bias = lambda c: c["model_type"] == "qwen2" or bool(c.get("attention_bias", False))
+
+def rms_norm(x, w, eps):
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+def forward(c, W, input_ids):
+    B, T = input_ids.shape
+    nq, nkv, hd, eps = c["num_attention_heads"], c["num_key_value_heads"], head_dim(c), c["rms_norm_eps"]
+    inv_freq = 1.0 / (c["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+    freqs = torch.outer(torch.arange(T, dtype=torch.int64).float(), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+    mask = torch.full((T, T), torch.finfo(torch.float32).min).triu(1)
+    lin = lambda x, n: torch.nn.functional.linear(x, W[n + ".weight"], W.get(n + ".bias"))
+    h = W["model.embed_tokens.weight"][input_ids]
+    for i in range(c["num_hidden_layers"]):
+        p = "model.layers.%d." % i
+        r, x = h, rms_norm(h, W[p + "input_layernorm.weight"], eps)
+        q = lin(x, p + "self_attn.q_proj").view(B, T, nq, hd).transpose(1, 2)
+        k = lin(x, p + "self_attn.k_proj").view(B, T, nkv, hd).transpose(1, 2)
+        v = lin(x, p + "self_attn.v_proj").view(B, T, nkv, hd).transpose(1, 2)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        rep = nq // nkv
+        k = k[:, :, None].expand(B, nkv, rep, T, hd).reshape(B, nq, T, hd)
+        v = v[:, :, None].expand(B, nkv, rep, T, hd).reshape(B, nq, T, hd)
+        scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(hd) + mask
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
+        out = torch.matmul(probs, v).transpose(1, 2).reshape(B, T, nq * hd)
+        h = r + lin(out, p + "self_attn.o_proj")
+        r, x = h, rms_norm(h, W[p + "post_attention_layernorm.weight"], eps)
+        h = r + lin(torch.nn.functional.silu(lin(x, p + "mlp.gate_proj")) * lin(x, p + "mlp.up_proj"),
+                    p + "mlp.down_proj")
+    h = rms_norm(h, W["model.norm.weight"], eps)
+    head = W["model.embed_tokens.weight"] if c.get("tie_word_embeddings", False) else W["lm_head.weight"]
+    return torch.matmul(h, head.t())
+
+def causal_lm_loss(logits, labels):
+    V = logits.shape[-1]
+    return torch.nn.functional.cross_entropy(logits[..., :-1, :].reshape(-1, V).float(),
+                                             labels[..., 1:].reshape(-1), ignore_index=-100, reduction="mean")
+
+def main(argv):
+    if len(argv) != 3:
+        print("usage: llama_reference.py CASE.safetensors CONFIG.json"); return 2
+    try:
+        with open(argv[2]) as f:
+            c = json.load(f)
+        tensors = read_safetensors(argv[1])
+        exp = expected_params(c)
+        for n, dt in INPUTS.items():
+            if tensors.get(n, (None,))[0] != dt:
+                print("input tensor %s missing or not %s" % (n, dt)); return 2
+    except (OSError, ValueError, KeyError, TypeError, struct.error, RuntimeError) as e:
+        print("bad input: %r" % (e,)); return 2
+    params = {n: v for n, v in tensors.items() if n not in INPUTS}
+    missing, extra = sorted(set(exp) - set(params)), sorted(set(params) - set(exp))
+    bad = sorted(n for n in set(exp) & set(params) if params[n][0] != "F32" or list(params[n][1].shape) != exp[n])
+    if missing or extra or bad:
+        print("missing parameters: %s\nextra parameters: %s\nwrong dtype/shape: %s" % (missing, extra, bad)); return 1
+    W = {n: t for n, (_, t) in params.items()}
+    ids, ours, labels, our_loss = (tensors[n][1] for n in ("input_ids", "logits", "labels", "loss"))
+    with torch.no_grad():
+        logits = forward(c, W, ids)
+        loss = causal_lm_loss(logits, labels).item()
+    if ours.shape != logits.shape or our_loss.numel() != 1:
+        print("shape mismatch: logits %s vs ours %s, loss numel %d" % (list(logits.shape), list(ours.shape),
+                                                                        our_loss.numel())); return 1
+    diff = (logits - ours).abs().max().item() if logits.numel() else 0.0
+    tol = 1e-5 * max(1.0, logits.abs().max().item() if logits.numel() else 0.0)
+    ol = our_loss.item()
+    ltol = 1e-5 * max(1.0, abs(loss)) if not math.isnan(loss) else 0.0
+    loss_ok = (math.isnan(loss) and math.isnan(ol)) or abs(loss - ol) <= ltol
+    ok = diff <= tol and loss_ok
+    print("logits max abs diff %.3g (tolerance %.3g), loss %.6f vs ours %.6f (tolerance %.3g): %s"
+          % (diff, tol, loss, ol, ltol, "OK" if ok else "MISMATCH"))
+    return 0 if ok else 1
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

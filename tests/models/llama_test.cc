@@ -1,0 +1,182 @@
+// models/llama.h: HF's config keys, HF's parameter names, and HF's math, the last against an
+// independent forward in plain PyTorch (llama_reference.py: Debian's python3-torch, no
+// transformers) on the same weights and tokens; and the model's layers as ZeRO-3 units.
+
+#include "models/llama.h"
+
+#include <torch/torch.h>
+
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <mutex>
+
+#include "common/error.h"
+#include "runtime/accelerator.h"
+#include "runtime/checkpoint/safetensors.h"
+#include "support/ranks.h"
+#include "support/subprocess.h"
+
+using namespace cxxlaunch;
+using namespace cxxlaunch::models;
+using cxxlaunch::testing::onRanks;
+
+namespace {
+
+LlamaConfig small(const std::string& type, int64_t kv_heads, bool tied) {
+  LlamaConfig c;
+  c.model_type = type;
+  c.hidden_size = 32;
+  c.intermediate_size = 56;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = kv_heads;
+  c.vocab_size = 50;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 500000.0;
+  c.tie_word_embeddings = tied;
+  return c;
+}
+
+torch::Tensor tokens(const LlamaConfig& c) {
+  return torch::randint(c.vocab_size, {2, 7}, at::detail::createCPUGenerator(3));
+}
+
+}  // namespace
+
+TEST_CASE("A config.json reads as HF writes it, and what does not fit is one clear error",
+          "[models]") {
+  const auto c = LlamaConfig::fromJson(R"({"model_type": "qwen2", "hidden_size": 64,
+      "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 8,
+      "num_key_value_heads": 2, "vocab_size": 100, "rms_norm_eps": 1e-06,
+      "rope_theta": 1000000.0, "tie_word_embeddings": true, "torch_dtype": "bfloat16"})");
+  CHECK(c.model_type == "qwen2");
+  CHECK(c.attentionBias());
+  CHECK(c.headDim() == 8);
+  CHECK(c.num_key_value_heads == 2);
+  CHECK(c.rope_theta == 1e6);
+  CHECK(c.tie_word_embeddings);
+  CHECK(LlamaConfig::fromJson(c.toJson()).toJson() == c.toJson());
+  CHECK(LlamaConfig::fromJson(R"({"model_type": "llama", "hidden_size": 8, "intermediate_size": 8,
+      "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 5})")
+            .num_key_value_heads == 2);  // absent: as many as the attention heads, as HF
+  CHECK_THROWS_WITH(LlamaConfig::fromJson(R"({"model_type": "gpt2", "hidden_size": 8})"),
+                    Catch::Contains("model_type 'gpt2' is not one of the Llama family"));
+  CHECK_THROWS_WITH(LlamaConfig::fromJson(R"({"model_type": "llama", "hidden_size": 8})"),
+                    Catch::Contains("has no intermediate_size, num_hidden_layers, "
+                                    "num_attention_heads, vocab_size"));
+  CHECK_THROWS_WITH(LlamaConfig::fromJson(R"({"model_type": "llama", "hidden_size": 10,
+      "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 4,
+      "vocab_size": 5})"),
+                    Catch::Contains("the heads do not fit"));
+  CHECK_THROWS_WITH(LlamaConfig::fromFile("/nonexistent/config.json"),
+                    Catch::Contains("has its config.json"));
+}
+
+TEST_CASE("The parameters have Hugging Face's names", "[models]") {
+  LlamaForCausalLM qwen(small("qwen2", 2, /*tied=*/false));
+  std::vector<std::string> names;
+  for (const auto& item : qwen->named_parameters()) names.push_back(item.key());
+  std::vector<std::string> expected = {"model.embed_tokens.weight"};
+  for (const std::string layer : {"model.layers.0.", "model.layers.1."}) {
+    for (const std::string p : {"q", "k", "v"}) {
+      expected.push_back(layer + "self_attn." + p + "_proj.weight");
+      expected.push_back(layer + "self_attn." + p + "_proj.bias");
+    }
+    expected.push_back(layer + "self_attn.o_proj.weight");
+    for (const std::string p : {"gate", "up", "down"}) {
+      expected.push_back(layer + "mlp." + p + "_proj.weight");
+    }
+    expected.push_back(layer + "input_layernorm.weight");
+    expected.push_back(layer + "post_attention_layernorm.weight");
+  }
+  expected.push_back("model.norm.weight");
+  expected.push_back("lm_head.weight");
+  CHECK(names == expected);
+  CHECK(qwen->model->layers[0]->name().find("Qwen2DecoderLayer") != std::string::npos);
+  LlamaForCausalLM tied(small("llama", 4, /*tied=*/true));
+  CHECK(tied->named_parameters().find("lm_head.weight") == nullptr);
+  CHECK(tied->model->layers[0]->name().find("LlamaDecoderLayer") != std::string::npos);
+}
+
+TEST_CASE("Logits and loss equal an independent plain-PyTorch forward of HF's math", "[models]") {
+  cxxlaunch::testing::TempDir dir;
+  struct Case {
+    std::string type;
+    int64_t kv_heads;
+    bool tied;
+  };
+  // Grouped-query attention, Qwen2's biases with tied embeddings, plain multi-head attention.
+  for (const Case& c :
+       {Case{"llama", 2, false}, Case{"qwen2", 1, true}, Case{"mistral", 4, false}}) {
+    INFO(c.type << " kv_heads " << c.kv_heads << " tied " << c.tied);
+    const LlamaConfig config = small(c.type, c.kv_heads, c.tied);
+    torch::manual_seed(7);
+    LlamaForCausalLM model(config);
+    const torch::Tensor ids = tokens(config);
+    torch::Tensor labels = ids.clone();
+    labels[0][2] = -100;
+    labels[1][5] = -100;
+    const torch::Tensor logits = model(ids);
+    const torch::Tensor loss = causalLmLoss(logits, labels);
+    REQUIRE(logits.sizes() == torch::IntArrayRef({2, 7, config.vocab_size}));
+    std::vector<std::pair<std::string, torch::Tensor>> tensors;
+    for (const auto& item : model->named_parameters()) {
+      tensors.emplace_back(item.key(), item.value().detach());
+    }
+    tensors.emplace_back("input_ids", ids);
+    tensors.emplace_back("labels", labels);
+    tensors.emplace_back("loss", loss.detach().reshape({1}));
+    const std::string config_path = dir.path() + "/" + c.type + ".json";
+    std::ofstream(config_path) << config.toJson();
+    auto check = [&](const torch::Tensor& ours) {
+      const std::string path = dir.path() + "/" + c.type + ".safetensors";
+      auto all = tensors;
+      all.emplace_back("logits", ours.detach());
+      runtime::checkpoint::writeSafetensorsFile(path, all);
+      return cxxlaunch::testing::run({SYSTEM_PYTHON, LLAMA_REFERENCE, path, config_path});
+    };
+    const auto same = check(logits);
+    INFO(same.out << same.err);
+    CHECK(same.exit_code == 0);
+    // The comparison can fail: a logit off by 1e-3 is caught.
+    torch::Tensor off = logits.detach().clone();
+    off[1][3][4] += 1e-3;
+    CHECK(check(off).exit_code == 1);
+  }
+}
+
+TEST_CASE("Under ZeRO-3 the decoder layers are the units, and the forward is the same",
+          "[models]") {
+  torch::set_num_threads(1);
+  const LlamaConfig config = small("llama", 2, false);
+  torch::manual_seed(11);
+  const torch::Tensor expected = LlamaForCausalLM(config)(tokens(config)).detach();
+  auto fake = runtime::makeFakeWorld(2);
+  std::vector<std::string> described(2);
+  std::vector<double> difference(2, -1);
+  std::mutex construction;
+  onRanks(2, [&](int r) {
+    LlamaForCausalLM model = [&] {
+      std::lock_guard<std::mutex> lock(construction);
+      torch::manual_seed(11);
+      return LlamaForCausalLM(config);
+    }();
+    torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));
+    runtime::World world;
+    world.env.rank = r;
+    world.env.world_size = 2;
+    world.env.strategy = "zero3";
+    world.env.fsdp_auto_wrap_policy = "TRANSFORMER_BASED_WRAP";
+    world.env.fsdp_transformer_layer_cls = {"LlamaDecoderLayer"};
+    world.backend = runtime::makeFakeBackend(fake, r);
+    runtime::Accelerator acc(std::move(world), {});
+    acc.prepare(model.ptr(), optimizer);
+    described[r] = acc.describeStrategy();
+    for (int pass = 0; pass < 2; ++pass) {  // the second with the layers freed between uses
+      difference[r] = (model(tokens(config)) - expected).abs().max().item<double>();
+    }
+  });
+  CHECK_THAT(described[0], Catch::StartsWith("zero3: 3 unit(s) (2 module(s)"));
+  CHECK(difference[0] == 0);
+  CHECK(difference[1] == 0);
+}
