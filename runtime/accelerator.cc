@@ -416,6 +416,12 @@ void Accelerator::restoreFrom(const checkpoint::Reader& reader) {
 
 namespace {
 
+std::string shapeText(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
 // An exported model as a checkpoint source: parameters only, no optimizer state, no counters.
 class ModelSource final : public checkpoint::Source {
  public:
@@ -445,6 +451,39 @@ class ModelSource final : public checkpoint::Source {
   const torch::Tensor* tensor(const std::string& name) const {
     auto it = tensors_.find(name);
     return it == tensors_.end() ? nullptr : &it->second;
+  }
+  // What keeps the export from loading into `model`, as transformers lists it in one error:
+  // the model's tensors it lacks, its tensors the model lacks, and those of another shape. Empty
+  // when it fits.
+  std::string mismatch(const torch::nn::Module& model) const {
+    std::map<std::string, std::vector<int64_t>> wanted;
+    for (const auto& item : model.named_parameters())
+      wanted[item.key()] = item.value().sizes().vec();
+    for (const auto& item : model.named_buffers()) wanted[item.key()] = item.value().sizes().vec();
+    std::vector<std::string> missing, unexpected, reshaped;
+    for (const auto& [name, shape] : wanted) {
+      auto it = tensors_.find(name);
+      if (it == tensors_.end()) {
+        missing.push_back(name);
+      } else if (it->second.sizes().vec() != shape) {
+        reshaped.push_back(name + " " + shapeText(it->second.sizes().vec()) +
+                           " where the model has " + shapeText(shape));
+      }
+    }
+    for (const auto& [name, t] : tensors_) {
+      if (wanted.count(name) == 0) unexpected.push_back(name);
+    }
+    std::string out;
+    auto list = [&](const char* what, const std::vector<std::string>& names) {
+      if (names.empty()) return;
+      out += std::string("\n  ") + what + " (" + std::to_string(names.size()) + "): ";
+      for (size_t i = 0; i < names.size() && i < 8; ++i) out += (i ? ", " : "") + names[i];
+      if (names.size() > 8) out += ", ...";
+    };
+    list("missing in the export", missing);
+    list("unexpected (not in this model)", unexpected);
+    list("of another shape", reshaped);
+    return out;
   }
 
  private:
@@ -499,6 +538,10 @@ void Accelerator::loadModel(const std::string& dir) {
   const CollectiveApi api("loadModel");
   if (!strategy_) throw InvalidArgument("Accelerator::loadModel before prepare");
   const ModelSource source(dir);
+  // Every rank reads the same files: all refuse alike, before any collective of the load.
+  if (const std::string why = source.mismatch(*model_); !why.empty()) {
+    throw InvalidArgument("'" + dir + "' does not hold this model's tensors:" + why);
+  }
   strategy_->loadStateSlices(source);
   torch::NoGradGuard no_grad;
   for (const auto& item : model_->named_buffers()) {

@@ -180,3 +180,51 @@ TEST_CASE("Under ZeRO-3 the decoder layers are the units, and the forward is the
   CHECK(difference[0] == 0);
   CHECK(difference[1] == 0);
 }
+
+TEST_CASE("A bf16 export loads back by name; another model's export is refused, listing why",
+          "[models]") {
+  torch::set_num_threads(1);
+  cxxlaunch::testing::TempDir dir;
+  const LlamaConfig config = small("qwen2", 2, false);
+  auto fake = runtime::makeFakeWorld(1);
+  auto accelerator = [&]() {
+    runtime::World world;
+    world.backend = runtime::makeFakeBackend(fake, 0);
+    return std::make_unique<runtime::Accelerator>(std::move(world), runtime::AcceleratorOptions{});
+  };
+  torch::manual_seed(5);
+  LlamaForCausalLM saved(config);
+  torch::optim::AdamW saved_opt(saved->parameters());
+  auto acc = accelerator();
+  acc->prepare(saved.ptr(), saved_opt);
+  acc->saveModel(dir.path() + "/export", 1u << 30, torch::kBFloat16);
+  // What the export holds: each weight rounded to bf16.
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : saved->parameters()) p.copy_(p.to(torch::kBFloat16).to(torch::kFloat));
+  }
+  const torch::Tensor expected = saved(tokens(config)).detach();
+
+  torch::manual_seed(6);  // other initial weights, overwritten by the load
+  LlamaForCausalLM loaded(config);
+  torch::optim::AdamW loaded_opt(loaded->parameters());
+  auto acc2 = accelerator();
+  acc2->prepare(loaded.ptr(), loaded_opt);
+  acc2->loadModel(dir.path() + "/export");
+  CHECK(torch::equal(loaded(tokens(config)).detach(), expected));
+
+  LlamaConfig other_config = small("qwen2", 2, /*tied=*/true);
+  other_config.num_hidden_layers = 3;
+  other_config.intermediate_size = 40;
+  LlamaForCausalLM other(other_config);
+  torch::optim::AdamW other_opt(other->parameters());
+  auto acc3 = accelerator();
+  acc3->prepare(other.ptr(), other_opt);
+  CHECK_THROWS_WITH(
+      acc3->loadModel(dir.path() + "/export"),
+      Catch::Contains("does not hold this model's tensors") &&
+          Catch::Contains("missing in the export (12): model.layers.2.") &&
+          Catch::Contains("unexpected (not in this model) (1): lm_head.weight") &&
+          Catch::Contains("of another shape (6): model.layers.0.mlp.down_proj.weight [32, 56] "
+                          "where the model has [32, 40]"));
+}
