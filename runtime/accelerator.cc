@@ -494,7 +494,7 @@ class ModelSource final : public checkpoint::Source {
 }  // namespace
 
 void Accelerator::saveModel(const std::string& dir, uint64_t max_file_bytes,
-                            c10::ScalarType dtype) {
+                            std::optional<c10::ScalarType> wanted) {
   const CollectiveApi api("saveModel");
   if (!strategy_) throw InvalidArgument("Accelerator::saveModel before prepare");
   if (max_file_bytes == 0) {
@@ -502,6 +502,10 @@ void Accelerator::saveModel(const std::string& dir, uint64_t max_file_bytes,
         "Accelerator::saveModel: max_file_bytes is 0; give the largest file to "
         "write in bytes (e.g. 5'000'000'000)");
   }
+  const c10::ScalarType dtype =
+      wanted.value_or(!world_.env.zero3_save_16bit_model ? c10::ScalarType::Float
+                      : precision_.mixed()               ? precision_.compute
+                                                         : c10::ScalarType::BFloat16);
   std::optional<checkpoint::SafetensorsWriter> writer;
   std::string error;
   try {

@@ -218,13 +218,15 @@ class Accelerator {
   std::string loadState(const std::string& path);
 
   // accelerate's save_model (unwrap_model + save_pretrained): the whole model — parameters in
-  // fp32 (or `dtype`), gathered one unit at a time, and buffers — as safetensors in `dir`, for
-  // other tools (checkpoint/safetensors.h), split into files of at most `max_file_bytes`.
-  // Rank 0 writes; a collective. loadModel reads such an export (or another tool's) into the
-  // model, every rank; the optimizer state starts afresh. Throws InvalidArgument for a file
-  // that is corrupt or holds another model.
+  // `dtype`, gathered one unit at a time, and buffers — as safetensors in `dir`, for other tools
+  // (checkpoint/safetensors.h), split into files of at most `max_file_bytes`. Without `dtype`:
+  // fp32, or 16-bit weights where the config asks for them (DeepSpeed's zero3_save_16bit_model:
+  // the mixed precision's dtype, bf16 without one). Rank 0 writes; a collective. loadModel reads
+  // such an export (or another tool's) into the model, every rank, casting to the parameters'
+  // dtype; the optimizer state starts afresh. Throws InvalidArgument for a file that is corrupt
+  // or, listing the names, holds another model's tensors.
   void saveModel(const std::string& dir, uint64_t max_file_bytes = 5'000'000'000ull,
-                 c10::ScalarType dtype = c10::ScalarType::Float);
+                 std::optional<c10::ScalarType> dtype = std::nullopt);
   void loadModel(const std::string& dir);
 
   // Rank-0 I/O: accelerate's save. On the main process only (the others return at once; no

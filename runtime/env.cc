@@ -142,6 +142,7 @@ WorkerEnv readWorkerEnv() {
   readChoice(env::kFsdpBackwardPrefetch, e.fsdp_backward_prefetch,
              {"BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"});
   readBool(env::kFsdpForwardPrefetch, e.fsdp_forward_prefetch);
+  readBool(env::kZero3Save16BitModel, e.zero3_save_16bit_model);
   readBool(env::kFsdpSyncModuleStates, e.fsdp_sync_module_states);
   readBool(env::kFsdpActivationCheckpointing, e.fsdp_activation_checkpointing);
   readInt(env::kGradAccumSteps, e.gradient_accumulation_steps);

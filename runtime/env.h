@@ -59,6 +59,8 @@ struct WorkerEnv {
   bool fsdp_forward_prefetch = false;
   bool fsdp_sync_module_states = true;
   bool fsdp_activation_checkpointing = false;
+  // deepspeed_config.zero3_save_16bit_model: saveModel writes 16-bit weights by default.
+  bool zero3_save_16bit_model = false;
 
   bool launched() const { return !run_id.empty(); }
 };

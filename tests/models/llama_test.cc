@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 #include <fstream>
 #include <mutex>
+#include <set>
 
 #include "common/error.h"
 #include "runtime/accelerator.h"
@@ -227,4 +228,26 @@ TEST_CASE("A bf16 export loads back by name; another model's export is refused, 
           Catch::Contains("unexpected (not in this model) (1): lm_head.weight") &&
           Catch::Contains("of another shape (6): model.layers.0.mlp.down_proj.weight [32, 56] "
                           "where the model has [32, 40]"));
+}
+
+TEST_CASE("zero3_save_16bit_model makes saveModel write 16-bit weights by default", "[models]") {
+  torch::set_num_threads(1);
+  cxxlaunch::testing::TempDir dir;
+  const LlamaConfig config = small("llama", 2, true);
+  for (const bool sixteen : {false, true}) {
+    auto fake = runtime::makeFakeWorld(1);
+    runtime::World world;
+    world.env.zero3_save_16bit_model = sixteen;  // CXXLAUNCH_ZERO3_SAVE_16BIT_MODEL
+    world.backend = runtime::makeFakeBackend(fake, 0);
+    runtime::Accelerator acc(std::move(world), {});
+    LlamaForCausalLM model(config);
+    torch::optim::AdamW optimizer(model->parameters());
+    acc.prepare(model.ptr(), optimizer);
+    const std::string out = dir.path() + (sixteen ? "/bf16" : "/fp32");
+    acc.saveModel(out);
+    std::set<c10::ScalarType> dtypes;
+    runtime::checkpoint::readSafetensors(
+        out, [&](const std::string&, const torch::Tensor& t) { dtypes.insert(t.scalar_type()); });
+    CHECK(dtypes == std::set<c10::ScalarType>{sixteen ? torch::kBFloat16 : torch::kFloat});
+  }
 }
