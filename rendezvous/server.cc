@@ -2,9 +2,12 @@
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/support/server_interceptor.h>
+#include <sys/resource.h>
 
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
+#include <filesystem>
 #include <fstream>
 #include <list>
 #include <map>
@@ -818,6 +821,16 @@ RendezvousServer::RendezvousServer(const ServerOptions& options)
   impl_->server = builder.BuildAndStart();
   if (!impl_->server || impl_->port == 0) {
     impl_->core.stop();
+    // gRPC says only that it failed (and has closed what it opened by now): a process whose
+    // descriptors are nearly all in use (a server needs a dozen or so) is told apart from a port.
+    rlimit limit{};
+    std::error_code ec;
+    const auto open = std::distance(std::filesystem::directory_iterator("/proc/self/fd", ec),
+                                    std::filesystem::directory_iterator());
+    if (!ec && ::getrlimit(RLIMIT_NOFILE, &limit) == 0 &&
+        open + 32 > static_cast<long>(limit.rlim_cur)) {
+      throw SystemError("listening on " + formatHostPort(options.host, options.port), EMFILE);
+    }
     throw CommunicationError("cannot listen on " + formatHostPort(options.host, options.port) +
                              ": the port is taken or the address is not on this machine");
   }

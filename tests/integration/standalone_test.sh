@@ -28,7 +28,9 @@ cmake --install "$build_dir" --prefix "$prefix" >"$work/install.log" || {
 for f in bin/cxxlaunch bin/cxxlaunchd bin/cxxlaunch_selftest \
   include/cxxlaunch/runtime/accelerator.h include/cxxlaunch/common/error.h \
   lib/libcxxlaunch_runtime.a lib/cmake/cxxlaunch/cxxlaunchConfig.cmake \
-  lib/cmake/cxxlaunch/cxxlaunchConfigVersion.cmake lib/pkgconfig/cxxlaunch.pc; do
+  lib/cmake/cxxlaunch/cxxlaunchConfigVersion.cmake lib/pkgconfig/cxxlaunch.pc \
+  include/cxxlaunch/models/llama.h lib/libcxxlaunch_models.a \
+  share/doc/cxxlaunch/config.md share/doc/cxxlaunch/install.md; do
   [ -e "$prefix/$f" ] || fail "the install has no $f"
 done
 

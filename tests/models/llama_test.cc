@@ -182,7 +182,7 @@ TEST_CASE("Under ZeRO-3 the decoder layers are the units, and the forward is the
   CHECK(difference[1] == 0);
 }
 
-TEST_CASE("A bf16 export loads back by name; another model's export is refused, listing why",
+TEST_CASE("A bf16 export loads back by name, and another model's export is refused, listing why",
           "[models]") {
   torch::set_num_threads(1);
   cxxlaunch::testing::TempDir dir;
