@@ -37,7 +37,8 @@ struct ShmCollectives::Header {
 // it (the second barrier keeps it in place until all have read it).
 struct ShmCollectives::Call {
   uint64_t seq;  // this segment's calls, counted from 1
-  int32_t op, dtype;
+  Op op;
+  int32_t dtype;
   uint64_t count;
   int64_t extra;  // the reduce op, or the broadcast's root
 
@@ -242,19 +243,11 @@ char* ShmCollectives::slot(int rank) const {
   return static_cast<char*>(base_) + headerBytes(size_) + static_cast<size_t>(rank) * slot_bytes_;
 }
 
-namespace {
-const char* opName(int32_t op) {
-  static const char* const names[] = {"allreduce", "reduceScatter", "allGather", "broadcast",
-                                      "barrier"};
-  return op >= 0 && op < 5 ? names[op] : "?";
-}
-}  // namespace
-
 // The first barrier of a call, and the check that every rank is in the same call: a mismatch
 // (another operation, dtype or count: a collective called on some ranks only, or with other
 // sizes) fails on every rank at once, naming each rank's call, instead of hanging or mixing
 // unrelated data. A few words per call: no measurable cost.
-void ShmCollectives::enter(int32_t op, DType dtype, size_t count, int64_t extra) {
+void ShmCollectives::enter(Op op, DType dtype, size_t count, int64_t extra) {
   const Call mine{++calls_, op, static_cast<int32_t>(dtype), count, extra};
   calls()[rank_] = mine;
   barrier();
@@ -264,11 +257,15 @@ void ShmCollectives::enter(int32_t op, DType dtype, size_t count, int64_t extra)
   std::string each;
   for (int r = 0; r < size_; ++r) {
     const Call& c = calls()[r];
+    static const char* const names[] = {"allreduce", "reduceScatter", "allGather", "broadcast",
+                                        "barrier"};
+    const auto op_index = static_cast<uint32_t>(c.op);  // another process wrote it
     each += "\n  rank " + std::to_string(r) + ": shared-memory call #" + std::to_string(c.seq) +
-            " " + opName(c.op);
-    if (c.op != 4) {
+            " " + (op_index < 5 ? names[op_index] : "?");
+    if (c.op != Op::kBarrier) {
       each += std::string(" ") + dtypeName(static_cast<DType>(c.dtype)) + " x" +
-              std::to_string(c.count) + (c.op == 3 ? " from rank " + std::to_string(c.extra) : "");
+              std::to_string(c.count) +
+              (c.op == Op::kBroadcast ? " from rank " + std::to_string(c.extra) : "");
     }
   }
   throw CommunicationError(
@@ -339,7 +336,7 @@ void ShmCollectives::allreduce(void* data, size_t count, DType dtype, ReduceOp o
     const size_t n = std::min(chunk, count - done);
     std::memcpy(slot(rank_), bytes + done * elem, n * elem);
     if (done == 0) {
-      enter(0, dtype, count, static_cast<int64_t>(op));
+      enter(Op::kAllreduce, dtype, count, static_cast<int64_t>(op));
     } else {
       barrier();
     }
@@ -370,7 +367,7 @@ void ShmCollectives::reduceScatter(const void* input, void* output, size_t count
       std::memcpy(slot(rank_) + r * n * elem, in + (r * count + done) * elem, n * elem);
     }
     if (done == 0) {
-      enter(1, dtype, count, static_cast<int64_t>(op));
+      enter(Op::kReduceScatter, dtype, count, static_cast<int64_t>(op));
     } else {
       barrier();
     }
@@ -392,7 +389,7 @@ void ShmCollectives::allGather(const void* input, void* output, size_t count, DT
     const size_t n = std::min(chunk, count - done);
     std::memcpy(slot(rank_), in + done * elem, n * elem);
     if (done == 0) {
-      enter(2, dtype, count, -1);
+      enter(Op::kAllGather, dtype, count, -1);
     } else {
       barrier();
     }
@@ -420,7 +417,7 @@ void ShmCollectives::broadcast(void* data, size_t count, DType dtype, int root) 
       std::memcpy(bytes + done * elem, half(k - 1), std::min(chunk, count - done) * elem);
     }
     if (k == 0 && chunks > 0) {
-      enter(3, dtype, count, root);
+      enter(Op::kBroadcast, dtype, count, root);
     } else if (chunks > 0) {
       barrier();
     }
@@ -428,7 +425,7 @@ void ShmCollectives::broadcast(void* data, size_t count, DType dtype, int root) 
 }
 
 void ShmCollectives::barrierCall() {
-  enter(4, DType::kUInt8, 0, -1);
+  enter(Op::kBarrier, DType::kUInt8, 0, -1);
   barrier();  // the calls are read: they may be written again
 }
 

@@ -68,8 +68,9 @@ class ShmCollectives {
  private:
   struct Header;
   struct Call;
+  enum class Op : int32_t { kAllreduce, kReduceScatter, kAllGather, kBroadcast, kBarrier };
   Call* calls() const;
-  void enter(int32_t op, DType dtype, size_t count, int64_t extra);
+  void enter(Op op, DType dtype, size_t count, int64_t extra);
   ShmCollectives(const ShmOptions& options, void* base, size_t bytes, std::vector<int> pids);
 
   char* slot(int rank) const;
