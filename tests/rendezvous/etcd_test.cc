@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <exception>
+#include <fstream>
 #include <optional>
 #include <thread>
 
@@ -264,6 +265,17 @@ TEST_CASE("Etcd rendezvous: a stopped etcd costs a keep-alive its deadline and c
     pid_t pid;
     ~Resume() { ::kill(pid, SIGCONT); }
   } resume{etcd.pid()};
+  // The signal is delivered asynchronously: wait until etcd is stopped ('T' in its stat line,
+  // after the command name's closing parenthesis), or a busy machine lets it answer once more.
+  auto stopped = [&] {
+    std::ifstream stat("/proc/" + std::to_string(etcd.pid()) + "/stat");
+    const std::string line((std::istreambuf_iterator<char>(stat)),
+                           std::istreambuf_iterator<char>());
+    const auto paren = line.rfind(')');
+    return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'T';
+  };
+  for (int i = 0; i < 200 && !stopped(); ++i) std::this_thread::sleep_for(10ms);
+  REQUIRE(stopped());
   auto start = std::chrono::steady_clock::now();
   REQUIRE_THROWS_AS(r.keepAlive("a", placed->round, {}, 300ms), TimeoutError);
   CHECK(std::chrono::steady_clock::now() - start < 1s);
