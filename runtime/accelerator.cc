@@ -11,13 +11,13 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
-#include <map>
 #include <utility>
 
 #include "common/atomic_file.h"
 #include "common/error.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/checkpoint/files.h"
+#include "runtime/checkpoint/model_source.h"
 #include "runtime/checkpoint/safetensors.h"
 #include "runtime/comm/checked_backend.h"
 #include "runtime/comm/tensor_ops.h"
@@ -414,85 +414,6 @@ void Accelerator::restoreFrom(const checkpoint::Reader& reader) {
   strategy_->zeroGrad();
 }
 
-namespace {
-
-std::string shapeText(const std::vector<int64_t>& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
-}
-
-// An exported model as a checkpoint source: parameters only, no optimizer state, no counters.
-class ModelSource final : public checkpoint::Source {
- public:
-  explicit ModelSource(const std::string& dir) : dir_(dir) {
-    checkpoint::readSafetensors(
-        dir, [&](const std::string& name, const torch::Tensor& t) { tensors_[name] = t; });
-  }
-  void read(const std::string& param, const std::string& array, int64_t begin, int64_t end,
-            const std::vector<int64_t>& shape, float* out) const override {
-    auto it = tensors_.find(param);
-    if (array != "param" || it == tensors_.end()) {
-      throw InvalidArgument("'" + dir_ + "' has no tensor '" + param + "'");
-    }
-    if (it->second.sizes().vec() != shape) {
-      throw InvalidArgument("'" + dir_ + "': '" + param +
-                            "' has another shape there than in this model");
-    }
-    const torch::Tensor values =
-        it->second.to(torch::kFloat).reshape({-1}).narrow(0, begin, end - begin);
-    std::memcpy(out, values.contiguous().data_ptr<float>(),
-                static_cast<size_t>(end - begin) * sizeof(float));
-  }
-  bool has(const std::string& param, const std::string& array) const override {
-    return array == "param" && tensors_.count(param) != 0;
-  }
-  std::optional<std::string> counter(const std::string&) const override { return std::nullopt; }
-  const torch::Tensor* tensor(const std::string& name) const {
-    auto it = tensors_.find(name);
-    return it == tensors_.end() ? nullptr : &it->second;
-  }
-  // What keeps the export from loading into `model`, as transformers lists it in one error:
-  // the model's tensors it lacks, its tensors the model lacks, and those of another shape. Empty
-  // when it fits.
-  std::string mismatch(const torch::nn::Module& model) const {
-    std::map<std::string, std::vector<int64_t>> wanted;
-    for (const auto& item : model.named_parameters())
-      wanted[item.key()] = item.value().sizes().vec();
-    for (const auto& item : model.named_buffers()) wanted[item.key()] = item.value().sizes().vec();
-    std::vector<std::string> missing, unexpected, reshaped;
-    for (const auto& [name, shape] : wanted) {
-      auto it = tensors_.find(name);
-      if (it == tensors_.end()) {
-        missing.push_back(name);
-      } else if (it->second.sizes().vec() != shape) {
-        reshaped.push_back(name + " " + shapeText(it->second.sizes().vec()) +
-                           " where the model has " + shapeText(shape));
-      }
-    }
-    for (const auto& [name, t] : tensors_) {
-      if (wanted.count(name) == 0) unexpected.push_back(name);
-    }
-    std::string out;
-    auto list = [&](const char* what, const std::vector<std::string>& names) {
-      if (names.empty()) return;
-      out += std::string("\n  ") + what + " (" + std::to_string(names.size()) + "): ";
-      for (size_t i = 0; i < names.size() && i < 8; ++i) out += (i ? ", " : "") + names[i];
-      if (names.size() > 8) out += ", ...";
-    };
-    list("missing in the export", missing);
-    list("unexpected (not in this model)", unexpected);
-    list("of another shape", reshaped);
-    return out;
-  }
-
- private:
-  std::string dir_;
-  std::map<std::string, torch::Tensor> tensors_;
-};
-
-}  // namespace
-
 void Accelerator::saveModel(const std::string& dir, uint64_t max_file_bytes,
                             std::optional<c10::ScalarType> wanted) {
   const CollectiveApi api("saveModel");
@@ -541,7 +462,7 @@ void Accelerator::saveModel(const std::string& dir, uint64_t max_file_bytes,
 void Accelerator::loadModel(const std::string& dir) {
   const CollectiveApi api("loadModel");
   if (!strategy_) throw InvalidArgument("Accelerator::loadModel before prepare");
-  const ModelSource source(dir);
+  const checkpoint::ModelSource source(dir);
   // Every rank reads the same files: all refuse alike, before any collective of the load.
   if (const std::string why = source.mismatch(*model_); !why.empty()) {
     throw InvalidArgument("'" + dir + "' does not hold this model's tensors:" + why);

@@ -1,0 +1,79 @@
+#include "runtime/checkpoint/model_source.h"
+
+#include <cstring>
+
+#include "common/error.h"
+#include "runtime/checkpoint/safetensors.h"
+
+namespace cxxlaunch::runtime::checkpoint {
+namespace {
+
+std::string shapeText(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+}  // namespace
+
+ModelSource::ModelSource(const std::string& dir) : dir_(dir) {
+  readSafetensors(dir,
+                  [&](const std::string& name, const torch::Tensor& t) { tensors_[name] = t; });
+}
+
+void ModelSource::read(const std::string& param, const std::string& array, int64_t begin,
+                       int64_t end, const std::vector<int64_t>& shape, float* out) const {
+  auto it = tensors_.find(param);
+  if (array != "param" || it == tensors_.end()) {
+    throw InvalidArgument("'" + dir_ + "' has no tensor '" + param + "'");
+  }
+  if (it->second.sizes().vec() != shape) {
+    throw InvalidArgument("'" + dir_ + "': '" + param +
+                          "' has another shape there than in this model");
+  }
+  const torch::Tensor values =
+      it->second.to(torch::kFloat).reshape({-1}).narrow(0, begin, end - begin);
+  std::memcpy(out, values.contiguous().data_ptr<float>(),
+              static_cast<size_t>(end - begin) * sizeof(float));
+}
+
+bool ModelSource::has(const std::string& param, const std::string& array) const {
+  return array == "param" && tensors_.count(param) != 0;
+}
+
+const torch::Tensor* ModelSource::tensor(const std::string& name) const {
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? nullptr : &it->second;
+}
+
+std::string ModelSource::mismatch(const torch::nn::Module& model) const {
+  std::map<std::string, std::vector<int64_t>> wanted;
+  for (const auto& item : model.named_parameters()) wanted[item.key()] = item.value().sizes().vec();
+  for (const auto& item : model.named_buffers()) wanted[item.key()] = item.value().sizes().vec();
+  std::vector<std::string> missing, unexpected, reshaped;
+  for (const auto& [name, shape] : wanted) {
+    auto it = tensors_.find(name);
+    if (it == tensors_.end()) {
+      missing.push_back(name);
+    } else if (it->second.sizes().vec() != shape) {
+      reshaped.push_back(name + " " + shapeText(it->second.sizes().vec()) +
+                         " where the model has " + shapeText(shape));
+    }
+  }
+  for (const auto& [name, t] : tensors_) {
+    if (wanted.count(name) == 0) unexpected.push_back(name);
+  }
+  std::string out;
+  auto list = [&](const char* what, const std::vector<std::string>& names) {
+    if (names.empty()) return;
+    out += std::string("\n  ") + what + " (" + std::to_string(names.size()) + "): ";
+    for (size_t i = 0; i < names.size() && i < 8; ++i) out += (i ? ", " : "") + names[i];
+    if (names.size() > 8) out += ", ...";
+  };
+  list("missing in the export", missing);
+  list("unexpected (not in this model)", unexpected);
+  list("of another shape", reshaped);
+  return out;
+}
+
+}  // namespace cxxlaunch::runtime::checkpoint

@@ -1,0 +1,39 @@
+#pragma once
+// An exported model (safetensors, ours or another tool's: checkpoint/safetensors.h) as a
+// checkpoint Source: parameters only, no optimizer state, no counters. What
+// Accelerator::loadModel reads from.
+//
+// Thread-safety: const after construction.
+
+#include <torch/nn/module.h>
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/checkpoint/checkpoint.h"
+
+namespace cxxlaunch::runtime::checkpoint {
+
+class ModelSource final : public Source {
+ public:
+  // Reads `dir` (a file, or a folder with model.safetensors or an index and its shards).
+  explicit ModelSource(const std::string& dir);
+  void read(const std::string& param, const std::string& array, int64_t begin, int64_t end,
+            const std::vector<int64_t>& shape, float* out) const override;
+  bool has(const std::string& param, const std::string& array) const override;
+  std::optional<std::string> counter(const std::string&) const override { return std::nullopt; }
+  // The tensor `name`, or null.
+  const torch::Tensor* tensor(const std::string& name) const;
+  // What keeps the export from loading into `model`, as transformers lists it in one error:
+  // the model's tensors it lacks, its tensors the model lacks, and those of another shape. Empty
+  // when it fits.
+  std::string mismatch(const torch::nn::Module& model) const;
+
+ private:
+  std::string dir_;
+  std::map<std::string, torch::Tensor> tensors_;
+};
+
+}  // namespace cxxlaunch::runtime::checkpoint
