@@ -91,6 +91,8 @@ inline constexpr const char kFsdpSyncModuleStates[] =
     "CXXLAUNCH_FSDP_SYNC_MODULE_STATES";  // true: broadcast rank 0's weights
 inline constexpr const char kFsdpActivationCheckpointing[] =
     "CXXLAUNCH_FSDP_ACTIVATION_CHECKPOINTING";  // true | false
+inline constexpr const char kFsdpCpuRamEfficientLoading[] =
+    "CXXLAUNCH_FSDP_CPU_RAM_EFFICIENT_LOADING";  // true: build sharded (as kZero3InitFlag)
 
 // Not a variable: the names of the runtime's shared-memory segments in /dev/shm start with this
 // and the creating worker's pid ("cxxlaunch-<pid>-..."), so that the launcher can remove what a

@@ -160,6 +160,9 @@ std::vector<KeySpec> buildSchema() {
               "CXXLAUNCH_FSDP_SYNC_MODULE_STATES", "FSDP: broadcast rank 0's initial weights"),
       boolKey("fsdp_config.fsdp_activation_checkpointing", "false", "fsdp_activation_checkpointing",
               "CXXLAUNCH_FSDP_ACTIVATION_CHECKPOINTING", "FSDP: recompute activations in backward"),
+      boolKey("fsdp_config.fsdp_cpu_ram_efficient_loading", "false",
+              "fsdp_cpu_ram_efficient_loading", "CXXLAUNCH_FSDP_CPU_RAM_EFFICIENT_LOADING",
+              "FSDP: build the model already sharded (as zero3_init_flag)"),
       rangeKey("cxxlaunch.join_timeout", K::kSeconds, 0.001, kYear, "600", "",
                "CXXLAUNCH_JOIN_TIMEOUT", "seconds to wait for all nodes (--rdzv_conf)"),
       rangeKey("cxxlaunch.last_call_timeout", K::kSeconds, 0, kRendezvousTime, "30", "",
@@ -227,8 +230,7 @@ const std::set<std::string>& config_detail::ignoredKeys() {
       "base_job_name", "pytorch_version", "transformers_version", "py_version",
       "sagemaker_inputs_file", "sagemaker_metrics_file", "additional_args",
       "num_cpu_threads_per_process", "deepspeed_config.deepspeed_moe_layer_cls_names",
-      "fsdp_config.fsdp_version", "fsdp_config.fsdp_use_orig_params",
-      "fsdp_config.fsdp_cpu_ram_efficient_loading"};
+      "fsdp_config.fsdp_version", "fsdp_config.fsdp_use_orig_params"};
   return keys;
 }
 

@@ -89,7 +89,8 @@ std::map<std::string, std::string> workerSettings(const Config& c,
         {env::kFsdpBackwardPrefetch, "fsdp_config.fsdp_backward_prefetch"},
         {env::kFsdpForwardPrefetch, "fsdp_config.fsdp_forward_prefetch"},
         {env::kFsdpSyncModuleStates, "fsdp_config.fsdp_sync_module_states"},
-        {env::kFsdpActivationCheckpointing, "fsdp_config.fsdp_activation_checkpointing"}};
+        {env::kFsdpActivationCheckpointing, "fsdp_config.fsdp_activation_checkpointing"},
+        {env::kFsdpCpuRamEfficientLoading, "fsdp_config.fsdp_cpu_ram_efficient_loading"}};
     for (const auto& [name, key] : fsdp_keys) put(name, c.text(key), {key});
   }
   std::map<std::string, std::string> settings;

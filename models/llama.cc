@@ -1,5 +1,6 @@
 #include "models/llama.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/init.h>
@@ -7,10 +8,12 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "common/error.h"
+#include "runtime/deferred_init.h"
 #include "runtime/strategy/unit.h"
 
 namespace cxxlaunch::models {
@@ -19,16 +22,31 @@ namespace {
 using nlohmann::json;
 
 // HF's initialisation (initializer_range 0.02): a model built from scratch starts as one
-// transformers would build; a loaded one is overwritten anyway.
-void initLinear(torch::nn::Linear& linear) {
-  torch::NoGradGuard no_grad;
-  torch::nn::init::normal_(linear->weight, 0.0, 0.02);
-  if (linear->bias.defined()) torch::nn::init::zeros_(linear->bias);
+// transformers would build; a loaded one is overwritten anyway. Each parameter draws its own seed
+// from LibTorch's generator as it is built, so that its values are the same whether they are
+// made now or when a strategy materialises it (runtime::DeferredInit).
+runtime::Initializer normal(double std) {
+  uint64_t seed = 0;
+  {
+    auto generator = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    seed = generator.get<at::CPUGeneratorImpl>()->random64();
+  }
+  return [seed, std](torch::Tensor& values) {
+    torch::Tensor cpu = torch::empty(values.sizes(), torch::kFloat);
+    cpu.normal_(0.0, std, at::make_generator<at::CPUGeneratorImpl>(seed));
+    values.copy_(cpu);
+  };
+}
+
+runtime::Initializer constant(double value) {
+  return [value](torch::Tensor& values) { values.fill_(value); };
 }
 
 torch::nn::Linear linear(int64_t in, int64_t out, bool bias) {
   torch::nn::Linear l(torch::nn::LinearOptions(in, out).bias(bias));
-  initLinear(l);
+  runtime::initParameter(l->weight, normal(0.02));
+  if (bias) runtime::initParameter(l->bias, constant(0));
   return l;
 }
 
@@ -133,7 +151,9 @@ std::string LlamaConfig::toJson() const {
 }
 
 LlamaRMSNormImpl::LlamaRMSNormImpl(int64_t size, double eps)
-    : weight(register_parameter("weight", torch::ones({size}))), eps_(eps) {}
+    : weight(register_parameter("weight", torch::empty({size}))), eps_(eps) {
+  runtime::initParameter(weight, constant(1));
+}
 
 torch::Tensor LlamaRMSNormImpl::forward(const torch::Tensor& x) {
   const torch::Tensor x32 = x.to(torch::kFloat);
@@ -153,7 +173,7 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c)
       head_dim_(c.headDim()) {}
 
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
-                                          const torch::Tensor& sin) {
+                                          const torch::Tensor& sin, const torch::Tensor& masked) {
   const int64_t batch = x.size(0), length = x.size(1);
   auto heads = [&](const torch::Tensor& t, int64_t n) {  // [B, T, n*d] -> [B, n, T, d]
     return t.view({batch, length, n, head_dim_}).transpose(1, 2);
@@ -174,11 +194,10 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::T
     v = widen(v);
   }
   torch::Tensor scores = torch::matmul(q, k.transpose(2, 3)) / std::sqrt(double(head_dim_));
-  const torch::Tensor future =
-      torch::ones({length, length}, torch::TensorOptions().dtype(torch::kBool).device(x.device()))
-          .triu(1);
-  scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
-  const torch::Tensor weights = torch::softmax(scores, -1, torch::kFloat).to(q.scalar_type());
+  // As HF: the lowest float, not -inf, so that a padding query that sees no key gets a uniform
+  // row rather than NaN (its output is never used).
+  scores = scores.to(torch::kFloat).masked_fill(masked, std::numeric_limits<float>::lowest());
+  const torch::Tensor weights = torch::softmax(scores, -1).to(q.scalar_type());
   const torch::Tensor out = torch::matmul(weights, v).transpose(1, 2).reshape({batch, length, -1});
   return o_proj(out);
 }
@@ -201,8 +220,9 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c)
                                                LlamaRMSNorm(c.hidden_size, c.rms_norm_eps))) {}
 
 torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
-                                             const torch::Tensor& sin) {
-  const torch::Tensor h = x + self_attn(input_layernorm(x), cos, sin);
+                                             const torch::Tensor& sin,
+                                             const torch::Tensor& masked) {
+  const torch::Tensor h = x + self_attn(input_layernorm(x), cos, sin, masked);
   return h + mlp(post_attention_layernorm(h));
 }
 
@@ -212,10 +232,7 @@ LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c)
       layers(register_module("layers", torch::nn::ModuleList())),
       norm(register_module("norm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps))),
       config_(c) {
-  {
-    torch::NoGradGuard no_grad;
-    torch::nn::init::normal_(embed_tokens->weight, 0.0, 0.02);
-  }
+  runtime::initParameter(embed_tokens->weight, normal(0.02));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     // Qwen2's layers under their own type name: what a Qwen2 config's wrap class names.
     LlamaDecoderLayer layer(c.model_type == "qwen2" ? std::make_shared<Qwen2DecoderLayerImpl>(c)
@@ -225,13 +242,28 @@ LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c)
   }
 }
 
-torch::Tensor LlamaModelImpl::forward(const torch::Tensor& input_ids) {
+torch::Tensor LlamaModelImpl::forward(const torch::Tensor& input_ids,
+                                      const torch::Tensor& attention_mask) {
   if (input_ids.dim() != 2 || input_ids.scalar_type() != torch::kLong) {
     throw InvalidArgument("LlamaModel: input_ids must be int64 of shape [batch, length]");
   }
-  const auto [cos, sin] = rotaryTables(config_, input_ids.size(1), input_ids.device());
+  const int64_t batch = input_ids.size(0), length = input_ids.size(1);
+  const auto [cos, sin] = rotaryTables(config_, length, input_ids.device());
+  // What each query must not see: the future, and padding keys. [T, T] or [B, 1, T, T].
+  torch::Tensor masked =
+      torch::ones({length, length},
+                  torch::TensorOptions().dtype(torch::kBool).device(input_ids.device()))
+          .triu(1);
+  if (attention_mask.defined()) {
+    if (attention_mask.sizes() != input_ids.sizes()) {
+      throw InvalidArgument(
+          "LlamaModel: attention_mask must have input_ids' shape [batch, length]");
+    }
+    const torch::Tensor padding = (attention_mask == 0).to(input_ids.device());
+    masked = (masked.unsqueeze(0) | padding.view({batch, 1, length})).unsqueeze(1);
+  }
   torch::Tensor h = embed_tokens(input_ids);
-  for (auto& layer : decoder_) h = runtime::unitForward(layer, h, cos, sin);
+  for (auto& layer : decoder_) h = runtime::unitForward(layer, h, cos, sin, masked);
   return norm(h);
 }
 
@@ -242,8 +274,9 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c)
   }
 }
 
-torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& input_ids) {
-  const torch::Tensor h = model(input_ids);
+torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& input_ids,
+                                            const torch::Tensor& attention_mask) {
+  const torch::Tensor h = model(input_ids, attention_mask);
   return lm_head ? lm_head(h) : torch::matmul(h, model->embed_tokens->weight.t());
 }
 

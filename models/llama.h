@@ -9,7 +9,7 @@
 //   auto config = cxxlaunch::models::LlamaConfig::fromFile(dir + "/config.json");
 //   cxxlaunch::models::LlamaForCausalLM model(config);
 //   acc.prepare(model.ptr(), optimizer);
-//   acc.loadModel(dir);
+//   acc.loadModel(dir);                                 // each rank reads its shards' bytes
 //   auto logits = model(input_ids);                     // [B, T] int64 -> [B, T, vocab]
 //   acc.backward(cxxlaunch::models::causalLmLoss(logits, labels));
 //
@@ -17,6 +17,12 @@
 // names, LlamaDecoderLayer and Qwen2DecoderLayer, are what a config's
 // fsdp_transformer_layer_cls_to_wrap names, and ZeRO-3 / FULL_SHARD gathers them in time with no
 // more from the trainer.
+//
+// Built inside Accelerator::deferredInit() (the config's zero3_init_flag or
+// fsdp_cpu_ram_efficient_loading), the parameters take no memory until prepare makes them, one
+// unit at a time under ZeRO-3 / FULL_SHARD: no rank holds the model whole
+// (runtime/deferred_init.h). Each parameter's initial values come from a seed it draws as it is
+// built, so a model is the same built either way.
 //
 // Thread-safety: as any LibTorch module.
 
@@ -29,6 +35,8 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "runtime/strategy/unit.h"
 
 namespace cxxlaunch::models {
 
@@ -73,8 +81,10 @@ TORCH_MODULE(LlamaRMSNorm);
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
   explicit LlamaAttentionImpl(const LlamaConfig& config);
-  // x [B, T, hidden]; cos and sin [T, head_dim] (rotaryTables).
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  // x [B, T, hidden]; cos and sin [T, head_dim] (rotaryTables); `masked`: true where a query
+  // must not see a key, [T, T] or [B, 1, T, T].
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                        const torch::Tensor& masked);
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
  private:
@@ -90,10 +100,13 @@ class LlamaMLPImpl : public torch::nn::Module {
 };
 TORCH_MODULE(LlamaMLP);
 
-class LlamaDecoderLayerImpl : public torch::nn::Module {
+// Runs through unitForward wherever it is used (LlamaModel's forward does it), so as a shard
+// unit it rests sharded from prepare on.
+class LlamaDecoderLayerImpl : public torch::nn::Module, public runtime::RunsThroughUnitForward {
  public:
   explicit LlamaDecoderLayerImpl(const LlamaConfig& config);
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                        const torch::Tensor& masked);
   LlamaAttention self_attn{nullptr};
   LlamaMLP mlp{nullptr};
   LlamaRMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
@@ -110,7 +123,8 @@ class Qwen2DecoderLayerImpl : public LlamaDecoderLayerImpl {
 class LlamaModelImpl : public torch::nn::Module {
  public:
   explicit LlamaModelImpl(const LlamaConfig& config);
-  torch::Tensor forward(const torch::Tensor& input_ids);  // [B, T] -> hidden states [B, T, H]
+  // [B, T] -> hidden states [B, T, H]; attention_mask as LlamaForCausalLM's.
+  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {});
   torch::nn::Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers;
   LlamaRMSNorm norm{nullptr};
@@ -124,7 +138,9 @@ TORCH_MODULE(LlamaModel);
 class LlamaForCausalLMImpl : public torch::nn::Module {
  public:
   explicit LlamaForCausalLMImpl(const LlamaConfig& config);
-  torch::Tensor forward(const torch::Tensor& input_ids);  // [B, T] int64 -> logits [B, T, V]
+  // [B, T] int64 -> logits [B, T, V]. attention_mask (optional, HF's): [B, T], 1 for tokens,
+  // 0 for padding, which no query attends to (left or right padding; positions stay 0..T-1).
+  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {});
   const LlamaConfig& config() const { return config_; }
   LlamaModel model{nullptr};
   torch::nn::Linear lm_head{nullptr};  // null when tie_word_embeddings: embed_tokens' weight

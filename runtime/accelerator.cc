@@ -108,7 +108,7 @@ void Accelerator::prepare(std::shared_ptr<torch::nn::Module> model,
                           torch::optim::Optimizer& optimizer, LrScheduler* scheduler) {
   const CollectiveApi api("prepare");
   // As accelerate's prepare: the model trains on this worker's device (a GPU under NCCL).
-  model->to(device());
+  moveModule(*model, device());
   StrategyOptions options;
   options.bucket_bytes = bucket_bytes_;
   options.find_unused_parameters = find_unused_;
@@ -470,12 +470,12 @@ void Accelerator::loadModel(const std::string& dir) {
   strategy_->loadStateSlices(source);
   torch::NoGradGuard no_grad;
   for (const auto& item : model_->named_buffers()) {
-    const torch::Tensor* saved = source.tensor(item.key());
-    if (saved == nullptr || saved->sizes() != item.value().sizes()) {
+    const torch::Tensor saved = source.tensor(item.key());
+    if (!saved.defined() || saved.sizes() != item.value().sizes()) {
       throw InvalidArgument("'" + dir + "' has no buffer '" + item.key() +
                             "' of this model's shape");
     }
-    item.value().copy_(*saved);
+    item.value().copy_(saved);
   }
   optimizer_steps_ = 0;
   micro_step_ = 0;

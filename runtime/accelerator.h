@@ -32,6 +32,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "runtime/deferred_init.h"
 #include "runtime/epoch_sampler.h"
 #include "runtime/precision/loss_scaler.h"
 #include "runtime/precision/policy.h"
@@ -120,6 +121,17 @@ class Accelerator {
   // ZeRO-3 / FULL_SHARD its parameters are gathered only around its unitForward calls. A no-op
   // under the other strategies.
   void wrap(const torch::nn::Module& unit);
+
+  // DeepSpeed's zero.Init / FSDP's meta-device init, on when the config asks for it
+  // (deepspeed_config.zero3_init_flag, fsdp_config.fsdp_cpu_ram_efficient_loading): models/
+  // built while the scope lives take no memory for their parameters until prepare, which under
+  // ZeRO-3 / FULL_SHARD makes them one unit at a time, keeping this rank's shards
+  // (runtime/deferred_init.h). Off, it changes nothing.
+  //
+  //   { auto deferred = acc.deferredInit(); model = LlamaForCausalLM(config); }
+  DeferredInit deferredInit() const {
+    return DeferredInit(world_.env.zero3_init_flag || world_.env.fsdp_cpu_ram_efficient_loading);
+  }
 
   // Recomputes `block`'s activations in backward instead of keeping them (in every strategy),
   // when it runs through unitForward. The config's fsdp_activation_checkpointing does this for

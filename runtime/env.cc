@@ -143,6 +143,8 @@ WorkerEnv readWorkerEnv() {
              {"BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"});
   readBool(env::kFsdpForwardPrefetch, e.fsdp_forward_prefetch);
   readBool(env::kZero3Save16BitModel, e.zero3_save_16bit_model);
+  readBool(env::kZero3InitFlag, e.zero3_init_flag);
+  readBool(env::kFsdpCpuRamEfficientLoading, e.fsdp_cpu_ram_efficient_loading);
   readBool(env::kFsdpSyncModuleStates, e.fsdp_sync_module_states);
   readBool(env::kFsdpActivationCheckpointing, e.fsdp_activation_checkpointing);
   readInt(env::kGradAccumSteps, e.gradient_accumulation_steps);

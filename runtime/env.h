@@ -61,6 +61,10 @@ struct WorkerEnv {
   bool fsdp_activation_checkpointing = false;
   // deepspeed_config.zero3_save_16bit_model: saveModel writes 16-bit weights by default.
   bool zero3_save_16bit_model = false;
+  // deepspeed_config.zero3_init_flag, fsdp_config.fsdp_cpu_ram_efficient_loading: the model is
+  // built without memory and materialised shard by shard (Accelerator::deferredInit).
+  bool zero3_init_flag = false;
+  bool fsdp_cpu_ram_efficient_loading = false;
 
   bool launched() const { return !run_id.empty(); }
 };

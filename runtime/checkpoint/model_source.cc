@@ -1,9 +1,6 @@
 #include "runtime/checkpoint/model_source.h"
 
-#include <cstring>
-
 #include "common/error.h"
-#include "runtime/checkpoint/safetensors.h"
 
 namespace cxxlaunch::runtime::checkpoint {
 namespace {
@@ -16,34 +13,27 @@ std::string shapeText(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-ModelSource::ModelSource(const std::string& dir) : dir_(dir) {
-  readSafetensors(dir,
-                  [&](const std::string& name, const torch::Tensor& t) { tensors_[name] = t; });
-}
+ModelSource::ModelSource(const std::string& dir) : dir_(dir), files_(dir) {}
 
 void ModelSource::read(const std::string& param, const std::string& array, int64_t begin,
                        int64_t end, const std::vector<int64_t>& shape, float* out) const {
-  auto it = tensors_.find(param);
-  if (array != "param" || it == tensors_.end()) {
+  auto it = files_.entries().find(param);
+  if (array != "param" || it == files_.entries().end()) {
     throw InvalidArgument("'" + dir_ + "' has no tensor '" + param + "'");
   }
-  if (it->second.sizes().vec() != shape) {
+  if (it->second.shape != shape) {
     throw InvalidArgument("'" + dir_ + "': '" + param +
                           "' has another shape there than in this model");
   }
-  const torch::Tensor values =
-      it->second.to(torch::kFloat).reshape({-1}).narrow(0, begin, end - begin);
-  std::memcpy(out, values.contiguous().data_ptr<float>(),
-              static_cast<size_t>(end - begin) * sizeof(float));
+  files_.readFloat(param, begin, end, out);
 }
 
 bool ModelSource::has(const std::string& param, const std::string& array) const {
-  return array == "param" && tensors_.count(param) != 0;
+  return array == "param" && files_.entries().count(param) != 0;
 }
 
-const torch::Tensor* ModelSource::tensor(const std::string& name) const {
-  auto it = tensors_.find(name);
-  return it == tensors_.end() ? nullptr : &it->second;
+torch::Tensor ModelSource::tensor(const std::string& name) const {
+  return files_.entries().count(name) != 0 ? files_.tensor(name) : torch::Tensor();
 }
 
 std::string ModelSource::mismatch(const torch::nn::Module& model) const {
@@ -52,15 +42,15 @@ std::string ModelSource::mismatch(const torch::nn::Module& model) const {
   for (const auto& item : model.named_buffers()) wanted[item.key()] = item.value().sizes().vec();
   std::vector<std::string> missing, unexpected, reshaped;
   for (const auto& [name, shape] : wanted) {
-    auto it = tensors_.find(name);
-    if (it == tensors_.end()) {
+    auto it = files_.entries().find(name);
+    if (it == files_.entries().end()) {
       missing.push_back(name);
-    } else if (it->second.sizes().vec() != shape) {
-      reshaped.push_back(name + " " + shapeText(it->second.sizes().vec()) +
-                         " where the model has " + shapeText(shape));
+    } else if (it->second.shape != shape) {
+      reshaped.push_back(name + " " + shapeText(it->second.shape) + " where the model has " +
+                         shapeText(shape));
     }
   }
-  for (const auto& [name, t] : tensors_) {
+  for (const auto& [name, entry] : files_.entries()) {
     if (wanted.count(name) == 0) unexpected.push_back(name);
   }
   std::string out;

@@ -1,18 +1,19 @@
 #pragma once
 // An exported model (safetensors, ours or another tool's: checkpoint/safetensors.h) as a
 // checkpoint Source: parameters only, no optimizer state, no counters. What
-// Accelerator::loadModel reads from.
+// Accelerator::loadModel reads from. Only the headers are read up front; each read() reads its
+// elements' bytes, so a rank holding shards reads those parts of the files and no more.
 //
 // Thread-safety: const after construction.
 
 #include <torch/nn/module.h>
 
-#include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "runtime/checkpoint/checkpoint.h"
+#include "runtime/checkpoint/safetensors.h"
 
 namespace cxxlaunch::runtime::checkpoint {
 
@@ -24,8 +25,8 @@ class ModelSource final : public Source {
             const std::vector<int64_t>& shape, float* out) const override;
   bool has(const std::string& param, const std::string& array) const override;
   std::optional<std::string> counter(const std::string&) const override { return std::nullopt; }
-  // The tensor `name`, or null.
-  const torch::Tensor* tensor(const std::string& name) const;
+  // The tensor `name` in its own dtype, or an undefined tensor.
+  torch::Tensor tensor(const std::string& name) const;
   // What keeps the export from loading into `model`, as transformers lists it in one error:
   // the model's tensors it lacks, its tensors the model lacks, and those of another shape. Empty
   // when it fits.
@@ -33,7 +34,7 @@ class ModelSource final : public Source {
 
  private:
   std::string dir_;
-  std::map<std::string, torch::Tensor> tensors_;
+  SafetensorsReader files_;
 };
 
 }  // namespace cxxlaunch::runtime::checkpoint

@@ -62,7 +62,9 @@ void writeLittleEndian64(uint64_t v, char* out) {
   for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((v >> (8 * i)) & 0xff);
 }
 
-class File {
+}  // namespace
+
+class SafetensorsReader::File {
  public:
   explicit File(const std::string& path) : path_(path) {
     // O_NONBLOCK: a FIFO in a file's place must not block the open; it fails the check below.
@@ -78,6 +80,9 @@ class File {
     size_ = static_cast<uint64_t>(st.st_size);
   }
   ~File() { ::close(fd_); }
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+  const std::string& path() const { return path_; }
   uint64_t size() const { return size_; }
   void read(uint64_t offset, void* out, size_t bytes) const {
     size_t done = 0;
@@ -89,6 +94,36 @@ class File {
       done += static_cast<size_t>(n);
     }
   }
+  // The header's entries, their offsets made absolute; `only`: the index's names for this file.
+  std::vector<SafetensorsEntry> entries(const std::set<std::string>* only) const {
+    auto bad = [&](const std::string& why) {
+      return InvalidArgument("safetensors '" + path_ + "' is corrupt: " + why);
+    };
+    if (size_ < 8) throw bad("shorter than its header length");
+    unsigned char length[8];
+    read(0, length, 8);
+    uint64_t header_bytes = 0;
+    for (int i = 7; i >= 0; --i) header_bytes = (header_bytes << 8) | length[i];
+    if (header_bytes > kMaxHeader || header_bytes > size_ - 8) {
+      throw bad("header length " + std::to_string(header_bytes) + " beyond the file");
+    }
+    std::string header(header_bytes, '\0');
+    read(8, header.data(), header.size());
+    std::vector<SafetensorsEntry> entries;
+    try {
+      entries = parseSafetensorsHeader(header, size_ - 8 - header_bytes);
+    } catch (const InvalidArgument& e) {
+      throw bad(e.what());
+    }
+    std::vector<SafetensorsEntry> kept;
+    for (auto& e : entries) {
+      if (only != nullptr && only->count(e.name) == 0) continue;
+      e.begin += 8 + header_bytes;
+      e.end += 8 + header_bytes;
+      kept.push_back(std::move(e));
+    }
+    return kept;
+  }
 
  private:
   std::string path_;
@@ -96,39 +131,71 @@ class File {
   uint64_t size_ = 0;
 };
 
-void readFile(const std::string& path,
-              const std::function<void(const std::string&, const torch::Tensor&)>& visit,
-              const std::set<std::string>* only) {
-  File file(path);
-  auto bad = [&](const std::string& why) {
-    return InvalidArgument("safetensors '" + path + "' is corrupt: " + why);
+SafetensorsReader::SafetensorsReader(const std::string& path) {
+  auto open = [&](const std::string& file, const std::set<std::string>* only) {
+    files_.push_back(std::make_unique<File>(file));
+    for (auto& e : files_.back()->entries(only)) {
+      file_of_[e.name] = files_.size() - 1;
+      entries_[e.name] = std::move(e);
+    }
   };
-  if (file.size() < 8) throw bad("shorter than its header length");
-  unsigned char length[8];
-  file.read(0, length, 8);
-  uint64_t header_bytes = 0;
-  for (int i = 7; i >= 0; --i) header_bytes = (header_bytes << 8) | length[i];
-  if (header_bytes > kMaxHeader || header_bytes > file.size() - 8) {
-    throw bad("header length " + std::to_string(header_bytes) + " beyond the file");
+  std::error_code ec;
+  const std::string index = path + "/" + kIndex;
+  if (!fs::is_directory(path, ec) || !fs::exists(index)) {
+    open(fs::is_directory(path, ec) ? path + "/model.safetensors" : path, nullptr);
+    return;
   }
-  std::string header(header_bytes, '\0');
-  file.read(8, header.data(), header.size());
-  std::vector<SafetensorsEntry> entries;
+  std::map<std::string, std::set<std::string>> by_file;
   try {
-    entries = parseSafetensorsHeader(header, file.size() - 8 - header_bytes);
+    by_file = parseSafetensorsIndex(readWholeFile(index, 64u << 20));
   } catch (const InvalidArgument& e) {
-    throw bad(e.what());
+    throw InvalidArgument("'" + index + "': " + e.what());
   }
-  for (const auto& e : entries) {
-    if (only != nullptr && only->count(e.name) == 0) continue;
-    torch::Tensor t = torch::empty(e.shape, torch::TensorOptions().dtype(scalarTypeOf(e.dtype)));
-    prefaultForWriting(t.data_ptr(), static_cast<size_t>(e.end - e.begin));
-    file.read(8 + header_bytes + e.begin, t.data_ptr(), static_cast<size_t>(e.end - e.begin));
-    visit(e.name, t);
+  for (const auto& [file, tensors] : by_file) {
+    open(path + "/" + file, &tensors);
+    for (const auto& name : tensors) {
+      if (entries_.count(name) == 0) {
+        throw InvalidArgument("'" + index + "' puts '" + name + "' in " + file +
+                              ", which does not hold it");
+      }
+    }
   }
 }
 
-}  // namespace
+SafetensorsReader::~SafetensorsReader() = default;
+
+void SafetensorsReader::readFloat(const std::string& name, int64_t begin, int64_t end,
+                                  float* out) const {
+  const SafetensorsEntry& e = entries_.at(name);
+  const File& file = *files_[file_of_.at(name)];
+  const size_t size = safetensorsDtypeSize(e.dtype);
+  const uint64_t at = e.begin + static_cast<uint64_t>(begin) * size;
+  if (e.dtype == "F32") {
+    return file.read(at, out, static_cast<size_t>(end - begin) * size);
+  }
+  const c10::ScalarType type = scalarTypeOf(e.dtype);
+  if (!c10::isFloatingType(type)) {
+    throw InvalidArgument("safetensors '" + file.path() + "': '" + name + "' is " + e.dtype +
+                          ", not a floating-point tensor");
+  }
+  // Converted through a bounded buffer: a shard of a big tensor is never held twice.
+  constexpr int64_t kChunk = 1 << 20;
+  torch::Tensor raw = torch::empty({std::min(kChunk, end - begin)}, torch::dtype(type));
+  for (int64_t done = begin; done < end; done += kChunk) {
+    const int64_t n = std::min(kChunk, end - done);
+    file.read(e.begin + static_cast<uint64_t>(done) * size, raw.data_ptr(),
+              static_cast<size_t>(n) * size);
+    torch::from_blob(out + (done - begin), {n}, torch::kFloat).copy_(raw.narrow(0, 0, n));
+  }
+}
+
+torch::Tensor SafetensorsReader::tensor(const std::string& name) const {
+  const SafetensorsEntry& e = entries_.at(name);
+  torch::Tensor t = torch::empty(e.shape, torch::TensorOptions().dtype(scalarTypeOf(e.dtype)));
+  prefaultForWriting(t.data_ptr(), static_cast<size_t>(e.end - e.begin));
+  files_[file_of_.at(name)]->read(e.begin, t.data_ptr(), static_cast<size_t>(e.end - e.begin));
+  return t;
+}
 
 SafetensorsWriter::SafetensorsWriter(std::string dir, uint64_t max_file_bytes)
     : dir_(std::move(dir)), max_bytes_(max_file_bytes) {
@@ -214,17 +281,8 @@ std::vector<std::string> SafetensorsWriter::finish() {
 
 void readSafetensors(const std::string& path,
                      const std::function<void(const std::string&, const torch::Tensor&)>& visit) {
-  std::error_code ec;
-  if (!fs::is_directory(path, ec)) return readFile(path, visit, nullptr);
-  const std::string index = path + "/" + kIndex;
-  if (!fs::exists(index)) return readFile(path + "/model.safetensors", visit, nullptr);
-  std::map<std::string, std::set<std::string>> by_file;
-  try {
-    by_file = parseSafetensorsIndex(readWholeFile(index, 64u << 20));
-  } catch (const InvalidArgument& e) {
-    throw InvalidArgument("'" + index + "': " + e.what());
-  }
-  for (const auto& [file, tensors] : by_file) readFile(path + "/" + file, visit, &tensors);
+  const SafetensorsReader reader(path);
+  for (const auto& [name, entry] : reader.entries()) visit(name, reader.tensor(name));
 }
 
 }  // namespace cxxlaunch::runtime::checkpoint

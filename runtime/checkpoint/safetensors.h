@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,6 +56,32 @@ class SafetensorsWriter {
 // One safetensors file at `path`, written durably (temporary name, fsync, rename).
 void writeSafetensorsFile(const std::string& path,
                           const std::vector<std::pair<std::string, torch::Tensor>>& tensors);
+
+// A safetensors file or folder (its index and the files it names, or its model.safetensors),
+// opened for reading by parts: every header is read and checked at once (a truncated or corrupt
+// file is named before anything is read), the data only as asked, so a rank that loads its
+// shards reads their bytes and no others.
+class SafetensorsReader {
+ public:
+  explicit SafetensorsReader(const std::string& path);
+  ~SafetensorsReader();
+  SafetensorsReader(const SafetensorsReader&) = delete;
+  SafetensorsReader& operator=(const SafetensorsReader&) = delete;
+
+  // Every tensor's dtype and shape, by name (the index's names, where there is one).
+  const std::map<std::string, SafetensorsEntry>& entries() const { return entries_; }
+  // Elements [begin, end) of tensor `name` in row-major order, as float32 (from F32, BF16, F16
+  // or F64). Throws InvalidArgument naming the file for one that is shorter than its header said.
+  void readFloat(const std::string& name, int64_t begin, int64_t end, float* out) const;
+  // The whole tensor, in its own dtype.
+  torch::Tensor tensor(const std::string& name) const;
+
+ private:
+  class File;
+  std::vector<std::unique_ptr<File>> files_;
+  std::map<std::string, SafetensorsEntry> entries_;  // `begin`/`end`: absolute file offsets
+  std::map<std::string, size_t> file_of_;
+};
 
 // Every tensor of a safetensors file, or of a folder (its index, or its model.safetensors).
 void readSafetensors(const std::string& path,

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "common/error.h"
+#include "runtime/deferred_init.h"
 
 namespace cxxlaunch::runtime {
 
@@ -32,7 +33,11 @@ void FlatParameter::pointParamsIntoBuffer() {
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i) {
     auto view = full_.narrow(0, offsets_[i], params_[i].numel()).view(params_[i].sizes());
-    view.copy_(params_[i]);
+    if (isDeferred(params_[i])) {  // built under a DeferredInit: its values are made here
+      materializeInto(params_[i], view);
+    } else {
+      view.copy_(params_[i]);
+    }
     params_[i].set_data(view);
   }
 }

@@ -28,6 +28,11 @@ class FlatParameter {
   FlatParameter(std::vector<torch::Tensor> params, std::vector<std::string> names, int world_size,
                 int rank);
 
+  // The elements of each rank's shard for `numel` parameter elements over `world_size` ranks.
+  static int64_t shardNumelOf(int64_t numel, int world_size) {
+    return (numel + world_size - 1) / world_size;
+  }
+
   const std::vector<torch::Tensor>& params() const { return params_; }
   const std::vector<std::string>& names() const { return names_; }
   int64_t offset(size_t i) const { return offsets_[i]; }

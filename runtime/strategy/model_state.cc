@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "runtime/comm/tensor_ops.h"
+#include "runtime/deferred_init.h"
 
 namespace cxxlaunch::runtime {
 
@@ -43,7 +44,10 @@ void broadcastModuleState(Backend& backend, torch::nn::Module& model, int root) 
   torch::NoGradGuard no_grad;
   std::vector<WorkPtr> works;
   std::vector<torch::Tensor> tensors;
-  for (auto& p : model.parameters()) tensors.push_back(p);
+  for (auto& p : model.parameters()) {
+    // Deferred parameters have no values yet: a sharded strategy broadcasts them unit by unit.
+    if (!isDeferred(p)) tensors.push_back(p);
+  }
   for (auto& b : model.buffers()) tensors.push_back(b);
   for (auto& t : tensors) works.push_back(broadcast(backend, t, root));
   for (auto& w : works) w->wait();

@@ -13,6 +13,7 @@
 
 #include "common/error.h"
 #include "runtime/comm/tensor_ops.h"
+#include "runtime/deferred_init.h"
 #include "runtime/error_report.h"
 #include "runtime/host_memory.h"
 #include "runtime/optim/device_kernels.h"
@@ -52,6 +53,11 @@ ShardedStrategy::ShardedStrategy(std::shared_ptr<Backend> backend,
   constexpr size_t kReusedBuffers = 6;
   if (options_.stage == 3 && device_.is_cpu()) {
     pool_ = std::make_unique<BufferPool>(kReusedBuffers);
+  }
+  // A model built under a DeferredInit: a unit's parameters are made as the unit is built (at
+  // stage 3, so that no rank holds the model whole); everything else now.
+  for (auto& p : model_->parameters()) {
+    if (options_.stage != 3 || !p.requires_grad()) materialize(p);
   }
   if (options_.sync_module_states) broadcastModuleState(*backend_, *model_, 0);
   shards_ = backend_;
@@ -157,20 +163,15 @@ void ShardedStrategy::buildUnits() {
     unit_params[&module] = std::move(mine);
   }
 
+  // Each unit's parameters, moved into its flat buffer in step 5, one unit after another.
+  std::vector<std::vector<torch::Tensor>> members;
   auto addUnit = [&](std::string name, const torch::nn::Module* module,
                      std::vector<torch::Tensor> params) {
-    std::vector<std::string> names;
-    for (const auto& p : params) names.push_back(name_of.at(p.unsafeGetTensorImpl()));
     Unit u;
     u.name = std::move(name);
     u.module = module;
-    // Stage 0 replicates: one "shard" of everything on every rank.
-    u.flat = options_.stage == 0 ? FlatParameter(std::move(params), std::move(names), 1, 0)
-                                 : FlatParameter(std::move(params), std::move(names), world, rank);
-    // The parameters' old storage, freed into the heap: returned unit by unit, so that the
-    // model is never held twice.
-    if (lean_) releaseFreedHostMemory();
     units_.push_back(std::move(u));
+    members.push_back(std::move(params));
   };
   for (size_t i = 1; i < modules.size(); ++i) {
     auto it = unit_params.find(modules[i]);
@@ -211,11 +212,30 @@ void ShardedStrategy::buildUnits() {
   for (size_t i = module_units; i-- > 0;) reduce_order_.push_back(i);
   for (size_t i = module_units; i < units_.size(); ++i) reduce_order_.push_back(i);
 
-  // 5. Per unit: the master shard, gradient buffers, the optimizer's shard; per parameter:
-  //    hooks. Then the unit settles to its state at rest, before the next one adds memory.
-  openOffload();
+  // 5. Per unit: the flat buffer, the master shard, gradient buffers, the optimizer's shard; per
+  //    parameter: hooks. Then the unit settles to its state at rest, before the next one adds
+  //    memory: a model built under a DeferredInit is never whole on any rank.
+  // Stage 0 replicates: one "shard" of everything on every rank.
+  const int flat_world = options_.stage == 0 ? 1 : world,
+            flat_rank = options_.stage == 0 ? 0 : rank;
+  std::vector<int64_t> shard_numels;
+  for (const auto& params : members) {
+    int64_t numel = 0;
+    for (const auto& p : params) numel += p.numel();
+    shard_numels.push_back(FlatParameter::shardNumelOf(numel, flat_world));
+  }
+  openOffload(shard_numels);
   for (size_t ui = 0; ui < units_.size(); ++ui) {
     Unit& u = units_[ui];
+    std::vector<std::string> names;
+    for (const auto& p : members[ui]) names.push_back(name_of.at(p.unsafeGetTensorImpl()));
+    const bool deferred = std::any_of(members[ui].begin(), members[ui].end(), isDeferred);
+    u.flat = FlatParameter(std::move(members[ui]), std::move(names), flat_world, flat_rank);
+    // Made just now, by each rank: rank 0's values, as broadcastModuleState gives the rest.
+    if (deferred && options_.sync_module_states) broadcast(*backend_, u.flat.full(), 0)->wait();
+    // The parameters' old storage, freed into the heap: returned unit by unit, so that the
+    // model is never held twice.
+    if (lean_) releaseFreedHostMemory();
     if (u.flat.params().front().scalar_type() != torch::kFloat) {
       throw InvalidArgument("sharded strategies train float32 parameters ('" +
                             u.flat.names().front() + "' is " +
@@ -283,7 +303,7 @@ torch::TensorOptions ShardedStrategy::shardOptions() const {
 
 // ---- nvme offload -------------------------------------------------------------------------------
 
-void ShardedStrategy::openOffload() {
+void ShardedStrategy::openOffload(const std::vector<int64_t>& shard_numels) {
   if (!options_.nvme_param_dir.empty()) {
     param_file_ = std::make_unique<NvmeFile>(options_.nvme_param_dir, "offload_param_nvme_path");
   }
@@ -292,8 +312,9 @@ void ShardedStrategy::openOffload() {
         std::make_unique<NvmeFile>(options_.nvme_optimizer_dir, "offload_optimizer_nvme_path");
   }
   if (!param_file_ && !state_file_) return;
-  for (auto& u : units_) {
-    const size_t bytes = NvmeFile::roundUp(static_cast<size_t>(u.flat.shardNumel()) * 4);
+  for (size_t i = 0; i < units_.size(); ++i) {
+    Unit& u = units_[i];
+    const size_t bytes = NvmeFile::roundUp(static_cast<size_t>(shard_numels[i]) * 4);
     if (param_file_) u.master_offset = param_file_->reserve(bytes);
     if (state_file_) u.state_offset = state_file_->reserve(optimizer_.stateArrays() * bytes);
   }
@@ -312,11 +333,12 @@ void ShardedStrategy::settle(size_t i) {
     param_file_->write(u.master_offset, slots_[0].data.get(), NvmeFile::roundUp(bytes))->wait();
     u.master = torch::Tensor();
   }
-  // A unit the trainer marked with Accelerator::wrap promises to run through unitForward: it
-  // rests sharded from now on. One the policy chose rests so after its first unitForward (a
-  // trainer that never calls it keeps it whole, and trains correctly).
-  if (u.module != nullptr && std::find(options_.wrapped.begin(), options_.wrapped.end(),
-                                       u.module) != options_.wrapped.end()) {
+  // A unit the trainer marked with Accelerator::wrap, or of a type that says so, promises to run
+  // through unitForward: it rests sharded from now on. One the policy chose rests so after its
+  // first unitForward (a trainer that never calls it keeps it whole, and trains correctly).
+  if (u.module != nullptr && (std::find(options_.wrapped.begin(), options_.wrapped.end(),
+                                        u.module) != options_.wrapped.end() ||
+                              dynamic_cast<const RunsThroughUnitForward*>(u.module) != nullptr)) {
     u.routed = true;
     release(i);
   }

@@ -165,10 +165,11 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   size_t previousInForward(size_t unit) const;  // next in backward order, or kNone
 
   void connectHybridGroups();
-  void openOffload();                   // the swap files, once the units' sizes are known
-  void settle(size_t unit);             // built: to the state it rests in
-  void stepUnits();                     // the optimizer over every unit's shard
-  torch::Tensor masterNow(Unit& unit);  // in memory, read from nvme if it rests there
+  // The swap files, for units of these shard sizes.
+  void openOffload(const std::vector<int64_t>& shard_numels);
+  void settle(size_t unit);                         // built: to the state it rests in
+  void stepUnits();                                 // the optimizer over every unit's shard
+  torch::Tensor masterNow(Unit& unit);              // in memory, read from nvme if it rests there
   std::vector<torch::Tensor> stateNow(Unit& unit);  // the optimizer state, likewise
   void publish(Unit& unit);      // the master's values into the parameters (gathered), after a load
   size_t stagingFloats() const;  // one staging slot: master and state of any unit

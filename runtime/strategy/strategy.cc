@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include "common/error.h"
+#include "runtime/deferred_init.h"
 #include "runtime/host_memory.h"
 #include "runtime/optim/param_state_key.h"
 #include "runtime/strategy/ddp.h"
@@ -584,6 +585,14 @@ std::unique_ptr<Strategy> makeStrategy(const WorkerEnv& env, std::shared_ptr<Bac
   }
   checkSameModel(*backend, *model);
   const bool replicated = name == "ddp" || name == "fsdp_no_shard";
+  const int stage =
+      replicated                                                                             ? 0
+      : name == "zero1"                                                                      ? 1
+      : name == "zero2" || name == "fsdp_shard_grad_op" || name == "fsdp_hybrid_shard_zero2" ? 2
+                                                                                             : 3;
+  // A model built under a DeferredInit: where every rank holds all of it anyway, it is all made
+  // now; ZeRO-3 makes it unit by unit.
+  if (stage != 3) materialize(*model);
   if (replicated && (env.offload_optimizer == "nvme" || env.offload_params == "nvme")) {
     throw InvalidArgument(
         "nvme offload needs a ZeRO stage (zero_stage 1, 2 or 3) or FSDP "
@@ -598,11 +607,7 @@ std::unique_ptr<Strategy> makeStrategy(const WorkerEnv& env, std::shared_ptr<Bac
   // copies: the flat engine's job, at stage 0 when nothing is sharded.
   ShardingOptions sharding;
   sharding.name = name;
-  sharding.stage =
-      replicated                                                                             ? 0
-      : name == "zero1"                                                                      ? 1
-      : name == "zero2" || name == "fsdp_shard_grad_op" || name == "fsdp_hybrid_shard_zero2" ? 2
-                                                                                             : 3;
+  sharding.stage = stage;
   sharding.hybrid = name == "fsdp_hybrid_shard" || name == "fsdp_hybrid_shard_zero2";
   sharding.node = env.node_rank;
   sharding.wrap_policy = env.fsdp_auto_wrap_policy;

@@ -32,6 +32,14 @@
 
 namespace cxxlaunch::runtime {
 
+// A base of module types that call unitForward for themselves wherever they are used (models/'s
+// decoder layers: their model's forward does). Such a unit rests sharded from prepare on, as
+// one marked with Accelerator::wrap does, without the trainer marking it.
+class RunsThroughUnitForward {
+ public:
+  virtual ~RunsThroughUnitForward() = default;
+};
+
 // Implemented by strategies that gather parameters just in time (strategy/sharded.h).
 class UnitHooks {
  public:

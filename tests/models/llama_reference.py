@@ -6,6 +6,8 @@ transformers' modeling_llama / modeling_qwen2 (eager attention), in float32, usi
 only the Python standard library and torch (no transformers, no safetensors package).
 
 Usage: llama_reference.py CASE.safetensors CONFIG.json
+CASE holds the weights by HF's names, input_ids, labels, our logits and loss, and optionally
+attention_mask (I64, 1 = token, 0 = padding), applied as HF's eager attention does.
 Exit 0: logits and loss match; 1: they do not (or a parameter is missing/extra/misshapen);
 2: bad input.
 """
@@ -14,6 +16,7 @@ import torch
 
 DTYPES = {"F32": torch.float32, "I64": torch.int64}
 INPUTS = {"input_ids": "I64", "logits": "F32", "labels": "I64", "loss": "F32"}
+OPTIONAL = {"attention_mask": "I64"}
 
 def read_safetensors(path):
     with open(path, "rb") as f:
@@ -58,14 +61,18 @@ def rotate_half(x):
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
-def forward(c, W, input_ids):
+def forward(c, W, input_ids, attention_mask=None):
     B, T = input_ids.shape
     nq, nkv, hd, eps = c["num_attention_heads"], c["num_key_value_heads"], head_dim(c), c["rms_norm_eps"]
     inv_freq = 1.0 / (c["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
     freqs = torch.outer(torch.arange(T, dtype=torch.int64).float(), inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos(), emb.sin()
-    mask = torch.full((T, T), torch.finfo(torch.float32).min).triu(1)
+    # HF's 4D mask: the lowest float above the diagonal, and on every padding key.
+    mask = torch.full((T, T), torch.finfo(torch.float32).min).triu(1)[None, None]
+    if attention_mask is not None:
+        padding = mask + attention_mask[:, None, None, :].float()
+        mask = mask.masked_fill(padding == 0, torch.finfo(torch.float32).min)
     lin = lambda x, n: torch.nn.functional.linear(x, W[n + ".weight"], W.get(n + ".bias"))
     h = W["model.embed_tokens.weight"][input_ids]
     for i in range(c["num_hidden_layers"]):
@@ -107,7 +114,10 @@ def main(argv):
                 print("input tensor %s missing or not %s" % (n, dt)); return 2
     except (OSError, ValueError, KeyError, TypeError, struct.error, RuntimeError) as e:
         print("bad input: %r" % (e,)); return 2
-    params = {n: v for n, v in tensors.items() if n not in INPUTS}
+    for n, dt in OPTIONAL.items():
+        if n in tensors and tensors[n][0] != dt:
+            print("input tensor %s not %s" % (n, dt)); return 2
+    params = {n: v for n, v in tensors.items() if n not in INPUTS and n not in OPTIONAL}
     missing, extra = sorted(set(exp) - set(params)), sorted(set(params) - set(exp))
     bad = sorted(n for n in set(exp) & set(params) if params[n][0] != "F32" or list(params[n][1].shape) != exp[n])
     if missing or extra or bad:
@@ -115,7 +125,7 @@ def main(argv):
     W = {n: t for n, (_, t) in params.items()}
     ids, ours, labels, our_loss = (tensors[n][1] for n in ("input_ids", "logits", "labels", "loss"))
     with torch.no_grad():
-        logits = forward(c, W, ids)
+        logits = forward(c, W, ids, tensors["attention_mask"][1] if "attention_mask" in tensors else None)
         loss = causal_lm_loss(logits, labels).item()
     if ours.shape != logits.shape or our_loss.numel() != 1:
         print("shape mismatch: logits %s vs ours %s, loss numel %d" % (list(logits.shape), list(ours.shape),

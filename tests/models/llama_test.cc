@@ -251,3 +251,170 @@ TEST_CASE("zero3_save_16bit_model makes saveModel write 16-bit weights by defaul
     CHECK(dtypes == std::set<c10::ScalarType>{sixteen ? torch::kBFloat16 : torch::kFloat});
   }
 }
+
+TEST_CASE("A padded batch's attention mask works as HF's, left and right", "[models]") {
+  cxxlaunch::testing::TempDir dir;
+  const LlamaConfig config = small("llama", 2, false);
+  torch::manual_seed(9);
+  LlamaForCausalLM model(config);
+  const torch::Tensor ids = tokens(config);
+  // Row 0 padded on the left (2 tokens), row 1 on the right (3 tokens).
+  const torch::Tensor mask =
+      torch::tensor({0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0}, torch::kLong).view({2, 7});
+  const torch::Tensor labels = ids.masked_fill(mask == 0, -100);
+  const torch::Tensor logits = model(ids, mask);
+  const torch::Tensor loss = causalLmLoss(logits, labels);
+  REQUIRE(std::isfinite(loss.item<double>()));
+  // Right padding changes nothing before it: the real tokens' logits are the unpadded sequence's.
+  const torch::Tensor unpadded = model(ids.narrow(0, 1, 1).narrow(1, 0, 4));
+  CHECK(torch::allclose(logits.narrow(0, 1, 1).narrow(1, 0, 4), unpadded, 1e-5, 1e-6));
+  // And the mask matters: without it the left-padded row's logits differ.
+  CHECK_FALSE(torch::allclose(model(ids).narrow(0, 0, 1), logits.narrow(0, 0, 1), 1e-3, 1e-3));
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  for (const auto& item : model->named_parameters()) {
+    tensors.emplace_back(item.key(), item.value().detach());
+  }
+  tensors.emplace_back("input_ids", ids);
+  tensors.emplace_back("attention_mask", mask);
+  tensors.emplace_back("labels", labels);
+  tensors.emplace_back("loss", loss.detach().reshape({1}));
+  tensors.emplace_back("logits", logits.detach());
+  const std::string path = dir.path() + "/padded.safetensors";
+  const std::string config_path = dir.path() + "/config.json";
+  std::ofstream(config_path) << config.toJson();
+  runtime::checkpoint::writeSafetensorsFile(path, tensors);
+  const auto result = cxxlaunch::testing::run({SYSTEM_PYTHON, LLAMA_REFERENCE, path, config_path});
+  INFO(result.out << result.err);
+  CHECK(result.exit_code == 0);
+}
+
+namespace {
+
+// A world-2 Accelerator over the Fake backend for rank `r`, the strategy `strategy`.
+std::unique_ptr<runtime::Accelerator> rankAccelerator(
+    const std::shared_ptr<runtime::FakeWorld>& fake, int r, const std::string& strategy,
+    bool init_flag) {
+  runtime::World world;
+  world.env.rank = r;
+  world.env.world_size = 2;
+  world.env.strategy = strategy;
+  world.env.fsdp_auto_wrap_policy = "TRANSFORMER_BASED_WRAP";
+  world.env.fsdp_transformer_layer_cls = {"LlamaDecoderLayer"};
+  world.env.zero3_init_flag = init_flag;
+  world.backend = runtime::makeFakeBackend(fake, r);
+  return std::make_unique<runtime::Accelerator>(std::move(world), runtime::AcceleratorOptions{});
+}
+
+size_t parameterBytes(torch::nn::Module& model) {
+  size_t bytes = 0;
+  for (const auto& p : model.parameters()) bytes += p.storage().nbytes();
+  return bytes;
+}
+
+// Bytes this process has read through read(2)/pread(2) so far (/proc/self/io's rchar).
+int64_t bytesRead() {
+  std::ifstream io("/proc/self/io");
+  std::string key;
+  int64_t value = 0;
+  while (io >> key >> value) {
+    if (key == "rchar:") return value;
+  }
+  FAIL("no rchar in /proc/self/io");
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("Under deferredInit the parameters take no memory, and prepare makes the same model",
+          "[models]") {
+  torch::set_num_threads(1);
+  const LlamaConfig config = small("llama", 2, false);
+  torch::manual_seed(11);
+  LlamaForCausalLM plain(config);
+  const torch::Tensor expected = plain(tokens(config)).detach();
+  for (const std::string strategy : {"zero3", "fsdp_full_shard", "ddp", "zero2"}) {
+    INFO(strategy);
+    auto fake = runtime::makeFakeWorld(2);
+    std::vector<size_t> before(2), deferred_elsewhere(2, 1);
+    std::vector<double> difference(2, -1);
+    std::mutex construction;
+    onRanks(2, [&](int r) {
+      auto acc = rankAccelerator(fake, r, strategy, /*init_flag=*/true);
+      LlamaForCausalLM model{nullptr};
+      {
+        std::lock_guard<std::mutex> lock(construction);
+        torch::manual_seed(11);
+        auto deferred = acc->deferredInit();
+        model = LlamaForCausalLM(config);
+      }
+      {  // a scope that is off defers nothing
+        runtime::DeferredInit off(false);
+        deferred_elsewhere[r] = parameterBytes(*LlamaForCausalLM(config)) < 1024;
+      }
+      before[r] = parameterBytes(*model);
+      torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));
+      acc->prepare(model.ptr(), optimizer);
+      difference[r] = (model(tokens(config)) - expected).abs().max().item<double>();
+    });
+    // One float per parameter tensor (21 of them) until prepare.
+    CHECK(before[0] <= 21 * sizeof(float));
+    CHECK(deferred_elsewhere[0] == 0);
+    CHECK(difference[0] == 0);
+    CHECK(difference[1] == 0);
+  }
+}
+
+TEST_CASE("Under ZeRO-3 each rank reads only its shards of an export, and loads it exactly",
+          "[models]") {
+  torch::set_num_threads(1);
+  cxxlaunch::testing::TempDir dir;
+  LlamaConfig config = small("llama", 2, false);
+  config.hidden_size = 64;
+  config.intermediate_size = 160;
+  config.vocab_size = 400;
+  torch::manual_seed(21);
+  LlamaForCausalLM source(config);
+  const torch::Tensor expected = source(tokens(config)).detach();
+  {
+    auto fake = runtime::makeFakeWorld(1);
+    runtime::World world;
+    world.backend = runtime::makeFakeBackend(fake, 0);
+    runtime::Accelerator acc(std::move(world), {});
+    torch::optim::AdamW optimizer(source->parameters());
+    acc.prepare(source.ptr(), optimizer);
+    acc.saveModel(dir.path() + "/export", 100'000);  // several files
+  }
+  size_t data_bytes = 0;
+  for (const auto& p : source->parameters()) data_bytes += p.numel() * sizeof(float);
+  // ZeRO-3: each rank its half; DDP: each rank everything (the measure can tell the two apart).
+  for (const auto& [strategy, share] : {std::pair{"zero3", 0.5}, std::pair{"ddp", 1.0}}) {
+    INFO(strategy);
+    auto fake = runtime::makeFakeWorld(2);
+    std::vector<double> difference(2, -1);
+    int64_t read = 0;
+    std::mutex construction;
+    onRanks(2, [&](int r) {
+      auto acc = rankAccelerator(fake, r, strategy, /*init_flag=*/true);
+      LlamaForCausalLM model{nullptr};
+      {
+        std::lock_guard<std::mutex> lock(construction);
+        auto deferred = acc->deferredInit();
+        model = LlamaForCausalLM(config);
+      }
+      torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));
+      acc->prepare(model.ptr(), optimizer);
+      acc->waitForEveryone();
+      const int64_t start = bytesRead();
+      acc->loadModel(dir.path() + "/export");
+      acc->waitForEveryone();
+      if (r == 0) read = bytesRead() - start;
+      difference[r] = (model(tokens(config)) - expected).abs().max().item<double>();
+    });
+    const double per_rank = static_cast<double>(read) / 2 / static_cast<double>(data_bytes);
+    INFO("each rank read " << per_rank << " of the model's bytes");
+    CHECK(per_rank > share * 0.95);
+    CHECK(per_rank < share * 1.1);
+    CHECK(difference[0] == 0);
+    CHECK(difference[1] == 0);
+  }
+}
