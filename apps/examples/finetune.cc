@@ -9,7 +9,8 @@
 //   build/bin/finetune --model_dir OUT --data train.txt --seq_len 512 --steps 0   # load + eval
 //
 // Tokens: the folder's tokenizer.model through SentencePiece when there is one (each line of the
-// file encoded on its own, newlines dropped, no BOS: as HF's run_clm example feeds lines), else
+// file encoded on its own, newlines dropped, no BOS: as HF's run_clm example feeds lines; in the
+// process finetune_tokenize, beside this binary, which says why), else
 // bytes (token = byte value; the vocabulary must hold 256). Every rank tokenises the whole file.
 // The tokens are cut into blocks of --seq_len; the last --eval_fraction of the blocks (at least
 // one) are held out. Training: AdamW (weight decay 0, a constant --lr; clipping and accumulation
@@ -24,8 +25,11 @@
 // another architecture, data too short, --seq_len too long, a checkpoint that does not match or
 // is truncated), one `error:` line (runtime/error_report.h), nothing written; 1 anything else.
 
-#include <sentencepiece_processor.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
@@ -100,7 +104,8 @@ Flags parse(int argc, char** argv) {
 
 std::string readWhole(const std::string& path, const std::string& what) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw InvalidArgument("cannot read " + what + " '" + path + "': " + std::strerror(errno));
+  if (!in)
+    throw InvalidArgument("cannot read " + what + " '" + path + "': " + std::strerror(errno));
   std::ostringstream bytes;
   bytes << in.rdbuf();
   return bytes.str();
@@ -124,9 +129,63 @@ LlamaConfig readConfig(const Flags& f) {
   return config;
 }
 
+// The ids of `data` under the SentencePiece model `sp_model`, from finetune_tokenize (beside this
+// binary; it says why it is a process of its own); `pieces`: the model's piece count.
+std::vector<int64_t> sentencePieceTokens(const std::string& sp_model, const std::string& data,
+                                         int64_t& pieces) {
+  const std::string helper =
+      (fs::read_symlink("/proc/self/exe").parent_path() / "finetune_tokenize").string();
+  if (!fs::exists(helper)) {
+    throw std::runtime_error(helper +
+                             " is missing: finetune tokenizes with it (build target "
+                             "finetune_tokenize)");
+  }
+  int out[2], err[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
+  if (::pipe2(err, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+  posix_spawn_file_actions_adddup2(&actions, err[1], 2);
+  std::string arg0 = helper, arg1 = sp_model, arg2 = data;
+  char* argv[] = {arg0.data(), arg1.data(), arg2.data(), nullptr};
+  pid_t pid = -1;
+  const int spawned = ::posix_spawn(&pid, helper.c_str(), &actions, nullptr, argv, environ);
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(out[1]);
+  ::close(err[1]);
+  auto drain = [](int fd) {
+    std::string bytes;
+    char buffer[1 << 16];
+    for (ssize_t n; (n = ::read(fd, buffer, sizeof(buffer))) != 0;) {
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) break;
+      bytes.append(buffer, static_cast<size_t>(n));
+    }
+    ::close(fd);
+    return bytes;
+  };
+  // The ids first: the helper's stderr is one short line, which its pipe holds while we read.
+  const std::string ids = drain(out[0]);
+  std::string message = drain(err[0]);
+  if (spawned != 0) throw std::runtime_error("cannot start " + helper + ": " + strerror(spawned));
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || ids.size() < sizeof(int32_t)) {
+    if (message.rfind("error: ", 0) == 0) message.erase(0, 7);
+    while (!message.empty() && message.back() == '\n') message.pop_back();
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 2) throw InvalidArgument(message);
+    throw std::runtime_error(helper + " failed: " + message);
+  }
+  std::vector<int32_t> values(ids.size() / sizeof(int32_t));
+  std::memcpy(values.data(), ids.data(), values.size() * sizeof(int32_t));
+  pieces = values[0];
+  return {values.begin() + 1, values.end()};
+}
+
 // The file's tokens; `how` says which tokenizer made them.
 std::vector<int64_t> tokenize(const Flags& f, const LlamaConfig& config, std::string& how) {
-  const std::string text = readWhole(f.data, "--data");
   std::vector<int64_t> tokens;
   const std::string sp_model = f.model_dir + "/tokenizer.model";
   if (!fs::exists(sp_model)) {
@@ -136,29 +195,20 @@ std::vector<int64_t> tokenize(const Flags& f, const LlamaConfig& config, std::st
                             " is below 256: byte tokens need 256 (add a SentencePiece model)");
     }
     how = "bytes";
+    const std::string text = readWhole(f.data, "--data");
     tokens.reserve(text.size());
     for (const char c : text) tokens.push_back(static_cast<unsigned char>(c));
     return tokens;
   }
-  sentencepiece::SentencePieceProcessor sp;
-  if (const auto status = sp.Load(sp_model); !status.ok()) {
-    throw InvalidArgument("cannot load " + sp_model + ": " + status.ToString());
-  }
-  if (sp.GetPieceSize() > config.vocab_size) {
-    throw InvalidArgument(sp_model + " has " + std::to_string(sp.GetPieceSize()) +
+  (void)readWhole(f.data, "--data");  // the same error as without a tokenizer.model, if any
+  int64_t pieces = 0;
+  tokens = sentencePieceTokens(sp_model, f.data, pieces);
+  if (pieces > config.vocab_size) {
+    throw InvalidArgument(sp_model + " has " + std::to_string(pieces) +
                           " pieces, more than the model's vocab_size " +
                           std::to_string(config.vocab_size));
   }
   how = "SentencePiece " + sp_model;
-  std::istringstream lines(text);
-  std::vector<int> ids;
-  for (std::string line; std::getline(lines, line);) {
-    if (line.empty()) continue;
-    if (const auto status = sp.Encode(line, &ids); !status.ok()) {
-      throw InvalidArgument("cannot tokenize " + f.data + ": " + status.ToString());
-    }
-    tokens.insert(tokens.end(), ids.begin(), ids.end());
-  }
   return tokens;
 }
 
@@ -216,9 +266,9 @@ void writeOutput(Accelerator& acc, const Flags& f) {
   acc.saveModel(partial);
   // config.json verbatim (the architecture is the same; its other keys, token ids and all, stay),
   // and the tokenizer, so that OUT is a complete HF folder.
-  for (const char* name : {"config.json", "tokenizer.model", "tokenizer.json",
-                           "tokenizer_config.json", "special_tokens_map.json",
-                           "generation_config.json"}) {
+  for (const char* name :
+       {"config.json", "tokenizer.model", "tokenizer.json", "tokenizer_config.json",
+        "special_tokens_map.json", "generation_config.json"}) {
     const std::string from = f.model_dir + "/" + name;
     if (acc.isMainProcess() && fs::exists(from)) {
       acc.save(partial + "/" + name, readWhole(from, "the model's"));
