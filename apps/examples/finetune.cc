@@ -25,23 +25,17 @@
 // another architecture, data too short, --seq_len too long, a checkpoint that does not match or
 // is truncated), one `error:` line (runtime/error_report.h), nothing written; 1 anything else.
 
-#include <fcntl.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <torch/torch.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "apps/examples/tokens.h"
 #include "common/command_line.h"
 #include "common/env_names.h"
 #include "common/error.h"
@@ -102,15 +96,6 @@ Flags parse(int argc, char** argv) {
   return f;
 }
 
-std::string readWhole(const std::string& path, const std::string& what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw InvalidArgument("cannot read " + what + " '" + path + "': " + std::strerror(errno));
-  std::ostringstream bytes;
-  bytes << in.rdbuf();
-  return bytes.str();
-}
-
 LlamaConfig readConfig(const Flags& f) {
   if (!fs::is_directory(f.model_dir)) {
     throw InvalidArgument("--model_dir '" + f.model_dir + "' is not a folder");
@@ -127,89 +112,6 @@ LlamaConfig readConfig(const Flags& f) {
                           std::to_string(config.max_position_embeddings) + " (" + path + ")");
   }
   return config;
-}
-
-// The ids of `data` under the SentencePiece model `sp_model`, from finetune_tokenize (beside this
-// binary; it says why it is a process of its own); `pieces`: the model's piece count.
-std::vector<int64_t> sentencePieceTokens(const std::string& sp_model, const std::string& data,
-                                         int64_t& pieces) {
-  const std::string helper =
-      (fs::read_symlink("/proc/self/exe").parent_path() / "finetune_tokenize").string();
-  if (!fs::exists(helper)) {
-    throw std::runtime_error(helper +
-                             " is missing: finetune tokenizes with it (build target "
-                             "finetune_tokenize)");
-  }
-  int out[2], err[2];
-  if (::pipe2(out, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
-  if (::pipe2(err, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, out[1], 1);
-  posix_spawn_file_actions_adddup2(&actions, err[1], 2);
-  std::string arg0 = helper, arg1 = sp_model, arg2 = data;
-  char* argv[] = {arg0.data(), arg1.data(), arg2.data(), nullptr};
-  pid_t pid = -1;
-  const int spawned = ::posix_spawn(&pid, helper.c_str(), &actions, nullptr, argv, environ);
-  posix_spawn_file_actions_destroy(&actions);
-  ::close(out[1]);
-  ::close(err[1]);
-  auto drain = [](int fd) {
-    std::string bytes;
-    char buffer[1 << 16];
-    for (ssize_t n; (n = ::read(fd, buffer, sizeof(buffer))) != 0;) {
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) break;
-      bytes.append(buffer, static_cast<size_t>(n));
-    }
-    ::close(fd);
-    return bytes;
-  };
-  // The ids first: the helper's stderr is one short line, which its pipe holds while we read.
-  const std::string ids = drain(out[0]);
-  std::string message = drain(err[0]);
-  if (spawned != 0) throw std::runtime_error("cannot start " + helper + ": " + strerror(spawned));
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || ids.size() < sizeof(int32_t)) {
-    if (message.rfind("error: ", 0) == 0) message.erase(0, 7);
-    while (!message.empty() && message.back() == '\n') message.pop_back();
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 2) throw InvalidArgument(message);
-    throw std::runtime_error(helper + " failed: " + message);
-  }
-  std::vector<int32_t> values(ids.size() / sizeof(int32_t));
-  std::memcpy(values.data(), ids.data(), values.size() * sizeof(int32_t));
-  pieces = values[0];
-  return {values.begin() + 1, values.end()};
-}
-
-// The file's tokens; `how` says which tokenizer made them.
-std::vector<int64_t> tokenize(const Flags& f, const LlamaConfig& config, std::string& how) {
-  std::vector<int64_t> tokens;
-  const std::string sp_model = f.model_dir + "/tokenizer.model";
-  if (!fs::exists(sp_model)) {
-    if (config.vocab_size < 256) {
-      throw InvalidArgument(f.model_dir + " has no tokenizer.model, and its vocab_size " +
-                            std::to_string(config.vocab_size) +
-                            " is below 256: byte tokens need 256 (add a SentencePiece model)");
-    }
-    how = "bytes";
-    const std::string text = readWhole(f.data, "--data");
-    tokens.reserve(text.size());
-    for (const char c : text) tokens.push_back(static_cast<unsigned char>(c));
-    return tokens;
-  }
-  (void)readWhole(f.data, "--data");  // the same error as without a tokenizer.model, if any
-  int64_t pieces = 0;
-  tokens = sentencePieceTokens(sp_model, f.data, pieces);
-  if (pieces > config.vocab_size) {
-    throw InvalidArgument(sp_model + " has " + std::to_string(pieces) +
-                          " pieces, more than the model's vocab_size " +
-                          std::to_string(config.vocab_size));
-  }
-  how = "SentencePiece " + sp_model;
-  return tokens;
 }
 
 // Blocks of seq_len tokens, labels = inputs (causalLmLoss shifts them).
@@ -271,7 +173,7 @@ void writeOutput(Accelerator& acc, const Flags& f) {
         "special_tokens_map.json", "generation_config.json"}) {
     const std::string from = f.model_dir + "/" + name;
     if (acc.isMainProcess() && fs::exists(from)) {
-      acc.save(partial + "/" + name, readWhole(from, "the model's"));
+      acc.save(partial + "/" + name, examples::readWhole(from, "the model's"));
     }
   }
   std::string error;
@@ -293,8 +195,7 @@ int finetune(const Flags& f) {
     throw InvalidArgument("--output_dir '" + f.output_dir +
                           "' exists and is not empty; give a new folder");
   }
-  std::string tokenizer;
-  const std::vector<int64_t> tokens = tokenize(f, config, tokenizer);
+  const auto [tokens, tokenizer] = examples::tokenizeFile(f.model_dir, f.data, config.vocab_size);
   const auto total_blocks = static_cast<int64_t>(tokens.size()) / f.seq_len;
   const int64_t eval_blocks = std::max<int64_t>(
       1, static_cast<int64_t>(std::ceil(static_cast<double>(total_blocks) * f.eval_fraction)));
