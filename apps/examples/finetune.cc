@@ -215,7 +215,7 @@ int finetune(const Flags& f) {
   torch::set_num_threads(1);  // one core per worker: the launcher starts one worker per slot
   Accelerator acc;
   torch::manual_seed(f.seed);
-  // zero3_init_flag: the other engineer's scope for building the model sharded goes here.
+  // zero3_init_flag: the scope that builds the model already sharded (issue 31, item 3) opens here.
   LlamaForCausalLM model(config);
   int64_t numel = 0;  // counted before prepare: strategies shard and re-type the parameters
   for (const auto& p : model->parameters()) numel += p.numel();
