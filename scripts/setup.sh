@@ -10,6 +10,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libyaml-cpp-dev libcli11-dev nlohmann-json3-dev catch2
   libtorch-dev libgloo-dev  # the runtime: LibTorch 1.13 (CPU) and Gloo
+  libsentencepiece-dev  # finetune's tokenizer: an HF folder's tokenizer.model
   etcd-server etcd-client  # a real etcd for the etcd rendezvous backend's tests and benchmark
   python3-torch  # the peer for benchmarks and the PyTorch compatibility test, never a dependency
   # Debian's LibTorch calls whichever BLAS provides libblas.so.3; with only the reference BLAS a

@@ -1,0 +1,120 @@
+#include "apps/examples/tokens.h"
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include "common/error.h"
+
+namespace cxxlaunch::examples {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The ids of `data` under the SentencePiece model `sp_model`, from finetune_tokenize (beside this
+// binary; it says why it is a process of its own); `pieces`: the model's piece count.
+std::vector<int64_t> sentencePieceTokens(const std::string& sp_model, const std::string& data,
+                                         int64_t& pieces) {
+  const std::string helper =
+      (fs::read_symlink("/proc/self/exe").parent_path() / "finetune_tokenize").string();
+  if (!fs::exists(helper)) {
+    throw std::runtime_error(helper +
+                             " is missing: finetune tokenizes with it (build target "
+                             "finetune_tokenize)");
+  }
+  int out[2], err[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
+  if (::pipe2(err, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+  posix_spawn_file_actions_adddup2(&actions, err[1], 2);
+  std::string arg0 = helper, arg1 = sp_model, arg2 = data;
+  char* argv[] = {arg0.data(), arg1.data(), arg2.data(), nullptr};
+  pid_t pid = -1;
+  const int spawned = ::posix_spawn(&pid, helper.c_str(), &actions, nullptr, argv, environ);
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(out[1]);
+  ::close(err[1]);
+  auto drain = [](int fd) {
+    std::string bytes;
+    char buffer[1 << 16];
+    for (ssize_t n; (n = ::read(fd, buffer, sizeof(buffer))) != 0;) {
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) break;
+      bytes.append(buffer, static_cast<size_t>(n));
+    }
+    ::close(fd);
+    return bytes;
+  };
+  // The ids first: the helper's stderr is one short line, which its pipe holds while we read.
+  const std::string ids = drain(out[0]);
+  std::string message = drain(err[0]);
+  if (spawned != 0) throw std::runtime_error("cannot start " + helper + ": " + strerror(spawned));
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || ids.size() < sizeof(int32_t)) {
+    if (message.rfind("error: ", 0) == 0) message.erase(0, 7);
+    while (!message.empty() && message.back() == '\n') message.pop_back();
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 2) throw InvalidArgument(message);
+    throw std::runtime_error(helper + " failed: " + message);
+  }
+  std::vector<int64_t> tokens(ids.size() / sizeof(int32_t) - 1);
+  int32_t value = 0;
+  for (size_t i = 0; i <= tokens.size(); ++i) {
+    std::memcpy(&value, ids.data() + i * sizeof(int32_t), sizeof(int32_t));
+    (i == 0 ? pieces : tokens[i - 1]) = value;
+  }
+  return tokens;
+}
+
+}  // namespace
+
+std::string readWhole(const std::string& path, const std::string& what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw InvalidArgument("cannot read " + what + " '" + path + "': " + std::strerror(errno));
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  return bytes.str();
+}
+
+Tokens tokenizeFile(const std::string& model_dir, const std::string& data, int64_t vocab_size) {
+  Tokens out;
+  std::vector<int64_t>& tokens = out.ids;
+  const std::string sp_model = model_dir + "/tokenizer.model";
+  if (!fs::exists(sp_model)) {
+    if (vocab_size < 256) {
+      throw InvalidArgument(model_dir + " has no tokenizer.model, and its vocab_size " +
+                            std::to_string(vocab_size) +
+                            " is below 256: byte tokens need 256 (add a SentencePiece model)");
+    }
+    out.tokenizer = "bytes";
+    const std::string text = readWhole(data, "--data");
+    tokens.reserve(text.size());
+    for (const char c : text) tokens.push_back(static_cast<unsigned char>(c));
+    return out;
+  }
+  // Unreadable: the error the bytes path gives (readWhole throws it); not read twice otherwise.
+  if (!std::ifstream(data, std::ios::binary)) (void)readWhole(data, "--data");
+  int64_t pieces = 0;
+  tokens = sentencePieceTokens(sp_model, data, pieces);
+  if (pieces > vocab_size) {
+    throw InvalidArgument(sp_model + " has " + std::to_string(pieces) +
+                          " pieces, more than the model's vocab_size " +
+                          std::to_string(vocab_size));
+  }
+  out.tokenizer = "SentencePiece " + sp_model;
+  return out;
+}
+
+}  // namespace cxxlaunch::examples

@@ -1,0 +1,28 @@
+#pragma once
+// finetune's tokenization of a text file for an HF model folder: the folder's tokenizer.model
+// through SentencePiece when there is one (each line of the file encoded on its own, newlines
+// dropped, no BOS: as HF's run_clm example feeds lines), else bytes (token = byte value). The
+// SentencePiece side runs in the process finetune_tokenize, beside the calling binary
+// (finetune_tokenize.cc says why).
+//
+// Thread-safety: none needed (no shared state); each call may start a process.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace cxxlaunch::examples {
+
+struct Tokens {
+  std::vector<int64_t> ids;
+  std::string tokenizer;  // "bytes" or "SentencePiece <path>", for the log
+};
+
+// Throws InvalidArgument for an unreadable `data` or tokenizer.model, a vocabulary below 256
+// without a tokenizer.model, or a tokenizer with more pieces than `vocab_size`.
+Tokens tokenizeFile(const std::string& model_dir, const std::string& data, int64_t vocab_size);
+
+// The file's bytes; InvalidArgument naming it as `what` (e.g. "--data") when it cannot be read.
+std::string readWhole(const std::string& path, const std::string& what);
+
+}  // namespace cxxlaunch::examples
