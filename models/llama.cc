@@ -109,6 +109,36 @@ LlamaConfig LlamaConfig::fromJson(const std::string& text, const std::string& or
     }
     c.tie_word_embeddings = j["tie_word_embeddings"].get<bool>();
   }
+  // Keys that change the math this model does not implement: refused rather than loaded wrong.
+  auto unsupported = [&](const char* key, const std::string& why) {
+    throw InvalidArgument(origin + ": " + key + " " + j[key].dump() + " " + why +
+                          "; this build implements the plain Llama math");
+  };
+  if (j.contains("hidden_act") && j["hidden_act"] != "silu") {
+    unsupported("hidden_act", "is not silu");
+  }
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+    const json& scaling = j["rope_scaling"];
+    const std::string type =
+        scaling.is_object() ? scaling.value("rope_type", scaling.value("type", std::string())) : "";
+    if (type != "default") {
+      unsupported("rope_scaling", "scales the rotary embedding (as Llama 3.1's)");
+    }
+  }
+  if (j.contains("attention_bias") && j["attention_bias"] == true) {
+    unsupported("attention_bias", "asks for biases on every attention projection");
+  }
+  if (j.contains("head_dim") && j["head_dim"].is_number_integer() &&
+      j["hidden_size"].get<int64_t>() % c.num_attention_heads == 0 &&
+      j["head_dim"].get<int64_t>() != c.headDim()) {
+    unsupported("head_dim", "is not hidden_size / num_attention_heads");
+  }
+  // Mistral's sliding window (Qwen2's when use_sliding_window): the same math for sequences
+  // within it, which is what forward accepts.
+  const bool windowed = c.model_type == "mistral" || j.value("use_sliding_window", false);
+  if (windowed && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
+    whole("sliding_window", c.sliding_window, false);
+  }
   if (c.hidden_size % c.num_attention_heads != 0 || c.headDim() % 2 != 0 ||
       c.num_attention_heads % c.num_key_value_heads != 0) {
     throw InvalidArgument(origin +
@@ -146,6 +176,7 @@ std::string LlamaConfig::toJson() const {
                   {"rms_norm_eps", rms_norm_eps},
                   {"rope_theta", rope_theta},
                   {"tie_word_embeddings", tie_word_embeddings},
+                  {"sliding_window", sliding_window > 0 ? json(sliding_window) : json(nullptr)},
                   {"hidden_act", "silu"}};
   return j.dump(2) + "\n";
 }
@@ -248,6 +279,12 @@ torch::Tensor LlamaModelImpl::forward(const torch::Tensor& input_ids,
     throw InvalidArgument("LlamaModel: input_ids must be int64 of shape [batch, length]");
   }
   const int64_t batch = input_ids.size(0), length = input_ids.size(1);
+  if (config_.sliding_window > 0 && length > config_.sliding_window) {
+    throw InvalidArgument("LlamaModel: a sequence of " + std::to_string(length) +
+                          " tokens is longer than the model's sliding_window " +
+                          std::to_string(config_.sliding_window) +
+                          ", which this build does not implement; use shorter sequences");
+  }
   const auto [cos, sin] = rotaryTables(config_, length, input_ids.device());
   // What each query must not see: the future, and padding keys. [T, T] or [B, 1, T, T].
   torch::Tensor masked =

@@ -53,13 +53,18 @@ struct LlamaConfig {
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   bool tie_word_embeddings = false;
+  // Mistral's (Qwen2's, with use_sliding_window): 0 for none. Sequences longer than the window
+  // are refused (the windowed mask is not implemented); within it the math is the same.
+  int64_t sliding_window = 0;
 
   // Qwen2's q/k/v projections have biases; Llama's and Mistral's do not.
   bool attentionBias() const { return model_type == "qwen2"; }
   int64_t headDim() const { return hidden_size / num_attention_heads; }
 
   // Throws InvalidArgument naming the file: no such file, not JSON, another architecture, keys
-  // missing (all of them listed) or inconsistent (heads that do not divide the hidden size).
+  // missing (all of them listed) or inconsistent (heads that do not divide the hidden size), or
+  // asking for math this model does not do (hidden_act other than silu, rope_scaling,
+  // attention_bias, a head_dim of its own).
   static LlamaConfig fromFile(const std::string& path);
   static LlamaConfig fromJson(const std::string& text, const std::string& origin = "config.json");
   // As an HF config.json (what an export writes beside its weights).

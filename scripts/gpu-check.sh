@@ -108,7 +108,7 @@ if ! run_step configure "${configure[@]}"; then
 fi
 record PASS "configure" "$(grep -o 'NCCL backend [a-z]*\|CUDA kernels [a-z]*' "$logs/configure.log" | paste -sd, -)"
 
-targets=(train kernels_cpu_test runtime_backend_test kernels_bench)
+targets=(train kernels_cpu_test runtime_backend_test kernels_bench llama_init finetune)
 known_targets="$(cmake --build "$build" --target help)"
 for gpu_target in kernels_cuda_test runtime_nccl_test; do
   if grep -q "^$gpu_target:" <<<"$known_targets"; then targets+=("$gpu_target"); fi
@@ -213,6 +213,60 @@ if run_step ckpt_uninterrupted ours "$bin/cxxlaunch" "${resume[@]}" \
   fi
 else
   record FAIL "checkpoint zero3" "$logs/ckpt_*.log"
+fi
+
+# ---- fine-tuning a Llama ------------------------------------------------------------------------
+# A ~1.1B Llama (TinyLlama's shape) in HF layout, fine-tuned under ZeRO-3 + bf16 with
+# zero3_init_flag and a 16-bit export; transformers' LlamaForCausalLM.from_pretrained then
+# loads the export, and its loss on the same held-out blocks (byte tokens) must equal the one our
+# runtime computed on the export read back, within bf16's tolerance (the loss is a function of
+# every logit: a weight under a wrong name or layout moves it far).
+if [ "$dry" = 1 ]; then
+  record SKIP "finetune Llama 1.1B zero3 bf16" "needs a GPU"
+  record SKIP "transformers loads the export" "needs a GPU"
+else
+  llama="$logs/llama-1b" tuned="$logs/llama-1b-tuned" text="$logs/finetune.txt"
+  cat "$root"/docs/*.md "$root"/README.md >"$text"
+  rm -rf "$llama" "$tuned"
+  finetune_flags=(--model_dir "$llama" --data "$text" --seq_len 512 --batch_size 4 --lr 5e-5
+    --eval_fraction 0.05)
+  if run_step llama_init ours "$bin/llama_init" --output_dir "$llama" --hidden_size 2048 \
+       --intermediate_size 5632 --num_hidden_layers 22 --num_attention_heads 32 \
+       --num_key_value_heads 4 --vocab_size 32000 --dtype bf16 --max_file_bytes 1000000000 &&
+     run_step finetune ours "$bin/cxxlaunch" run --nproc_per_node "$gpu_count" --use_deepspeed \
+       --zero_stage 3 --mixed_precision bf16 --zero3_init_flag true \
+       --zero3_save_16bit_model true "$bin/finetune" "${finetune_flags[@]}" --steps 30 \
+       --print_every 10 --output_dir "$tuned"; then
+    before="$(grep -o 'eval loss [0-9.]* perplexity [0-9.]*  (before' "$logs/finetune.log" | awk '{print $3}')"
+    after="$(grep -o 'eval loss [0-9.]* perplexity [0-9.]*  (after' "$logs/finetune.log" | awk '{print $3}')"
+    ours="$(grep -o 'eval loss [0-9.]* perplexity [0-9.]*  (.*read back' "$logs/finetune.log" | awk '{print $3}')"
+    speed="$(grep -o '[0-9]* tokens/s' "$logs/finetune.log" | tail -1)"
+    verdict="$(python3 -c "import sys; print('PASS' if float(sys.argv[2]) < float(sys.argv[1]) else 'FAIL')" "$before" "$after" 2>&1)"
+    record "$verdict" "finetune Llama 1.1B zero3 bf16" "eval loss $before -> $after, $speed, $(grep -o 'GPU peak [0-9.]* [KMG]iB' "$logs/finetune.log" | tail -1)"
+    if run_step transformers_export python3 - "$tuned" "$text" "$ours" <<'PY'
+import math, sys, torch, transformers
+out, text, ours = sys.argv[1], sys.argv[2], float(sys.argv[3])
+model = transformers.LlamaForCausalLM.from_pretrained(out, torch_dtype=torch.bfloat16).cuda().eval()
+ids = torch.tensor(list(open(text, "rb").read()), dtype=torch.long)
+blocks = ids[: ids.numel() // 512 * 512].view(-1, 512)
+held = math.ceil(blocks.size(0) * 0.05)
+losses = []
+with torch.no_grad():
+    for b in blocks[-held:].split(4):
+        losses.append(model(b.cuda(), labels=b.cuda()).loss.float().item() * b.size(0))
+theirs = sum(losses) / held
+print("transformers %.4f ours %.4f" % (theirs, ours))
+sys.exit(0 if abs(theirs - ours) <= 0.01 * max(1.0, ours) else 1)
+PY
+    then
+      record PASS "transformers loads the export" "$(tail -1 "$logs/transformers_export.log")"
+    else
+      record FAIL "transformers loads the export" "$(tail -1 "$logs/transformers_export.log")"
+    fi
+  else
+    record FAIL "finetune Llama 1.1B zero3 bf16" "$logs/llama_init.log, $logs/finetune.log"
+    record SKIP "transformers loads the export" "no export"
+  fi
 fi
 
 # ---- benchmarks ---------------------------------------------------------------------------------

@@ -215,13 +215,13 @@ int finetune(const Flags& f) {
   torch::set_num_threads(1);  // one core per worker: the launcher starts one worker per slot
   Accelerator acc;
   torch::manual_seed(f.seed);
-  // zero3_init_flag: the scope that builds the model already sharded (issue 31, item 3) opens here.
-  LlamaForCausalLM model(config);
+  LlamaForCausalLM model{nullptr};
+  {  // zero3_init_flag / fsdp_cpu_ram_efficient_loading: no parameter memory until prepare
+    auto deferred = acc.deferredInit();
+    model = LlamaForCausalLM(config);
+  }
   int64_t numel = 0;  // counted before prepare: strategies shard and re-type the parameters
   for (const auto& p : model->parameters()) numel += p.numel();
-  // The decoder layers are the shard units, whatever the config names (DeepSpeed's has no
-  // wrap policy; without this ZeRO-3 would gather the whole model for every forward).
-  for (const auto& layer : *model->model->layers) acc.wrap(*layer);
   FusedAdamW optimizer(model->parameters(), torch::optim::AdamWOptions(f.lr).weight_decay(0.0));
   acc.prepare(model.ptr(), optimizer);
   const auto load_start = std::chrono::steady_clock::now();

@@ -267,7 +267,7 @@ std::vector<SafetensorsEntry> parseSafetensorsHeader(const std::string& text, ui
     if (!raw.has_shape) throw bad("no shape");
     if (!raw.has_offsets || raw.offsets.size() != 2) throw bad("data_offsets is not [begin, end]");
     SafetensorsEntry e;
-    e.name = std::move(raw.name);
+    e.name = raw.name;  // kept in `raw` for bad()
     e.dtype = std::move(*raw.dtype);
     const uint64_t item = safetensorsDtypeSize(e.dtype);
     if (item == 0) throw bad("unknown dtype " + json(e.dtype).dump());
@@ -282,7 +282,11 @@ std::vector<SafetensorsEntry> parseSafetensorsHeader(const std::string& text, ui
     }
     e.begin = raw.offsets[0];
     e.end = raw.offsets[1];
-    if (e.begin > e.end || e.end > data_bytes) throw bad("data_offsets outside the file");
+    if (e.begin > e.end) throw bad("data_offsets end before they begin");
+    if (e.end > data_bytes) {
+      throw bad("its data ends at byte " + std::to_string(e.end) + " but the file holds " +
+                std::to_string(data_bytes) + " bytes of data (truncated?)");
+    }
     if (elements > std::numeric_limits<uint64_t>::max() / item ||
         e.end - e.begin != elements * item) {
       throw bad("data_offsets do not match its dtype and shape");

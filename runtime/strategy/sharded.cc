@@ -123,6 +123,11 @@ void ShardedStrategy::buildUnits() {
   const bool by_size = options_.wrap_policy == "SIZE_BASED_WRAP";
   std::set<const torch::nn::Module*> is_unit;
   for (const auto* m : options_.wrapped) is_unit.insert(m);
+  // A module that runs itself through unitForward is a unit as a marked one is: DeepSpeed's
+  // configs name no wrap policy, and ZeRO-3 gathers module by module there too.
+  for (const auto* m : modules) {
+    if (dynamic_cast<const RunsThroughUnitForward*>(m) != nullptr) is_unit.insert(m);
+  }
   for (size_t i = 1; i < modules.size(); ++i) {
     const auto& module = *modules[i];
     for (const auto& wanted : options_.unit_types) {
@@ -304,6 +309,7 @@ torch::TensorOptions ShardedStrategy::shardOptions() const {
 // ---- nvme offload -------------------------------------------------------------------------------
 
 void ShardedStrategy::openOffload(const std::vector<int64_t>& shard_numels) {
+  for (const int64_t n : shard_numels) largest_shard_ = std::max(largest_shard_, n);
   if (!options_.nvme_param_dir.empty()) {
     param_file_ = std::make_unique<NvmeFile>(options_.nvme_param_dir, "offload_param_nvme_path");
   }
@@ -350,11 +356,7 @@ void ShardedStrategy::settle(size_t i) {
 }
 
 size_t ShardedStrategy::stagingFloats() const {
-  size_t unit_bytes = 0;
-  for (const auto& u : units_) {
-    unit_bytes =
-        std::max(unit_bytes, NvmeFile::roundUp(static_cast<size_t>(u.flat.shardNumel()) * 4));
-  }
+  const size_t unit_bytes = NvmeFile::roundUp(static_cast<size_t>(largest_shard_) * 4);
   const size_t arrays = (param_file_ ? 1 : 0) + (state_file_ ? optimizer_.stateArrays() : 0);
   return arrays * unit_bytes / 4;
 }

@@ -197,6 +197,7 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   std::vector<torch::Tensor> frozen_;  // parameters without gradients: whole, never sharded
   std::unique_ptr<NvmeFile> param_file_, state_file_;  // nvme offload
   std::vector<AlignedBuffer> slots_;  // staging: unit k+1 read, k updated, k-1 written
+  int64_t largest_shard_ = 0;         // elements of the biggest unit's shard (openOffload)
   std::mutex mu_;
 };
 

@@ -33,8 +33,9 @@
 namespace cxxlaunch::runtime {
 
 // A base of module types that call unitForward for themselves wherever they are used (models/'s
-// decoder layers: their model's forward does). Such a unit rests sharded from prepare on, as
-// one marked with Accelerator::wrap does, without the trainer marking it.
+// decoder layers: their model's forward does). Under ZeRO-3 / FULL_SHARD such a module is a
+// shard unit whatever the wrap policy, resting sharded from prepare on, as one marked with
+// Accelerator::wrap is, without the trainer marking it.
 class RunsThroughUnitForward {
  public:
   virtual ~RunsThroughUnitForward() = default;

@@ -71,6 +71,25 @@ TEST_CASE("A config.json reads as HF writes it, and what does not fit is one cle
                     Catch::Contains("the heads do not fit"));
   CHECK_THROWS_WITH(LlamaConfig::fromFile("/nonexistent/config.json"),
                     Catch::Contains("has its config.json"));
+  // Math this model does not do is refused, not loaded wrong.
+  const std::string base = R"({"model_type": "llama", "hidden_size": 8, "intermediate_size": 8,
+      "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 5)";
+  for (const auto& [extra, said] : std::vector<std::pair<std::string, std::string>>{
+           {R"("hidden_act": "gelu")", "hidden_act \"gelu\" is not silu"},
+           {R"("rope_scaling": {"rope_type": "llama3", "factor": 8.0})", "rope_scaling"},
+           {R"("attention_bias": true)", "attention_bias true"},
+           {R"("head_dim": 8)", "head_dim 8 is not hidden_size / num_attention_heads"}}) {
+    CHECK_THROWS_WITH(LlamaConfig::fromJson(base + ", " + extra + "}"), Catch::Contains(said));
+  }
+  CHECK(LlamaConfig::fromJson(base + R"(, "rope_scaling": null, "attention_bias": false,
+      "hidden_act": "silu", "head_dim": 4})")
+            .headDim() == 4);
+  const auto mistral = LlamaConfig::fromJson(
+      R"({"model_type": "mistral", "hidden_size": 8, "intermediate_size": 8,
+      "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 5, "sliding_window": 4})");
+  CHECK(mistral.sliding_window == 4);
+  CHECK_THROWS_WITH(LlamaForCausalLM(mistral)(torch::zeros({1, 5}, torch::kLong)),
+                    Catch::Contains("longer than the model's sliding_window 4"));
 }
 
 TEST_CASE("The parameters have Hugging Face's names", "[models]") {
