@@ -427,10 +427,19 @@ void Accelerator::saveModel(const std::string& dir, uint64_t max_file_bytes,
       wanted.value_or(!world_.env.zero3_save_16bit_model ? c10::ScalarType::Float
                       : precision_.mixed()               ? precision_.compute
                                                          : c10::ScalarType::BFloat16);
+  // Every tensor's place is known before the gathers: each is written as it comes, one unit at a
+  // time, in the model's order in the files.
+  std::vector<checkpoint::SafetensorsWriter::Planned> plan;
+  for (const auto& item : model_->named_parameters()) {
+    plan.push_back({item.key(), item.value().sizes().vec(), dtype});
+  }
+  for (const auto& item : model_->named_buffers()) {
+    plan.push_back({item.key(), item.value().sizes().vec(), item.value().scalar_type()});
+  }
   std::optional<checkpoint::SafetensorsWriter> writer;
   std::string error;
   try {
-    if (isMainProcess()) writer.emplace(dir, max_file_bytes);
+    if (isMainProcess()) writer.emplace(dir, max_file_bytes, std::move(plan));
   } catch (const std::exception& e) {
     error = e.what();
   }

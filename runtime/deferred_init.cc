@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "common/error.h"
+#include "runtime/host_memory.h"
 
 namespace cxxlaunch::runtime {
 namespace {
@@ -65,6 +66,10 @@ void initParameter(torch::Tensor& param, Initializer init) {
                             std::move(init)});
   }
   param.set_data(placeholder(param, param.device()));
+  // The values a module's constructor made (LibTorch's layers allocate and initialise theirs)
+  // go back to the kernel now, not when the heap's top is trimmed: otherwise they pile up in it
+  // and building takes the model's memory after all.
+  releaseFreedHostMemory();
 }
 
 bool isDeferred(const torch::Tensor& param) {

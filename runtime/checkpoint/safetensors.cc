@@ -62,6 +62,17 @@ void writeLittleEndian64(uint64_t v, char* out) {
   for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((v >> (8 * i)) & 0xff);
 }
 
+void writeAt(int fd, const std::string& path, uint64_t offset, const void* data, size_t bytes) {
+  size_t done = 0;
+  while (done < bytes) {
+    const ssize_t n = ::pwrite(fd, static_cast<const char*>(data) + done, bytes - done,
+                               static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw CommunicationError("cannot write '" + path + "': " + std::strerror(errno));
+    done += static_cast<size_t>(n);
+  }
+}
+
 }  // namespace
 
 class SafetensorsReader::File {
@@ -197,25 +208,82 @@ torch::Tensor SafetensorsReader::tensor(const std::string& name) const {
   return t;
 }
 
-SafetensorsWriter::SafetensorsWriter(std::string dir, uint64_t max_file_bytes)
-    : dir_(std::move(dir)), max_bytes_(max_file_bytes) {
-  if (max_bytes_ == 0) throw InvalidArgument("a safetensors file limit must be > 0 bytes");
+SafetensorsWriter::SafetensorsWriter(std::string dir, uint64_t max_file_bytes,
+                                     std::vector<Planned> plan)
+    : dir_(std::move(dir)) {
+  if (max_file_bytes == 0) throw InvalidArgument("a safetensors file limit must be > 0 bytes");
   fs::create_directories(dir_);
+  // The files' contents: consecutive runs of the plan up to the limit.
+  std::vector<std::vector<const Planned*>> files;
+  uint64_t in_file = 0;
+  for (const auto& p : plan) {
+    const uint64_t bytes =
+        static_cast<uint64_t>(c10::multiply_integers(p.shape)) * c10::elementSize(p.dtype);
+    dtypeName(p.dtype);  // refused now rather than after the gathers
+    if (files.empty() || (!files.back().empty() && in_file + bytes > max_file_bytes)) {
+      files.emplace_back();
+      in_file = 0;
+    }
+    files.back().push_back(&p);
+    in_file += bytes;
+  }
+  for (size_t f = 0; f < files.size(); ++f) {
+    json header = json::object();
+    header["__metadata__"] = {{"format", "pt"}};
+    uint64_t offset = 0;
+    for (const Planned* p : files[f]) {
+      const uint64_t bytes =
+          static_cast<uint64_t>(c10::multiply_integers(p->shape)) * c10::elementSize(p->dtype);
+      header[p->name] = {{"dtype", dtypeName(p->dtype)},
+                         {"shape", p->shape},
+                         {"data_offsets", {offset, offset + bytes}}};
+      offset += bytes;
+    }
+    std::string text = header.dump();
+    text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
+    std::string head(8, '\0');
+    writeLittleEndian64(text.size(), head.data());
+    head += text;
+    temporary_.push_back(dir_ + "/.part-" + std::to_string(f));
+    names_.emplace_back();
+    const int fd = ::open(temporary_.back().c_str(),
+                          O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0) {
+      throw CommunicationError("cannot write '" + temporary_.back() + "': " + std::strerror(errno));
+    }
+    fds_.push_back(fd);
+    writeAt(fd, temporary_.back(), 0, head.data(), head.size());
+    uint64_t at = head.size();
+    for (const Planned* p : files[f]) {
+      names_.back().push_back(p->name);
+      places_[p->name] = Place{f, at, *p};
+      at += static_cast<uint64_t>(c10::multiply_integers(p->shape)) * c10::elementSize(p->dtype);
+    }
+    total_bytes_ += at - head.size();
+  }
 }
 
 SafetensorsWriter::~SafetensorsWriter() {
+  for (const int fd : fds_) ::close(fd);
   if (finished_) return;
   std::error_code ec;
-  for (const auto& [file, names] : written_) fs::remove(file, ec);
+  for (const auto& path : temporary_) fs::remove(path, ec);
 }
 
 void SafetensorsWriter::add(const std::string& name, const torch::Tensor& tensor) {
-  const torch::Tensor t = tensor.detach().to(torch::kCPU).contiguous().clone();
-  const uint64_t bytes = static_cast<uint64_t>(t.nbytes());
-  dtypeName(t.scalar_type());  // refused now rather than at the flush
-  if (!pending_.empty() && pending_bytes_ + bytes > max_bytes_) flush();
-  pending_.emplace_back(name, t);
-  pending_bytes_ += bytes;
+  auto it = places_.find(name);
+  if (it == places_.end() || it->second.written) {
+    throw InvalidArgument("safetensors export: '" + name + "' is " +
+                          (it == places_.end() ? "not in the plan" : "written twice"));
+  }
+  Place& place = it->second;
+  if (tensor.sizes().vec() != place.planned.shape || tensor.scalar_type() != place.planned.dtype) {
+    throw InvalidArgument("safetensors export: '" + name +
+                          "' is not of its planned shape and dtype");
+  }
+  const torch::Tensor t = tensor.detach().to(torch::kCPU).contiguous();
+  writeAt(fds_[place.file], temporary_[place.file], place.offset, t.data_ptr(), t.nbytes());
+  place.written = true;
 }
 
 void writeSafetensorsFile(const std::string& path,
@@ -243,27 +311,24 @@ void writeSafetensorsFile(const std::string& path,
   file.commit();
 }
 
-void SafetensorsWriter::flush() {
-  if (pending_.empty()) return;
-  const std::string path = dir_ + "/.part-" + std::to_string(written_.size());
-  writeSafetensorsFile(path, pending_);
-  std::vector<std::string> names;
-  for (const auto& [name, t] : pending_) names.push_back(name);
-  written_.push_back({path, std::move(names)});
-  total_bytes_ += pending_bytes_;
-  pending_.clear();
-  pending_bytes_ = 0;
-}
-
 std::vector<std::string> SafetensorsWriter::finish() {
-  flush();
+  for (const auto& [name, place] : places_) {
+    if (!place.written) {
+      throw InvalidArgument("safetensors export: '" + name + "' was planned but never written");
+    }
+  }
+  for (size_t i = 0; i < fds_.size(); ++i) {
+    if (::fsync(fds_[i]) != 0) {
+      throw CommunicationError("cannot sync '" + temporary_[i] + "': " + std::strerror(errno));
+    }
+  }
   std::vector<std::string> files;
-  const size_t n = written_.size();
+  const size_t n = temporary_.size();
   json weight_map = json::object();
   for (size_t i = 0; i < n; ++i) {
     const std::string name = n == 1 ? "model.safetensors" : fileName(i, n);
-    fs::rename(written_[i].first, dir_ + "/" + name);
-    for (const auto& tensor : written_[i].second) weight_map[tensor] = name;
+    fs::rename(temporary_[i], dir_ + "/" + name);
+    for (const auto& tensor : names_[i]) weight_map[tensor] = name;
     files.push_back(name);
   }
   if (n > 1) {

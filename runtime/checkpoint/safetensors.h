@@ -27,28 +27,42 @@
 
 namespace cxxlaunch::runtime::checkpoint {
 
+// A model's tensors, known in advance, written in any order as they come (a sharded model
+// gathers one unit at a time): the files' layout and headers follow from the plan, each tensor
+// goes straight to its place, and nothing is held beyond the tensor in hand.
 class SafetensorsWriter {
  public:
-  // Files go into `dir` (created); each holds at most `max_file_bytes` of tensor data (a
-  // tensor bigger than that gets a file of its own).
-  SafetensorsWriter(std::string dir, uint64_t max_file_bytes);
+  struct Planned {
+    std::string name;
+    std::vector<int64_t> shape;
+    c10::ScalarType dtype;
+  };
+  // Files go into `dir` (created), the plan's tensors in the plan's order, each file holding at
+  // most `max_file_bytes` of tensor data (a bigger tensor gets a file of its own), under
+  // temporary names until finish().
+  SafetensorsWriter(std::string dir, uint64_t max_file_bytes, std::vector<Planned> plan);
   ~SafetensorsWriter();  // unfinished: removes what it wrote
   SafetensorsWriter(const SafetensorsWriter&) = delete;
   SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
 
-  // Copies `tensor` (any dtype safetensors has) into the current file; may write a full file.
+  // Writes the planned tensor `name` (its shape and dtype as planned) into its place.
   void add(const std::string& name, const torch::Tensor& tensor);
-  // Writes the last file and the index, and gives every file its final name. Returns the files.
+  // Once every planned tensor was added: makes the files durable, gives them their final names
+  // (model.safetensors, or model-0000k-of-0000n.safetensors and the index). Returns them.
   std::vector<std::string> finish();
 
  private:
-  void flush();
-
+  struct Place {
+    size_t file;
+    uint64_t offset;  // in the file
+    Planned planned;
+    bool written = false;
+  };
   std::string dir_;
-  uint64_t max_bytes_;
-  std::vector<std::pair<std::string, torch::Tensor>> pending_;
-  uint64_t pending_bytes_ = 0;
-  std::vector<std::pair<std::string, std::vector<std::string>>> written_;  // temp file, names
+  std::vector<std::string> temporary_;           // per file
+  std::vector<int> fds_;                         // per file
+  std::vector<std::vector<std::string>> names_;  // per file
+  std::map<std::string, Place> places_;
   uint64_t total_bytes_ = 0;
   bool finished_ = false;
 };

@@ -264,9 +264,7 @@ void ShardedStrategy::buildUnits() {
             base + u.flat.offset(i) * u.grad_full.element_size(), p.sizes(),
             [keep = u.grad_full](void*) {}, u.grad_full.options()));
       }
-    } else {
-      u.grad_shard = torch::zeros({sn}, shardOptions());
-    }
+    }  // stage 2-3: the gradient shard comes with the first reduction (gradShard)
     std::vector<ShardOptimizer::Segment> segments;
     for (size_t i = 0; i < u.flat.params().size(); ++i) {
       const int64_t begin = std::max(u.flat.offset(i), sb);
@@ -299,6 +297,11 @@ void ShardedStrategy::buildUnits() {
   }
 }
 
+torch::Tensor& ShardedStrategy::gradShard(Unit& u) {
+  if (!u.grad_shard.defined()) u.grad_shard = torch::zeros({u.flat.shardNumel()}, shardOptions());
+  return u.grad_shard;
+}
+
 torch::TensorOptions ShardedStrategy::shardOptions() const {
   const auto on = torch::TensorOptions().dtype(torch::kFloat);
   if (!options_.offload_to_host) return on.device(device_);
@@ -328,15 +331,17 @@ void ShardedStrategy::openOffload(const std::vector<int64_t>& shard_numels) {
   // file's zeros.
   if (param_file_) param_file_->allocate();
   if (state_file_) state_file_->allocate();
-  for (int i = 0; i < 3; ++i) slots_.push_back(alignedBuffer(stagingFloats()));
+  // The staging slots come with the first step (stepUnits): a job that only loads and
+  // evaluates never holds them.
 }
 
 void ShardedStrategy::settle(size_t i) {
   Unit& u = units_[i];
   if (param_file_) {  // the fp32 master moves out
     const size_t bytes = static_cast<size_t>(u.flat.shardNumel()) * 4;
-    std::memcpy(slots_[0].data.get(), u.master.data_ptr<float>(), bytes);
-    param_file_->write(u.master_offset, slots_[0].data.get(), NvmeFile::roundUp(bytes))->wait();
+    const AlignedBuffer staging = alignedBuffer(NvmeFile::roundUp(bytes) / 4);
+    std::memcpy(staging.data.get(), u.master.data_ptr<float>(), bytes);
+    param_file_->write(u.master_offset, staging.data.get(), NvmeFile::roundUp(bytes))->wait();
     u.master = torch::Tensor();
   }
   // A unit the trainer marked with Accelerator::wrap, or of a type that says so, promises to run
@@ -389,10 +394,11 @@ void ShardedStrategy::stepUnits() {
   if (!param_file_ && !state_file_) {
     for (auto& u : units_) {
       optimizer_.step(u.optimizer_shard, u.master.data_ptr<float>(),
-                      u.grad_shard.data_ptr<float>());
+                      gradShard(u).data_ptr<float>());
     }
     return;
   }
+  while (slots_.size() < 3) slots_.push_back(alignedBuffer(stagingFloats()));
   // A slot holds [master | state arrays]; the state starts after the largest master.
   const size_t arrays = state_file_ ? optimizer_.stateArrays() : 0;
   const size_t state_at = param_file_ ? stagingFloats() * 4 / (1 + arrays) : 0;
@@ -431,7 +437,7 @@ void ShardedStrategy::stepUnits() {
     for (size_t a = 0; a < arrays; ++a) {
       state.push_back(reinterpret_cast<float*>(slot(i) + state_at + a * bytes));
     }
-    optimizer_.step(u.optimizer_shard, master, u.grad_shard.data_ptr<float>(),
+    optimizer_.step(u.optimizer_shard, master, gradShard(u).data_ptr<float>(),
                     state_file_ ? state.data() : nullptr);
     auto& written = writes[i % slots_.size()];
     if (param_file_) {
@@ -684,7 +690,8 @@ void ShardedStrategy::completeOldestReduction() {
         ->wait();
   }
   // Accumulated across micro-steps in the fp32 shard (cpu offload: brought down first).
-  u.grad_shard.add_(u.grad_incoming.to(u.grad_shard.device()));
+  torch::Tensor& shard = gradShard(u);
+  shard.add_(u.grad_incoming.to(shard.device()));
   if (pool_) {
     pool_->recycle(u.grad_incoming);
     pool_->recycle(u.grad_full);
@@ -725,9 +732,7 @@ void ShardedStrategy::afterBackward(bool sync) {
 
 double ShardedStrategy::clipGradNorm(double max_norm) {
   double squares = 0;
-  for (const auto& u : units_) {
-    squares += device_kernels::sumOfSquares(u.grad_shard);
-  }
+  for (auto& u : units_) squares += device_kernels::sumOfSquares(gradShard(u));
   if (options_.stage > 0) {  // each shard holds a part of the gradient
     shards_->allreduce(&squares, 1, DType::kFloat64, ReduceOp::kSum)->wait();
   }
@@ -735,7 +740,7 @@ double ShardedStrategy::clipGradNorm(double max_norm) {
   const double coefficient = max_norm / (norm + 1e-6);
   if (max_norm > 0 && coefficient < 1) {
     for (auto& u : units_) {
-      device_kernels::scaleInPlace(u.grad_shard, static_cast<float>(coefficient));
+      device_kernels::scaleInPlace(gradShard(u), static_cast<float>(coefficient));
     }
   }
   return norm;
@@ -744,8 +749,8 @@ double ShardedStrategy::clipGradNorm(double max_norm) {
 bool ShardedStrategy::unscaleGradients(double factor) {
   int32_t overflow = 0;
   for (auto& u : units_) {
-    if (!device_kernels::allFinite(u.grad_shard)) overflow = 1;
-    device_kernels::scaleInPlace(u.grad_shard, static_cast<float>(factor));
+    if (!device_kernels::allFinite(gradShard(u))) overflow = 1;
+    device_kernels::scaleInPlace(gradShard(u), static_cast<float>(factor));
   }
   backend_->allreduce(&overflow, 1, DType::kInt32, ReduceOp::kMax)->wait();
   return overflow == 0;
@@ -778,7 +783,7 @@ void ShardedStrategy::zeroGrad() {
   for (auto& u : units_) {
     if (options_.stage <= 1) {
       u.grad_full.zero_();
-    } else {
+    } else if (u.grad_shard.defined()) {
       u.grad_shard.zero_();
     }
   }
@@ -1024,13 +1029,12 @@ void ShardedStrategy::loadStateSlices(const checkpoint::Source& reader) {
       std::memcpy(staging.data.get(), master.data_ptr<float>(), static_cast<size_t>(sn) * 4);
       param_file_->write(u.master_offset, staging.data.get(), bytes)->wait();
     }
-    if (state_file_) {
-      AlignedBuffer staging = alignedBuffer(names.size() * bytes / 4);
+    if (state_file_) {  // one array at a time: a unit's state is never staged whole
+      AlignedBuffer staging = alignedBuffer(bytes / 4);
       for (size_t k = 0; k < names.size(); ++k) {
-        std::memcpy(reinterpret_cast<char*>(staging.data.get()) + k * bytes,
-                    state[k].data_ptr<float>(), static_cast<size_t>(sn) * 4);
+        std::memcpy(staging.data.get(), state[k].data_ptr<float>(), static_cast<size_t>(sn) * 4);
+        state_file_->write(u.state_offset + k * bytes, staging.data.get(), bytes)->wait();
       }
-      state_file_->write(u.state_offset, staging.data.get(), names.size() * bytes)->wait();
     }
     // A unit whole at rest takes its new shard now (a view of the master below stage 3 in fp32
     // has it already); one at rest sharded gathers it from the master when next used.
@@ -1039,6 +1043,7 @@ void ShardedStrategy::loadStateSlices(const checkpoint::Source& reader) {
     }
     if (u.device_shard.defined()) u.device_shard.copy_(master);
     publish(u);
+    if (lean_) releaseFreedHostMemory();  // this unit's staging, before the next one's
   }
   if (failure) std::rethrow_exception(failure);
   for (const auto& item : model_->named_parameters(/*recurse=*/true)) {

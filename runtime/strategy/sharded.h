@@ -168,6 +168,7 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   // The swap files, for units of these shard sizes.
   void openOffload(const std::vector<int64_t>& shard_numels);
   void settle(size_t unit);                         // built: to the state it rests in
+  torch::Tensor& gradShard(Unit& unit);             // stage 2-3: allocated by its first use
   void stepUnits();                                 // the optimizer over every unit's shard
   torch::Tensor masterNow(Unit& unit);              // in memory, read from nvme if it rests there
   std::vector<torch::Tensor> stateNow(Unit& unit);  // the optimizer state, likewise
