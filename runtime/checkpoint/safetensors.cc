@@ -11,22 +11,21 @@
 #include <filesystem>
 #include <limits>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <set>
 
 #include "common/atomic_file.h"
 #include "common/error.h"
 #include "runtime/checkpoint/files.h"
+#include "runtime/checkpoint/safetensors_file.h"
 #include "runtime/host_memory.h"
 
 namespace cxxlaunch::runtime::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
-using nlohmann::json;
 
 constexpr uint64_t kMaxHeader = 100u << 20;  // as the reference implementation
-constexpr const char kIndex[] = "model.safetensors.index.json";
+constexpr const char* kIndex = kSafetensorsIndexName;
 
 const std::vector<std::pair<const char*, c10::ScalarType>>& dtypes() {
   static const std::vector<std::pair<const char*, c10::ScalarType>> table = {
@@ -45,24 +44,14 @@ c10::ScalarType scalarTypeOf(const std::string& name) {
   throw InvalidArgument("dtype " + name + " has no LibTorch type to read it into");
 }
 
-const char* dtypeName(c10::ScalarType t) {
+}  // namespace
+
+const char* safetensorsDtypeName(c10::ScalarType t) {
   for (const auto& [name, type] : dtypes()) {
     if (type == t) return name;
   }
   throw InvalidArgument(std::string("safetensors has no dtype for ") + c10::toString(t));
 }
-
-std::string fileName(size_t i, size_t n) {
-  char name[64];
-  std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", i + 1, n);
-  return name;
-}
-
-void writeLittleEndian64(uint64_t v, char* out) {
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((v >> (8 * i)) & 0xff);
-}
-
-}  // namespace
 
 class SafetensorsReader::File {
  public:
@@ -212,7 +201,7 @@ SafetensorsWriter::~SafetensorsWriter() {
 void SafetensorsWriter::add(const std::string& name, const torch::Tensor& tensor) {
   const torch::Tensor t = tensor.detach().to(torch::kCPU).contiguous().clone();
   const uint64_t bytes = static_cast<uint64_t>(t.nbytes());
-  dtypeName(t.scalar_type());  // refused now rather than at the flush
+  safetensorsDtypeName(t.scalar_type());  // refused now rather than at the flush
   if (!pending_.empty() && pending_bytes_ + bytes > max_bytes_) flush();
   pending_.emplace_back(name, t);
   pending_bytes_ += bytes;
@@ -220,25 +209,14 @@ void SafetensorsWriter::add(const std::string& name, const torch::Tensor& tensor
 
 void writeSafetensorsFile(const std::string& path,
                           const std::vector<std::pair<std::string, torch::Tensor>>& tensors) {
-  json header = json::object();
-  header["__metadata__"] = {{"format", "pt"}};
-  uint64_t offset = 0;
+  std::vector<SafetensorsTensor> layout;
   std::vector<torch::Tensor> data;
   for (const auto& [name, tensor] : tensors) {
     data.push_back(tensor.detach().to(torch::kCPU).contiguous());
-    const uint64_t bytes = static_cast<uint64_t>(data.back().nbytes());
-    header[name] = {{"dtype", dtypeName(data.back().scalar_type())},
-                    {"shape", data.back().sizes().vec()},
-                    {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
+    layout.push_back(
+        {name, safetensorsDtypeName(data.back().scalar_type()), data.back().sizes().vec()});
   }
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
-  DurableFile file(path);
-  char length[8];
-  writeLittleEndian64(text.size(), length);
-  file.append(length, 8);
-  file.append(text.data(), text.size());
+  SafetensorsFileWriter file(path, layout);
   for (const auto& t : data) file.append(t.data_ptr(), t.nbytes());
   file.commit();
 }
@@ -259,17 +237,16 @@ std::vector<std::string> SafetensorsWriter::finish() {
   flush();
   std::vector<std::string> files;
   const size_t n = written_.size();
-  json weight_map = json::object();
+  std::vector<std::pair<std::string, std::string>> weight_map;
   for (size_t i = 0; i < n; ++i) {
-    const std::string name = n == 1 ? "model.safetensors" : fileName(i, n);
+    const std::string name = safetensorsFileName(i, n);
     fs::rename(written_[i].first, dir_ + "/" + name);
-    for (const auto& tensor : written_[i].second) weight_map[tensor] = name;
+    for (const auto& tensor : written_[i].second) weight_map.emplace_back(tensor, name);
     files.push_back(name);
   }
   if (n > 1) {
-    const json index = {{"metadata", {{"total_size", total_bytes_}}}, {"weight_map", weight_map}};
-    writeFileAtomically(dir_ + "/" + kIndex, index.dump(2) + "\n");
-    files.push_back(kIndex);
+    writeSafetensorsIndex(dir_, total_bytes_, weight_map);
+    files.push_back(kSafetensorsIndexName);
   } else {
     std::error_code ec;
     fs::remove(dir_ + "/" + kIndex, ec);  // a stale one from a bigger export

@@ -27,6 +27,9 @@
 
 namespace cxxlaunch::runtime::checkpoint {
 
+// The safetensors dtype of a LibTorch type ("F32", "BF16", ...); InvalidArgument for one it lacks.
+const char* safetensorsDtypeName(c10::ScalarType type);
+
 class SafetensorsWriter {
  public:
   // Files go into `dir` (created); each holds at most `max_file_bytes` of tensor data (a
