@@ -66,7 +66,9 @@ int runMergeWeights(const std::vector<std::string>& args, std::ostream& out, std
   const auto result = runtime::checkpoint::mergeWeights(options);
   for (const auto& note : result.notes) err << "cxxlaunch merge-weights: note: " << note << "\n";
   char size[32];
-  std::snprintf(size, sizeof(size), "%.3f GB", static_cast<double>(result.bytes) / 1e9);
+  const double bytes = static_cast<double>(result.bytes);
+  std::snprintf(size, sizeof(size), bytes >= 1e9 ? "%.3f GB" : "%.3f MB",
+                bytes >= 1e9 ? bytes / 1e9 : bytes / 1e6);
   out << "merged '" << result.checkpoint << "' (saved at world " << result.world << ") into '"
       << options.output << "': " << result.tensors << " tensors, " << size << ", " << options.dtype
       << ":";

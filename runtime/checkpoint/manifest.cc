@@ -157,7 +157,8 @@ std::optional<std::string> whyIncomplete(const std::string& dir) {
   if (!m) return "'" + manifest + "' is incomplete or malformed (a save that did not finish?)";
   for (const auto& [name, expected] : m->files) {
     const std::string path = dir + "/" + name;
-    if (fs::is_symlink(path, ec) || !fs::exists(path, ec)) return "'" + path + "' is missing";
+    if (fs::is_symlink(path, ec)) return "'" + path + "' is a symbolic link, not a rank file";
+    if (!fs::exists(path, ec)) return "'" + path + "' is missing";
     const auto size = fs::file_size(path, ec);
     if (ec || size != expected.first) {
       return "'" + path + "' is " +

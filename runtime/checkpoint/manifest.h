@@ -36,7 +36,7 @@ std::string manifestText(int world, const Counters& counters,
 // The whole number `text` is, all of it, or nullopt.
 std::optional<int64_t> wholeNumber(const std::string& text);
 
-// The complete checkpoints `path` names, best first (see above): `path` itself, `<path>.old`,
+// The complete checkpoints `path` names, best first (checkpoint.h): `path` itself, `<path>.old`,
 // then the subdirectories of `path` by step, newest first. Without `checksums` files are checked
 // by size only (verifyShare, or a format 2/3 file's reads, then check the CRCs). A subdirectory
 // that is a symbolic link is never taken: a checkpoint lies inside its folder.

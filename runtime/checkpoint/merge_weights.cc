@@ -32,6 +32,10 @@ constexpr int64_t kBlockElements = 4 * kChunkElements;
 // complete), else the newest complete checkpoint in it, as Accelerator::loadState picks.
 std::string checkpointDirectory(const std::string& path) {
   std::error_code ec;
+  // A crash between a save's two renames leaves `<dir>.old` complete (checkpoint.h).
+  if (!fs::exists(path, ec) && fs::exists(path + ".old", ec) && !whyIncomplete(path + ".old")) {
+    return path + ".old";
+  }
   if (!fs::exists(path, ec)) throw InvalidArgument("checkpoint '" + path + "' does not exist");
   if (!fs::is_directory(path, ec)) {
     throw InvalidArgument("'" + path + "' is not a checkpoint directory (one with a manifest) " +
