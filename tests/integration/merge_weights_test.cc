@@ -234,6 +234,11 @@ TEST_CASE("merge-weights refuses a missing, incomplete or corrupt checkpoint and
   REQUIRE(mergeWeights({ckpt, out, "--overwrite"}).exit_code == 0);
   CHECK(!fs::exists(out + "/mine.txt"));
   CHECK(fs::exists(out + "/model.safetensors"));
+  // A crash between a save's two renames leaves `<dir>.old`: merged as loadState would load it.
+  fs::copy(ckpt, dir.path() + "/crashed.old");
+  const Finished old = mergeWeights({dir.path() + "/crashed", dir.path() + "/from-old"});
+  CHECK(old.exit_code == 0);
+  CHECK(old.out.find("crashed.old") != std::string::npos);
   // An empty folder is no obstacle.
   fs::create_directories(dir.path() + "/empty");
   CHECK(mergeWeights({ckpt, dir.path() + "/empty"}).exit_code == 0);
