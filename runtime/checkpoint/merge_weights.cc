@@ -187,6 +187,10 @@ MergeWeightsResult mergeWeights(const MergeWeightsOptions& options) {
     items.push_back(std::move(item));
   }
 
+  if (items.empty()) {
+    throw InvalidArgument("checkpoint '" + result.checkpoint +
+                          "' holds no parameters (saved from a model without any?)");
+  }
   std::vector<uint64_t> sizes;
   for (const auto& item : items) sizes.push_back(safetensorsBytes(item.out));
   const std::vector<size_t> starts = safetensorsFileStarts(sizes, options.max_file_bytes);
