@@ -226,11 +226,15 @@ MergeWeightsResult mergeWeights(const MergeWeightsOptions& options) {
         }
         if (item.out.dtype == item.buffer_dtype) {
           file.append(bytes->data(), bytes->size());
-        } else {
-          const size_t n = bytes->size() / safetensorsDtypeSize(item.buffer_dtype);
-          block.resize(n);
-          toFloat(item.buffer_dtype, bytes->data(), n, block.data());
-          appendAs(item.out.dtype, block.data(), n, scratch, file);
+        } else {  // a block at a time: memory stays at the blob and a block
+          const size_t size = safetensorsDtypeSize(item.buffer_dtype);
+          const size_t n = bytes->size() / size;
+          for (size_t at = 0; at < n; at += kBlockElements) {
+            const size_t count = std::min<size_t>(kBlockElements, n - at);
+            block.resize(count);
+            toFloat(item.buffer_dtype, bytes->data() + at * size, count, block.data());
+            appendAs(item.out.dtype, block.data(), count, scratch, file);
+          }
         }
         continue;
       }
