@@ -290,6 +290,19 @@ void Accelerator::saveState(const std::string& dir) {
     counters["lr:" + std::to_string(g)] = lr;
   }
   if (scaler_) counters["loss_scaler"] = scaler_->save();
+  // A buffer's blob is its bytes; `cxxlaunch merge-weights` writes it as a tensor, from this.
+  for (const auto& item : model_->named_buffers()) {
+    std::string layout;
+    try {
+      layout = checkpoint::safetensorsDtypeName(item.value().scalar_type());
+    } catch (const InvalidArgument&) {
+      continue;  // a dtype safetensors lacks: merge-weights leaves it out, with a note
+    }
+    layout += ':';
+    for (int64_t d : item.value().sizes()) layout += std::to_string(d) + ',';
+    if (layout.back() == ',') layout.pop_back();
+    counters["buffer:" + item.key()] = layout;
+  }
   counters.merge(strategy_->stateCounters(optimizer_steps_));
   if (world_.env.state_dict_type == "full") {
     checkpoint::saveFull(*world_.backend, dir, strategy_->fullState(), blobs, counters);

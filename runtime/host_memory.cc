@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 
 // glibc's allocator, unless a sanitizer replaced it: then its tuning means nothing, and
 // malloc_trim walks arenas glibc never set up (a crash under ASan).

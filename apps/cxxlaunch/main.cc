@@ -17,6 +17,7 @@
 #include "launcher/agent.h"
 #include "launcher/cli.h"
 #include "launcher/memory_estimate.h"
+#include "launcher/merge_weights.h"
 #include "launcher/remote.h"
 #include "launcher/self_test.h"
 #include "launcher/status.h"
@@ -136,6 +137,9 @@ const std::vector<Command>& commands() {
          std::cout << formatEstimate(parseEstimateArgs(args));
          return kExitOk;
        }},
+      {{"merge-weights", "merge_weights"},
+       "a checkpoint as one model in safetensors: cxxlaunch merge-weights CHECKPOINT OUTPUT",
+       [](const Args& args) { return runMergeWeights(args, std::cout, std::cerr); }},
   };
   return table;
 }

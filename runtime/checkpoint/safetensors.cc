@@ -11,22 +11,21 @@
 #include <filesystem>
 #include <limits>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <set>
 
 #include "common/atomic_file.h"
 #include "common/error.h"
 #include "runtime/checkpoint/files.h"
+#include "runtime/checkpoint/safetensors_file.h"
 #include "runtime/host_memory.h"
 
 namespace cxxlaunch::runtime::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
-using nlohmann::json;
 
 constexpr uint64_t kMaxHeader = 100u << 20;  // as the reference implementation
-constexpr const char kIndex[] = "model.safetensors.index.json";
+constexpr const char* kIndex = kSafetensorsIndexName;
 
 const std::vector<std::pair<const char*, c10::ScalarType>>& dtypes() {
   static const std::vector<std::pair<const char*, c10::ScalarType>> table = {
@@ -45,23 +44,6 @@ c10::ScalarType scalarTypeOf(const std::string& name) {
   throw InvalidArgument("dtype " + name + " has no LibTorch type to read it into");
 }
 
-const char* dtypeName(c10::ScalarType t) {
-  for (const auto& [name, type] : dtypes()) {
-    if (type == t) return name;
-  }
-  throw InvalidArgument(std::string("safetensors has no dtype for ") + c10::toString(t));
-}
-
-std::string fileName(size_t i, size_t n) {
-  char name[64];
-  std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", i + 1, n);
-  return name;
-}
-
-void writeLittleEndian64(uint64_t v, char* out) {
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((v >> (8 * i)) & 0xff);
-}
-
 void writeAt(int fd, const std::string& path, uint64_t offset, const void* data, size_t bytes) {
   size_t done = 0;
   while (done < bytes) {
@@ -74,6 +56,13 @@ void writeAt(int fd, const std::string& path, uint64_t offset, const void* data,
 }
 
 }  // namespace
+
+const char* safetensorsDtypeName(c10::ScalarType t) {
+  for (const auto& [name, type] : dtypes()) {
+    if (type == t) return name;
+  }
+  throw InvalidArgument(std::string("safetensors has no dtype for ") + c10::toString(t));
+}
 
 class SafetensorsReader::File {
  public:
@@ -211,39 +200,19 @@ torch::Tensor SafetensorsReader::tensor(const std::string& name) const {
 SafetensorsWriter::SafetensorsWriter(std::string dir, uint64_t max_file_bytes,
                                      std::vector<Planned> plan)
     : dir_(std::move(dir)) {
-  if (max_file_bytes == 0) throw InvalidArgument("a safetensors file limit must be > 0 bytes");
-  fs::create_directories(dir_);
-  // The files' contents: consecutive runs of the plan up to the limit.
-  std::vector<std::vector<const Planned*>> files;
-  uint64_t in_file = 0;
+  std::vector<SafetensorsTensor> layout;
+  std::vector<uint64_t> bytes;
   for (const auto& p : plan) {
-    const uint64_t bytes =
-        static_cast<uint64_t>(c10::multiply_integers(p.shape)) * c10::elementSize(p.dtype);
-    dtypeName(p.dtype);  // refused now rather than after the gathers
-    if (files.empty() || (!files.back().empty() && in_file + bytes > max_file_bytes)) {
-      files.emplace_back();
-      in_file = 0;
-    }
-    files.back().push_back(&p);
-    in_file += bytes;
+    layout.push_back({p.name, safetensorsDtypeName(p.dtype), p.shape});
+    bytes.push_back(safetensorsBytes(layout.back()));
   }
-  for (size_t f = 0; f < files.size(); ++f) {
-    json header = json::object();
-    header["__metadata__"] = {{"format", "pt"}};
-    uint64_t offset = 0;
-    for (const Planned* p : files[f]) {
-      const uint64_t bytes =
-          static_cast<uint64_t>(c10::multiply_integers(p->shape)) * c10::elementSize(p->dtype);
-      header[p->name] = {{"dtype", dtypeName(p->dtype)},
-                         {"shape", p->shape},
-                         {"data_offsets", {offset, offset + bytes}}};
-      offset += bytes;
-    }
-    std::string text = header.dump();
-    text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
-    std::string head(8, '\0');
-    writeLittleEndian64(text.size(), head.data());
-    head += text;
+  std::vector<size_t> starts = safetensorsFileStarts(bytes, max_file_bytes);
+  fs::create_directories(dir_);
+  starts.push_back(plan.size());
+  for (size_t f = 0; f + 1 < starts.size(); ++f) {
+    const std::vector<SafetensorsTensor> mine(layout.begin() + starts[f],
+                                              layout.begin() + starts[f + 1]);
+    const std::string head = safetensorsHead(mine);
     temporary_.push_back(dir_ + "/.part-" + std::to_string(f));
     names_.emplace_back();
     const int fd = ::open(temporary_.back().c_str(),
@@ -254,12 +223,12 @@ SafetensorsWriter::SafetensorsWriter(std::string dir, uint64_t max_file_bytes,
     fds_.push_back(fd);
     writeAt(fd, temporary_.back(), 0, head.data(), head.size());
     uint64_t at = head.size();
-    for (const Planned* p : files[f]) {
-      names_.back().push_back(p->name);
-      places_[p->name] = Place{f, at, *p};
-      at += static_cast<uint64_t>(c10::multiply_integers(p->shape)) * c10::elementSize(p->dtype);
+    for (size_t i = starts[f]; i < starts[f + 1]; ++i) {
+      names_.back().push_back(plan[i].name);
+      places_[plan[i].name] = Place{f, at, plan[i]};
+      at += bytes[i];
+      total_bytes_ += bytes[i];
     }
-    total_bytes_ += at - head.size();
   }
 }
 
@@ -288,25 +257,14 @@ void SafetensorsWriter::add(const std::string& name, const torch::Tensor& tensor
 
 void writeSafetensorsFile(const std::string& path,
                           const std::vector<std::pair<std::string, torch::Tensor>>& tensors) {
-  json header = json::object();
-  header["__metadata__"] = {{"format", "pt"}};
-  uint64_t offset = 0;
+  std::vector<SafetensorsTensor> layout;
   std::vector<torch::Tensor> data;
   for (const auto& [name, tensor] : tensors) {
     data.push_back(tensor.detach().to(torch::kCPU).contiguous());
-    const uint64_t bytes = static_cast<uint64_t>(data.back().nbytes());
-    header[name] = {{"dtype", dtypeName(data.back().scalar_type())},
-                    {"shape", data.back().sizes().vec()},
-                    {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
+    layout.push_back(
+        {name, safetensorsDtypeName(data.back().scalar_type()), data.back().sizes().vec()});
   }
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
-  DurableFile file(path);
-  char length[8];
-  writeLittleEndian64(text.size(), length);
-  file.append(length, 8);
-  file.append(text.data(), text.size());
+  SafetensorsFileWriter file(path, layout);
   for (const auto& t : data) file.append(t.data_ptr(), t.nbytes());
   file.commit();
 }
@@ -324,16 +282,15 @@ std::vector<std::string> SafetensorsWriter::finish() {
   }
   std::vector<std::string> files;
   const size_t n = temporary_.size();
-  json weight_map = json::object();
+  std::vector<std::pair<std::string, std::string>> weight_map;
   for (size_t i = 0; i < n; ++i) {
-    const std::string name = n == 1 ? "model.safetensors" : fileName(i, n);
+    const std::string name = safetensorsFileName(i, n);
     fs::rename(temporary_[i], dir_ + "/" + name);
-    for (const auto& tensor : names_[i]) weight_map[tensor] = name;
+    for (const auto& tensor : names_[i]) weight_map.emplace_back(tensor, name);
     files.push_back(name);
   }
   if (n > 1) {
-    const json index = {{"metadata", {{"total_size", total_bytes_}}}, {"weight_map", weight_map}};
-    writeFileAtomically(dir_ + "/" + kIndex, index.dump(2) + "\n");
+    writeSafetensorsIndex(dir_, total_bytes_, weight_map);
     files.push_back(kIndex);
   } else {
     std::error_code ec;

@@ -27,6 +27,9 @@
 
 namespace cxxlaunch::runtime::checkpoint {
 
+// The safetensors dtype of a LibTorch type ("F32", "BF16", ...); InvalidArgument for one it lacks.
+const char* safetensorsDtypeName(c10::ScalarType type);
+
 // A model's tensors, known in advance, written in any order as they come (a sharded model
 // gathers one unit at a time): the files' layout and headers follow from the plan, each tensor
 // goes straight to its place, and nothing is held beyond the tensor in hand.
