@@ -27,7 +27,7 @@ cap     each worker in a cgroup of its own with a memory cap between the two (de
 No timed assertions: prints the figures, the bars and whether each is met.
 
 usage: bench/finetune.py [--parts speed,memory,cap] [--bin_dir build/bin] [--work_dir DIR]
-                         [--repeat 2] [--steps 20] [--warmup 5] [--cap_mib N]
+                         [--repeat 3] [--steps 20] [--warmup 5] [--cap_mib N]
 """
 import argparse
 import glob
@@ -42,6 +42,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from fits_in_memory import memory_cgroup, remove_cgroup  # noqa: E402  (the same cgroup handling)
 MIB = 1 << 20
 
 
@@ -127,58 +129,26 @@ def part_speed(a, work, scratch, data):
         f"{a.steps} timed steps after {a.warmup}, {a.repeat} rounds ours/peer alternating")
     ours, peer, evals = [], [], {}
     first_eval = lambda text: (re.findall(r"eval loss ([0-9.]+)", text) or [None])[0]
+    peer_argv = launch + [a.python, os.path.join(ROOT, "bench", "finetune_peer.py")] + common
     for r in range(a.repeat):
         out = os.path.join(scratch, f"speed-out-{r}")
-        argv = launch + [os.path.join(a.bin_dir, "finetune")] + common + ["--output_dir", out]
-        rc, text, s = run(argv)
-        shutil.rmtree(out, ignore_errors=True)
-        shutil.rmtree(out + ".partial", ignore_errors=True)
-        rate = tokens_per_s(text, a.warmup)
-        if rc != 0 or rate is None:
-            sys.exit(f"{' '.join(argv)} failed ({rc}):\n{text[-4000:]}")
-        ours.append(rate)
-        evals["ours"] = first_eval(text)
-        log(f"  round {r + 1}: ours {rate:8.1f} tokens/s ({s:.0f} s wall)")
-        argv = launch + [a.python, os.path.join(ROOT, "bench", "finetune_peer.py")] + common
-        rc, text, s = run(argv)
-        rate = tokens_per_s(text, a.warmup)
-        if rc != 0 or rate is None:
-            sys.exit(f"{' '.join(argv)} failed ({rc}):\n{text[-4000:]}")
-        peer.append(rate)
-        evals["peer"] = first_eval(text)
-        log(f"  round {r + 1}: peer {rate:8.1f} tokens/s ({s:.0f} s wall)")
+        ours_argv = launch + [os.path.join(a.bin_dir, "finetune")] + common + ["--output_dir", out]
+        for who, argv, rates in (("ours", ours_argv, ours), ("peer", peer_argv, peer)):
+            rc, text, s = run(argv)
+            shutil.rmtree(out, ignore_errors=True)
+            shutil.rmtree(out + ".partial", ignore_errors=True)
+            rate = tokens_per_s(text, a.warmup)
+            if rc != 0 or rate is None:
+                sys.exit(f"{' '.join(argv)} failed ({rc}):\n{text[-4000:]}")
+            rates.append(rate)
+            evals[who] = first_eval(text)
+            log(f"  round {r + 1}: {who} {rate:8.1f} tokens/s ({s:.0f} s wall, load average "
+                f"{os.getloadavg()[0]:.1f})")
     o, q = statistics.median(ours), statistics.median(peer)
     log(f"  eval loss before training (the same model and blocks): ours {evals['ours']}, "
         f"peer {evals['peer']}")
     return {"evals": evals, "ours": ours, "peer": peer, "ours_median": o, "peer_median": q, "ratio": o / q,
             "params": llama_params(c)}
-
-
-def memory_cgroup():
-    """(directory of this process's memory cgroup, the limit file's name), or None."""
-    with open("/proc/self/cgroup") as f:
-        lines = [l.strip().split(":", 2) for l in f]
-    for _, controllers, path in lines:  # cgroup v1
-        if "memory" in controllers.split(","):
-            root = "/sys/fs/cgroup/memory"
-            if os.path.isdir(root):
-                return os.path.join(root, path.lstrip("/")), "memory.limit_in_bytes"
-    for mount in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):  # cgroup v2
-        controllers = os.path.join(mount, "cgroup.controllers")
-        if os.path.exists(controllers) and "memory" in open(controllers).read().split():
-            path = [p for _, c, p in lines if c == ""][0]
-            return os.path.join(mount, path.lstrip("/")), "memory.max"
-    return None
-
-
-def remove_cgroup(path):
-    for _ in range(100):  # the kernel may take a moment to let go of an exited task
-        try:
-            os.rmdir(path)
-            return
-        except OSError:
-            time.sleep(0.1)
-    print(f"finetune bench: could not remove cgroup {path}", file=sys.stderr)
 
 
 def oom_kills(cgroup):
@@ -301,7 +271,7 @@ def main():
     p.add_argument("--batch_size", type=int, default=2)
     p.add_argument("--steps", type=int, default=20, help="timed steps")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps before them")
-    p.add_argument("--repeat", type=int, default=2)
+    p.add_argument("--repeat", type=int, default=3)
     # memory and cap
     p.add_argument("--mem_hidden_size", type=int, default=1024)
     p.add_argument("--mem_intermediate_size", type=int, default=2304)

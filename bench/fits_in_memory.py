@@ -26,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def memory_cgroup():
-    """(directory of this process's memory cgroup, the limit file's name), or exit."""
+    """(directory of this process's memory cgroup, the limit file's name), or None."""
     with open("/proc/self/cgroup") as f:
         lines = [l.strip().split(":", 2) for l in f]
     for _, controllers, path in lines:  # cgroup v1
@@ -39,7 +39,7 @@ def memory_cgroup():
         if os.path.exists(controllers) and "memory" in open(controllers).read().split():
             path = [p for _, c, p in lines if c == ""][0]
             return os.path.join(mount, path.lstrip("/")), "memory.max"
-    sys.exit("fits_in_memory: no cgroup memory controller found; this benchmark needs one")
+    return None
 
 
 def remove_cgroup(path):
@@ -49,7 +49,7 @@ def remove_cgroup(path):
             return
         except OSError:
             time.sleep(0.1)
-    print(f"fits_in_memory: could not remove cgroup {path}", file=sys.stderr)
+    print(f"could not remove cgroup {path}", file=sys.stderr)
 
 
 def run(a, parent, limit_file, mode, layers, env_extra):
@@ -88,7 +88,10 @@ def main():
     p.add_argument("--swap", default=None, help="nvme swap directory (default: a temporary one "
                    "under /var/tmp, on local disk)")
     a = p.parse_args()
-    base, limit_file = memory_cgroup()
+    found = memory_cgroup()
+    if found is None:
+        sys.exit("fits_in_memory: no cgroup memory controller found; this benchmark needs one")
+    base, limit_file = found
     parent = os.path.join(base, f"cxxlaunch-bench-{os.getpid()}")
     os.mkdir(parent)
     swap = a.swap or tempfile.mkdtemp(prefix="cxxlaunch-swap-", dir="/var/tmp")

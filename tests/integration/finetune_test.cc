@@ -148,7 +148,7 @@ TEST_CASE("llama_init writes an HF Llama folder with HF's names and shapes, shar
   CHECK(readFile(other + "/model.safetensors") != readFile(whole + "/model.safetensors"));
 }
 
-TEST_CASE("finetune under ZeRO-3 lowers the eval loss and writes a bf16 HF folder that loads back",
+TEST_CASE("finetune under ZeRO-3 built sharded lowers the eval loss and writes a bf16 HF folder",
           "[finetune][integration]") {
   TempDir dir;
   const std::string model = fixture(dir, "model", {"--dtype", "bf16", "--max_file_bytes", "60000"});
@@ -157,6 +157,7 @@ TEST_CASE("finetune under ZeRO-3 lowers the eval loss and writes a bf16 HF folde
                                          "distributed_type: DEEPSPEED\n"
                                          "deepspeed_config:\n"
                                          "  zero_stage: 3\n"
+                                         "  zero3_init_flag: true\n"
                                          "  zero3_save_16bit_model: true\n");
   const std::string out = dir.path() + "/out";
   const Finished trained = launch(config, finetuneArgs(model, text, 4, out));
@@ -198,6 +199,7 @@ TEST_CASE("finetune under FSDP FULL_SHARD and under DDP trains the same fp32 mod
                                        "distributed_type: FSDP\n"
                                        "fsdp_config:\n"
                                        "  fsdp_sharding_strategy: FULL_SHARD\n"
+                                       "  fsdp_cpu_ram_efficient_loading: true\n"
                                        "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
                                        "  fsdp_transformer_layer_cls_to_wrap: LlamaDecoderLayer\n");
   const std::string ddp = writeConfig(dir, "ddp", "distributed_type: MULTI_GPU\n");
