@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <mutex>
 
@@ -32,9 +33,13 @@ std::map<const c10::TensorImpl*, Pending>& registry() {
   return pending;
 }
 
-// The parameter's shape and dtype over one element of memory on `device`.
+// The parameter's shape and dtype over one element of memory on `device`: NaN where the dtype
+// has it, so that a model used before prepare made its values computes NaN, not garbage.
 torch::Tensor placeholder(const torch::Tensor& like, const torch::Device& device) {
-  const torch::Tensor one = torch::empty({1}, like.options().device(device));
+  const torch::Tensor one = c10::isFloatingType(like.scalar_type())
+                                ? torch::full({1}, std::numeric_limits<double>::quiet_NaN(),
+                                              like.options().device(device))
+                                : torch::zeros({1}, like.options().device(device));
   const std::vector<int64_t> strides(static_cast<size_t>(like.dim()), 0);
   return torch::empty({0}, one.options()).set_(one.storage(), 0, like.sizes(), strides);
 }

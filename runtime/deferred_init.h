@@ -2,7 +2,8 @@
 // Building a model that does not fit on one rank: DeepSpeed's zero.Init (zero3_init_flag), FSDP's
 // meta-device init (fsdp_cpu_ram_efficient_loading). A parameter given its initial values through
 // initParameter() inside a DeferredInit scope keeps its shape and dtype but no memory (its storage
-// is one element, every stride 0): its initializer runs later, when the strategy materialises it.
+// is one element, every stride 0, NaN): its initializer runs later, when the strategy
+// materialises it. A model run before prepare computes NaN.
 // Under ZeRO-3 / FULL_SHARD / HYBRID that is one shard unit at a time, right into the unit's flat
 // buffer, of which the rank keeps its shard: no rank ever holds more than its shards and one
 // unit. The other strategies hold everything anyway and materialise the whole model at prepare.

@@ -42,6 +42,39 @@ torch::Tensor tokens(const LlamaConfig& c) {
   return torch::randint(c.vocab_size, {2, 7}, at::detail::createCPUGenerator(3));
 }
 
+// A world-2 Accelerator over the Fake backend for rank `r`, the strategy `strategy`.
+std::unique_ptr<runtime::Accelerator> rankAccelerator(
+    const std::shared_ptr<runtime::FakeWorld>& fake, int r, const std::string& strategy,
+    bool init_flag) {
+  runtime::World world;
+  world.env.rank = r;
+  world.env.world_size = 2;
+  world.env.strategy = strategy;
+  world.env.fsdp_auto_wrap_policy = "TRANSFORMER_BASED_WRAP";
+  world.env.fsdp_transformer_layer_cls = {"LlamaDecoderLayer"};
+  world.env.zero3_init_flag = init_flag;
+  world.backend = runtime::makeFakeBackend(fake, r);
+  return std::make_unique<runtime::Accelerator>(std::move(world), runtime::AcceleratorOptions{});
+}
+
+size_t parameterBytes(torch::nn::Module& model) {
+  size_t bytes = 0;
+  for (const auto& p : model.parameters()) bytes += p.storage().nbytes();
+  return bytes;
+}
+
+// Bytes this process has read through read(2)/pread(2) so far (/proc/self/io's rchar).
+int64_t bytesRead() {
+  std::ifstream io("/proc/self/io");
+  std::string key;
+  int64_t value = 0;
+  while (io >> key >> value) {
+    if (key == "rchar:") return value;
+  }
+  FAIL("no rchar in /proc/self/io");
+  return 0;
+}
+
 }  // namespace
 
 TEST_CASE("A config.json reads as HF writes it, and what does not fit is one clear error",
@@ -182,16 +215,9 @@ TEST_CASE("Under ZeRO-3 the decoder layers are the units, and the forward is the
       return LlamaForCausalLM(config);
     }();
     torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));
-    runtime::World world;
-    world.env.rank = r;
-    world.env.world_size = 2;
-    world.env.strategy = "zero3";
-    world.env.fsdp_auto_wrap_policy = "TRANSFORMER_BASED_WRAP";
-    world.env.fsdp_transformer_layer_cls = {"LlamaDecoderLayer"};
-    world.backend = runtime::makeFakeBackend(fake, r);
-    runtime::Accelerator acc(std::move(world), {});
-    acc.prepare(model.ptr(), optimizer);
-    described[r] = acc.describeStrategy();
+    auto acc = rankAccelerator(fake, r, "zero3", /*init_flag=*/false);
+    acc->prepare(model.ptr(), optimizer);
+    described[r] = acc->describeStrategy();
     for (int pass = 0; pass < 2; ++pass) {  // the second with the layers freed between uses
       difference[r] = (model(tokens(config)) - expected).abs().max().item<double>();
     }
@@ -307,43 +333,6 @@ TEST_CASE("A padded batch's attention mask works as HF's, left and right", "[mod
   CHECK(result.exit_code == 0);
 }
 
-namespace {
-
-// A world-2 Accelerator over the Fake backend for rank `r`, the strategy `strategy`.
-std::unique_ptr<runtime::Accelerator> rankAccelerator(
-    const std::shared_ptr<runtime::FakeWorld>& fake, int r, const std::string& strategy,
-    bool init_flag) {
-  runtime::World world;
-  world.env.rank = r;
-  world.env.world_size = 2;
-  world.env.strategy = strategy;
-  world.env.fsdp_auto_wrap_policy = "TRANSFORMER_BASED_WRAP";
-  world.env.fsdp_transformer_layer_cls = {"LlamaDecoderLayer"};
-  world.env.zero3_init_flag = init_flag;
-  world.backend = runtime::makeFakeBackend(fake, r);
-  return std::make_unique<runtime::Accelerator>(std::move(world), runtime::AcceleratorOptions{});
-}
-
-size_t parameterBytes(torch::nn::Module& model) {
-  size_t bytes = 0;
-  for (const auto& p : model.parameters()) bytes += p.storage().nbytes();
-  return bytes;
-}
-
-// Bytes this process has read through read(2)/pread(2) so far (/proc/self/io's rchar).
-int64_t bytesRead() {
-  std::ifstream io("/proc/self/io");
-  std::string key;
-  int64_t value = 0;
-  while (io >> key >> value) {
-    if (key == "rchar:") return value;
-  }
-  FAIL("no rchar in /proc/self/io");
-  return 0;
-}
-
-}  // namespace
-
 TEST_CASE("Under deferredInit the parameters take no memory, and prepare makes the same model",
           "[models]") {
   torch::set_num_threads(1);
@@ -359,6 +348,7 @@ TEST_CASE("Under deferredInit the parameters take no memory, and prepare makes t
     INFO(strategy);
     auto fake = runtime::makeFakeWorld(2);
     std::vector<size_t> before(2);
+    std::vector<char> nan_before(2, 0);  // not vector<bool>: ranks write their own elements
     std::vector<double> difference(2, -1);
     std::mutex construction;
     onRanks(2, [&](int r) {
@@ -371,12 +361,15 @@ TEST_CASE("Under deferredInit the parameters take no memory, and prepare makes t
         model = LlamaForCausalLM(config);
       }
       before[r] = parameterBytes(*model);
+      // Used before prepare made its values, the model says so in NaN rather than garbage.
+      nan_before[r] = torch::isnan(model(tokens(config))).all().item<bool>();
       torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));
       acc->prepare(model.ptr(), optimizer);
       difference[r] = (model(tokens(config)) - expected).abs().max().item<double>();
     });
     // One float per parameter tensor (21 of them) until prepare.
     CHECK(before[0] <= 21 * sizeof(float));
+    CHECK(nan_before[0] == 1);
     CHECK(difference[0] == 0);
     CHECK(difference[1] == 0);
   }
