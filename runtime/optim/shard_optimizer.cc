@@ -4,6 +4,7 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "common/error.h"
@@ -134,16 +135,23 @@ const std::vector<torch::Tensor>& ShardOptimizer::allocatedState(size_t index, b
 }
 
 void ShardOptimizer::step(size_t index, float* param, const float* grad, float* const* state) {
+  stepRange(index, 0, shards_[index].numel, param, grad, state);
+}
+
+void ShardOptimizer::stepRange(size_t index, int64_t begin, int64_t end, float* param,
+                               const float* grad, float* const* state) {
   Shard& shard = shards_[index];
   allocatedState(index, /*zeroed=*/true);
   std::vector<float*> own;
-  for (auto& t : shard.state) own.push_back(t.data_ptr<float>());
+  for (auto& t : shard.state) own.push_back(t.data_ptr<float>() + begin);
   if (state == nullptr) state = own.data();
   const auto& groups = optimizer_.param_groups();
   for (const Segment& seg : shard.segments) {
+    const int64_t from = std::max(seg.begin, begin), to = std::min(seg.end, end);
+    if (from >= to) continue;
     const auto& group = groups[seg.group];
-    float* p = param + seg.begin;
-    const float* g = grad + seg.begin;
+    float* p = param + (from - begin);
+    const float* g = grad + (from - begin);
     if (kind_ == Kind::kSgd) {
       const auto& o = *optionsAs<torch::optim::SGDOptions>(group);
       const kernels::SgdScalars s{.lr = static_cast<float>(o.lr()),
@@ -152,8 +160,8 @@ void ShardOptimizer::step(size_t index, float* param, const float* grad, float* 
                                   .weight_decay = static_cast<float>(o.weight_decay()),
                                   .nesterov = o.nesterov(),
                                   .first_step = steps_ == 1};
-      float* buf = o.momentum() != 0 ? state[0] + seg.begin : nullptr;
-      device_kernels::sgdStep(shard.device, p, g, buf, seg.end - seg.begin, s);
+      float* buf = o.momentum() != 0 ? state[0] + (from - begin) : nullptr;
+      device_kernels::sgdStep(shard.device, p, g, buf, to - from, s);
       continue;
     }
     kernels::AdamScalars s;
@@ -164,9 +172,9 @@ void ShardOptimizer::step(size_t index, float* param, const float* grad, float* 
       const auto& o = *optionsAs<torch::optim::AdamOptions>(group);
       s = adamScalars(o.lr(), o.betas(), o.eps(), o.weight_decay(), false, steps_);
     }
-    float* m = state[0] + seg.begin;
-    float* v = state[1] + seg.begin;
-    device_kernels::adamStep(shard.device, p, g, m, v, seg.end - seg.begin, s);
+    float* m = state[0] + (from - begin);
+    float* v = state[1] + (from - begin);
+    device_kernels::adamStep(shard.device, p, g, m, v, to - from, s);
   }
 }
 

@@ -56,6 +56,11 @@ class ShardOptimizer {
   // Updates `param` (numel of addShard's) in place from `grad`, with the shard's own state, or
   // with `state` (stateArrays() arrays of numel) for a shard whose state the caller keeps.
   void step(size_t shard, float* param, const float* grad, float* const* state = nullptr);
+  // The same for elements [begin, end) of the shard only, `param`, `grad` and `state` pointing at
+  // element `begin`: a shard streamed through memory in pieces (nvme offload) steps piece by
+  // piece, with the same result as in one go (every optimizer here is elementwise).
+  void stepRange(size_t shard, int64_t begin, int64_t end, float* param, const float* grad,
+                 float* const* state = nullptr);
 
   Kind kind() const { return kind_; }
   // Checkpoints: the names of a shard's state arrays ("exp_avg", "exp_avg_sq"; SGD:

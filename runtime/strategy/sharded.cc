@@ -309,32 +309,6 @@ torch::TensorOptions ShardedStrategy::shardOptions() const {
   return on.device(torch::kCPU).pinned_memory(device_.is_cuda());
 }
 
-// ---- nvme offload -------------------------------------------------------------------------------
-
-void ShardedStrategy::openOffload(const std::vector<int64_t>& shard_numels) {
-  for (const int64_t n : shard_numels) largest_shard_ = std::max(largest_shard_, n);
-  if (!options_.nvme_param_dir.empty()) {
-    param_file_ = std::make_unique<NvmeFile>(options_.nvme_param_dir, "offload_param_nvme_path");
-  }
-  if (!options_.nvme_optimizer_dir.empty() && optimizer_.stateArrays() > 0) {
-    state_file_ =
-        std::make_unique<NvmeFile>(options_.nvme_optimizer_dir, "offload_optimizer_nvme_path");
-  }
-  if (!param_file_ && !state_file_) return;
-  for (size_t i = 0; i < units_.size(); ++i) {
-    Unit& u = units_[i];
-    const size_t bytes = NvmeFile::roundUp(static_cast<size_t>(shard_numels[i]) * 4);
-    if (param_file_) u.master_offset = param_file_->reserve(bytes);
-    if (state_file_) u.state_offset = state_file_->reserve(optimizer_.stateArrays() * bytes);
-  }
-  // Before the first step: a disk that cannot hold it all fails here. The state starts as the
-  // file's zeros.
-  if (param_file_) param_file_->allocate();
-  if (state_file_) state_file_->allocate();
-  // The staging slots come with the first step (stepUnits): a job that only loads and
-  // evaluates never holds them.
-}
-
 void ShardedStrategy::settle(size_t i) {
   Unit& u = units_[i];
   if (param_file_) {  // the fp32 master moves out
@@ -358,99 +332,6 @@ void ShardedStrategy::settle(size_t i) {
   // unitForward).
   if (options_.stage != 3 || u.module == nullptr) optimizer_.allocateState(u.optimizer_shard);
   if (lean_) releaseFreedHostMemory();
-}
-
-size_t ShardedStrategy::stagingFloats() const {
-  const size_t unit_bytes = NvmeFile::roundUp(static_cast<size_t>(largest_shard_) * 4);
-  const size_t arrays = (param_file_ ? 1 : 0) + (state_file_ ? optimizer_.stateArrays() : 0);
-  return arrays * unit_bytes / 4;
-}
-
-torch::Tensor ShardedStrategy::masterNow(Unit& u) {
-  if (u.master.defined()) return u.master;
-  AlignedBuffer buffer = alignedBuffer(static_cast<size_t>(u.flat.shardNumel()));
-  param_file_->read(u.master_offset, buffer.data.get(), buffer.bytes)->wait();
-  return torch::from_blob(
-      buffer.data.get(), {u.flat.shardNumel()}, [keep = buffer.data](void*) {}, torch::kFloat);
-}
-
-std::vector<torch::Tensor> ShardedStrategy::stateNow(Unit& u) {
-  if (!state_file_) return optimizer_.state(u.optimizer_shard);
-  const int64_t sn = u.flat.shardNumel();
-  const size_t bytes = NvmeFile::roundUp(static_cast<size_t>(sn) * 4);
-  const size_t arrays = optimizer_.stateArrays();
-  AlignedBuffer buffer = alignedBuffer(arrays * bytes / 4);
-  state_file_->read(u.state_offset, buffer.data.get(), arrays * bytes)->wait();
-  std::vector<torch::Tensor> out;
-  for (size_t a = 0; a < arrays; ++a) {
-    out.push_back(torch::from_blob(
-        reinterpret_cast<char*>(buffer.data.get()) + a * bytes, {sn},
-        [keep = buffer.data](void*) {}, torch::kFloat));
-  }
-  return out;
-}
-
-void ShardedStrategy::stepUnits() {
-  if (!param_file_ && !state_file_) {
-    for (auto& u : units_) {
-      optimizer_.step(u.optimizer_shard, u.master.data_ptr<float>(),
-                      gradShard(u).data_ptr<float>());
-    }
-    return;
-  }
-  while (slots_.size() < 3) slots_.push_back(alignedBuffer(stagingFloats()));
-  // A slot holds [master | state arrays]; the state starts after the largest master.
-  const size_t arrays = state_file_ ? optimizer_.stateArrays() : 0;
-  const size_t state_at = param_file_ ? stagingFloats() * 4 / (1 + arrays) : 0;
-  auto slot = [&](size_t i) {
-    return reinterpret_cast<char*>(slots_[i % slots_.size()].data.get());
-  };
-  auto bytesOfUnit = [&](const Unit& u) {
-    return NvmeFile::roundUp(static_cast<size_t>(u.flat.shardNumel()) * 4);
-  };
-  auto load = [&](size_t i) {
-    std::vector<WorkPtr> reads;
-    const Unit& u = units_[i];
-    if (param_file_) reads.push_back(param_file_->read(u.master_offset, slot(i), bytesOfUnit(u)));
-    if (state_file_) {
-      reads.push_back(
-          state_file_->read(u.state_offset, slot(i) + state_at, arrays * bytesOfUnit(u)));
-    }
-    return reads;
-  };
-  auto finish = [](std::vector<WorkPtr>& works) {
-    for (auto& w : works) w->wait();
-    works.clear();
-  };
-  std::vector<std::vector<WorkPtr>> writes(slots_.size());
-  std::vector<WorkPtr> reads = load(0);
-  for (size_t i = 0; i < units_.size(); ++i) {
-    finish(reads);
-    if (i + 1 < units_.size()) {  // unit i+1's slot was unit i-2's: its writes must be done
-      finish(writes[(i + 1) % slots_.size()]);
-      reads = load(i + 1);
-    }
-    Unit& u = units_[i];
-    const size_t bytes = bytesOfUnit(u);
-    float* master = param_file_ ? reinterpret_cast<float*>(slot(i)) : u.master.data_ptr<float>();
-    std::vector<float*> state;
-    for (size_t a = 0; a < arrays; ++a) {
-      state.push_back(reinterpret_cast<float*>(slot(i) + state_at + a * bytes));
-    }
-    optimizer_.step(u.optimizer_shard, master, gradShard(u).data_ptr<float>(),
-                    state_file_ ? state.data() : nullptr);
-    auto& written = writes[i % slots_.size()];
-    if (param_file_) {
-      if (!u.routed) {  // whole at rest: its own shard of the buffer is the gather's input
-        u.flat.shard().copy_(torch::from_blob(master, {u.flat.shardNumel()}, torch::kFloat));
-      }
-      written.push_back(param_file_->write(u.master_offset, master, bytes));
-    }
-    if (state_file_) {
-      written.push_back(state_file_->write(u.state_offset, slot(i) + state_at, arrays * bytes));
-    }
-  }
-  for (auto& w : writes) finish(w);
 }
 
 std::string ShardedStrategy::describe() const {
@@ -689,9 +570,14 @@ void ShardedStrategy::completeOldestReduction() {
                     dtypeOf(u.grad_incoming), ReduceOp::kAvg)
         ->wait();
   }
-  // Accumulated across micro-steps in the fp32 shard (cpu offload: brought down first).
-  torch::Tensor& shard = gradShard(u);
-  shard.add_(u.grad_incoming.to(shard.device()));
+  // Accumulated across micro-steps in the fp32 shard (cpu offload: brought down first), or in
+  // the swap file.
+  if (grad_file_) {
+    swapOutGradient(u);
+  } else {
+    torch::Tensor& shard = gradShard(u);
+    shard.add_(u.grad_incoming.to(shard.device()));
+  }
   if (pool_) {
     pool_->recycle(u.grad_incoming);
     pool_->recycle(u.grad_full);
@@ -732,7 +618,10 @@ void ShardedStrategy::afterBackward(bool sync) {
 
 double ShardedStrategy::clipGradNorm(double max_norm) {
   double squares = 0;
-  for (auto& u : units_) squares += device_kernels::sumOfSquares(gradShard(u));
+  for (auto& u : units_) {
+    squares += grad_file_ ? u.swapped.squares * u.swapped.factor * u.swapped.factor
+                          : device_kernels::sumOfSquares(gradShard(u));
+  }
   if (options_.stage > 0) {  // each shard holds a part of the gradient
     shards_->allreduce(&squares, 1, DType::kFloat64, ReduceOp::kSum)->wait();
   }
@@ -740,7 +629,11 @@ double ShardedStrategy::clipGradNorm(double max_norm) {
   const double coefficient = max_norm / (norm + 1e-6);
   if (max_norm > 0 && coefficient < 1) {
     for (auto& u : units_) {
-      device_kernels::scaleInPlace(gradShard(u), static_cast<float>(coefficient));
+      if (grad_file_) {
+        u.swapped.factor *= static_cast<float>(coefficient);
+      } else {
+        device_kernels::scaleInPlace(gradShard(u), static_cast<float>(coefficient));
+      }
     }
   }
   return norm;
@@ -749,6 +642,11 @@ double ShardedStrategy::clipGradNorm(double max_norm) {
 bool ShardedStrategy::unscaleGradients(double factor) {
   int32_t overflow = 0;
   for (auto& u : units_) {
+    if (grad_file_) {
+      if (!u.swapped.finite) overflow = 1;
+      u.swapped.factor *= static_cast<float>(factor);
+      continue;
+    }
     if (!device_kernels::allFinite(gradShard(u))) overflow = 1;
     device_kernels::scaleInPlace(gradShard(u), static_cast<float>(factor));
   }
@@ -783,6 +681,8 @@ void ShardedStrategy::zeroGrad() {
   for (auto& u : units_) {
     if (options_.stage <= 1) {
       u.grad_full.zero_();
+    } else if (grad_file_) {
+      u.swapped = {.offset = u.swapped.offset};  // the file's values count as zeros from now on
     } else if (u.grad_shard.defined()) {
       u.grad_shard.zero_();
     }
@@ -805,7 +705,8 @@ MemoryReport ShardedStrategy::memoryReport() const {
   (options_.offload_to_host ? report.offloaded_to_cpu : report.optimizer_state) +=
       optimizer_.stateBytes();
   for (const auto& slot : slots_) report.optimizer_state += slot.bytes;
-  for (const auto* file : {param_file_.get(), state_file_.get()}) {
+  for (const auto& piece : grad_pieces_) report.gradients += piece.bytes;
+  for (const auto* file : {param_file_.get(), state_file_.get(), grad_file_.get()}) {
     if (file != nullptr) report.offloaded += file->size();
   }
   if (pool_) report.kept_for_reuse = pool_->bytes();

@@ -66,10 +66,11 @@ struct ShardingOptions {
   int node = 0;
   // What the model computes in and gradients are reduced in; the master shard stays float32.
   torch::ScalarType compute_dtype = torch::kFloat;
-  // nvme offload (ZeRO-Infinity): the optimizer state (any stage) and the fp32 master shards
-  // (stage 3) rest in a swap file in these directories, streamed through memory at each step
-  // with the next unit's reads and the previous unit's writes overlapping the update. Empty:
-  // in memory.
+  // nvme offload (ZeRO-Infinity): the optimizer state (any stage), the fp32 gradient shards
+  // (stage 2-3, with the optimizer's) and the fp32 master shards (stage 3) rest in swap files in
+  // these directories, streamed through memory at each step in pieces of a fixed size, with the
+  // next piece's reads and the previous one's writes overlapping the update
+  // (sharded_offload.cc). Empty: in memory.
   std::string nvme_optimizer_dir, nvme_param_dir;
   // cpu offload (DeepSpeed's offload_optimizer / offload_param device cpu, FSDP's CPUOffload),
   // for GPU runs: the fp32 master shards, the fp32 gradient shards and the optimizer state live
@@ -127,6 +128,15 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
     int64_t master_offset = -1;   // nvme params: the master's place in param_file_ (master
                                   // itself is then undefined)
     int64_t state_offset = -1;    // nvme optimizer: the state's place in state_file_
+    // nvme optimizer, stage 2-3: the gradient shard rests in grad_file_, not in grad_shard
+    // (sharded_offload.cc); what clipping and the loss scaler need of it is kept here.
+    struct SwappedGradient {
+      int64_t offset = -1;   // its place in grad_file_
+      bool written = false;  // the file holds a gradient since the last zeroGrad (else: zeros)
+      double squares = 0;    // sum of squares of the values in the file
+      bool finite = true;    // no inf or NaN among them
+      float factor = 1;      // clipping and unscaling, applied as the values are read back
+    } swapped;
     std::vector<torch::Tensor> grad_places;  // stage 1: each parameter's place in grad_full
     size_t optimizer_shard = 0;
     size_t pending = 0;   // parameters whose gradient this backward has not produced yet
@@ -169,11 +179,12 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   void openOffload(const std::vector<int64_t>& shard_numels);
   void settle(size_t unit);                         // built: to the state it rests in
   torch::Tensor& gradShard(Unit& unit);             // stage 2-3: allocated by its first use
+  void swapOutGradient(Unit& unit);                 // grad_incoming into grad_file_
   void stepUnits();                                 // the optimizer over every unit's shard
   torch::Tensor masterNow(Unit& unit);              // in memory, read from nvme if it rests there
   std::vector<torch::Tensor> stateNow(Unit& unit);  // the optimizer state, likewise
-  void publish(Unit& unit);      // the master's values into the parameters (gathered), after a load
-  size_t stagingFloats() const;  // one staging slot: master and state of any unit
+  void publish(Unit& unit);   // the master's values into the parameters (gathered), after a load
+  size_t pieceBytes() const;  // what one array of a piece the nvme step streams takes
 
   std::shared_ptr<Backend> backend_;   // every rank
   std::shared_ptr<Backend> shards_;    // the ranks the parameters are sharded over (hybrid: a node)
@@ -196,9 +207,10 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   // ZeRO-3 on CPU: the units' gathered buffers and full gradients, reused (flat/buffer_pool.h).
   std::unique_ptr<BufferPool> pool_;
   std::vector<torch::Tensor> frozen_;  // parameters without gradients: whole, never sharded
-  std::unique_ptr<NvmeFile> param_file_, state_file_;  // nvme offload
-  std::vector<AlignedBuffer> slots_;  // staging: unit k+1 read, k updated, k-1 written
-  int64_t largest_shard_ = 0;         // elements of the biggest unit's shard (openOffload)
+  std::unique_ptr<NvmeFile> param_file_, state_file_, grad_file_;  // nvme offload
+  std::vector<AlignedBuffer> slots_;        // staging: piece k+1 read, k updated, k-1 written
+  std::vector<AlignedBuffer> grad_pieces_;  // swapOutGradient's: one made while one is written
+  int64_t largest_shard_ = 0;               // elements of the biggest unit's shard (openOffload)
   std::mutex mu_;
 };
 
