@@ -11,15 +11,18 @@ speed   apps/examples/finetune under DDP (no config) against bench/finetune_peer
         AdamW with weight decay 0 and a constant lr, one thread per worker), run alternately
         ours/peer --repeat times. tokens/s of the --steps after --warmup steps (finetune's own
         `step ... tokens/s` lines, every rank's tokens over wall time; the peer prints the
-        same); medians and the ratio ours/peer. Target (issue 31): >= 1.3x.
+        same); medians and the ratio ours/peer. Target (issue 31): >= 1.3x. With
+        --mixed_precision bf16 both sides compute in bf16 (ours: `cxxlaunch run
+        --mixed_precision bf16`, bf16 compute copies of the fp32 masters; the peer:
+        torch.autocast on CPU, PyTorch's own mixed precision).
 memory  peak RSS of each rank (/usr/bin/time's maximum RSS around the worker) of
         `finetune --steps 0` (build, prepare, load, one eval forward) of a 24-layer ~336M Llama
         (bf16 safetensors) under ZeRO-3 with nvme offload of the optimizer state and the
         parameters, with --zero3_init_flag true and false. Bar (issue 31): with the flag at most
         fp32/2 + 400 MiB; without it about the whole fp32 model on every rank.
-cap     each worker in a cgroup of its own with a memory cap between the two (default: 95% of
-        the fp32 model, i.e. below what the fp32 build alone takes), then `finetune --steps 3`
-        of the same model, ZeRO-3 + nvme offload of both: with the flag it must train, without
+cap     each worker in a cgroup of its own with a memory cap below what the fp32 build alone
+        takes (default: 95% of the fp32 model), then `finetune --steps 3` of the same model
+        with --cap_layers layers (default 48, 638M parameters), ZeRO-3 + nvme offload of both: with the flag it must train, without
         it it must be killed at the cap before the `loaded` line (while building). Needs a
         writable cgroup memory controller (v1 or v2; root in a container is enough), as
         bench/fits_in_memory.py.
@@ -28,6 +31,7 @@ No timed assertions: prints the figures, the bars and whether each is met.
 
 usage: bench/finetune.py [--parts speed,memory,cap] [--bin_dir build/bin] [--work_dir DIR]
                          [--repeat 3] [--steps 20] [--warmup 5] [--cap_mib N]
+                         [--mixed_precision no|bf16]
 """
 import argparse
 import glob
@@ -122,14 +126,16 @@ def part_speed(a, work, scratch, data):
     common = ["--model_dir", model, "--data", data, "--steps", str(steps), "--seq_len",
               str(a.seq_len), "--batch_size", str(a.batch_size), "--lr", "1e-4",
               "--eval_fraction", "0.01", "--print_every", str(a.warmup)]
-    launch = [os.path.join(a.bin_dir, "cxxlaunch"), "run", "--nproc_per_node", "2", "--cpu"]
+    launch = [os.path.join(a.bin_dir, "cxxlaunch"), "run", "--nproc_per_node", "2", "--cpu",
+              "--mixed_precision", a.mixed_precision]
     log(f"speed: Llama {llama_params(c) / 1e6:.1f}M parameters (hidden {a.hidden_size}, "
         f"{a.layers} layers, {a.heads} heads, intermediate {a.intermediate_size}, vocab "
-        f"{a.vocab_size}, fp32), world 2, batch {a.batch_size} x seq {a.seq_len} per process, "
+        f"{a.vocab_size}, fp32, mixed precision {a.mixed_precision}), world 2, batch {a.batch_size} x seq {a.seq_len} per process, "
         f"{a.steps} timed steps after {a.warmup}, {a.repeat} rounds ours/peer alternating")
     ours, peer, evals = [], [], {}
     first_eval = lambda text: (re.findall(r"eval loss ([0-9.]+)", text) or [None])[0]
-    peer_argv = launch + [a.python, os.path.join(ROOT, "bench", "finetune_peer.py")] + common
+    peer_argv = launch + [a.python, os.path.join(ROOT, "bench", "finetune_peer.py")] + common + [
+        "--mixed_precision", a.mixed_precision]
     for r in range(a.repeat):
         out = os.path.join(scratch, f"speed-out-{r}")
         ours_argv = launch + [os.path.join(a.bin_dir, "finetune")] + common + ["--output_dir", out]
@@ -272,13 +278,19 @@ def main():
     p.add_argument("--steps", type=int, default=20, help="timed steps")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps before them")
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--mixed_precision", choices=["no", "bf16"], default="no",
+                   help="speed: both sides in bf16 (ours: the runtime's compute copies; the "
+                        "peer: torch.autocast)")
     # memory and cap
     p.add_argument("--mem_hidden_size", type=int, default=1024)
     p.add_argument("--mem_intermediate_size", type=int, default=2304)
     p.add_argument("--mem_layers", type=int, default=24)
     p.add_argument("--mem_heads", type=int, default=16)
     p.add_argument("--mem_vocab_size", type=int, default=32000)
-    p.add_argument("--cap_mib", type=int, default=None, help="default: 95%% of the fp32 model")
+    p.add_argument("--cap_layers", type=int, default=48,
+                   help="the cap part's model: the memory model with this many layers")
+    p.add_argument("--cap_mib", type=int, default=None,
+                   help="default: 95%% of the cap model's fp32 size")
     p.add_argument("--cap_steps", type=int, default=3)
     p.add_argument("--cap_seq_len", type=int, default=64)
     a = p.parse_args()
@@ -310,8 +322,16 @@ def main():
             if "memory" in parts:
                 memory = part_memory(a, model, data, scratch, fp32_mib)
             if "cap" in parts:
-                cap_mib = a.cap_mib or int(fp32_mib * 0.95)
-                cap = part_cap(a, model, data, scratch, cap_mib)
+                # Deeper than the memory model: what stays in memory while training streams
+                # the layers from nvme is set by one layer and the vocabulary, not by the depth,
+                # so the cap is below the fp32 model by the layers' whole size.
+                c_cap = dict(c, layers=a.cap_layers)
+                cap_model = make_model(a, a.work_dir, "cap", c_cap, "bf16")
+                cap_fp32_mib = llama_params(c_cap) * 4 / MIB
+                log(f"cap model: the same with {a.cap_layers} layers, "
+                    f"{llama_params(c_cap) / 1e6:.1f}M parameters, fp32 {cap_fp32_mib:.0f} MiB")
+                cap_mib = a.cap_mib or int(cap_fp32_mib * 0.95)
+                cap = part_cap(a, cap_model, data, scratch, cap_mib)
 
         log(f"\nsummary ({time.perf_counter() - started:.0f} s in all)")
         if speed:

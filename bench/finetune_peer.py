@@ -14,7 +14,7 @@ so that bench/finetune.py parses both alike.
 
 usage: cxxlaunch run --nproc_per_node 2 --cpu /usr/bin/python3 bench/finetune_peer.py
            --model_dir DIR --data FILE --steps 20 --seq_len 256 --batch_size 2 --lr 1e-4
-           [--eval_fraction 0.1] [--print_every 5] [--seed 1234]
+           [--eval_fraction 0.1] [--print_every 5] [--seed 1234] [--mixed_precision no|bf16]
 """
 import argparse
 import json
@@ -187,7 +187,12 @@ def main():
     p.add_argument("--eval_fraction", type=float, default=0.1)
     p.add_argument("--print_every", type=int, default=5)
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--mixed_precision", choices=["no", "bf16"], default="no",
+                   help="bf16: PyTorch's own mixed precision on CPU (torch.autocast), as "
+                        "finetune under cxxlaunch run --mixed_precision bf16")
     a = p.parse_args()
+    autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16,
+                                      enabled=a.mixed_precision == "bf16")
     torch.set_num_threads(1)  # one core per worker, as finetune
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -225,7 +230,9 @@ def main():
         for i in range(0, len(mine), a.batch_size):
             x = mine[i:i + a.batch_size]
             n = x.shape[0] * (x.shape[1] - 1)
-            sums += torch.tensor([causal_lm_loss(model(x), x).item() * n, n], dtype=torch.float64)
+            with autocast():
+                loss = causal_lm_loss(model(x), x).item()
+            sums += torch.tensor([loss * n, n], dtype=torch.float64)
         dist.all_reduce(sums)
     if rank == 0:
         loss = (sums[0] / sums[1]).item()
@@ -241,7 +248,8 @@ def main():
         order = list(sampler)
         for i in range(0, len(order) - a.batch_size + 1, a.batch_size):
             x = train[order[i:i + a.batch_size]]
-            loss = causal_lm_loss(ddp(x), x)
+            with autocast():
+                loss = causal_lm_loss(ddp(x), x)
             losses.append(loss.item())
             opt.zero_grad(set_to_none=True)
             loss.backward()

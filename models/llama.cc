@@ -3,7 +3,6 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/loss.h>
-#include <torch/nn/init.h>
 
 #include <cmath>
 #include <fstream>
@@ -257,13 +256,30 @@ torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const torch
   return h + mlp(post_attention_layernorm(h));
 }
 
+LlamaEmbeddingImpl::LlamaEmbeddingImpl(int64_t vocab_size, int64_t hidden_size, bool tied)
+    : weight(register_parameter("weight", torch::empty({vocab_size, hidden_size}))), tied_(tied) {
+  runtime::initParameter(weight, normal(0.02));
+}
+
+torch::Tensor LlamaEmbeddingImpl::forward(const torch::Tensor& input_ids) {
+  return torch::embedding(weight, input_ids);
+}
+
+LlamaLMHeadImpl::LlamaLMHeadImpl(int64_t hidden_size, int64_t vocab_size)
+    : weight(register_parameter("weight", torch::empty({vocab_size, hidden_size}))) {
+  runtime::initParameter(weight, normal(0.02));
+}
+
+torch::Tensor LlamaLMHeadImpl::forward(const torch::Tensor& h) {
+  return torch::matmul(h, weight.t());
+}
+
 LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c)
-    : embed_tokens(
-          register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size))),
+    : embed_tokens(register_module(
+          "embed_tokens", LlamaEmbedding(c.vocab_size, c.hidden_size, c.tie_word_embeddings))),
       layers(register_module("layers", torch::nn::ModuleList())),
       norm(register_module("norm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps))),
       config_(c) {
-  runtime::initParameter(embed_tokens->weight, normal(0.02));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     // Qwen2's layers under their own type name: what a Qwen2 config's wrap class names.
     LlamaDecoderLayer layer(c.model_type == "qwen2" ? std::make_shared<Qwen2DecoderLayerImpl>(c)
@@ -299,7 +315,7 @@ torch::Tensor LlamaModelImpl::forward(const torch::Tensor& input_ids,
     const torch::Tensor padding = (attention_mask == 0).to(input_ids.device());
     masked = (masked.unsqueeze(0) | padding.view({batch, 1, length})).unsqueeze(1);
   }
-  torch::Tensor h = embed_tokens(input_ids);
+  torch::Tensor h = runtime::unitForward(embed_tokens, input_ids);
   for (auto& layer : decoder_) h = runtime::unitForward(layer, h, cos, sin, masked);
   return norm(h);
 }
@@ -307,14 +323,15 @@ torch::Tensor LlamaModelImpl::forward(const torch::Tensor& input_ids,
 LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c)
     : model(register_module("model", LlamaModel(c))), config_(c) {
   if (!c.tie_word_embeddings) {
-    lm_head = register_module("lm_head", linear(c.hidden_size, c.vocab_size, false));
+    lm_head = register_module("lm_head", LlamaLMHead(c.hidden_size, c.vocab_size));
   }
 }
 
 torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& input_ids,
                                             const torch::Tensor& attention_mask) {
   const torch::Tensor h = model(input_ids, attention_mask);
-  return lm_head ? lm_head(h) : torch::matmul(h, model->embed_tokens->weight.t());
+  return lm_head ? runtime::unitForward(lm_head, h)
+                 : torch::matmul(h, model->embed_tokens->weight.t());
 }
 
 std::pair<torch::Tensor, torch::Tensor> rotaryTables(const LlamaConfig& c, int64_t length,

@@ -124,13 +124,39 @@ class Qwen2DecoderLayerImpl : public LlamaDecoderLayerImpl {
   using LlamaDecoderLayerImpl::LlamaDecoderLayerImpl;
 };
 
+// The token embedding (HF's `embed_tokens`, weight [vocab, hidden]). Untied from the output layer
+// it runs through unitForward (LlamaModel's forward does it) as a shard unit of its own: under
+// ZeRO-3 it rests sharded, as DeepSpeed partitions every parameter. Tied, its weight is used
+// twice per forward and it stays whole.
+class LlamaEmbeddingImpl : public torch::nn::Module, public runtime::RunsThroughUnitForward {
+ public:
+  LlamaEmbeddingImpl(int64_t vocab_size, int64_t hidden_size, bool tied);
+  torch::Tensor forward(const torch::Tensor& input_ids);  // [B, T] -> [B, T, hidden]
+  bool runsThroughUnitForward() const override { return !tied_; }
+  torch::Tensor weight;
+
+ private:
+  bool tied_;
+};
+TORCH_MODULE(LlamaEmbedding);
+
+// The output layer (HF's `lm_head`, no bias): logits = h weight^T. Runs through unitForward
+// (LlamaForCausalLM's forward does it): under ZeRO-3 a shard unit of its own, sharded at rest.
+class LlamaLMHeadImpl : public torch::nn::Module, public runtime::RunsThroughUnitForward {
+ public:
+  LlamaLMHeadImpl(int64_t hidden_size, int64_t vocab_size);
+  torch::Tensor forward(const torch::Tensor& h);  // [B, T, hidden] -> [B, T, vocab]
+  torch::Tensor weight;
+};
+TORCH_MODULE(LlamaLMHead);
+
 // The embedding, the decoder layers and the final norm (HF's `model.`).
 class LlamaModelImpl : public torch::nn::Module {
  public:
   explicit LlamaModelImpl(const LlamaConfig& config);
   // [B, T] -> hidden states [B, T, H]; attention_mask as LlamaForCausalLM's.
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {});
-  torch::nn::Embedding embed_tokens{nullptr};
+  LlamaEmbedding embed_tokens{nullptr};
   torch::nn::ModuleList layers;
   LlamaRMSNorm norm{nullptr};
 
@@ -148,7 +174,7 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {});
   const LlamaConfig& config() const { return config_; }
   LlamaModel model{nullptr};
-  torch::nn::Linear lm_head{nullptr};  // null when tie_word_embeddings: embed_tokens' weight
+  LlamaLMHead lm_head{nullptr};  // null when tie_word_embeddings: embed_tokens' weight
 
  private:
   LlamaConfig config_;

@@ -126,7 +126,7 @@ void ShardedStrategy::buildUnits() {
   // A module that runs itself through unitForward is a unit as a marked one is: DeepSpeed's
   // configs name no wrap policy, and ZeRO-3 gathers module by module there too.
   for (const auto* m : modules) {
-    if (dynamic_cast<const RunsThroughUnitForward*>(m) != nullptr) is_unit.insert(m);
+    if (detail::runsThroughUnitForward(m)) is_unit.insert(m);
   }
   for (size_t i = 1; i < modules.size(); ++i) {
     const auto& module = *modules[i];
@@ -323,7 +323,7 @@ void ShardedStrategy::settle(size_t i) {
   // first unitForward (a trainer that never calls it keeps it whole, and trains correctly).
   if (u.module != nullptr && (std::find(options_.wrapped.begin(), options_.wrapped.end(),
                                         u.module) != options_.wrapped.end() ||
-                              dynamic_cast<const RunsThroughUnitForward*>(u.module) != nullptr)) {
+                              detail::runsThroughUnitForward(u.module))) {
     u.routed = true;
     release(i);
   }

@@ -31,6 +31,11 @@ UnitHooks* unitHooksFor(const torch::nn::Module* module) {
   return it == r.hooks.end() ? nullptr : it->second;
 }
 
+bool runsThroughUnitForward(const torch::nn::Module* module) {
+  const auto* marked = dynamic_cast<const RunsThroughUnitForward*>(module);
+  return marked != nullptr && marked->runsThroughUnitForward();
+}
+
 void registerUnit(const torch::nn::Module* module, UnitHooks* hooks) {
   Registry& r = registry();
   std::unique_lock lock(r.mu);

@@ -39,6 +39,9 @@ namespace cxxlaunch::runtime {
 class RunsThroughUnitForward {
  public:
   virtual ~RunsThroughUnitForward() = default;
+  // Whether this instance does: a type whose instances differ says so here (an embedding whose
+  // weight the output layer shares is used twice per forward, and cannot be a unit).
+  virtual bool runsThroughUnitForward() const { return true; }
 };
 
 // Implemented by strategies that gather parameters just in time (strategy/sharded.h).
@@ -54,6 +57,8 @@ namespace detail {
 // The hooks of the strategy that owns `module` as a unit, or null. Strategies register their
 // units for their lifetime.
 UnitHooks* unitHooksFor(const torch::nn::Module* module);
+// Whether `module` is a RunsThroughUnitForward that says it does.
+bool runsThroughUnitForward(const torch::nn::Module* module);
 void registerUnit(const torch::nn::Module* module, UnitHooks* hooks);
 void unregisterUnit(const torch::nn::Module* module);
 

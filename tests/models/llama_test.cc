@@ -198,33 +198,41 @@ TEST_CASE("Logits and loss equal an independent plain-PyTorch forward of HF's ma
   }
 }
 
-TEST_CASE("Under ZeRO-3 the decoder layers are the units, and the forward is the same",
-          "[models]") {
+TEST_CASE(
+    "Under ZeRO-3 the decoder layers, the embedding and lm_head are the units (tied: the "
+    "layers), and the forward is the same",
+    "[models]") {
   torch::set_num_threads(1);
-  const LlamaConfig config = small("llama", 2, false);
-  torch::manual_seed(11);
-  const torch::Tensor expected = LlamaForCausalLM(config)(tokens(config)).detach();
-  auto fake = runtime::makeFakeWorld(2);
-  std::vector<std::string> described(2);
-  std::vector<double> difference(2, -1);
-  std::mutex construction;
-  onRanks(2, [&](int r) {
-    LlamaForCausalLM model = [&] {
-      std::lock_guard<std::mutex> lock(construction);
-      torch::manual_seed(11);
-      return LlamaForCausalLM(config);
-    }();
-    torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));
-    auto acc = rankAccelerator(fake, r, "zero3", /*init_flag=*/false);
-    acc->prepare(model.ptr(), optimizer);
-    described[r] = acc->describeStrategy();
-    for (int pass = 0; pass < 2; ++pass) {  // the second with the layers freed between uses
-      difference[r] = (model(tokens(config)) - expected).abs().max().item<double>();
-    }
-  });
-  CHECK_THAT(described[0], Catch::StartsWith("zero3: 3 unit(s) (2 module(s)"));
-  CHECK(difference[0] == 0);
-  CHECK(difference[1] == 0);
+  for (const bool tied : {false, true}) {
+    INFO("tie_word_embeddings " << tied);
+    const LlamaConfig config = small("llama", 2, tied);
+    torch::manual_seed(11);
+    const torch::Tensor expected = LlamaForCausalLM(config)(tokens(config)).detach();
+    auto fake = runtime::makeFakeWorld(2);
+    std::vector<std::string> described(2);
+    std::vector<double> difference(2, -1);
+    std::mutex construction;
+    onRanks(2, [&](int r) {
+      LlamaForCausalLM model = [&] {
+        std::lock_guard<std::mutex> lock(construction);
+        torch::manual_seed(11);
+        return LlamaForCausalLM(config);
+      }();
+      torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));
+      auto acc = rankAccelerator(fake, r, "zero3", /*init_flag=*/false);
+      acc->prepare(model.ptr(), optimizer);
+      described[r] = acc->describeStrategy();
+      for (int pass = 0; pass < 2; ++pass) {  // the second with the units freed between uses
+        difference[r] = (model(tokens(config)) - expected).abs().max().item<double>();
+      }
+    });
+    // Untied: 2 layers, the embedding, lm_head; the final norm in a bucket. Tied: the
+    // embedding (used twice) joins the bucket.
+    CHECK_THAT(described[0], Catch::StartsWith(tied ? "zero3: 3 unit(s) (2 module(s)"
+                                                    : "zero3: 5 unit(s) (4 module(s)"));
+    CHECK(difference[0] == 0);
+    CHECK(difference[1] == 0);
+  }
 }
 
 TEST_CASE("A bf16 export loads back by name, and another model's export is refused, listing why",
