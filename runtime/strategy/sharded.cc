@@ -516,6 +516,14 @@ void ShardedStrategy::markReady(size_t index) {
       grad = place;  // from now on autograd accumulates in the unit's buffer
     }
   } else {
+    // A unit of one parameter (an embedding, an output layer) takes autograd's gradient as its
+    // full gradient: no second buffer of the unit's size, no copy.
+    if (!u.grad_full.defined() && u.flat.params().size() == 1 && grad.defined() &&
+        grad.is_contiguous() && grad.numel() == u.flat.padded() &&
+        grad.scalar_type() == options_.compute_dtype && grad.device() == u.flat.full().device()) {
+      u.grad_full = grad.detach().view({-1});
+      grad = torch::Tensor();
+    }
     if (!u.grad_full.defined()) {
       const auto options = u.flat.full().options().dtype(options_.compute_dtype);
       u.grad_full =
