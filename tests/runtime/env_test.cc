@@ -120,7 +120,8 @@ TEST_CASE("The sharding settings are read, and malformed ones named", "[env]") {
   }
 }
 
-TEST_CASE("The trackers and the project folder are read; an unknown tracker is refused", "[env]") {
+TEST_CASE("The trackers and the project folder are read, and an unknown tracker is refused",
+          "[env]") {
   {
     ScopedEnv vars({{env::kLogWith, "csv, TensorBoard"}, {env::kProjectDir, "/tmp/runs"}});
     const auto e = runtime::readWorkerEnv();
