@@ -67,6 +67,10 @@ inline constexpr const char kStateDictType[] = "CXXLAUNCH_STATE_DICT_TYPE";  // 
 inline constexpr const char kCheckpointDir[] = "CXXLAUNCH_CHECKPOINT_DIR";
 // How many complete checkpoints saveCheckpoint keeps there (accelerate's total_limit); 0: all.
 inline constexpr const char kCheckpointTotalLimit[] = "CXXLAUNCH_CHECKPOINT_TOTAL_LIMIT";
+// The trackers Accelerator::log writes to (a comma list: tensorboard, csv, jsonl; accelerate's
+// log_with), and the folder they, config.json and report.html go into (accelerate's project_dir).
+inline constexpr const char kLogWith[] = "CXXLAUNCH_LOG_WITH";
+inline constexpr const char kProjectDir[] = "CXXLAUNCH_PROJECT_DIR";
 inline constexpr const char kDebug[] = "CXXLAUNCH_DEBUG";  // true: check collectives' shapes
 // Always set: the file whose time the runtime touches at every micro-step, so that the launcher
 // sees a worker that stops making progress (`cxxlaunch status`, --watchdog_timeout).

@@ -184,6 +184,11 @@ std::vector<KeySpec> buildSchema() {
                "CXXLAUNCH_CHECKPOINT_TOTAL_LIMIT",
                "saveCheckpoint keeps the newest N complete checkpoints (accelerate's total_limit); "
                "0: all"),
+      textKey("cxxlaunch.log_with", K::kText, "", "log_with", "CXXLAUNCH_LOG_WITH",
+              "trackers acc.log writes to, a comma list of tensorboard, csv, jsonl (or all); "
+              "unset: none (docs/observability.md)"),
+      textKey("cxxlaunch.project_dir", K::kText, "", "project_dir", "CXXLAUNCH_PROJECT_DIR",
+              "folder the trackers and report.html are written into"),
       textKey("cxxlaunch.log_dir", K::kText, "", "", "CXXLAUNCH_LOG_DIR",
               "per-rank logs (--log_dir; unset: $TMPDIR/cxxlaunch-UID)"),
       textKey("cxxlaunch.token_file", K::kText, "", "", "CXXLAUNCH_TOKEN_FILE",

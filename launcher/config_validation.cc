@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "common/error.h"
+#include "common/tracker_names.h"
 #include "launcher/config.h"
 #include "launcher/config_internal.h"
 
@@ -32,6 +34,11 @@ void validateConfig(const Config& c) {
              (c.flag("use_cpu") ? "use_cpu at " + at("use_cpu")
                                 : "distributed_type MULTI_CPU at " + at("distributed_type")) +
              "); use bf16 or no");
+  }
+  try {
+    parseTrackerList(c.text("cxxlaunch.log_with"), at("cxxlaunch.log_with"));
+  } catch (const InvalidArgument& e) {
+    throw ConfigError(e.what());
   }
   const long long machines = c.integer("num_machines");
   if (c.isSet("num_processes") && c.integer("num_processes") % machines != 0) {

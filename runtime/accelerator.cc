@@ -15,6 +15,8 @@
 
 #include "common/atomic_file.h"
 #include "common/error.h"
+#include "common/host.h"
+#include "common/tracker_names.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/checkpoint/files.h"
 #include "runtime/checkpoint/model_source.h"
@@ -55,6 +57,10 @@ Accelerator::Accelerator(World world, AcceleratorOptions options)
         "AcceleratorOptions::checkpoint_total_limit is negative; give the "
         "number of checkpoints to keep, or 0 for all");
   }
+  log_with_ = options.log_with ? parseTrackerList(*options.log_with, "AcceleratorOptions::log_with")
+                               : world_.env.log_with;
+  project_dir_ = options.project_dir.value_or(world_.env.project_dir);
+  report_every_ = options.report_every;
   installUncaughtErrorReport(world_.env.error_file);
   if (world_.env.gradient_accumulation_steps < 1) {
     throw InvalidArgument("gradient accumulation steps must be >= 1");
@@ -237,6 +243,111 @@ torch::Tensor Accelerator::gather(const torch::Tensor& tensor) {
                   dtypeOf(input))
       ->wait();
   return output;
+}
+
+torch::Tensor Accelerator::gatherForMetrics(const torch::Tensor& tensor) {
+  auto gathered = gather(tensor);
+  const auto& at = *eval_position_;
+  const bool last_batch = at.batches > 0 && at.batch == at.batches - 1;
+  if (!last_batch || tensor.dim() == 0 || tensor.size(0) != static_cast<int64_t>(at.batch_size)) {
+    return gathered;
+  }
+  return gathered.narrow(0, 0, static_cast<int64_t>(at.last_batch_examples));
+}
+
+torch::Tensor Accelerator::reduce(const torch::Tensor& tensor, const std::string& op) {
+  if (op != "sum" && op != "mean") {
+    throw InvalidArgument("reduce: unknown reduction '" + op + "'; give \"sum\" or \"mean\"");
+  }
+  const CollectiveApi api("reduce");
+  auto out = tensor.contiguous().clone();
+  allreduce(*world_.backend, out, ReduceOp::kSum)->wait();
+  if (op == "mean") return torch::div(out, worldSize());
+  return out;
+}
+
+torch::Tensor Accelerator::padAcrossProcesses(const torch::Tensor& tensor, int64_t dim,
+                                              double pad_index, bool pad_first) {
+  const int64_t dims = tensor.dim();
+  if (dims == 0) return tensor;  // a scalar: nothing to pad, as accelerate
+  if (dim < -dims || dim >= dims) {
+    throw InvalidArgument("padAcrossProcesses: dim " + std::to_string(dim) + " of a tensor of " +
+                          std::to_string(dims) + " dimensions");
+  }
+  if (dim < 0) dim += dims;
+  const CollectiveApi api("padAcrossProcesses");
+  // Every rank's (dimensions, size at dim): the dimensions must agree to pad at all.
+  auto mine = torch::tensor({dims, tensor.size(dim)}, torch::kInt64);
+  auto all = torch::empty({2 * worldSize()}, torch::kInt64);
+  world_.backend->allGather(mine.data_ptr(), all.data_ptr(), 2, DType::kInt64)->wait();
+  const auto* sizes = all.data_ptr<int64_t>();
+  int64_t longest = 0;
+  for (int r = 0; r < worldSize(); ++r) {
+    if (sizes[2 * r] != dims) {
+      throw InvalidArgument("padAcrossProcesses: rank " + std::to_string(r) + "'s tensor has " +
+                            std::to_string(sizes[2 * r]) + " dimensions, rank " +
+                            std::to_string(rank()) + "'s " + std::to_string(dims) +
+                            "; give every rank tensors of the same dimensions");
+    }
+    longest = std::max(longest, sizes[2 * r + 1]);
+  }
+  if (longest == tensor.size(dim)) return tensor;
+  auto shape = tensor.sizes().vec();
+  shape[static_cast<size_t>(dim)] = longest;
+  auto out = torch::full(shape, pad_index, tensor.options());
+  const int64_t offset = pad_first ? longest - tensor.size(dim) : 0;
+  out.narrow(dim, offset, tensor.size(dim)).copy_(tensor);
+  return out;
+}
+
+std::pair<size_t, size_t> Accelerator::shareOf(size_t count) const {
+  const auto world = static_cast<size_t>(worldSize()), r = static_cast<size_t>(rank());
+  const size_t each = count / world, extra = count % world;
+  const size_t begin = r * each + std::min(r, extra);
+  return {begin, begin + each + (r < extra ? 1 : 0)};
+}
+
+torch::Tensor Accelerator::splitBetweenProcesses(const torch::Tensor& items) const {
+  if (items.dim() == 0) throw InvalidArgument("splitBetweenProcesses: a scalar has no items");
+  const auto [begin, end] = shareOf(static_cast<size_t>(items.size(0)));
+  return items.narrow(0, static_cast<int64_t>(begin), static_cast<int64_t>(end - begin));
+}
+
+void Accelerator::initTrackers(const std::string& run_name, const RunConfig& config) {
+  if (log_with_.empty() || !isMainProcess()) return;
+  RunConfig resolved = config;
+  const auto& e = world_.env;
+  resolved.emplace_back("launch.world_size", e.world_size);
+  resolved.emplace_back("launch.num_nodes", e.num_nodes);
+  resolved.emplace_back("launch.strategy", e.strategy);
+  resolved.emplace_back("launch.mixed_precision", e.mixed_precision);
+  resolved.emplace_back("launch.gradient_accumulation_steps", accumulation_steps_);
+  resolved.emplace_back("launch.gradient_clipping", clipping_);
+  resolved.emplace_back("launch.backend", world_.backend->name());
+  RunConfig summary = {{"world size", e.world_size},
+                       {"nodes", e.num_nodes},
+                       {"strategy", e.strategy},
+                       {"mixed precision", e.mixed_precision},
+                       {"backend", world_.backend->name()},
+                       {"host of rank 0", hostName()}};
+  if (!e.run_id.empty()) summary.emplace_back("run id", e.run_id);
+  trackers_.reset();  // a second initTrackers starts another run: the last one's report ends
+  trackers_ =
+      std::make_unique<Trackers>(TrackerOptions{log_with_, project_dir_, run_name, report_every_},
+                                 std::move(resolved), std::move(summary));
+}
+
+void Accelerator::log(const Scalars& values, std::optional<int64_t> step) {
+  if (log_with_.empty() || !isMainProcess()) return;
+  if (!trackers_) {
+    throw InvalidArgument(
+        "log before initTrackers: call acc.initTrackers(run_name, config) once before logging");
+  }
+  trackers_->log(values, step.value_or(optimizer_steps_));
+}
+
+void Accelerator::endTraining() {
+  if (trackers_) trackers_->finish();
 }
 
 namespace {

@@ -24,16 +24,21 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <algorithm>
 #include <functional>
 #include <iostream>
 #include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/error.h"
 #include "runtime/deferred_init.h"
 #include "runtime/epoch_sampler.h"
+#include "runtime/eval_loader.h"
+#include "runtime/observability/trackers.h"
 #include "runtime/precision/loss_scaler.h"
 #include "runtime/precision/policy.h"
 #include "runtime/scheduler.h"
@@ -60,6 +65,11 @@ struct AcceleratorOptions {
   // Unset: the launch's (--checkpoint_total_limit, CXXLAUNCH_CHECKPOINT_TOTAL_LIMIT,
   // cxxlaunch.checkpoint_total_limit), else 0.
   std::optional<int64_t> checkpoint_total_limit;
+  // The trackers log() writes to (accelerate's log_with): a comma list of tensorboard, csv,
+  // jsonl, or "all". Unset: the launch's (--log_with, CXXLAUNCH_LOG_WITH, cxxlaunch.log_with).
+  std::optional<std::string> log_with;
+  std::optional<std::string> project_dir;  // default: CXXLAUNCH_PROJECT_DIR (--project_dir)
+  int report_every = 10;                   // logs between rewrites of report.html
 };
 
 class Accelerator;
@@ -211,6 +221,76 @@ class Accelerator {
   // (PreparedDataLoader::paddingExamples).
   torch::Tensor gather(const torch::Tensor& tensor);
 
+  // Evaluation (accelerate's evaluation loop), collectives where they say so.
+  //
+  //   auto loader = acc.prepareEvalDataLoader(dataset, 16);
+  //   for (auto& batch : *loader) {
+  //     auto predictions = acc.gatherForMetrics(model->forward(batch.data).argmax(1));
+  //     auto labels = acc.gatherForMetrics(batch.target);  // both: exactly the dataset's rows
+  //   }
+  //
+  // A data loader over `dataset` in order (runtime/eval_loader.h): every rank the same number
+  // of full batches of `batch_size`, the last ones padded with the dataset's first examples.
+  template <typename Dataset>
+  auto prepareEvalDataLoader(Dataset dataset, size_t batch_size) {
+    requireBatchSize(batch_size);
+    const auto size = dataset.size();
+    if (!size) throw InvalidArgument("prepareEvalDataLoader: the dataset has no size() to split");
+    const size_t examples = *size, world = static_cast<size_t>(worldSize());
+    EvalPosition mine;
+    mine.batches = EvalSampler::batchesOf(examples, world, batch_size);
+    mine.batch_size = batch_size;
+    mine.last_batch_examples =
+        examples - static_cast<size_t>(std::max<int64_t>(mine.batches - 1, 0)) * world * batch_size;
+    auto loader = torch::data::make_data_loader(
+        std::move(dataset), EvalSampler(examples, world, static_cast<size_t>(rank()), batch_size),
+        torch::data::DataLoaderOptions(batch_size));
+    using Loader = typename decltype(loader)::element_type;
+    return std::make_unique<PreparedEvalDataLoader<Loader>>(std::move(loader), eval_position_,
+                                                            mine);
+  }
+  // gather(), less the padding: within a prepared evaluation loop, the last batch's gathered
+  // rows are cut to the dataset's real examples, so the results of the whole loop hold each
+  // example once, in the dataset's order. Rows are examples: a tensor whose first dimension is
+  // not the batch's is gathered whole. Outside such a loop it is gather(). A collective.
+  torch::Tensor gatherForMetrics(const torch::Tensor& tensor);
+  // Every rank's `tensor` summed ("sum") or averaged ("mean"), elementwise. A collective.
+  torch::Tensor reduce(const torch::Tensor& tensor, const std::string& op = "sum");
+  // `tensor` grown along `dim` to the largest size any rank has there, the new entries
+  // `pad_index` (at the start with pad_first), so that ranks' results of different lengths can
+  // be gathered. A collective.
+  torch::Tensor padAcrossProcesses(const torch::Tensor& tensor, int64_t dim = 0,
+                                   double pad_index = 0, bool pad_first = false);
+  // This rank's contiguous share of `items` (accelerate's split_between_processes): the first
+  // items.size() % world ranks get one more. No collective.
+  template <typename T>
+  std::vector<T> splitBetweenProcesses(const std::vector<T>& items) const {
+    const auto [begin, end] = shareOf(items.size());
+    return std::vector<T>(items.begin() + static_cast<std::ptrdiff_t>(begin),
+                          items.begin() + static_cast<std::ptrdiff_t>(end));
+  }
+  torch::Tensor splitBetweenProcesses(const torch::Tensor& items) const;  // along dim 0
+  // [begin, end) of this rank's share of `count` items.
+  std::pair<size_t, size_t> shareOf(size_t count) const;
+
+  // Trackers (accelerate's init_trackers / log / end_training; docs/observability.md). With
+  // log_with set, initTrackers opens them on the main process in <project_dir>/<run_name>/ and
+  // records `config` with the launch's resolved settings (config.json, report.html); it throws
+  // InvalidArgument there, at once, for a project folder that cannot be written. log writes
+  // `values` at `step` (default: optimizerSteps()) on the main process; the other processes and
+  // a run without log_with return at once. endTraining writes the final report (the destructor
+  // does, if not called). None of them is a collective.
+  //
+  //   acc.initTrackers("run1", {{"lr", lr}, {"model", "gpt"}});
+  //   if (acc.step()) acc.log({{"loss", loss.item<double>()}, {"lr", scheduler.lr()}});
+  void initTrackers(const std::string& run_name, const RunConfig& config = {});
+  void log(const Scalars& values, std::optional<int64_t> step = std::nullopt);
+  void endTraining();
+  // The trackers log() writes to; empty without log_with.
+  const std::vector<std::string>& trackerNames() const { return log_with_; }
+  // Where the report is (<project_dir>/report.html) once initTrackers ran; "" otherwise.
+  std::string reportPath() const { return trackers_ ? trackers_->reportPath() : ""; }
+
   // Prints on the main process only, one line.
   template <typename... Parts>
   void print(const Parts&... parts) const {
@@ -304,6 +384,11 @@ class Accelerator {
   bool backward_pending_ = false;  // a backward() that no step() followed yet
   std::optional<int64_t>
       resume_position_;  // micro-steps of the loaded run, until a loader takes them
+  std::shared_ptr<EvalPosition> eval_position_ = std::make_shared<EvalPosition>();
+  std::vector<std::string> log_with_;
+  std::string project_dir_;
+  int report_every_;
+  std::unique_ptr<Trackers> trackers_;  // main process, from initTrackers on
 };
 
 template <typename Loader>

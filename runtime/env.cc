@@ -5,6 +5,7 @@
 
 #include "common/env_names.h"
 #include "common/error.h"
+#include "common/tracker_names.h"
 
 namespace cxxlaunch::runtime {
 namespace {
@@ -122,6 +123,10 @@ WorkerEnv readWorkerEnv() {
                           std::to_string(e.checkpoint_total_limit) +
                           " is negative; give the number of checkpoints to keep, or 0 for all");
   }
+  std::string log_with;
+  readString(env::kLogWith, log_with);
+  e.log_with = parseTrackerList(log_with, env::kLogWith);
+  readString(env::kProjectDir, e.project_dir);
   readChoice(env::kStateDictType, e.state_dict_type, {"sharded", "full"});
   readBool(env::kDebug, e.debug);
   readString(env::kHeartbeatFile, e.heartbeat_file);

@@ -13,6 +13,9 @@ packages=(
   libsentencepiece-dev  # finetune's tokenizer: an HF folder's tokenizer.model
   etcd-server etcd-client  # a real etcd for the etcd rendezvous backend's tests and benchmark
   python3-torch  # the peer for benchmarks and the PyTorch compatibility test, never a dependency
+  # The trackers' tests (docs/observability.md): Protobuf's Python parser reads our TensorBoard
+  # event files (TensorBoard is not in Debian), and headless Chromium renders report.html.
+  python3-protobuf chromium
   # Debian's LibTorch calls whichever BLAS provides libblas.so.3; with only the reference BLAS a
   # GEMM is ~5x slower and most of a training step. The OpenMP flavour follows OMP_NUM_THREADS
   # like LibTorch does. It replaces the reference BLAS for every program here, Python's torch too.

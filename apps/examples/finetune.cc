@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/examples/step_scalars.h"
 #include "apps/examples/tokens.h"
 #include "common/command_line.h"
 #include "common/env_names.h"
@@ -63,6 +64,7 @@ struct Flags {
   double eval_fraction = 0.1;
   uint64_t seed = 1234;
   int64_t print_every = 10;
+  std::string run_name = "finetune";  // the trackers' run folder (with the launcher's --log_with)
 };
 
 Flags parse(int argc, char** argv) {
@@ -82,6 +84,7 @@ Flags parse(int argc, char** argv) {
   add("eval_fraction", f.eval_fraction, "the last fraction of the blocks, held out for eval");
   add("seed", f.seed, "random seed");
   add("print_every", f.print_every, "steps between loss lines");
+  add("run_name", f.run_name, "the trackers' run folder under --project_dir (with --log_with)");
   cli::parseOrExit(app, argc, argv);
   if (f.steps < 0 || f.batch_size < 1 || f.seq_len < 2 || f.print_every < 1 || !(f.lr > 0)) {
     throw InvalidArgument(
@@ -235,7 +238,20 @@ int finetune(const Flags& f) {
             " held out");
   acc.print("fine-tuning on ", acc.worldSize(), " process(es), ",
             acc.describeBatch(static_cast<size_t>(f.batch_size)), "; ", acc.describeStrategy());
-  printEval(acc, evaluate(acc, model, eval_set, f.batch_size), "before training");
+  acc.initTrackers(f.run_name, {{"model_dir", f.model_dir},
+                                {"model_type", config.model_type},
+                                {"parameters", numel},
+                                {"data", f.data},
+                                {"steps", f.steps},
+                                {"seq_len", f.seq_len},
+                                {"batch_size", f.batch_size},
+                                {"lr", f.lr},
+                                {"eval_fraction", f.eval_fraction},
+                                {"seed", f.seed},
+                                {"strategy (resolved)", acc.describeStrategy()}});
+  const double eval_before = evaluate(acc, model, eval_set, f.batch_size);
+  printEval(acc, eval_before, "before training");
+  acc.log({{"eval/loss", eval_before}}, 0);
   if (f.steps == 0) return 0;
 
   auto loader = acc.prepareDataLoader(Blocks(all.narrow(0, 0, train_blocks)),
@@ -244,18 +260,37 @@ int finetune(const Flags& f) {
   auto last = started;
   int64_t examples_since = 0, loss_count = 0;
   double loss_sum = 0;
+  auto step_start = started;  // this optimizer step's, for the trackers
+  int64_t step_examples = 0, step_losses = 0;
+  double step_loss_sum = 0;
   while (acc.optimizerSteps() < f.steps) {
     for (auto& batch : *loader) {
       std::vector<torch::Tensor> rows;
       for (auto& e : batch) rows.push_back(e.data);
       const torch::Tensor x = torch::stack(rows).to(acc.device());
       const torch::Tensor loss = models::causalLmLoss(model->forward(x), x);
-      loss_sum += loss.item<double>();
+      const double loss_value = loss.item<double>();
+      loss_sum += loss_value;
       ++loss_count;
       examples_since += x.size(0);
+      step_loss_sum += loss_value;
+      ++step_losses;
+      step_examples += x.size(0);
       acc.backward(loss);
       if (!acc.step()) continue;
       const int64_t step = acc.optimizerSteps();
+      if (!acc.trackerNames().empty()) {
+        const auto now = std::chrono::steady_clock::now();
+        const double step_s = std::chrono::duration<double>(now - step_start).count();
+        acc.log(examples::stepScalars(
+                    step_loss_sum / static_cast<double>(step_losses), f.lr,
+                    static_cast<double>(step_examples * f.seq_len * acc.worldSize()) / step_s,
+                    step_s, acc.memoryReport()),
+                step);
+        step_start = now;
+      }
+      step_examples = step_losses = 0;
+      step_loss_sum = 0;
       if (step % f.print_every == 0 || step == f.steps) {
         const auto now = std::chrono::steady_clock::now();
         const double seconds = std::chrono::duration<double>(now - last).count();
@@ -277,8 +312,9 @@ int finetune(const Flags& f) {
   }
   const double trained_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  printEval(acc, evaluate(acc, model, eval_set, f.batch_size),
-            "after " + std::to_string(f.steps) + " steps");
+  const double eval_after = evaluate(acc, model, eval_set, f.batch_size);
+  printEval(acc, eval_after, "after " + std::to_string(f.steps) + " steps");
+  acc.log({{"eval/loss", eval_after}}, f.steps);
   writeOutput(acc, f);
   // The export read back: its figure is what `--steps 0 --model_dir OUT` reports, 16-bit
   // rounding included. Only where every rank sees OUT (nodes without a shared filesystem do not).
@@ -291,6 +327,8 @@ int finetune(const Flags& f) {
   }
   acc.print("done: ", f.steps, " steps in ", std::round(trained_s * 100) / 100, " s, wrote ",
             f.output_dir, "; ", acc.memoryReport().str());
+  acc.endTraining();
+  if (!acc.reportPath().empty()) acc.print("report: ", acc.reportPath());
   return 0;
 }
 

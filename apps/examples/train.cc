@@ -18,6 +18,7 @@
 #include <iostream>
 #include <string>
 
+#include "apps/examples/step_scalars.h"
 #include "common/command_line.h"
 #include "common/error.h"
 #include "runtime/accelerator.h"
@@ -49,6 +50,7 @@ struct Flags {
   int64_t save_every = 0;      // optimizer steps between checkpoints; 0: none
   int64_t crash_at_step = 0;   // demos and tests: the last rank exits 3 there, first attempt only
   bool load_again = false;     // after training, load the newest checkpoint once more (timed)
+  std::string run_name = "train";  // the trackers' run folder (with the launcher's --log_with)
 };
 
 Flags parse(int argc, char** argv) {
@@ -83,6 +85,7 @@ Flags parse(int argc, char** argv) {
   app.add_flag(cli::spellings("load_again"), f.load_again,
                "after training, load the newest checkpoint once more, into the memory the job "
                "already has (a roll-back; bench/checkpoint_io.py times it)");
+  add("run_name", f.run_name, "the trackers' run folder under --project_dir (with --log_with)");
   cli::parseOrExit(app, argc, argv);
   if (f.model != "gpt" && f.model != "mlp") throw InvalidArgument("--model must be gpt or mlp");
   if (f.optimizer != "adamw" && f.optimizer != "torch_adamw" && f.optimizer != "sgd") {
@@ -267,6 +270,19 @@ int train(const Flags& f, Accelerator& acc, Dataset dataset, Model model, LossFn
   for (const auto& p : model->parameters()) numel += p.numel();
   acc.prepare(model.ptr(), *optimizer, &schedule);
   auto loader = acc.prepareDataLoader(std::move(dataset), static_cast<size_t>(f.batch_size));
+  acc.initTrackers(f.run_name,
+                   {{"model", f.model},
+                    {"parameters", numel},
+                    {"steps", f.steps},
+                    {"batch_size", f.batch_size},
+                    {"lr", f.lr},
+                    {"optimizer", f.optimizer},
+                    {"schedule", f.schedule},
+                    {"warmup", f.warmup},
+                    {"seq_len", f.seq_len},
+                    {"seed", f.seed},
+                    {"global batch", acc.describeBatch(static_cast<size_t>(f.batch_size))},
+                    {"strategy (resolved)", acc.describeStrategy()}});
   acc.print("training ", f.model, " (", numel, " parameters) on ", acc.worldSize(),
             " process(es), ", acc.describeBatch(static_cast<size_t>(f.batch_size)), "; ",
             acc.describeStrategy());
@@ -288,6 +304,9 @@ int train(const Flags& f, Accelerator& acc, Dataset dataset, Model model, LossFn
   int64_t examples_since = 0;
   double loss_sum = 0;
   int64_t loss_count = 0;
+  auto step_start = timed_from;  // this optimizer step's, for the trackers
+  int64_t step_examples = 0, step_losses = 0;
+  double step_loss_sum = 0;
   while (acc.optimizerSteps() < f.steps) {
     for (auto& batch : *loader) {
       auto data = torch::stack(std::vector<torch::Tensor>([&] {
@@ -300,12 +319,30 @@ int train(const Flags& f, Accelerator& acc, Dataset dataset, Model model, LossFn
       auto target = torch::stack(ys).to(acc.device());
       data = data.to(acc.device());
       auto loss = loss_fn(model->forward(data), target);
-      loss_sum += loss.template item<double>();
+      const double loss_value = loss.template item<double>();
+      loss_sum += loss_value;
       ++loss_count;
       examples_since += data.size(0);
+      step_loss_sum += loss_value;
+      ++step_losses;
+      step_examples += data.size(0);
+      const double lr_used = optimizer->param_groups()[0].options().get_lr();
       acc.backward(loss);
       if (!acc.step()) continue;
       const int64_t step = acc.optimizerSteps();
+      if (!acc.trackerNames().empty()) {
+        const auto now = std::chrono::steady_clock::now();
+        const double step_s = std::chrono::duration<double>(now - step_start).count();
+        acc.log(
+            examples::stepScalars(
+                step_loss_sum / static_cast<double>(step_losses), lr_used,
+                static_cast<double>(step_examples * tokens_per_example * acc.worldSize()) / step_s,
+                step_s, acc.memoryReport()),
+            step);
+        step_start = now;
+      }
+      step_examples = step_losses = 0;
+      step_loss_sum = 0;
       if (step == kUntimedSteps) timed_from = std::chrono::steady_clock::now();
       if (step % f.print_every == 0 || step == f.steps) {
         const auto now = std::chrono::steady_clock::now();
@@ -354,6 +391,8 @@ int train(const Flags& f, Accelerator& acc, Dataset dataset, Model model, LossFn
             static_cast<long long>(timed / static_cast<double>(timed_steps) * 1e6) / 1000.0,
             " ms; ", acc.memoryReport().str());
   if (!f.dump_params.empty()) dumpParameters(acc, f.dump_params);
+  acc.endTraining();
+  if (!acc.reportPath().empty()) acc.print("report: ", acc.reportPath());
   return 0;
 }
 

@@ -13,6 +13,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <sstream>
 
 #include "support/subprocess.h"
 
@@ -244,6 +245,38 @@ TEST_CASE("finetune tokenizes with the folder's SentencePiece model and passes i
   REQUIRE(found.size() == 2);
   CHECK(std::stoll(found[1]) < 18000 / 2);
   CHECK(readFile(out + "/tokenizer.model") == readFile(model + "/tokenizer.model"));
+}
+
+TEST_CASE("finetune logs each step and the eval loss to the trackers", "[finetune][integration]") {
+  TempDir dir;
+  const std::string model = fixture(dir, "model", {});
+  const std::string text = writeText(dir, 400);
+  const std::string project = dir.path() + "/runs";
+  Args args = finetuneArgs(model, text, 3, dir.path() + "/out");
+  args.insert(args.end(), {"--run_name", "ft"});
+  const Finished trained =
+      run(args, {{"CXXLAUNCH_LOG_WITH", "jsonl"}, {"CXXLAUNCH_PROJECT_DIR", project}}, 60s);
+  INFO(trained.out << trained.err);
+  REQUIRE(trained.exit_code == 0);
+  const auto printed = evalLosses(trained.out);
+  REQUIRE(printed.size() >= 2);
+  std::vector<nlohmann::json> logs;
+  std::istringstream lines(readFile(project + "/ft/metrics.jsonl"));
+  for (std::string line; std::getline(lines, line);) logs.push_back(nlohmann::json::parse(line));
+  // eval/loss at step 0, the three steps, eval/loss at step 3.
+  REQUIRE(logs.size() == 5);
+  CHECK(logs[0]["step"] == 0);
+  CHECK(logs[0]["eval/loss"].get<double>() == Approx(printed[0]).margin(1e-4));
+  for (int step = 1; step <= 3; ++step) {
+    const auto& l = logs[static_cast<size_t>(step)];
+    CHECK(l["step"] == step);
+    for (const char* name :
+         {"loss", "lr", "tokens_per_s", "step_time_ms", "memory/model_state_mib"}) {
+      CHECK(l[name].get<double>() > 0);
+    }
+  }
+  CHECK(logs[4]["eval/loss"].get<double>() == Approx(printed[1]).margin(1e-4));
+  CHECK_THAT(readFile(project + "/report.html"), Catch::Contains("eval/loss"));
 }
 
 TEST_CASE("finetune refuses bad input with one error line, exit 2 and nothing written",

@@ -225,6 +225,18 @@ TEST_CASE("A bad value from a flag or the environment names the flag or the vari
           "to 16777216");
 }
 
+TEST_CASE("An unknown tracker in the file, the environment or a flag is named where it is set",
+          "[config][errors]") {
+  const std::string known =
+      "; the known ones are tensorboard, csv and jsonl (or all), as a comma list";
+  REQUIRE(errorOf("cxxlaunch:\n  log_with: csv,tensorbord\n") ==
+          "c.yaml:2:13: unknown tracker 'tensorbord' (did you mean 'tensorboard'?)" + known);
+  REQUIRE(errorOf("{}\n", {{"CXXLAUNCH_LOG_WITH", "wandb"}}) ==
+          "CXXLAUNCH_LOG_WITH: unknown tracker 'wandb'" + known);
+  REQUIRE(errorOf("{}\n", {}, {{"cxxlaunch.log_with", "jsonl,mlflow,comet", "--log_with"}}) ==
+          "--log_with: unknown trackers 'mlflow', 'comet'" + known);
+}
+
 TEST_CASE("Resolution: flag > CXXLAUNCH_* environment > file > default, with provenance",
           "[config]") {
   TempDir dir;

@@ -119,3 +119,17 @@ TEST_CASE("The sharding settings are read, and malformed ones named", "[env]") {
     CHECK_THROWS_WITH(runtime::readWorkerEnv(), Catch::Contains("BACKWARD_PRE, BACKWARD_POST"));
   }
 }
+
+TEST_CASE("The trackers and the project folder are read, and an unknown tracker is refused",
+          "[env]") {
+  {
+    ScopedEnv vars({{env::kLogWith, "csv, TensorBoard"}, {env::kProjectDir, "/tmp/runs"}});
+    const auto e = runtime::readWorkerEnv();
+    REQUIRE(e.log_with == std::vector<std::string>{"csv", "tensorboard"});
+    REQUIRE(e.project_dir == "/tmp/runs");
+  }
+  ScopedEnv bad({{env::kLogWith, "csv,wandb"}});
+  REQUIRE_THROWS_WITH(runtime::readWorkerEnv(),
+                      Catch::Contains("CXXLAUNCH_LOG_WITH: unknown tracker 'wandb'") &&
+                          Catch::Contains("tensorboard, csv and jsonl"));
+}

@@ -1,0 +1,23 @@
+#pragma once
+// What the example trainers log at every optimizer step when the launch has trackers
+// (--log_with): the loss, the learning rate, tokens/s, the step time and the memory report.
+
+#include "runtime/accelerator.h"
+
+namespace cxxlaunch::examples {
+
+inline runtime::Scalars stepScalars(double loss, double lr, double tokens_per_s, double step_s,
+                                    const runtime::MemoryReport& memory) {
+  constexpr double kMiB = 1 << 20;
+  return {{"loss", loss},
+          {"lr", lr},
+          {"tokens_per_s", tokens_per_s},
+          {"step_time_ms", step_s * 1e3},
+          {"memory/parameters_mib", static_cast<double>(memory.parameters) / kMiB},
+          {"memory/gradients_mib", static_cast<double>(memory.gradients) / kMiB},
+          {"memory/optimizer_state_mib", static_cast<double>(memory.optimizer_state) / kMiB},
+          {"memory/model_state_mib", static_cast<double>(memory.total()) / kMiB},
+          {"memory/device_peak_mib", static_cast<double>(memory.device_peak) / kMiB}};
+}
+
+}  // namespace cxxlaunch::examples

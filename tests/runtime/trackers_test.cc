@@ -1,0 +1,241 @@
+// The trackers of runtime/observability: TensorBoard event files read back by an independent
+// reader (read_tfevents.py: its own CRC-32C and wire decoding, and Protobuf's Python parser over
+// tensorflow's field numbers), CSV and JSON lines with the same values, the report's content, and
+// the errors a user meets.
+
+#include "runtime/observability/trackers.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "common/host.h"
+#include "common/tracker_names.h"
+#include "runtime/observability/event_file.h"
+#include "runtime/observability/report.h"
+#include "support/subprocess.h"
+
+using cxxlaunch::InvalidArgument;
+using cxxlaunch::testing::readFile;
+using cxxlaunch::testing::run;
+using cxxlaunch::testing::TempDir;
+namespace rt = cxxlaunch::runtime;
+
+namespace {
+
+std::vector<std::string> filesIn(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (const dirent* e = readdir(d)) {
+      const std::string name = e->d_name;
+      if (name != "." && name != "..") names.push_back(name);
+    }
+    closedir(d);
+  }
+  return names;
+}
+
+std::string eventFileIn(const std::string& dir) {
+  for (const auto& name : filesIn(dir)) {
+    if (name.rfind("events.out.tfevents.", 0) == 0) return dir + "/" + name;
+  }
+  return "";
+}
+
+std::vector<std::string> lines(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+// Values whose float and decimal forms are exact, so every file must hold them to the digit.
+double lossAt(int step) { return 4.0 - step * 0.25; }
+double lrAt(int step) { return step * 0.125; }
+
+}  // namespace
+
+TEST_CASE("TFRecord framing uses the masked CRC-32C of TensorFlow's records", "[trackers]") {
+  // CRC-32C("123456789") = 0xE3069283 (the check value of the Castagnoli CRC); masked as
+  // TensorFlow's crc32c::Mask: rotate right by 15, add 0xa282ead8.
+  const uint32_t crc = 0xE3069283u;
+  CHECK(rt::maskedCrc32c("123456789") == ((crc >> 15) | (crc << 17)) + 0xa282ead8u);
+  const auto record = rt::tfRecord("abc");
+  REQUIRE(record.size() == 8 + 4 + 3 + 4);
+  CHECK(static_cast<unsigned char>(record[0]) == 3);
+  CHECK(record.substr(12, 3) == "abc");
+}
+
+TEST_CASE("Every tracker writes the same values, and TensorBoard's format is read back",
+          "[trackers]") {
+  TempDir tmp;
+  const std::string project = tmp.path() + "/project";
+  {
+    rt::Trackers trackers(
+        {cxxlaunch::parseTrackerList("tensorboard,csv,jsonl", "test"), project, "run1", 4},
+        {{"lr", 0.001}, {"model", "gpt"}, {"layers", 12}, {"bf16", true}}, {{"world size", 2}});
+    for (int step = 0; step < 10; ++step) {
+      trackers.log({{"loss", lossAt(step)}, {"lr", lrAt(step)}}, step);
+    }
+    trackers.log({{"eval/accuracy", 0.75}}, 10);
+  }
+  const std::string dir = project + "/run1";
+
+  const auto event_file = eventFileIn(dir);
+  REQUIRE(!event_file.empty());
+  const auto name = event_file.substr(event_file.rfind('/') + 1);
+  CHECK(name.find(cxxlaunch::hostName()) != std::string::npos);
+  const auto read = run({"/usr/bin/python3", READ_TFEVENTS_PY, event_file});
+  INFO(read.err);
+  REQUIRE(read.exit_code == 0);
+  const auto tb = lines(read.out);
+  REQUIRE(tb.size() == 2 + 21);
+  // Both decoders ran: the hand-written one and Protobuf's (Debian's python3-protobuf, which
+  // scripts/setup.sh installs).
+  CHECK(tb[0] == "parser protobuf");
+  CHECK(tb[1] == "version brain.Event:2");
+  for (int step = 0; step < 10; ++step) {
+    char loss[64], lr[64];
+    std::snprintf(loss, sizeof(loss), "%d loss %.9g", step, lossAt(step));
+    std::snprintf(lr, sizeof(lr), "%d lr %.9g", step, lrAt(step));
+    CHECK(tb[2 + 2 * step] == loss);
+    CHECK(tb[3 + 2 * step] == lr);
+  }
+  CHECK(tb[22] == "10 eval/accuracy 0.75");
+
+  const auto csv = lines(readFile(dir + "/metrics.csv"));
+  REQUIRE(csv.size() == 1 + 21);
+  CHECK(csv[0] == "step,wall_time,name,value");
+  const auto jsonl = lines(readFile(dir + "/metrics.jsonl"));
+  REQUIRE(jsonl.size() == 11);
+  for (int step = 0; step < 10; ++step) {
+    const auto j = nlohmann::json::parse(jsonl[step]);
+    CHECK(j["step"] == step);
+    CHECK(j["loss"].get<double>() == lossAt(step));
+    CHECK(j["lr"].get<double>() == lrAt(step));
+    // The CSV's rows of this log: the same step, wall time and values.
+    for (int k = 0; k < 2; ++k) {
+      const auto& row = csv[1 + 2 * step + k];
+      std::vector<std::string> cells;
+      std::istringstream in(row);
+      for (std::string cell; std::getline(in, cell, ',');) cells.push_back(cell);
+      REQUIRE(cells.size() == 4);
+      CHECK(cells[0] == std::to_string(step));
+      CHECK(std::stod(cells[1]) == j["wall_time"].get<double>());
+      CHECK(cells[2] == (k == 0 ? "loss" : "lr"));
+      CHECK(std::stod(cells[3]) == (k == 0 ? lossAt(step) : lrAt(step)));
+    }
+  }
+  CHECK(nlohmann::json::parse(jsonl[10])["eval/accuracy"] == 0.75);
+
+  const auto config = nlohmann::json::parse(readFile(dir + "/config.json"));
+  CHECK(config["lr"] == 0.001);
+  CHECK(config["model"] == "gpt");
+  CHECK(config["layers"] == 12);
+  CHECK(config["bf16"] == true);
+
+  const auto report = readFile(project + "/report.html");
+  CHECK(report.find("finished") != std::string::npos);
+  CHECK(report.find("<svg") != std::string::npos);
+  CHECK(report.find("eval/accuracy") != std::string::npos);
+  CHECK(report.find("gpt") != std::string::npos);
+  CHECK(report.find("world size") != std::string::npos);
+  CHECK(report.find("http") == report.find("http://www.w3.org/2000/svg"));  // nothing fetched
+}
+
+TEST_CASE("The report is rewritten every N logs while the run goes on", "[trackers]") {
+  TempDir tmp;
+  rt::Trackers trackers({{"csv"}, tmp.path(), "r", 3}, {}, {});
+  const auto report = tmp.path() + "/report.html";
+  CHECK(readFile(report).find("Nothing logged yet") != std::string::npos);
+  trackers.log({{"loss", 1}}, 1);
+  trackers.log({{"loss", 2}}, 2);
+  CHECK(readFile(report).find("Nothing logged yet") != std::string::npos);
+  trackers.log({{"loss", 3}}, 3);
+  const auto third = readFile(report);
+  CHECK(third.find("Nothing logged yet") == std::string::npos);
+  CHECK(third.find("running") != std::string::npos);
+  trackers.finish();
+  CHECK(readFile(report).find("class=\"finished\"") != std::string::npos);
+}
+
+TEST_CASE("Values that are not finite: text in CSV, null in JSON, gaps in the plot", "[trackers]") {
+  TempDir tmp;
+  {
+    rt::Trackers trackers({{"csv", "jsonl"}, tmp.path(), "r", 10}, {}, {});
+    trackers.log({{"loss", 1.5}}, 1);
+    trackers.log({{"loss", std::nan("")}}, 2);
+    trackers.log({{"loss", INFINITY}}, 3);
+    trackers.log({{"loss", 0.5}}, 4);
+  }
+  const auto csv = lines(readFile(tmp.path() + "/r/metrics.csv"));
+  REQUIRE(csv.size() == 5);
+  CHECK(csv[2].substr(csv[2].rfind(',') + 1) == "nan");
+  CHECK(csv[3].substr(csv[3].rfind(',') + 1) == "inf");
+  const auto jsonl = lines(readFile(tmp.path() + "/r/metrics.jsonl"));
+  CHECK(nlohmann::json::parse(jsonl[1])["loss"].is_null());
+  rt::ReportSeries series{"loss", {{1, 1.5}, {2, std::nan("")}, {3, 2.0}, {4, 0.5}}};
+  const auto svg = rt::svgPlot(series, 400, 200);
+  // Two pieces: M at step 1, then a fresh M after the gap.
+  const auto d = svg.substr(svg.find("d=\""));
+  CHECK(std::count(d.begin(), d.begin() + static_cast<long>(d.find('"', 3)), 'M') == 2);
+}
+
+TEST_CASE("Tracker names: one error naming every unknown one and the known ones", "[trackers]") {
+  CHECK(cxxlaunch::parseTrackerList("", "x").empty());
+  CHECK(cxxlaunch::parseTrackerList(" CSV , jsonl,csv", "x") ==
+        std::vector<std::string>{"csv", "jsonl"});
+  CHECK(cxxlaunch::parseTrackerList("all", "x") ==
+        std::vector<std::string>{"tensorboard", "csv", "jsonl"});
+  try {
+    cxxlaunch::parseTrackerList("tensorbord,wandb,csv", "--log_with");
+    FAIL("no error");
+  } catch (const InvalidArgument& e) {
+    const std::string m = e.what();
+    CHECK(m.find("--log_with") != std::string::npos);
+    CHECK(m.find("'tensorbord' (did you mean 'tensorboard'?)") != std::string::npos);
+    CHECK(m.find("'wandb'") != std::string::npos);
+    CHECK(m.find("tensorboard, csv and jsonl") != std::string::npos);
+  }
+}
+
+TEST_CASE("A project folder that cannot be written is named when the trackers start",
+          "[trackers]") {
+  TempDir tmp;
+  // A regular file where a folder should be: unwritable whoever runs the test (root too).
+  std::ofstream(tmp.path() + "/file") << "x";
+  const std::string project = tmp.path() + "/file/project";
+  try {
+    rt::Trackers trackers({{"csv"}, project, "r", 10}, {}, {});
+    FAIL("no error");
+  } catch (const InvalidArgument& e) {
+    const std::string m = e.what();
+    CHECK(m.find("'" + project + "' cannot be written") != std::string::npos);
+    CHECK(m.find("--project_dir") != std::string::npos);
+  }
+  CHECK_THROWS_WITH(rt::Trackers({{"csv"}, "", "r", 10}, {}, {}), Catch::Contains("--project_dir"));
+  CHECK_THROWS_WITH(rt::Trackers({{"csv"}, tmp.path(), "a/b", 10}, {}, {}),
+                    Catch::Contains("not a folder name"));
+  rt::Trackers trackers({{"csv"}, tmp.path(), "r", 10}, {}, {});
+  CHECK_THROWS_WITH(trackers.log({{"step", 1.0}}, 1), Catch::Contains("another name"));
+}
+
+TEST_CASE("A long series is plotted from a bounded number of points, its spikes kept",
+          "[trackers]") {
+  rt::ReportSeries series{"loss", {}};
+  for (int i = 0; i < 100000; ++i) series.points.emplace_back(i, i == 54321 ? 100.0 : 1.0);
+  const auto svg = rt::svgPlot(series, 400, 200);
+  const auto d = svg.substr(svg.find("d=\""));
+  const auto segments = std::count(d.begin(), d.begin() + static_cast<long>(d.find('"', 3)), 'L');
+  CHECK(segments < 2100);
+  CHECK(svg.find(">100<") != std::string::npos);  // the spike sets the axis' top
+}
