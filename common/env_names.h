@@ -67,6 +67,8 @@ inline constexpr const char kStateDictType[] = "CXXLAUNCH_STATE_DICT_TYPE";  // 
 inline constexpr const char kCheckpointDir[] = "CXXLAUNCH_CHECKPOINT_DIR";
 // How many complete checkpoints saveCheckpoint keeps there (accelerate's total_limit); 0: all.
 inline constexpr const char kCheckpointTotalLimit[] = "CXXLAUNCH_CHECKPOINT_TOTAL_LIMIT";
+// true: saveState / saveCheckpoint snapshot the state and write it in the background.
+inline constexpr const char kCheckpointAsync[] = "CXXLAUNCH_CHECKPOINT_ASYNC";
 inline constexpr const char kDebug[] = "CXXLAUNCH_DEBUG";  // true: check collectives' shapes
 // Always set: the file whose time the runtime touches at every micro-step, so that the launcher
 // sees a worker that stops making progress (`cxxlaunch status`, --watchdog_timeout).

@@ -184,6 +184,10 @@ std::vector<KeySpec> buildSchema() {
                "CXXLAUNCH_CHECKPOINT_TOTAL_LIMIT",
                "saveCheckpoint keeps the newest N complete checkpoints (accelerate's total_limit); "
                "0: all"),
+      boolKey("cxxlaunch.checkpoint_async", "false", "checkpoint_async",
+              "CXXLAUNCH_CHECKPOINT_ASYNC",
+              "saves return once the state is copied to host memory; a background thread writes "
+              "it (docs/checkpoints.md)"),
       textKey("cxxlaunch.log_dir", K::kText, "", "", "CXXLAUNCH_LOG_DIR",
               "per-rank logs (--log_dir; unset: $TMPDIR/cxxlaunch-UID)"),
       textKey("cxxlaunch.token_file", K::kText, "", "", "CXXLAUNCH_TOKEN_FILE",

@@ -71,6 +71,7 @@ std::map<std::string, std::string> workerSettings(const Config& c,
   put(env::kCheckpointDir, c.text("cxxlaunch.checkpoint_dir"), {"cxxlaunch.checkpoint_dir"});
   put(env::kCheckpointTotalLimit, c.text("cxxlaunch.checkpoint_total_limit"),
       {"cxxlaunch.checkpoint_total_limit"});
+  put(env::kCheckpointAsync, c.text("cxxlaunch.checkpoint_async"), {"cxxlaunch.checkpoint_async"});
   // saveState's layout: FSDP's fsdp_state_dict_type (FULL_STATE_DICT gathers to rank 0); every
   // other mode saves one file per rank, as DeepSpeed's save_checkpoint writes its partitions.
   put(env::kStateDictType,

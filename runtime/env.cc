@@ -122,6 +122,7 @@ WorkerEnv readWorkerEnv() {
                           std::to_string(e.checkpoint_total_limit) +
                           " is negative; give the number of checkpoints to keep, or 0 for all");
   }
+  readBool(env::kCheckpointAsync, e.checkpoint_async);
   readChoice(env::kStateDictType, e.state_dict_type, {"sharded", "full"});
   readBool(env::kDebug, e.debug);
   readString(env::kHeartbeatFile, e.heartbeat_file);

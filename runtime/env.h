@@ -45,6 +45,7 @@ struct WorkerEnv {
   std::string offload_optimizer_nvme_path, offload_param_nvme_path;  // nvme's directories
   std::string checkpoint_dir;                                        // "" : none configured
   int64_t checkpoint_total_limit = 0;                                // 0: keep every one
+  bool checkpoint_async = false;  // saves written in the background (checkpoint/async_save.h)
   // saveState's layout: sharded (each rank its shard) | full (every parameter whole, gathered to
   // rank 0 while it writes: FSDP's FULL_STATE_DICT).
   std::string state_dict_type = "sharded";
