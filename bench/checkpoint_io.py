@@ -68,8 +68,8 @@ PEER = ("torch ddp", "peer")
 def train(a, folder, strategy, layout, phase, async_save=False):
     """One job at world 2 that saves (`phase` "save") or loads the checkpoint under `folder`;
     `phase` "steps": trains --async_steps steps, saving every --async_every."""
-    launch = [os.path.join(ROOT, "build/bin/cxxlaunch"), "run", "--nproc_per_node=2",
-              f"--checkpoint_async={'true' if async_save else 'false'}"]
+    launch = [os.path.join(ROOT, "build/bin/cxxlaunch"), "run", "--nproc_per_node=2"] + (
+        ["--checkpoint_async"] if async_save else [])
     if (strategy, layout) == PEER:
         argv = launch + [a.python, os.path.join(ROOT, "bench/checkpoint_peer.py"), phase, folder,
                          "--d_model", str(a.d_model), "--layers", str(a.layers)]

@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -276,8 +277,6 @@ void killDuringSaves(int trials, bool async = false) {
                  "2",
                  "--checkpoint_dir",
                  folder,
-                 "--checkpoint_async",
-                 async ? "true" : "false",
                  TRAIN_BIN,
                  "--model",
                  "gpt",
@@ -294,6 +293,7 @@ void killDuringSaves(int trials, bool async = false) {
                  "--print_every",
                  "1000"};
     argv.insert(argv.end(), flags.begin(), flags.end());
+    if (async) argv.insert(std::find(argv.begin(), argv.end(), TRAIN_BIN), "--checkpoint_async");
     Subprocess job(argv, {{"CXXLAUNCH_STRATEGY", "zero3"}});  // as the reference
     REQUIRE(eventually([&] { return fs::exists(folder); }, 60s));
     sleepFor(std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 400)(random)));
