@@ -215,6 +215,7 @@ bool Accelerator::step() {
   if (scheduler_ != nullptr) scheduler_->step();
   strategy_->zeroGrad();
   ++optimizer_steps_;
+  if (async_saver_ && !std::exchange(snapshot_reserved_, true)) reserveSnapshot();
   return true;
 }
 
@@ -351,6 +352,29 @@ void Accelerator::waitForCheckpoint() {
   const CollectiveApi api("waitForCheckpoint");
   if (!checkpointInFlight()) return;
   if (auto report = async_saver_->finish(*world_.backend)) committed(std::move(*report));
+}
+
+void Accelerator::reserveSnapshot() {
+  // After the first optimizer step the optimizer state exists, and the snapshot's size is known.
+  // Not under nvme offload, whose state views are reads of its swap files.
+  if (world_.env.offload_optimizer == "nvme" || world_.env.offload_params == "nvme") return;
+  int64_t numel = 0;
+  try {
+    if (world_.env.state_dict_type == "full") {
+      if (isMainProcess()) {
+        for (const auto& l : strategy_->fullState().layout) {
+          numel += (l.end - l.begin) * static_cast<int64_t>(l.arrays.size());
+        }
+      }
+    } else {
+      for (const auto& slice : strategy_->stateSlices()) {
+        for (const auto& [name, array] : slice.arrays) numel += array.numel();
+      }
+    }
+  } catch (const Error&) {  // a state saveState refuses: it will say so
+    return;
+  }
+  async_saver_->reserve(numel, device().is_cuda());
 }
 
 void Accelerator::committed(checkpoint::SaveReport report) {

@@ -301,6 +301,7 @@ class Accelerator {
   void checkpointUnits(const torch::nn::Module& model);  // fsdp_activation_checkpointing
   void restoreFrom(const checkpoint::Reader& reader);    // loadState's work, from one checkpoint
   void committed(checkpoint::SaveReport report);  // a save's report; saveCheckpoint's pruning
+  void reserveSnapshot();  // checkpoint_async: the snapshot made in the background
 
   World world_;
   int accumulation_steps_ = 1;
@@ -314,6 +315,7 @@ class Accelerator {
   int64_t checkpoint_total_limit_ = 0;
   std::unique_ptr<checkpoint::AsyncSaver> async_saver_;  // with checkpoint_async
   bool prune_when_committed_ = false;                    // the save in flight is saveCheckpoint's
+  bool snapshot_reserved_ = false;
   std::vector<checkpoint::SaveReport> save_reports_;
   std::vector<const torch::nn::Module*> wrapped_;
   std::vector<const torch::nn::Module*> checkpointed_;  // unmarked when this ends

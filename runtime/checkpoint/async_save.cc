@@ -46,14 +46,29 @@ torch::Tensor& AsyncSaver::snapshot(int64_t numel, bool pinned) {
   return snapshot_;
 }
 
-size_t AsyncSaver::snapshotBytes() const {
-  return snapshot_.defined() ? static_cast<size_t>(snapshot_.numel()) * sizeof(float) : 0;
+void AsyncSaver::reserve(int64_t numel, bool pinned) {
+  if (inFlight() || writer_.joinable() || numel <= 0) return;
+  if (snapshot_.defined() && snapshot_.numel() >= numel && snapshot_pinned_ == pinned) return;
+  try {
+    writer_ = std::thread([this, numel, pinned] {
+      try {
+        torch::Tensor& buffer = snapshot(numel, pinned);
+        auto* bytes = static_cast<volatile char*>(buffer.data_ptr());
+        const size_t size = static_cast<size_t>(buffer.numel()) * sizeof(float);
+        for (size_t i = 0; i < size; i += 4096) bytes[i] = 0;
+      } catch (const std::exception&) {  // then the first save makes it, and says what failed
+        snapshot_ = torch::Tensor();
+      }
+    });
+  } catch (const std::system_error&) {  // no thread to be had: the first save makes it
+  }
 }
 
 void AsyncSaver::start(Backend& backend, const std::string& dir, const std::vector<Slice>& slices,
                        std::vector<std::pair<std::string, std::string>> blobs, Counters counters,
                        bool pinned, Clock::time_point began) {
   if (inFlight()) throw std::logic_error("AsyncSaver::start with a save in flight");
+  if (writer_.joinable()) writer_.join();  // reserve()'s
   const std::string staging = stage(backend, dir);
   flight_.emplace();
   flight_->dir = dir;
@@ -91,6 +106,7 @@ void AsyncSaver::startFull(Backend& backend, const std::string& dir, const FullS
                            std::vector<std::pair<std::string, std::string>> blobs,
                            Counters counters, bool pinned, Clock::time_point began) {
   if (inFlight()) throw std::logic_error("AsyncSaver::startFull with a save in flight");
+  if (writer_.joinable()) writer_.join();  // reserve()'s
   const std::string staging = stage(backend, dir);
   flight_.emplace();
   flight_->dir = dir;

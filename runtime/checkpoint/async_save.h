@@ -76,8 +76,11 @@ class AsyncSaver {
   // directory stays incomplete). For a job on its way out with an error.
   void abandon();
 
-  // The snapshot's bytes, kept between saves.
-  size_t snapshotBytes() const;
+  // Makes the snapshot of `numel` elements ahead of the first save, on the writer thread, its
+  // pages touched there: fresh memory is slow to touch (a page fault per page; on a VM whose host
+  // backs it lazily, slower than the disk), and the first save would otherwise pay for it. Not a
+  // collective; nothing while a save is in flight or when the snapshot is large enough already.
+  void reserve(int64_t numel, bool pinned);
 
  private:
   struct Flight {
@@ -100,7 +103,7 @@ class AsyncSaver {
   torch::Tensor snapshot_;
   bool snapshot_pinned_ = false;
   std::optional<Flight> flight_;
-  std::thread writer_;
+  std::thread writer_;  // the save in flight's writer, or reserve()'s
   std::atomic<bool> done_{false};
 };
 
