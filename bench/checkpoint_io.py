@@ -21,9 +21,21 @@ second finds little of the files there. (This column was once a second job's "wa
 the page cache.)
 Target (issue: checkpoints): at least 0.7 of the disk's sequential write and read speed.
 
+The async column (issue 33: asynchronous saves): the same model under ZeRO-3 at world 2 trains
+--async_steps steps and saves every --async_every, once with synchronous saves and once with
+--checkpoint_async, one job after the other in each repetition. "blocked" is the time training
+waited per save with --checkpoint_async (the snapshot, the commit, and any wait for the write at
+the next save or the end) over the time a synchronous save of the same checkpoint took (target:
+at most 0.1), both the medians of each job's saves after its first; the first is shown apart
+(its snapshot memory is touched for the first time, and on this VM fresh memory is slow: see
+## Speed in docs/checkpoints.md). "overlap" is the mean step time of the steps that began while
+a checkpoint was being written in the background over that of the other steps of the same job
+(target: at most 1.2). --async_only runs that column alone.
+
 usage: bench/checkpoint_io.py [--dir DIR (on the disk to measure; default /var/tmp)]
                               [--d_model 1024] [--layers 8] [--repeat 5]
                               [--python /usr/bin/python3 (the peer's, with torch)]
+                              [--async_steps 20] [--async_every 6] [--async_only]
 """
 import argparse
 import glob
@@ -56,9 +68,11 @@ def dd(args):
 PEER = ("torch ddp", "peer")
 
 
-def train(a, folder, strategy, layout, phase):
-    """One job at world 2 that saves (`phase` "save") or loads the checkpoint under `folder`."""
-    launch = [os.path.join(ROOT, "build/bin/cxxlaunch"), "run", "--nproc_per_node=2"]
+def train(a, folder, strategy, layout, phase, async_save=False):
+    """One job at world 2 that saves (`phase` "save") or loads the checkpoint under `folder`;
+    `phase` "steps": trains --async_steps steps, saving every --async_every."""
+    launch = [os.path.join(ROOT, "build/bin/cxxlaunch"), "run", "--nproc_per_node=2"] + (
+        ["--checkpoint_async"] if async_save else [])
     if (strategy, layout) == PEER:
         argv = launch + [a.python, os.path.join(ROOT, "bench/checkpoint_peer.py"), phase, folder,
                          "--d_model", str(a.d_model), "--layers", str(a.layers)]
@@ -68,6 +82,11 @@ def train(a, folder, strategy, layout, phase):
             "--steps", "1", "--warmup", "0", "--batch_size", "1", "--seq_len", "32", "--vocab",
             "64", "--d_model", str(a.d_model), "--layers", str(a.layers), "--heads", "4",
             "--save_every", "1", "--print_every", "1", "--load_again"]
+        if phase == "steps":
+            argv[argv.index("--steps") + 1] = str(a.async_steps)
+            argv[argv.index("--save_every") + 1] = str(a.async_every)
+            argv[argv.index("--print_every") + 1] = str(a.async_steps)
+            argv.remove("--load_again")
     env = dict(os.environ, OMP_NUM_THREADS="1", CXXLAUNCH_STRATEGY=strategy,
                CXXLAUNCH_STATE_DICT_TYPE=layout)
     out = subprocess.run(argv, capture_output=True, text=True, env=env)
@@ -77,8 +96,33 @@ def train(a, folder, strategy, layout, phase):
 
 
 def rate(pattern, text):
-    m = re.search(pattern + r".*\(([0-9.]+) GB in ([0-9.]+) s, ([0-9.]+) GB/s\)", text)
-    return float(m.group(1)), float(m.group(3))
+    """(GB, GB/s) of the first line `pattern` starts: "(<GB> GB in <s> s, ...)"."""
+    m = re.search(pattern + r".*\(([0-9.]+) GB in ([0-9.]+) s", text)
+    return float(m.group(1)), float(m.group(1)) / float(m.group(2))
+
+
+def saves(text):
+    """Each save's (seconds, seconds training was blocked), from the trainer's "saved" lines."""
+    return [(float(m.group(1)), float(m.group(2))) for m in re.finditer(
+        r"saved .* \([0-9.]+ GB in ([0-9.]+) s, training blocked ([0-9.]+) s\)", text)]
+
+
+def async_column(a, work, rep):
+    """One repetition of the async column: (each synchronous save's seconds, each asynchronous
+    save's blocked seconds, the overlapped steps' mean over the others', steps overlapped); the
+    saves in order, the job's first one first."""
+    out = {}
+    for async_save in (False, True):
+        folder = os.path.join(work, f"async-{async_save}-{rep}")
+        out[async_save] = train(a, folder, "zero3", "sharded", "steps", async_save)
+        shutil.rmtree(folder, ignore_errors=True)
+    m = re.search(r"step time while a checkpoint was written: ([0-9.]+) ms \((\d+) steps\); "
+                  r"without: ([0-9.]+) ms \((\d+) steps\)", out[True])
+    if not m or int(m.group(4)) == 0:
+        sys.exit("async column: no step time without a save in flight; raise --async_steps\n"
+                 + out[True])
+    return ([s for s, _ in saves(out[False])], [b for _, b in saves(out[True])],
+            float(m.group(1)) / float(m.group(3)), int(m.group(2)))
 
 
 # dd's block sizes: the disk's speed is the fastest way (also past the page cache). On this
@@ -127,9 +171,16 @@ def main():
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--python", default="/usr/bin/python3")
+    p.add_argument("--async_steps", type=int, default=20)
+    p.add_argument("--async_every", type=int, default=6)
+    p.add_argument("--async_only", action="store_true")
     a = p.parse_args()
     work = tempfile.mkdtemp(prefix="cxxlaunch-ckpt-bench-", dir=a.dir)
-    modes = [("zero3", "sharded"), ("ddp", "sharded"), ("zero3", "full"), PEER]
+    load_before = os.getloadavg()[0]
+    modes = [] if a.async_only else [("zero3", "sharded"), ("ddp", "sharded"), ("zero3", "full"),
+                                     PEER]
+    sync_saves, async_blocked, overlaps, overlapped = [], [], [], 0
+    first_sync, first_blocked = [], []
     ratios = {m: ([], [], []) for m in modes}  # each repetition's save, load and load again
     sizes, writes, reads, dropped = {}, [], [], True
     try:
@@ -152,9 +203,32 @@ def main():
                 for series, value in zip(ratios[(strategy, layout)],
                                          (save / write, load / read, again / read)):
                     series.append(value)
+            each_sync, each_blocked, overlap, steps = async_column(a, work, rep)
+            first_sync.append(each_sync[0])
+            first_blocked.append(each_blocked[0])
+            sync_saves += each_sync[1:]
+            async_blocked += each_blocked[1:]
+            overlaps.append(overlap)
+            overlapped += steps
     finally:
         shutil.rmtree(work, ignore_errors=True)
     median = lambda v: sorted(v)[len(v) // 2]
+    each = lambda v: " ".join(f"{r:.3f}" for r in v)
+    print(f"async (zero3 sharded, GPT d_model {a.d_model} x {a.layers} layers at world 2, "
+          f"{a.async_steps} steps saving every {a.async_every}, {a.repeat} repetition(s); "
+          f"1-minute load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after): "
+          f"blocked per save "
+          f"{median(async_blocked):.3f} s against a synchronous save's {median(sync_saves):.3f} s "
+          f"= {median(async_blocked) / median(sync_saves):.3f}x (target <= 0.1); steps while "
+          f"a save was written {median(overlaps):.2f}x the others' (target <= 1.2; "
+          f"{overlapped} steps overlapped)\n"
+          f"  synchronous saves after the first (s): {each(sync_saves)}\n"
+          f"  asynchronous saves after the first, blocked (s): {each(async_blocked)}\n"
+          f"  each job's first save: synchronous {each(first_sync)} s; asynchronous, blocked "
+          f"{each(first_blocked)} s\n"
+          f"  overlapped / other step time, each repetition: {each(overlaps)}")
+    if not modes:
+        return
     print(f"GPT d_model {a.d_model} x {a.layers} layers at world 2, checkpoints under {a.dir}, "
           f"{a.repeat} repetition(s); disk (dd, the fastest of 4 and 64 MiB blocks, through "
           f"the page cache and past it (oflag/iflag=direct), measured next to each save and "

@@ -71,6 +71,8 @@ inline constexpr const char kCheckpointTotalLimit[] = "CXXLAUNCH_CHECKPOINT_TOTA
 // log_with), and the folder they, config.json and report.html go into (accelerate's project_dir).
 inline constexpr const char kLogWith[] = "CXXLAUNCH_LOG_WITH";
 inline constexpr const char kProjectDir[] = "CXXLAUNCH_PROJECT_DIR";
+// true: saveState / saveCheckpoint snapshot the state and write it in the background.
+inline constexpr const char kCheckpointAsync[] = "CXXLAUNCH_CHECKPOINT_ASYNC";
 inline constexpr const char kDebug[] = "CXXLAUNCH_DEBUG";  // true: check collectives' shapes
 // Always set: the file whose time the runtime touches at every micro-step, so that the launcher
 // sees a worker that stops making progress (`cxxlaunch status`, --watchdog_timeout).

@@ -189,6 +189,10 @@ std::vector<KeySpec> buildSchema() {
               "unset: none (docs/observability.md)"),
       textKey("cxxlaunch.project_dir", K::kText, "", "project_dir", "CXXLAUNCH_PROJECT_DIR",
               "folder the trackers and report.html are written into"),
+      boolKey("cxxlaunch.checkpoint_async", "false", "checkpoint_async",
+              "CXXLAUNCH_CHECKPOINT_ASYNC",
+              "saves return once the state is copied to host memory; a background thread writes "
+              "it (docs/checkpoints.md)"),
       textKey("cxxlaunch.log_dir", K::kText, "", "", "CXXLAUNCH_LOG_DIR",
               "per-rank logs (--log_dir; unset: $TMPDIR/cxxlaunch-UID)"),
       textKey("cxxlaunch.token_file", K::kText, "", "", "CXXLAUNCH_TOKEN_FILE",

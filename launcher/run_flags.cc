@@ -54,7 +54,8 @@ std::vector<FlagSpec> configFlags() {
   };
   for (const auto& spec : configSchema()) {
     if (spec.flag.empty()) continue;
-    const bool is_switch = spec.key == "use_cpu" || spec.key == "debug";
+    const bool is_switch =
+        spec.key == "use_cpu" || spec.key == "debug" || spec.key == "cxxlaunch.checkpoint_async";
     std::string value_name = spec.type == KeyType::kBool     ? "true|false"
                              : spec.type == KeyType::kText   ? "TEXT"
                              : spec.type == KeyType::kGpuIds ? "IDS|all"

@@ -73,6 +73,7 @@ std::map<std::string, std::string> workerSettings(const Config& c,
       {"cxxlaunch.checkpoint_total_limit"});
   put(env::kLogWith, c.text("cxxlaunch.log_with"), {"cxxlaunch.log_with"});
   put(env::kProjectDir, c.text("cxxlaunch.project_dir"), {"cxxlaunch.project_dir"});
+  put(env::kCheckpointAsync, c.text("cxxlaunch.checkpoint_async"), {"cxxlaunch.checkpoint_async"});
   // saveState's layout: FSDP's fsdp_state_dict_type (FULL_STATE_DICT gathers to rank 0); every
   // other mode saves one file per rank, as DeepSpeed's save_checkpoint writes its partitions.
   put(env::kStateDictType,

@@ -7,6 +7,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/cuda.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -61,6 +62,9 @@ Accelerator::Accelerator(World world, AcceleratorOptions options)
                                : world_.env.log_with;
   project_dir_ = options.project_dir.value_or(world_.env.project_dir);
   report_every_ = options.report_every;
+  if (options.checkpoint_async.value_or(world_.env.checkpoint_async)) {
+    async_saver_ = std::make_unique<checkpoint::AsyncSaver>();
+  }
   installUncaughtErrorReport(world_.env.error_file);
   if (world_.env.gradient_accumulation_steps < 1) {
     throw InvalidArgument("gradient accumulation steps must be >= 1");
@@ -86,6 +90,19 @@ Accelerator::Accelerator(World world, AcceleratorOptions options)
 
 Accelerator::~Accelerator() {
   for (const auto* module : checkpointed_) detail::setCheckpointActivations(module, false);
+  if (checkpointInFlight()) {
+    if (std::uncaught_exceptions() > 0) {
+      async_saver_->abandon();  // the other ranks may never come: left incomplete, uncommitted
+    } else {
+      // The end of training commits the last save; a write that failed ends the process as an
+      // uncaught error would (error_report.h), never silently.
+      try {
+        waitForCheckpoint();
+      } catch (...) {
+        std::terminate();
+      }
+    }
+  }
   if (backward_pending_ && std::uncaught_exceptions() == 0) {
     std::cerr << "cxxlaunch: warning: the last Accelerator::backward had no Accelerator::step "
                  "after it, so its gradients were never applied (call acc.step() after each "
@@ -184,6 +201,9 @@ bool Accelerator::step() {
   const CollectiveApi api("step");
   if (!strategy_) throw InvalidArgument("Accelerator::step before prepare(model, optimizer)");
   backward_pending_ = false;
+  if (checkpointInFlight()) {
+    if (auto report = async_saver_->poll(*world_.backend)) committed(std::move(*report));
+  }
   const bool sync = syncGradients();
   ++micro_step_;
   if (!sync) return false;
@@ -201,6 +221,7 @@ bool Accelerator::step() {
   if (scheduler_ != nullptr) scheduler_->step();
   strategy_->zeroGrad();
   ++optimizer_steps_;
+  if (async_saver_ && !std::exchange(snapshot_reserved_, true)) reserveSnapshot();
   return true;
 }
 
@@ -369,6 +390,9 @@ void Accelerator::saveState(const std::string& dir) {
         "Accelerator::saveState between backward and step: call acc.step() "
         "first, or the checkpoint would miss this step's gradients");
   }
+  waitForCheckpoint();  // one save at a time: the snapshot is reused
+  prune_when_committed_ = false;
+  const auto began = checkpoint::AsyncSaver::Clock::now();
   std::vector<std::pair<std::string, std::string>> blobs;
   for (auto& [name, generator] : generatorsOf(device())) {
     torch::Tensor rng;
@@ -415,16 +439,67 @@ void Accelerator::saveState(const std::string& dir) {
     counters["buffer:" + item.key()] = layout;
   }
   counters.merge(strategy_->stateCounters(optimizer_steps_));
-  if (world_.env.state_dict_type == "full") {
-    checkpoint::saveFull(*world_.backend, dir, strategy_->fullState(), blobs, counters);
-  } else {
-    checkpoint::save(*world_.backend, dir, strategy_->stateSlices(), blobs, counters);
+  const bool full = world_.env.state_dict_type == "full";
+  if (async_saver_) {
+    const bool pinned = device().is_cuda();
+    if (full) {
+      async_saver_->startFull(*world_.backend, dir, strategy_->fullState(), std::move(blobs),
+                              std::move(counters), pinned, began);
+    } else {
+      async_saver_->start(*world_.backend, dir, strategy_->stateSlices(), std::move(blobs),
+                          std::move(counters), pinned, began);
+    }
+    return;
   }
+  const uint64_t bytes =
+      full ? checkpoint::saveFull(*world_.backend, dir, strategy_->fullState(), blobs, counters)
+           : checkpoint::save(*world_.backend, dir, strategy_->stateSlices(), blobs, counters);
+  const double seconds =
+      std::chrono::duration<double>(checkpoint::AsyncSaver::Clock::now() - began).count();
+  committed({dir, bytes, seconds, seconds});
+}
+
+void Accelerator::waitForCheckpoint() {
+  const CollectiveApi api("waitForCheckpoint");
+  if (!checkpointInFlight()) return;
+  if (auto report = async_saver_->finish(*world_.backend)) committed(std::move(*report));
+}
+
+void Accelerator::reserveSnapshot() {
+  // After the first optimizer step the optimizer state exists, and the snapshot's size is known.
+  // Not under nvme offload, whose state views are reads of its swap files.
+  if (world_.env.offload_optimizer == "nvme" || world_.env.offload_params == "nvme") return;
+  int64_t numel = 0;
+  try {
+    if (world_.env.state_dict_type == "full") {
+      if (isMainProcess()) {
+        for (const auto& l : strategy_->fullState().layout) {
+          numel += (l.end - l.begin) * static_cast<int64_t>(l.arrays.size());
+        }
+      }
+    } else {
+      for (const auto& slice : strategy_->stateSlices()) {
+        for (const auto& [name, array] : slice.arrays) numel += array.numel();
+      }
+    }
+  } catch (const Error&) {  // a state saveState refuses: it will say so
+    return;
+  }
+  async_saver_->reserve(numel, device().is_cuda());
+}
+
+void Accelerator::committed(checkpoint::SaveReport report) {
+  if (std::exchange(prune_when_committed_, false) && checkpoint_total_limit_ > 0 &&
+      isMainProcess()) {
+    checkpoint::removeOldest(checkpoint_dir_, static_cast<size_t>(checkpoint_total_limit_));
+  }
+  save_reports_.push_back(std::move(report));
 }
 
 std::string Accelerator::loadState(const std::string& path) {
   const CollectiveApi api("loadState");
   if (!strategy_) throw InvalidArgument("Accelerator::loadState before prepare");
+  waitForCheckpoint();  // the save in flight may be the one to load
   // The lowest rank for which `failed`, or -1: every rank learns whether all of them succeeded.
   auto lowestFailing = [&](bool failed) {
     int32_t lowest = failed ? rank() : worldSize();
@@ -632,6 +707,8 @@ std::string Accelerator::saveCheckpoint() {
   }
   const std::string dir = checkpoint_dir_ + "/checkpoint_" + std::to_string(optimizer_steps_);
   saveState(dir);
+  // Pruning counts complete checkpoints only: an asynchronous save prunes again once committed.
+  prune_when_committed_ = checkpointInFlight();
   if (checkpoint_total_limit_ > 0 && isMainProcess()) {
     checkpoint::removeOldest(checkpoint_dir_, static_cast<size_t>(checkpoint_total_limit_));
   }
@@ -643,6 +720,7 @@ std::optional<std::string> Accelerator::resume() {
   const CollectiveApi api("resume");
   // A folder that holds checkpoints, none of which loads, is an error: starting from step 0 would
   // silently throw away the run (and the next save would remove the checkpoints in the end).
+  waitForCheckpoint();
   if (checkpoint_dir_.empty() || !checkpoint::holdsCheckpoints(checkpoint_dir_)) {
     return std::nullopt;
   }

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "runtime/checkpoint/async_save.h"
 #include "runtime/deferred_init.h"
 #include "runtime/epoch_sampler.h"
 #include "runtime/eval_loader.h"
@@ -70,6 +71,10 @@ struct AcceleratorOptions {
   std::optional<std::string> log_with;
   std::optional<std::string> project_dir;  // default: CXXLAUNCH_PROJECT_DIR (--project_dir)
   int report_every = 10;                   // logs between rewrites of report.html
+  // saveState / saveCheckpoint return once this rank's state is copied into host memory and
+  // write it in the background (docs/checkpoints.md#asynchronous-saves). Unset: the launch's
+  // (--checkpoint_async, CXXLAUNCH_CHECKPOINT_ASYNC, cxxlaunch.checkpoint_async), else false.
+  std::optional<bool> checkpoint_async;
 };
 
 class Accelerator;
@@ -306,8 +311,20 @@ class Accelerator {
   // own file, the manifest last). Collectives: every rank calls them. loadState takes a
   // checkpoint directory or a folder of them (the newest complete one wins), saved by any
   // strategy at any world size, and returns the directory it loaded. Call both after step().
+  //
+  // With checkpoint_async, saveState returns once this rank's state is copied into host memory
+  // and a background thread writes it (checkpoint/async_save.h); the checkpoint is complete once
+  // committed, at the first step() that finds every rank's write over, or when the next save,
+  // loadState, waitForCheckpoint or the end of the Accelerator waits for it. A write that failed
+  // is an error on every rank there.
   void saveState(const std::string& dir);
   std::string loadState(const std::string& path);
+  // A collective: waits for an asynchronous save in flight and commits it (at once without one).
+  void waitForCheckpoint();
+  bool checkpointInFlight() const { return async_saver_ && async_saver_->inFlight(); }
+  // The saves committed since the last call, oldest first: a synchronous one when saveState
+  // returns, an asynchronous one when it was committed (see above). For a trainer's log line.
+  std::vector<checkpoint::SaveReport> takeSaveReports() { return std::exchange(save_reports_, {}); }
 
   // accelerate's save_model (unwrap_model + save_pretrained): the whole model — parameters in
   // `dtype`, gathered one unit at a time, and buffers — as safetensors in `dir`, for other tools
@@ -361,6 +378,8 @@ class Accelerator {
  private:
   void checkpointUnits(const torch::nn::Module& model);  // fsdp_activation_checkpointing
   void restoreFrom(const checkpoint::Reader& reader);    // loadState's work, from one checkpoint
+  void committed(checkpoint::SaveReport report);  // a save's report; saveCheckpoint's pruning
+  void reserveSnapshot();  // checkpoint_async: the snapshot made in the background
 
   World world_;
   int accumulation_steps_ = 1;
@@ -372,6 +391,10 @@ class Accelerator {
   std::shared_ptr<torch::nn::Module> model_;      // its buffers go into checkpoints
   std::string checkpoint_dir_;
   int64_t checkpoint_total_limit_ = 0;
+  std::unique_ptr<checkpoint::AsyncSaver> async_saver_;  // with checkpoint_async
+  bool prune_when_committed_ = false;                    // the save in flight is saveCheckpoint's
+  bool snapshot_reserved_ = false;
+  std::vector<checkpoint::SaveReport> save_reports_;
   std::vector<const torch::nn::Module*> wrapped_;
   std::vector<const torch::nn::Module*> checkpointed_;  // unmarked when this ends
   PrecisionPolicy precision_;

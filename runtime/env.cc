@@ -127,6 +127,7 @@ WorkerEnv readWorkerEnv() {
   readString(env::kLogWith, log_with);
   e.log_with = parseTrackerList(log_with, env::kLogWith);
   readString(env::kProjectDir, e.project_dir);
+  readBool(env::kCheckpointAsync, e.checkpoint_async);
   readChoice(env::kStateDictType, e.state_dict_type, {"sharded", "full"});
   readBool(env::kDebug, e.debug);
   readString(env::kHeartbeatFile, e.heartbeat_file);

@@ -297,10 +297,27 @@ int train(const Flags& f, Accelerator& acc, Dataset dataset, Model model, LossFn
               ioRate(*from, resume_start), ")");
   }
 
+  // Every save once committed: at once when synchronous; with --checkpoint_async at the step,
+  // save or end that committed it, the time training was blocked being what it waited.
+  auto printSaves = [&] {
+    for (const auto& s : acc.takeSaveReports()) {
+      char text[96];
+      std::snprintf(text, sizeof(text), "%.3f GB in %.3f s, training blocked %.3f s",
+                    static_cast<double>(s.bytes) / 1e9, s.seconds, s.blocked_seconds);
+      acc.print("saved ", s.dir, " (", text, ")");
+    }
+  };
+
   // The mean step time leaves out the first two steps (allocations, first buckets).
   constexpr int64_t kUntimedSteps = 2;
   auto timed_from = std::chrono::steady_clock::now();
   auto last = timed_from;
+  // Each optimizer step's time (from the end of the one before, its save left out), apart for
+  // the steps that began while a checkpoint was being written in the background.
+  auto step_began = timed_from;
+  bool began_during_save = false;
+  double step_seconds[2] = {0, 0};  // [without a save being written, with one]
+  int64_t steps_timed[2] = {0, 0};
   int64_t examples_since = 0;
   double loss_sum = 0;
   int64_t loss_count = 0;
@@ -343,6 +360,12 @@ int train(const Flags& f, Accelerator& acc, Dataset dataset, Model model, LossFn
       }
       step_examples = step_losses = 0;
       step_loss_sum = 0;
+      if (step > kUntimedSteps) {
+        step_seconds[began_during_save] +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - step_began).count();
+        ++steps_timed[began_during_save];
+      }
+      printSaves();
       if (step == kUntimedSteps) timed_from = std::chrono::steady_clock::now();
       if (step % f.print_every == 0 || step == f.steps) {
         const auto now = std::chrono::steady_clock::now();
@@ -363,17 +386,30 @@ int train(const Flags& f, Accelerator& acc, Dataset dataset, Model model, LossFn
         loss_count = 0;
       }
       if (f.save_every > 0 && step % f.save_every == 0) {
-        const auto save_start = std::chrono::steady_clock::now();
-        const std::string saved = acc.saveCheckpoint();
-        acc.print("saved ", saved, " (", ioRate(saved, save_start), ")");
+        acc.saveCheckpoint();
+        printSaves();
       }
       if (step == f.crash_at_step && acc.rank() == acc.worldSize() - 1 &&
           acc.env().restart_count == 0) {
         std::cerr << "train: --crash_at_step " << step << ": exiting as a crash would\n";
         std::_Exit(3);
       }
+      step_began = std::chrono::steady_clock::now();
+      began_during_save = acc.checkpointInFlight();
       if (step >= f.steps) break;
     }
+  }
+  acc.waitForCheckpoint();
+  printSaves();
+  if (steps_timed[1] > 0) {
+    auto mean = [&](int i) { return step_seconds[i] / static_cast<double>(steps_timed[i]) * 1e3; };
+    char line[160];
+    std::snprintf(line, sizeof(line),
+                  "step time while a checkpoint was written: %.2f ms (%lld steps); without: "
+                  "%.2f ms (%lld steps)",
+                  mean(1), static_cast<long long>(steps_timed[1]),
+                  steps_timed[0] > 0 ? mean(0) : 0.0, static_cast<long long>(steps_timed[0]));
+    acc.print(line);
   }
   const double timed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - timed_from).count();

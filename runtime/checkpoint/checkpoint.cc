@@ -34,17 +34,11 @@ void agree(Backend& backend, bool ok, const std::string& what, const std::string
 
 }  // namespace
 
-namespace {
-
-// The protocol both layouts share (checkpoint.h): `writeOwn` writes this rank's file (under the
-// staging directory's `path`) and returns its size and CRC-32C.
-void saveWith(Backend& backend, const std::string& dir, const Counters& counters,
-              const std::function<std::pair<uint64_t, uint32_t>(const std::string&)>& writeOwn) {
-  const int rank = backend.rank(), world = backend.worldSize();
-  const std::string staging = dir + ".tmp", old = dir + ".old";
+std::string stage(Backend& backend, const std::string& dir) {
+  const std::string staging = dir + ".tmp";
   std::string error;
   bool ok = true;
-  if (rank == 0) {
+  if (backend.rank() == 0) {
     try {
       fs::remove_all(staging);
       fs::create_directories(staging);
@@ -54,19 +48,23 @@ void saveWith(Backend& backend, const std::string& dir, const Counters& counters
     }
   }
   agree(backend, ok, "preparing the directory", error);
+  return staging;
+}
 
-  std::pair<uint64_t, uint32_t> written{0, 0};
-  try {
-    written = writeOwn(staging + "/" + rankFileName(rank));
-  } catch (const std::exception& e) {
-    ok = false;
-    error = e.what();
-  }
-  agree(backend, ok, "writing rank files", error);
+uint64_t commit(Backend& backend, const std::string& dir, const Counters& counters,
+                std::pair<uint64_t, uint32_t> written, const std::string& write_error,
+                const std::string& writing) {
+  const int rank = backend.rank(), world = backend.worldSize();
+  const std::string staging = dir + ".tmp", old = dir + ".old";
+  agree(backend, write_error.empty(), writing, write_error);
 
   std::vector<uint64_t> all(2 * static_cast<size_t>(world));
   uint64_t mine[2] = {written.first, written.second};
   backend.allGather(mine, all.data(), 2, DType::kInt64)->wait();
+  uint64_t bytes = 0;
+  for (int r = 0; r < world; ++r) bytes += all[2 * static_cast<size_t>(r)];
+  std::string error;
+  bool ok = true;
   if (rank == 0) {
     try {
       std::vector<std::pair<uint64_t, uint32_t>> files;
@@ -88,21 +86,41 @@ void saveWith(Backend& backend, const std::string& dir, const Counters& counters
     }
   }
   agree(backend, ok, "committing", error);
+  return bytes;
+}
+
+namespace {
+
+// The protocol both layouts share (checkpoint.h): `writeOwn` writes this rank's file (under the
+// staging directory's `path`) and returns its size and CRC-32C.
+uint64_t saveWith(
+    Backend& backend, const std::string& dir, const Counters& counters,
+    const std::function<std::pair<uint64_t, uint32_t>(const std::string&)>& writeOwn) {
+  const std::string staging = stage(backend, dir);
+  std::pair<uint64_t, uint32_t> written{0, 0};
+  std::string error;
+  try {
+    written = writeOwn(staging + "/" + rankFileName(backend.rank()));
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  return commit(backend, dir, counters, written, error);
 }
 
 }  // namespace
 
-void save(Backend& backend, const std::string& dir, const std::vector<Slice>& slices,
-          const std::vector<std::pair<std::string, std::string>>& blobs, const Counters& counters) {
-  saveWith(backend, dir, counters,
-           [&](const std::string& path) { return writeShardFile(path, slices, blobs); });
-}
-
-void saveFull(Backend& backend, const std::string& dir, const FullState& state,
+uint64_t save(Backend& backend, const std::string& dir, const std::vector<Slice>& slices,
               const std::vector<std::pair<std::string, std::string>>& blobs,
               const Counters& counters) {
+  return saveWith(backend, dir, counters,
+                  [&](const std::string& path) { return writeShardFile(path, slices, blobs); });
+}
+
+uint64_t saveFull(Backend& backend, const std::string& dir, const FullState& state,
+                  const std::vector<std::pair<std::string, std::string>>& blobs,
+                  const Counters& counters) {
   const bool writes = backend.rank() == 0;
-  saveWith(backend, dir, counters, [&](const std::string& path) {
+  return saveWith(backend, dir, counters, [&](const std::string& path) {
     // Every rank runs every gather of produce(), whatever happens to rank 0's file, or the
     // others would wait for it; a write error is thrown once the gathers are over.
     std::optional<ShardFileWriter> writer;

@@ -11,7 +11,8 @@
 //   3. a failure on any rank (disk full, I/O error) is an error on every rank; what existed
 //      before stays as it was.
 // A crash at any instant leaves at least the last complete checkpoint: `<dir>` or, between the
-// two renames, `<dir>.old`. Re-saving the same directory is the same protocol.
+// two renames, `<dir>.old`. Re-saving the same directory is the same protocol. Asynchronous
+// saves (async_save.h) run this protocol too, their rank files written in the background.
 //
 // Loading picks a checkpoint: `path` itself when it is complete (manifest present, every file
 // of the listed size and checksum), else `<path>.old`, else the complete subdirectory of `path`
@@ -39,8 +40,10 @@
 
 namespace cxxlaunch::runtime::checkpoint {
 
-void save(Backend& backend, const std::string& dir, const std::vector<Slice>& slices,
-          const std::vector<std::pair<std::string, std::string>>& blobs, const Counters& counters);
+// Both return the bytes of the checkpoint's rank files, over every rank.
+uint64_t save(Backend& backend, const std::string& dir, const std::vector<Slice>& slices,
+              const std::vector<std::pair<std::string, std::string>>& blobs,
+              const Counters& counters);
 
 // The full layout (FSDP's FULL_STATE_DICT): rank 0's file holds every parameter whole, each array
 // gathered while the file is written, so no rank holds more than one unit's array at a time;
@@ -51,8 +54,18 @@ struct FullState {
   std::vector<SliceLayout> layout;  // rank 0's slices, in the order produce() gives their arrays
   std::function<void(const std::function<void(const torch::Tensor&)>& write)> produce;
 };
-void saveFull(Backend& backend, const std::string& dir, const FullState& state,
-              const std::vector<std::pair<std::string, std::string>>& blobs,
-              const Counters& counters);
+uint64_t saveFull(Backend& backend, const std::string& dir, const FullState& state,
+                  const std::vector<std::pair<std::string, std::string>>& blobs,
+                  const Counters& counters);
+
+// The protocol's two halves around the writing of the rank files, for a save that writes them
+// later (async_save.h); save() is stage(), this rank's file, commit(). Both are collectives.
+// stage() is step 1 and returns the staging directory. commit() is steps 2 and 3, given this
+// rank's file (`written`: its size and CRC-32C) or the error that stopped it (`write_error` not
+// empty: every rank throws, `writing` saying what failed); it returns save()'s bytes.
+std::string stage(Backend& backend, const std::string& dir);
+uint64_t commit(Backend& backend, const std::string& dir, const Counters& counters,
+                std::pair<uint64_t, uint32_t> written, const std::string& write_error,
+                const std::string& writing = "writing rank files");
 
 }  // namespace cxxlaunch::runtime::checkpoint

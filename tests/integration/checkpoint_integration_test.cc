@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -256,8 +257,10 @@ int64_t stepOf(const std::string& dir) {
 // Trials of SIGKILL at random instants of a job that saves a checkpoint after every step: the
 // whole job (launcher and workers at once) or one worker. After each, the folder's newest
 // complete checkpoint must be byte for byte the one an undisturbed run saved at that step, and
-// a job killed by losing a worker must end in bounded time.
-void killDuringSaves(int trials) {
+// a job killed by losing a worker must end in bounded time. `async`: the trials' saves are
+// asynchronous (--checkpoint_async), killed while snapshotting, writing in the background or
+// committing; the reference's are synchronous, and the files must be the same.
+void killDuringSaves(int trials, bool async = false) {
   TempDir dir;
   const Args flags = {"--save_every", "1", "--steps", "120", "--warmup", "0"};
   const std::string reference = dir.path() + "/reference";
@@ -290,6 +293,7 @@ void killDuringSaves(int trials) {
                  "--print_every",
                  "1000"};
     argv.insert(argv.end(), flags.begin(), flags.end());
+    if (async) argv.insert(std::find(argv.begin(), argv.end(), TRAIN_BIN), "--checkpoint_async");
     Subprocess job(argv, {{"CXXLAUNCH_STRATEGY", "zero3"}});  // as the reference
     REQUIRE(eventually([&] { return fs::exists(folder); }, 60s));
     sleepFor(std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 400)(random)));
@@ -326,10 +330,10 @@ void killDuringSaves(int trials) {
     ++recovered;
   }
   // Report the figures (ctest --output-on-failure -V shows them).
-  std::cout << "kill during saves: " << trials << " trials, " << recovered
-            << " recovered the newest complete checkpoint intact, " << inside_a_save
-            << " were killed inside a save (its staging directory left), " << without_checkpoint
-            << " before their first checkpoint; 0 corrupt loads, 0 hangs\n";
+  std::cout << "kill during " << (async ? "asynchronous " : "") << "saves: " << trials
+            << " trials, " << recovered << " recovered the newest complete checkpoint intact, "
+            << inside_a_save << " were killed inside a save (its staging directory left), "
+            << without_checkpoint << " before their first checkpoint; 0 corrupt loads, 0 hangs\n";
   CHECK(recovered > trials / 2);
 }
 
@@ -341,6 +345,59 @@ TEST_CASE("SIGKILL during saves: the newest complete checkpoint is always intact
 }
 
 TEST_CASE("SIGKILL during saves, 200 trials", "[.kill_soak]") { killDuringSaves(200); }
+
+TEST_CASE("SIGKILL during asynchronous saves: the newest complete checkpoint is always intact",
+          "[checkpoint][integration]") {
+  killDuringSaves(15, /*async=*/true);
+}
+
+TEST_CASE("SIGKILL during asynchronous saves, 200 trials", "[.kill_soak]") {
+  killDuringSaves(200, /*async=*/true);
+}
+
+TEST_CASE("With --checkpoint_async a job that died resumes and ends as if it never had",
+          "[checkpoint][integration]") {
+  // Every save is reported once committed, with the time training was blocked; the checkpoints
+  // and the end are those of a job that saves synchronously.
+  TempDir dir;
+  const std::string sync_folder = dir.path() + "/sync", folder = dir.path() + "/async";
+  const Trained sync =
+      train(dir, "sync", 2, {"--checkpoint_dir", sync_folder}, {"--save_every", "2"});
+  REQUIRE(sync.finished.exit_code == 0);
+  // The line of a save, in both modes: "saved DIR (0.001 GB in 0.012 s, training blocked 0.012 s)".
+  auto saveLine = [](const std::string& out, const std::string& dir) {
+    const auto at = out.find("saved " + dir + " (");
+    return at == std::string::npos ? std::string() : out.substr(at, out.find('\n', at) - at);
+  };
+  const std::string format = "saved .* \\([0-9.]+ GB in [0-9.]+ s, training blocked [0-9.]+ s\\)";
+  CHECK_THAT(saveLine(sync.finished.out, sync_folder + "/checkpoint_2"), Catch::Matches(format));
+  const Trained whole = train(dir, "whole", 2, {"--checkpoint_dir", folder, "--checkpoint_async"},
+                              {"--save_every", "2"});
+  INFO(whole.finished.out << whole.finished.err);
+  REQUIRE(whole.finished.exit_code == 0);
+  for (const std::string step : {"2", "4", "6"}) {
+    CHECK_THAT(saveLine(whole.finished.out, folder + "/checkpoint_" + step),
+               Catch::Matches(format));
+    for (const std::string file : {"manifest", "rank0.bin", "rank1.bin"}) {
+      CHECK(readFile(folder + "/checkpoint_" + step + "/" + file) ==
+            readFile(sync_folder + "/checkpoint_" + step + "/" + file));
+    }
+  }
+  CHECK_THAT(whole.finished.out, Catch::Contains("step time while a checkpoint was written"));
+  CHECK(whole.params == sync.params);
+
+  // A job that dies after its step-4 save began: step 2's (or, if it was committed, 4's) resumes.
+  fs::remove_all(folder);
+  const Trained died = train(dir, "died", 2, {"--checkpoint_dir", folder, "--checkpoint_async"},
+                             {"--save_every", "2", "--crash_at_step", "4"});
+  CHECK(died.finished.exit_code != 0);
+  const Trained resumed =
+      train(dir, "resumed", 2, {"--checkpoint_dir", folder, "--checkpoint_async"}, {});
+  INFO(resumed.finished.out << resumed.finished.err);
+  REQUIRE(resumed.finished.exit_code == 0);
+  CHECK_THAT(resumed.finished.out, Catch::Contains("resumed from " + folder + "/checkpoint_"));
+  CHECK(resumed.params == sync.params);
+}
 
 TEST_CASE("An elastic 2:3 job that loses a node resumes at world 2 from its last checkpoint",
           "[checkpoint][integration]") {

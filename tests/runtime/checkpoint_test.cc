@@ -13,7 +13,9 @@
 
 #include <array>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -25,6 +27,7 @@
 #include <random>
 #include <set>
 #include <stdexcept>
+#include <thread>
 #include <tuple>
 
 #include "common/error.h"
@@ -62,6 +65,7 @@ struct Job {
   std::string layout = "sharded";  // saveState's: sharded | full
   std::string roll_back{};         // at to_step, load this checkpoint and train to to_step again
   int64_t d = 11;                  // the Tower's width
+  bool async = false;              // checkpoint_async: saves written in the background
 };
 
 // A trainer's own optimizer (plain SGD with a decaying step per parameter): state of a type
@@ -170,6 +174,7 @@ Ended run(const Job& job) {
     world.env.fsdp_transformer_layer_cls = {"Block"};
     world.env.fsdp_auto_wrap_policy = "TRANSFORMER_BASED_WRAP";
     world.env.state_dict_type = job.layout;
+    world.env.checkpoint_async = job.async;
     if (!job.nvme.empty()) {
       world.env.offload_optimizer = world.env.offload_params = "nvme";
       world.env.offload_optimizer_nvme_path = world.env.offload_param_nvme_path = job.nvme;
@@ -1522,4 +1527,208 @@ TEST_CASE("A prepared loader has another order each epoch, the same on every ran
   for (int r = 0; r < 2; ++r) {
     CHECK(resumed[r] == std::vector<std::vector<int>>(whole[r].begin() + 4, whole[r].end()));
   }
+}
+
+// ---- asynchronous saves (checkpoint/async_save.h) ----------------------------------------------
+
+namespace {
+
+// Every file of a checkpoint directory, by name.
+std::map<std::string, std::string> filesOf(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    out[entry.path().filename().string()] = cxxlaunch::testing::readFile(entry.path().string());
+  }
+  return out;
+}
+
+// A rank of a world of two over `fake`, training the Tower with AdamW; `options` as given.
+struct AsyncRank {
+  Tower net;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::unique_ptr<Accelerator> acc;
+  int rank;
+
+  AsyncRank(const std::shared_ptr<FakeWorld>& fake, int r, std::mutex& construction,
+            AcceleratorOptions options)
+      : net([&] {
+          std::lock_guard<std::mutex> lock(construction);
+          torch::manual_seed(42);
+          return Tower(11, 3);
+        }()),
+        optimizer(makeOptimizer("adamw", net->parameters())),
+        rank(r) {
+    World world;
+    world.env.rank = r;
+    world.env.world_size = 2;
+    world.env.strategy = "zero3";
+    world.env.fsdp_transformer_layer_cls = {"Block"};
+    world.env.fsdp_auto_wrap_policy = "TRANSFORMER_BASED_WRAP";
+    world.env.checkpoint_async = true;
+    world.backend = makeFakeBackend(fake, r);
+    acc = std::make_unique<Accelerator>(std::move(world), options);
+    acc->prepare(net.ptr(), *optimizer);
+  }
+  void step() {
+    auto [x, y] = batchOf(acc->optimizerSteps(), 8);
+    acc->backward(
+        torch::mse_loss(net->forward(x.narrow(0, rank * 4, 4)), y.narrow(0, rank * 4, 4)));
+    acc->step();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("Asynchronous saves write the synchronous saves' checkpoints byte for byte",
+          "[checkpoint][async]") {
+  // Saved at step 2 while training goes on to step 5 (the snapshot must not follow the training),
+  // and at the end (committed by the Accelerator's end), in each layout: the files equal a
+  // synchronous save's, and the training is not disturbed.
+  torch::set_num_threads(1);
+  cxxlaunch::testing::TempDir dir;
+  for (const std::string layout : {"sharded", "full"}) {
+    for (const std::string strategy : {"ddp", "zero1", "zero3"}) {
+      INFO(strategy << " " << layout);
+      const std::string base = dir.path() + "/" + strategy + "-" + layout;
+      auto job = [&](const std::string& mode) {
+        Job j{.strategy = strategy, .layout = layout, .async = mode == "async"};
+        j.to_step = 5;
+        j.save_at = 2;
+        j.save_at_dir = base + "/" + mode + "/step2";
+        j.save = base + "/" + mode + "/step5";
+        return run(j);
+      };
+      const Ended sync = job("sync"), async = job("async");
+      CHECK(maxRelativeDifference(sync, async) == 0);
+      for (const std::string step : {"step2", "step5"}) {
+        const auto written = filesOf(base + "/async/" + step);
+        CHECK(written.size() == 3);  // manifest, rank0.bin, rank1.bin
+        CHECK(written == filesOf(base + "/sync/" + step));
+        CHECK(!fs::exists(base + "/async/" + step + ".tmp"));
+      }
+    }
+  }
+}
+
+TEST_CASE("An asynchronous save is committed by a later step, the next save, a load or the end",
+          "[checkpoint][async]") {
+  torch::set_num_threads(1);
+  cxxlaunch::testing::TempDir dir;
+  const std::string root = dir.path() + "/checkpoints";
+  auto fake = makeFakeWorld(2);
+  std::mutex construction;
+  std::vector<std::vector<checkpoint::SaveReport>> reports(2);
+  onRanks(2, [&](int r) {
+    AcceleratorOptions options;
+    options.checkpoint_dir = root;
+    options.checkpoint_total_limit = 2;
+    AsyncRank job(fake, r, construction, options);
+    Accelerator& acc = *job.acc;
+    for (int s = 1; s <= 6; ++s) {
+      job.step();
+      acc.saveCheckpoint();
+      RANK_REQUIRE(acc.checkpointInFlight());
+      // Pruning counts complete checkpoints: never more than the limit, never the newest.
+      if (r == 0) {
+        const auto complete = checkpoint::complete(root);
+        RANK_REQUIRE(complete.size() <= 2);
+        if (s > 1) RANK_REQUIRE(complete.front() == root + "/checkpoint_" + std::to_string(s - 1));
+      }
+      auto mine = acc.takeSaveReports();
+      reports[static_cast<size_t>(r)].insert(reports[static_cast<size_t>(r)].end(), mine.begin(),
+                                             mine.end());
+    }
+    // Steps commit the save in flight once every rank's write is over.
+    for (int s = 0; s < 2000 && acc.checkpointInFlight(); ++s) {
+      job.step();
+      if (acc.checkpointInFlight()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    RANK_REQUIRE(!acc.checkpointInFlight());
+    auto mine = acc.takeSaveReports();
+    reports[static_cast<size_t>(r)].insert(reports[static_cast<size_t>(r)].end(), mine.begin(),
+                                           mine.end());
+    acc.waitForEveryone();
+    if (r == 0) {
+      const std::vector<std::string> newest = {root + "/checkpoint_6", root + "/checkpoint_5"};
+      RANK_REQUIRE(checkpoint::complete(root) == newest);
+    }
+    acc.waitForEveryone();
+    // A load waits for the save in flight: it is the newest.
+    const int64_t steps = acc.optimizerSteps();
+    acc.saveCheckpoint();
+    RANK_REQUIRE(acc.loadState(root) == root + "/checkpoint_" + std::to_string(steps));
+    // The end of the Accelerator commits the last one.
+    job.step();
+    acc.saveState(dir.path() + "/last");
+  });
+  CHECK(checkpoint::find(dir.path() + "/last") == dir.path() + "/last");
+  for (const auto& mine : reports) {
+    REQUIRE(mine.size() == 6);
+    for (size_t i = 0; i < mine.size(); ++i) {
+      CHECK(mine[i].dir == root + "/checkpoint_" + std::to_string(i + 1));
+      CHECK(mine[i].bytes > 0);
+      CHECK(mine[i].bytes == mine[0].bytes);  // every rank's files, the same checkpoint each time
+      CHECK(mine[i].blocked_seconds <= mine[i].seconds);
+    }
+  }
+}
+
+TEST_CASE("A background write that fails is an error on every rank, naming the checkpoint",
+          "[checkpoint][async]") {
+  // The files may not grow past 1 KiB (RLIMIT_FSIZE, SIGXFSZ ignored: the write fails with
+  // EFBIG) during the second save, whose snapshot writes no file: its rank files fail in the
+  // background.
+  torch::set_num_threads(1);
+  cxxlaunch::testing::TempDir dir;
+  const std::string root = dir.path() + "/checkpoints";
+  auto fake = makeFakeWorld(2);
+  std::mutex construction;
+  std::vector<std::string> errors(2);
+  const auto previous_handler = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit unlimited{};
+  REQUIRE(::getrlimit(RLIMIT_FSIZE, &unlimited) == 0);
+  onRanks(2, [&](int r) {
+    AsyncRank job(fake, r, construction, {});
+    Accelerator& acc = *job.acc;
+    job.step();
+    acc.saveState(root + "/checkpoint_1");
+    acc.waitForCheckpoint();
+    job.step();
+    acc.waitForEveryone();
+    if (r == 0) {
+      rlimit small = unlimited;
+      small.rlim_cur = 1024;
+      RANK_REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+    }
+    acc.waitForEveryone();
+    acc.saveState(root + "/checkpoint_2");  // returns: the snapshot succeeded
+    RANK_REQUIRE(acc.checkpointInFlight());
+    try {
+      for (int s = 0; s < 2000; ++s) {
+        job.step();
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+      acc.waitForCheckpoint();
+    } catch (const std::exception& e) {
+      errors[static_cast<size_t>(r)] = e.what();
+    }
+    acc.waitForEveryone();
+    if (r == 0) RANK_REQUIRE(::setrlimit(RLIMIT_FSIZE, &unlimited) == 0);
+    acc.waitForEveryone();
+    RANK_REQUIRE(!acc.checkpointInFlight());
+    // Training goes on, and the next save succeeds.
+    job.step();
+    acc.saveState(root + "/checkpoint_3");
+    acc.waitForCheckpoint();
+  });
+  std::signal(SIGXFSZ, previous_handler);
+  for (const auto& error : errors) {
+    CHECK_THAT(error, Catch::Contains("'" + root + "/checkpoint_2' in the background failed") &&
+                          Catch::Contains("the previous checkpoint is untouched"));
+  }
+  // Each rank's own error names its file.
+  CHECK_THAT(errors[0] + errors[1], Catch::Contains("rank0.bin") || Catch::Contains("rank1.bin"));
+  CHECK(!fs::exists(root + "/checkpoint_2"));
+  CHECK(checkpoint::complete(root) ==
+        std::vector<std::string>{root + "/checkpoint_3", root + "/checkpoint_1"});
 }

@@ -1,0 +1,110 @@
+#pragma once
+// Asynchronous saves (the Accelerator's checkpoint_async): checkpoint.h's save() in two halves.
+//
+// In the foreground, start() prepares the staging directory (a collective) and copies this
+// rank's part of the state into a host snapshot: one buffer, pinned where the state is on a GPU,
+// kept and reused by every save, so that there is never more than one snapshot in memory. A
+// background thread then writes this rank's file from the snapshot, with the format and
+// checksums of a synchronous save. In the full layout (FullState) the gathers are collectives:
+// they run in start(), unit by unit into rank 0's snapshot, and only the writing is left to the
+// background.
+//
+// The commit (the manifest and the swap, checkpoint.h's steps 2 and 3) needs every rank's file,
+// and all cross-rank agreement runs in the foreground, on the training thread, never beside
+// the training's collectives on the same communicator: the background thread does file I/O and
+// nothing else. poll() (the Accelerator's step()) asks every rank whether its write is over and
+// commits once all are; finish() (the next save, a load, the end of training) waits for it.
+// Until the commit the checkpoint is incomplete (no manifest), so a crash at any instant
+// leaves what a crash during a synchronous save leaves: the previous complete checkpoint. A
+// write that failed on any rank (disk full, I/O error) is an error on every rank at that poll
+// or finish, naming the checkpoint; the folder keeps its previous checkpoints.
+//
+// Thread-safety: the training thread calls every method; the writer thread touches only the
+// snapshot and its own file.
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "runtime/checkpoint/checkpoint.h"
+
+namespace cxxlaunch::runtime::checkpoint {
+
+// A committed save: its directory, the bytes of its rank files over every rank, the seconds
+// from its start to its commit, and of those the seconds training waited for it.
+struct SaveReport {
+  std::string dir;
+  uint64_t bytes = 0;
+  double seconds = 0;
+  double blocked_seconds = 0;
+};
+
+class AsyncSaver {
+ public:
+  using Clock = std::chrono::steady_clock;
+  AsyncSaver() = default;
+  AsyncSaver(const AsyncSaver&) = delete;
+  AsyncSaver& operator=(const AsyncSaver&) = delete;
+  // Abandons the save in flight (see abandon()).
+  ~AsyncSaver();
+
+  // Snapshots this rank's `slices` (views of the training state, read before this returns) and
+  // starts writing them to `dir` in the background; a collective. `pinned`: the snapshot in
+  // pinned memory (the state is on a GPU). `began`: when the caller's save began (its time
+  // counts as blocked). A save in flight must have been finished first.
+  void start(Backend& backend, const std::string& dir, const std::vector<Slice>& slices,
+             std::vector<std::pair<std::string, std::string>> blobs, Counters counters, bool pinned,
+             Clock::time_point began);
+  // The full layout: runs `state.produce` (its gathers) into rank 0's snapshot, then writes in
+  // the background as start() does.
+  void startFull(Backend& backend, const std::string& dir, const FullState& state,
+                 std::vector<std::pair<std::string, std::string>> blobs, Counters counters,
+                 bool pinned, Clock::time_point began);
+
+  // Whether a save was started and not yet committed (the same on every rank).
+  bool inFlight() const { return flight_.has_value(); }
+  // A collective when a save is in flight: commits it if every rank's write is over.
+  std::optional<SaveReport> poll(Backend& backend);
+  // A collective when a save is in flight: waits for every rank's write, then commits.
+  std::optional<SaveReport> finish(Backend& backend);
+  // Not a collective: waits for this rank's writer and drops the save uncommitted (its staging
+  // directory stays incomplete). For a job on its way out with an error.
+  void abandon();
+
+  // Makes the snapshot of `numel` elements ahead of the first save, on the writer thread, its
+  // pages touched there: fresh memory is slow to touch (a page fault per page; on a VM whose host
+  // backs it lazily, slower than the disk), and the first save would otherwise pay for it. Not a
+  // collective; nothing while a save is in flight or when the snapshot is large enough already.
+  void reserve(int64_t numel, bool pinned);
+
+ private:
+  struct Flight {
+    std::string dir;
+    Counters counters;
+    std::vector<Slice> slices;  // views of the snapshot
+    std::vector<std::pair<std::string, std::string>> blobs;
+    Clock::time_point began;
+    double blocked_seconds = 0;
+    // Set by the writer before it sets done_.
+    std::pair<uint64_t, uint32_t> written{0, 0};
+    std::string error;
+  };
+  // The snapshot of at least `numel` float32 elements.
+  torch::Tensor& snapshot(int64_t numel, bool pinned);
+  // Agrees that every rank's snapshot succeeded, then starts the writer.
+  void launch(Backend& backend, const std::string& staging, const std::string& snapshot_error);
+  SaveReport commitFlight(Backend& backend, Clock::time_point waited_from);
+
+  torch::Tensor snapshot_;
+  bool snapshot_pinned_ = false;
+  std::optional<Flight> flight_;
+  std::thread writer_;  // the save in flight's writer, or reserve()'s
+  std::atomic<bool> done_{false};
+};
+
+}  // namespace cxxlaunch::runtime::checkpoint
