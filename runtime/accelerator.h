@@ -273,6 +273,14 @@ class Accelerator {
   // "global batch 64 = 16 per process x 2 processes x 2 accumulation steps"
   std::string describeBatch(size_t per_process_batch) const;
 
+  // Progress on the launcher's console and in `cxxlaunch status` (docs/observability.md), as
+  // tqdm's total= and set_postfix(loss=...): the training steps the run takes (step() calls that
+  // return true; default: the total of the scheduler given to prepare; 0: unknown), and the
+  // latest loss. Local and cheap (no collective: the next heartbeat carries them); the launcher
+  // shows the lowest rank's loss that has one.
+  void setTotalSteps(int64_t steps);
+  void setProgressLoss(double loss);
+
   int64_t optimizerSteps() const { return optimizer_steps_; }
   // Micro-steps (backward + step calls) so far, a resumed run's included: how many batches a
   // data loader has given, so that a resumed run can skip to where it was.
