@@ -544,16 +544,16 @@ TEST_CASE("SIGTERM ends a job whose console is never read",
 TEST_CASE("A stderr reader that falls behind and catches up does not stop the job",
           "[launcher][integration][reliability]") {
   // The event loop once tagged "stderr writable again" with the tag of the rendezvous' news: a
-  // console that filled and drained stopped the workers as if the rendezvous had ended the
-  // round. A worker writes more than the pipe holds to stderr, then sleeps while the reader,
-  // late, catches up.
+  // console that filled and drained stopped the workers as if the rendezvous had news (and the
+  // job then ended as if it had succeeded). A worker writes more than the pipe holds to stderr,
+  // then sleeps while the reader, late, catches up, then says it is done.
   int pipe_fds[2];
   REQUIRE(::pipe(pipe_fds) == 0);
   TempDir dir;
   const std::string script =
       "exec " + std::string(CXXLAUNCH_BIN) + " run --log_dir " + dir.path() +
       " --nproc_per_node=1 /bin/sh -c 'head -c 200000 /dev/zero | tr \"\\\\0\" y | fold -w 49 >&2; "
-      "sleep 2' 2>&" +
+      "sleep 2; echo done' 2>&" +
       std::to_string(pipe_fds[1]) + " >" + dir.path() + "/out";
   Subprocess launcher({"/bin/sh", "-c", script});
   ::close(pipe_fds[1]);
@@ -579,6 +579,7 @@ TEST_CASE("A stderr reader that falls behind and catches up does not stop the jo
   REQUIRE(r);
   INFO(err.substr(err.size() > 2000 ? err.size() - 2000 : 0));
   CHECK(r->exit_code == 0);
+  CHECK(readFile(dir.path() + "/out") == "[rank 0]: done\n");  // it was not stopped
   // 200000 bytes in lines of 49: 4081 whole lines and one of 31 bytes, ended at exit.
   CHECK(std::count(err.begin(), err.end(), '\n') == 4082);
 }
