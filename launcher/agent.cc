@@ -800,6 +800,9 @@ AttemptResult Agent::monitor() {
     }
   }
   if (progress_display_ != ProgressDisplay::kNone) showProgress();  // the last steps
+  // The attempt's last progress stays on the screen, above what follows (a failure table, a
+  // restart's lines).
+  if (progress_display_ == ProgressDisplay::kLiveLine) Console::of(STDOUT_FILENO).endLiveLine();
   updateConsoles();
   if (result.signal != 0) {
     result.outcome = Outcome::kInterrupted;
@@ -901,8 +904,6 @@ int Agent::finish(RunReport& report, const std::string& status, int exit_code) {
   report.exit_code = exit_code;
   report.confinement = confinement_;
   recordStepTimes(report);
-  // The last progress stays on the screen, above what follows.
-  if (progress_display_ == ProgressDisplay::kLiveLine) Console::of(STDOUT_FILENO).endLiveLine();
   writeRunSummary((log_.path / "run-summary.json").string(), report, log_.file_mode);
   rendezvous_.finish();
   // The job is over; a console that does not take its last lines within the bound only loses

@@ -78,6 +78,26 @@ TEST_CASE(
   CHECK(text.find(lines.back() + "\x1b[K\r\n") != std::string::npos);
 }
 
+TEST_CASE("A failed run's last progress stays on the terminal, above the failure table",
+          "[progress][integration]") {
+  TempDir logs;
+  Pty pty({CXXLAUNCH_BIN, "run", "--nproc_per_node=2", "--log_dir", logs.path(), PROGRESS_TRAINER,
+           "--steps", "40", "--step_ms", "30", "--exit_at", "15"},
+          {{"TERM", "xterm"}});
+  const std::string text = pty.readToEnd(120s);
+  CHECK(pty.wait() == 3);
+  INFO(text);
+  const auto lines = liveLines(text);
+  REQUIRE(!lines.empty());
+  CHECK_THAT(lines.back(), Catch::StartsWith("step 1"));  // 14 or 15 of 40
+  const size_t kept = text.find(lines.back() + "\x1b[K\r\n");
+  const size_t table = text.find("root cause");
+  REQUIRE(kept != std::string::npos);
+  REQUIRE(table != std::string::npos);
+  CHECK(kept < table);
+  CHECK(text.find("\x1b", table) == std::string::npos);  // no live line after it
+}
+
 TEST_CASE(
     "Into a pipe the launcher prints plain lines: no progress by default, plain progress "
     "lines with --progress on",

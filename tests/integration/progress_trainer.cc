@@ -1,15 +1,17 @@
 // progress_trainer: a small model trained with the Accelerator for the launcher's progress line
 // and straggler check (progress_test.cc).
 //   progress_trainer [--steps N] [--step_ms MS] [--slow_rank R --slow_ms MS] [--set_total]
-//                    [--print_every K]
+//                    [--print_every K] [--exit_at STEP]
 // Each step sleeps --step_ms (stand-in for a real step's work), --slow_rank sleeps --slow_ms more.
 // The total comes from the LR schedule given to prepare, or with --set_total from
 // acc.setTotalSteps; the loss goes to acc.setProgressLoss. --print_every: rank 0 prints a line
-// every K steps, which must scroll above the live line.
+// every K steps, which must scroll above the live line. --exit_at: rank 1 exits with code 3 after
+// that many steps (a failed run).
 
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <thread>
@@ -19,7 +21,7 @@
 using namespace cxxlaunch::runtime;
 
 int main(int argc, char** argv) {
-  int64_t steps = 40, step_ms = 20, slow_ms = 0, print_every = 0;
+  int64_t steps = 40, step_ms = 20, slow_ms = 0, print_every = 0, exit_at = -1;
   int slow_rank = -1;
   bool set_total = false;
   for (int i = 1; i < argc; ++i) {
@@ -29,6 +31,7 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--slow_rank") == 0 && value) slow_rank = std::atoi(argv[++i]);
     if (std::strcmp(argv[i], "--slow_ms") == 0 && value) slow_ms = std::atoll(argv[++i]);
     if (std::strcmp(argv[i], "--print_every") == 0 && value) print_every = std::atoll(argv[++i]);
+    if (std::strcmp(argv[i], "--exit_at") == 0 && value) exit_at = std::atoll(argv[++i]);
     if (std::strcmp(argv[i], "--set_total") == 0) set_total = true;
   }
   torch::set_num_threads(1);
@@ -55,6 +58,7 @@ int main(int argc, char** argv) {
     if (print_every > 0 && step % print_every == 0 && acc.isMainProcess()) {
       std::cout << "trained " << step << " steps" << std::endl;
     }
+    if (step == exit_at && acc.rank() == 1) std::exit(3);
   }
   return 0;
 }
