@@ -19,8 +19,6 @@ void Heartbeat::beat() {
   constexpr auto kEvery = std::chrono::milliseconds(100);  // far below any timeout that watches
   const auto now = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(mu_);
-  // The first step is timed from the first beat (the first micro-step's backward).
-  if (step_start_ == std::chrono::steady_clock::time_point()) step_start_ = now;
   if (fd_ != -1 && now - last_ < kEvery) return;
   write();
   last_ = now;
@@ -44,6 +42,8 @@ void Heartbeat::stepDone(int64_t steps, std::chrono::nanoseconds peer_wait) {
   if (path_.empty()) return;
   const auto now = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(mu_);
+  // The first step only starts the clock: its time holds the start-up (the first forward, and
+  // for the waits, prepare's broadcasts before it).
   if (step_start_ != std::chrono::steady_clock::time_point()) {
     const auto step = now - step_start_;
     const auto work = std::max(std::chrono::nanoseconds(0), step - (peer_wait - wait_at_start_));

@@ -147,19 +147,22 @@ TEST_CASE("The heartbeat's record holds the steps, the total, the loss and the s
   const std::string file = dir.path() + "/heartbeat";
   {
     Heartbeat heartbeat(file);
-    heartbeat.setTotalSteps(2);
-    heartbeat.beat();  // the first micro-step: the first step's time starts here
+    heartbeat.setTotalSteps(3);
+    heartbeat.beat();
+    // The first step starts the clock (its time would hold the start-up), with 40 ms of waits
+    // before it (prepare's broadcasts) that are not the next step's.
+    heartbeat.stepDone(1, std::chrono::milliseconds(40));
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    heartbeat.stepDone(1, std::chrono::milliseconds(0));
+    heartbeat.stepDone(2, std::chrono::milliseconds(40));
     heartbeat.setLoss(0.25);
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    // 30 ms of the second step were spent waiting for peers: not this rank's work.
-    heartbeat.stepDone(2, std::chrono::milliseconds(30));
+    // 30 ms of the third step were spent waiting for peers: not this rank's work.
+    heartbeat.stepDone(3, std::chrono::milliseconds(70));
     // The last step is written at once, not at the next beat.
     const auto last = cxxlaunch::readHeartbeatRecord(file);
     REQUIRE(last);
-    CHECK(last->steps == 2);
-    CHECK(last->total == 2);
+    CHECK(last->steps == 3);
+    CHECK(last->total == 3);
     CHECK(last->loss == 0.25);
     CHECK(last->step_us >= 50000);
     CHECK(last->step_us - last->work_us == 15000);  // the mean of 0 and 30 ms of waiting
