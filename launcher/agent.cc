@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
@@ -33,6 +34,7 @@
 #include "launcher/log_folder.h"
 #include "launcher/output.h"
 #include "launcher/process.h"
+#include "launcher/progress.h"
 #include "launcher/stop_deadline.h"
 
 namespace cxxlaunch::launcher {
@@ -97,7 +99,7 @@ class Agent {
       : options_(options), rendezvous_(rendezvous), host_(hostName()), run_id_(options.run_id) {}
 
   ~Agent() {
-    for (int fd : {epoll_fd_, signal_fd_, timer_fd_, news_fd_, tick_fd_}) {
+    for (int fd : {epoll_fd_, signal_fd_, timer_fd_, news_fd_, tick_fd_, progress_fd_}) {
       if (fd != -1) ::close(fd);
     }
   }
@@ -118,6 +120,8 @@ class Agent {
   void reap(std::vector<Failure>& failures);
   void checkProgress(std::vector<Failure>& failures);  // --watchdog_timeout
   void publishWorkers();                               // for the keep-alives (cxxlaunch status)
+  void showProgress();                                 // --progress: the heartbeats' records
+  void recordStepTimes(RunReport& report) const;       // for run-summary.json
   // How much readOutput takes: a few buffers unless the console is full (the loop's share), a few
   // buffers whatever the console (a dead worker's last words, for the failure tail), or all up
   // to EOF or an empty pipe (once the worker and everything it started are gone).
@@ -146,6 +150,11 @@ class Agent {
   int timer_fd_ = -1;
   int news_fd_ = -1;  // eventfd: the rendezvous has news, or a join finished
   int tick_fd_ = -1;  // with --watchdog_timeout: a periodic timer to look at the heartbeats
+  // With a progress display: a periodic timer to read the heartbeats' records.
+  int progress_fd_ = -1;
+  enum class ProgressDisplay { kNone, kLiveLine, kPlainLines };
+  ProgressDisplay progress_display_ = ProgressDisplay::kNone;
+  ProgressMeter progress_;
   bool stopping_ = false;
   std::optional<std::chrono::steady_clock::time_point> kill_at_;  // when the grace ends
   std::array<bool, 2> console_watched_{false, false};             // EPOLLOUT registered for fd 1, 2
@@ -161,7 +170,39 @@ constexpr uint64_t kSignalTag = ~uint64_t{0};
 constexpr uint64_t kTimerTag = ~uint64_t{0} - 1;
 constexpr uint64_t kNewsTag = ~uint64_t{0} - 2;
 constexpr uint64_t kTickTag = ~uint64_t{0} - 3;
-constexpr uint64_t kConsoleTag = ~uint64_t{0} - 4;  // + 1 for stdout, + 2 for stderr
+constexpr uint64_t kProgressTag = ~uint64_t{0} - 4;
+// + 1 for stdout, + 2 for stderr: clear of the tags above (a writable console is not news).
+constexpr uint64_t kConsoleTag = ~uint64_t{0} - 8;
+
+// How often the progress display reads the heartbeats (which change at most every 100 ms).
+constexpr std::chrono::milliseconds kProgressEvery{250};
+
+// Whether fd is a terminal that understands the live line's control sequences.
+bool isCapableTerminal(int fd) {
+  const char* term = std::getenv("TERM");
+  return ::isatty(fd) == 1 && !(term != nullptr && std::strcmp(term, "dumb") == 0);
+}
+
+// The columns of the terminal at fd; 80 when it does not say.
+size_t terminalWidth(int fd) {
+  winsize size{};
+  if (::ioctl(fd, TIOCGWINSZ, &size) == 0 && size.ws_col > 0) return size.ws_col;
+  return 80;
+}
+
+bool sameTerminal(int a, int b) {
+  struct stat sa {
+  }, sb{};
+  return ::isatty(a) == 1 && ::isatty(b) == 1 && ::fstat(a, &sa) == 0 && ::fstat(b, &sb) == 0 &&
+         sa.st_rdev == sb.st_rdev;
+}
+
+timespec timespecOf(std::chrono::milliseconds ms) {
+  timespec t{};
+  t.tv_sec = ms.count() / 1000;
+  t.tv_nsec = (ms.count() % 1000) * 1'000'000;
+  return t;
+}
 
 void Agent::setUpProcess() {
   // Reparent orphaned grandchildren to us so every exit is seen and reaped, and so that
@@ -199,6 +240,26 @@ void Agent::setUpProcess() {
     event.events = EPOLLIN;
     event.data.u64 = kTickTag;
     CXXLAUNCH_SYSCALL(::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, tick_fd_, &event));
+  }
+  // The progress display (docs/observability.md): the live line needs a terminal; plain lines
+  // are for anything else, when asked for.
+  const bool terminal = isCapableTerminal(STDOUT_FILENO);
+  if (options_.progress != ProgressMode::kOff && terminal) {
+    progress_display_ = ProgressDisplay::kLiveLine;
+    // Lines on stderr must scroll above the live line too.
+    if (sameTerminal(STDOUT_FILENO, STDERR_FILENO)) Console::joinStderrToStdout();
+  } else if (options_.progress == ProgressMode::kOn) {
+    progress_display_ = ProgressDisplay::kPlainLines;
+  }
+  if (progress_display_ != ProgressDisplay::kNone) {
+    progress_fd_ = CXXLAUNCH_SYSCALL(::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
+    itimerspec every{};
+    every.it_value = every.it_interval = timespecOf(kProgressEvery);
+    CXXLAUNCH_SYSCALL(::timerfd_settime(progress_fd_, 0, &every, nullptr));
+    epoll_event event{};
+    event.events = EPOLLIN;
+    event.data.u64 = kProgressTag;
+    CXXLAUNCH_SYSCALL(::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, progress_fd_, &event));
   }
   // The contract's variables are ours to set; everything else the workers inherit.
   const std::vector<std::string> ours = {
@@ -295,6 +356,7 @@ void Agent::spawnWorkers(int attempt, const WorldAssignment& world) {
   stopping_ = false;
   kill_at_.reset();
   if (cgroup_) cgroup_->startAttempt(attempt);
+  progress_.restart();
   for (size_t i = 0; i < workers_.size(); ++i) {
     Worker& w = workers_[i];
     w.local_rank = static_cast<int>(i);
@@ -349,6 +411,34 @@ void Agent::spawnWorkers(int attempt, const WorldAssignment& world) {
     }
   }
   publishWorkers();
+}
+
+// Reads the local workers' heartbeat records and shows what they say: the live line, or a plain
+// line when one is due.
+void Agent::showProgress() {
+  std::vector<RankRecord> records;
+  for (const Worker& w : workers_) {
+    if (auto r = readHeartbeatRecord(w.heartbeat_file)) records.push_back({w.global_rank, *r});
+  }
+  const auto now = std::chrono::steady_clock::now();
+  progress_.update(records, now);
+  if (!progress_.started()) return;
+  Console& console = Console::of(STDOUT_FILENO);
+  if (progress_display_ == ProgressDisplay::kLiveLine) {
+    // One column short of the width: a line that fills the last column wraps on some terminals.
+    console.setLiveLine(progress_.line(terminalWidth(STDOUT_FILENO) - 1));
+  } else if (progress_display_ == ProgressDisplay::kPlainLines) {
+    console.write(progress_.plainLine(now));
+  }
+}
+
+// Each local worker's last heartbeat record: its steps and step times (docs/observability.md).
+void Agent::recordStepTimes(RunReport& report) const {
+  for (const Worker& w : workers_) {
+    if (auto r = readHeartbeatRecord(w.heartbeat_file)) {
+      report.step_times.push_back({w.global_rank, r->steps, r->step_us, r->work_us});
+    }
+  }
 }
 
 void Agent::publishWorkers() {
@@ -426,6 +516,7 @@ void Agent::closeStream(Worker& worker, int stream) {
 void Agent::updateConsoles() {
   for (int fd : {STDOUT_FILENO, STDERR_FILENO}) {
     Console& console = Console::of(fd);
+    if (fd == STDERR_FILENO && &console == &Console::of(STDOUT_FILENO)) continue;  // joined
     console.flush();
     bool& watched = console_watched_[static_cast<size_t>(fd - 1)];
     const bool want = console.pending() > 0;
@@ -681,6 +772,11 @@ AttemptResult Agent::monitor() {
           result.news = rendezvous_.news();
           beginStop(SIGTERM);
         }
+      } else if (tag == kProgressTag) {
+        uint64_t expirations = 0;
+        ssize_t ignored = ::read(progress_fd_, &expirations, sizeof(expirations));
+        (void)ignored;
+        showProgress();
       } else if (tag == kConsoleTag + STDOUT_FILENO || tag == kConsoleTag + STDERR_FILENO) {
         // Writable again: updateConsoles writes what it takes.
       } else {
@@ -703,6 +799,10 @@ AttemptResult Agent::monitor() {
       closeStream(w, s);
     }
   }
+  if (progress_display_ != ProgressDisplay::kNone) showProgress();  // the last steps
+  // The attempt's last progress stays on the screen, above what follows (a failure table, a
+  // restart's lines).
+  if (progress_display_ == ProgressDisplay::kLiveLine) Console::of(STDOUT_FILENO).endLiveLine();
   updateConsoles();
   if (result.signal != 0) {
     result.outcome = Outcome::kInterrupted;
@@ -803,6 +903,7 @@ int Agent::finish(RunReport& report, const std::string& status, int exit_code) {
   report.status = status;
   report.exit_code = exit_code;
   report.confinement = confinement_;
+  recordStepTimes(report);
   writeRunSummary((log_.path / "run-summary.json").string(), report, log_.file_mode);
   rendezvous_.finish();
   // The job is over; a console that does not take its last lines within the bound only loses

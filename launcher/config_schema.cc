@@ -195,6 +195,10 @@ std::vector<KeySpec> buildSchema() {
               "it (docs/checkpoints.md)"),
       textKey("cxxlaunch.log_dir", K::kText, "", "", "CXXLAUNCH_LOG_DIR",
               "per-rank logs (--log_dir; unset: $TMPDIR/cxxlaunch-UID)"),
+      choiceKey("cxxlaunch.progress", {"auto", "on", "off"}, "auto", "progress",
+                "CXXLAUNCH_PROGRESS",
+                "progress on the console: a live line when stdout is a terminal (auto, on), plain "
+                "lines elsewhere (on), none (off)"),
       textKey("cxxlaunch.token_file", K::kText, "", "", "CXXLAUNCH_TOKEN_FILE",
               "file holding the job token (--rdzv_conf token_file=)"),
       textKey("cxxlaunch.rdzv_endpoint", K::kText, "", "", "CXXLAUNCH_RDZV_ENDPOINT",

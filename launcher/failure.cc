@@ -11,6 +11,7 @@
 #include "common/atomic_file.h"
 #include "common/error.h"
 #include "launcher/process.h"
+#include "launcher/progress.h"
 
 namespace cxxlaunch::launcher {
 namespace {
@@ -123,6 +124,24 @@ void writeRunSummary(const std::string& path, const RunReport& report, mode_t mo
                          {"confinement", report.confinement},
                          {"failures", failures}};
   if (!report.failures.empty()) json["root_cause_rank"] = rootCause(report.failures).global_rank;
+  // Per rank: its mean step time, and its work (the step less the waits for its peers) that
+  // the straggler rule compares (docs/observability.md).
+  std::vector<int64_t> work;
+  for (const auto& t : report.step_times) work.push_back(t.work_us);
+  const std::vector<bool> slow = stragglers(work);
+  nlohmann::json step_times = nlohmann::json::array();
+  for (size_t i = 0; i < report.step_times.size(); ++i) {
+    const RankStepTime& t = report.step_times[i];
+    auto ms = [](int64_t us) {
+      return us > 0 ? nlohmann::json(static_cast<double>(us) / 1000) : nlohmann::json();
+    };
+    step_times.push_back({{"rank", t.rank},
+                          {"steps", t.steps},
+                          {"step_ms", ms(t.step_us)},
+                          {"work_ms", ms(t.work_us)},
+                          {"slow", static_cast<bool>(slow[i])}});
+  }
+  json["step_times"] = step_times;
   // A report of a job that is over: nothing resumes from it, and the fsyncs of kPowerLoss were
   // the largest part of a short launch on a busy disk.
   writeFileAtomically(path, json.dump(2) + "\n", Durability::kProcessCrash, mode);

@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -41,6 +42,14 @@ struct ErrorReport {
 };
 std::optional<ErrorReport> readErrorFile(const std::string& path);
 
+// A worker's steps and mean step times as its last heartbeat gave them (heartbeat_record.h).
+struct RankStepTime {
+  int rank = 0;
+  int64_t steps = 0;
+  int64_t step_us = 0;  // 0: none
+  int64_t work_us = 0;
+};
+
 struct RunReport {
   std::string run_id;
   std::string program;
@@ -53,7 +62,8 @@ struct RunReport {
   std::string log_dir;
   // How the job's processes were confined: "cgroup PATH" or "process groups" (reliability.md).
   std::string confinement;
-  std::vector<Failure> failures;  // of the last attempt
+  std::vector<Failure> failures;         // of the last attempt
+  std::vector<RankStepTime> step_times;  // of the last attempt's workers that reported them
 };
 
 // The table printed on stderr when the job fails.

@@ -9,6 +9,7 @@
 #include "common/host.h"
 #include "launcher/flag_values.h"
 #include "launcher/gpus.h"
+#include "launcher/progress.h"
 #include "rendezvous/run_state.h"
 
 namespace cxxlaunch::launcher {
@@ -131,6 +132,7 @@ void applyConfig(const Config& c, RunFlags& p, const std::map<std::string, std::
   o.rdzv.keep_alive_max_misses = static_cast<int>(c.integer("cxxlaunch.keep_alive_max_misses"));
   o.max_restarts = static_cast<int>(c.integer("cxxlaunch.max_restarts"));
   if (c.isSet("cxxlaunch.log_dir")) o.log_dir = c.text("cxxlaunch.log_dir");
+  o.progress = parseProgressMode(c.text("cxxlaunch.progress"));
   if (c.isSet("cxxlaunch.token_file")) {
     try {
       o.rdzv.token = readTokenFile(c.text("cxxlaunch.token_file"));

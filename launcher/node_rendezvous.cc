@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "common/heartbeat_record.h"
 #include "common/host.h"
 #include "launcher/process.h"
 #include "rendezvous/client.h"
@@ -110,9 +111,9 @@ Decision decisionOf(const rdzv::Verdict& verdict, const std::string& self) {
   return d;
 }
 
-// How each worker is doing now, for the keep-alive that reports it: its state from /proc and
-// the time since its heartbeat file was last touched (none when it never beat: no runtime, or
-// not there yet).
+// How each worker is doing now, for the keep-alive that reports it: its state from /proc, the
+// time since its heartbeat file was last touched (none when it never beat: no runtime, or not
+// there yet) and the progress record the file holds, if any.
 std::vector<rdzv::WorkerProgress> progressOf(const std::vector<LocalWorker>& workers) {
   std::vector<rdzv::WorkerProgress> out;
   out.reserve(workers.size());
@@ -131,6 +132,12 @@ std::vector<rdzv::WorkerProgress> progressOf(const std::vector<LocalWorker>& wor
               std::chrono::nanoseconds(st.st_mtim.tv_nsec)));
       p.progress_age =
           std::max(rdzv::Millis(0), std::chrono::duration_cast<rdzv::Millis>(now - beat));
+    }
+    if (auto record =
+            w.heartbeat_file.empty() ? std::nullopt : readHeartbeatRecord(w.heartbeat_file)) {
+      p.steps = record->steps;
+      p.step_us = record->step_us;
+      p.work_us = record->work_us;
     }
     out.push_back(std::move(p));
   }

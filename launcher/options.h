@@ -65,6 +65,10 @@ struct RemoteLaunch {
   std::vector<std::string> command;        // the program and its arguments
 };
 
+// --progress / cxxlaunch.progress: the live line on a terminal (auto, on), plain progress lines
+// on anything else (on only), or none (off). docs/observability.md.
+enum class ProgressMode { kAuto, kOn, kOff };
+
 struct LaunchOptions {
   int nproc_per_node = 1;
   std::vector<int> gpus;  // --gpus: the devices to use, one per local worker; empty: none chosen
@@ -79,6 +83,7 @@ struct LaunchOptions {
   StreamSpec redirects;  // streams that go to log files only, not to the console
   StreamSpec tee;        // streams that go to the console as well (the default for all)
   std::optional<std::set<int>> local_ranks_filter;  // console shows only these local ranks
+  ProgressMode progress = ProgressMode::kAuto;
   std::string master_addr = "127.0.0.1";
   int master_port = 0;  // 0: reserve a free port
   std::string run_id;   // empty: a random one

@@ -24,28 +24,79 @@ bool writeAll(int fd, std::string_view data) {
   return true;
 }
 
+namespace {
+
+bool stderr_joins_stdout = false;
+
+// ANSI: carriage return, then erase to the end of the line.
+constexpr std::string_view kEraseLine = "\r\x1b[K";
+
+}  // namespace
+
 Console& Console::of(int fd) {
   static Console out(STDOUT_FILENO), err(STDERR_FILENO);
-  if (fd == STDOUT_FILENO) return out;
+  if (fd == STDOUT_FILENO || (fd == STDERR_FILENO && stderr_joins_stdout)) return out;
   if (fd == STDERR_FILENO) return err;
   throw InvalidArgument("Console::of: fd " + std::to_string(fd) + " is not stdout or stderr");
 }
 
-void Console::write(std::string_view text) {
-  if (broken_ || text.empty()) return;
+void Console::joinStderrToStdout() { stderr_joins_stdout = true; }
+
+void Console::enqueue(std::string_view text) {
   queue_.emplace_back(text);
   pending_ += text.size();
+}
+
+void Console::write(std::string_view text) {
+  if (broken_ || text.empty()) return;
+  if (live_on_screen_) {
+    enqueue(kEraseLine);
+    live_on_screen_ = false;
+  }
+  enqueue(text);
+  at_line_start_ = text.back() == '\n';
+  writeQueue();  // the live line comes back at the next flush(): once for a burst of lines
+}
+
+void Console::setLiveLine(std::string text) {
+  if (broken_ || text == live_) return;
+  live_ = std::move(text);
+  if (live_.empty() && live_on_screen_) {
+    enqueue(kEraseLine);
+    live_on_screen_ = false;
+  }
+  flush();
+}
+
+void Console::endLiveLine() {
+  if (live_on_screen_ && !broken_) enqueue("\n");
+  live_on_screen_ = false;
+  live_.clear();
   flush();
 }
 
 bool Console::flush() {
+  for (;;) {
+    writeQueue();
+    // Redrawn only once the terminal took everything before it: lines pouring out cost one
+    // redraw per burst, not one per line.
+    const bool redraw = live_on_screen_ ? live_drawn_ != live_ : at_line_start_;
+    if (!queue_.empty() || broken_ || live_.empty() || !redraw) break;
+    enqueue("\r" + live_ + "\x1b[K");
+    live_on_screen_ = true;
+    live_drawn_ = live_;
+  }
+  return queue_.empty();
+}
+
+void Console::writeQueue() {
   while (!queue_.empty() && !broken_) {
     // A pipe that polls writable has room for PIPE_BUF bytes, so a write of at most that never
     // blocks; files and terminals always poll writable.
     pollfd p{fd_, POLLOUT, 0};
     const int ready = ::poll(&p, 1, 0);
     if (ready == -1 && errno == EINTR) continue;
-    if (ready == 0) return false;
+    if (ready == 0) return;
     if (ready == -1 || (p.revents & (POLLERR | POLLNVAL)) != 0) {
       broken_ = true;
       break;
@@ -70,7 +121,6 @@ bool Console::flush() {
     pending_ = 0;
     offset_ = 0;
   }
-  return queue_.empty();
 }
 
 bool Console::drain(std::chrono::milliseconds timeout) {

@@ -31,13 +31,17 @@ class Console {
 
   // The console of fd 1 or 2, one per process.
   static Console& of(int fd);
+  // From now on of(2) is of(1): when both are the same terminal, the live line below must see
+  // every line written to it.
+  static void joinStderrToStdout();
   // A console over any fd (tests).
   explicit Console(int fd) : fd_(fd) {}
 
   int fd() const { return fd_; }
   // Queues `text` and writes as much as the console takes without blocking.
   void write(std::string_view text);
-  // Writes queued text while the console takes it; returns whether the queue is empty.
+  // Writes queued text while the console takes it, and then redraws the live line if it is not
+  // on the screen; returns whether the queue is empty.
   bool flush();
   size_t pending() const { return pending_; }
   bool full() const { return pending_ > kMaxPending; }
@@ -45,12 +49,28 @@ class Console {
   // everything was written.
   bool drain(std::chrono::milliseconds timeout);
 
+  // A terminal's live line (the launcher's progress, docs/observability.md): it stays at the
+  // bottom while the console's other lines scroll above it (erased before they are written,
+  // redrawn by the next flush() once the terminal has taken them). `text` (one line, no newline, at
+  // most the terminal's width) replaces it; "" removes it. Only for a console that is a terminal.
+  void setLiveLine(std::string text);
+  // Leaves the live line where it is, as an ordinary line, and stops redrawing it.
+  void endLiveLine();
+
  private:
   int fd_;
   std::deque<std::string> queue_;
   size_t offset_ = 0;  // of queue_.front() already written
   size_t pending_ = 0;
   bool broken_ = false;  // a write failed (closed pipe): the console is gone, drop its text
+  // The screen as it will be once the queue is written: whether the live line is its last line
+  // (the cursor at its end), with what text; whether the last text queued ended a line.
+  std::string live_;
+  bool live_on_screen_ = false;
+  std::string live_drawn_;
+  bool at_line_start_ = true;
+  void enqueue(std::string_view text);
+  void writeQueue();  // as much as the console takes now
 };
 
 class StreamSink {

@@ -2,8 +2,10 @@
 
 #include <cstdio>
 #include <sstream>
+#include <vector>
 
 #include "launcher/node_rendezvous.h"
+#include "launcher/progress.h"
 #include "rendezvous/client.h"
 #include "rendezvous/etcd_client.h"
 #include "rendezvous/etcd_rendezvous.h"
@@ -14,6 +16,14 @@ namespace {
 std::string seconds(std::chrono::milliseconds age) {
   char text[64];
   std::snprintf(text, sizeof(text), "%.1f s", static_cast<double>(age.count()) / 1000);
+  return text;
+}
+
+// "52.3 ms"; "-" for none.
+std::string milliseconds(int64_t us) {
+  if (us <= 0) return "-";
+  char text[64];
+  std::snprintf(text, sizeof(text), "%.1f ms", static_cast<double>(us) / 1000);
   return text;
 }
 
@@ -73,12 +83,25 @@ std::string formatRunStatus(const std::string& run_id, const std::string& endpoi
   if (!any) return out.str();
   out << "workers (as of their node's last keep-alive; silent: no progress for "
       << seconds(silent_after) << " or more):\n";
-  std::snprintf(line, sizeof(line), "  %-5s %-5s %-9s %-10s %s\n", "rank", "node", "pid", "state",
-                "last progress");
+  // Stragglers: a rank whose work per step is well above the median of all ranks' (progress.h).
+  std::vector<int64_t> work;
+  for (const auto& n : s.participants) {
+    for (const auto& w : n.workers) work.push_back(w.work_us);
+  }
+  const std::vector<bool> slow = stragglers(work);
+  std::snprintf(line, sizeof(line), "  %-5s %-5s %-9s %-10s %-8s %-10s %-15s %s\n", "rank", "node",
+                "pid", "state", "steps", "step time", "work/step", "last progress");
   out << line;
   int silent = 0;
+  size_t index = 0;
+  std::vector<int> slow_ranks;
   for (const auto& n : s.participants) {
     for (const auto& w : n.workers) {
+      std::string work_text = milliseconds(w.work_us);
+      if (slow[index++]) {
+        work_text += " SLOW";
+        slow_ranks.push_back(w.rank);
+      }
       std::string progress = "never (no heartbeat: not using the runtime, or not training yet)";
       bool flagged = false;
       if (w.progress_age) {
@@ -90,11 +113,22 @@ std::string formatRunStatus(const std::string& run_id, const std::string& endpoi
         progress += "  SILENT";
         ++silent;
       }
-      std::snprintf(line, sizeof(line), "  %-5d %-5s %-9d %-10s %s\n", w.rank,
+      std::snprintf(line, sizeof(line), "  %-5d %-5s %-9d %-10s %-8s %-10s %-15s %s\n", w.rank,
                     n.node_rank >= 0 ? std::to_string(n.node_rank).c_str() : "-", w.pid,
-                    w.state.c_str(), progress.c_str());
+                    w.state.c_str(), w.steps > 0 ? std::to_string(w.steps).c_str() : "-",
+                    milliseconds(w.step_us).c_str(), work_text.c_str(), progress.c_str());
       out << line;
     }
+  }
+  if (!slow_ranks.empty()) {
+    out << (slow_ranks.size() == 1 ? "rank" : "ranks");
+    for (size_t i = 0; i < slow_ranks.size(); ++i) {
+      out << (i == 0 ? " " : ", ") << slow_ranks[i];
+    }
+    out << (slow_ranks.size() == 1 ? " is" : " are")
+        << " SLOW: more than 1.25x the median work per step (a step's time less the time spent "
+           "waiting for the other ranks in collectives); the others wait for "
+        << (slow_ranks.size() == 1 ? "it" : "them") << " at every step\n";
   }
   if (silent > 0) {
     out << silent << (silent == 1 ? " worker has" : " workers have") << " made no progress for "

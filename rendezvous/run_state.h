@@ -110,6 +110,10 @@ struct WorkerProgress {
   int pid = 0;
   std::string state;                   // "running", "sleeping", "stopped", "exited", ...
   std::optional<Millis> progress_age;  // since its last heartbeat, then; none: it never beat
+  // From its heartbeat's record (common/heartbeat_record.h); 0: none reported.
+  int64_t steps = 0;
+  int64_t step_us = 0;  // mean wall time per step
+  int64_t work_us = 0;  // mean time per step less its waits for peers (the straggler check's)
   bool operator==(const WorkerProgress&) const = default;
 };
 

@@ -2,6 +2,7 @@
 
 #include <grpc/support/log.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
@@ -131,6 +132,9 @@ WorkerProgress fromProto(const rdzv::WorkerProgress& p) {
   w.pid = p.pid();
   w.state = p.state();
   if (p.progress_age_ms() >= 0) w.progress_age = Millis(p.progress_age_ms());
+  w.steps = std::max<int64_t>(0, p.steps());
+  w.step_us = std::max<int64_t>(0, p.step_us());
+  w.work_us = std::max<int64_t>(0, p.work_us());
   return w;
 }
 
@@ -140,6 +144,9 @@ void toProto(const WorkerProgress& w, rdzv::WorkerProgress* p) {
   p->set_pid(w.pid);
   p->set_state(w.state);
   p->set_progress_age_ms(w.progress_age ? w.progress_age->count() : -1);
+  p->set_steps(w.steps);
+  p->set_step_us(w.step_us);
+  p->set_work_us(w.work_us);
 }
 
 namespace {

@@ -139,6 +139,10 @@ void Accelerator::prepare(std::shared_ptr<torch::nn::Module> model,
   options.precision = precision_;
   strategy_ = makeStrategy(world_.env, world_.backend, model, optimizer, options);
   scheduler_ = scheduler;
+  // The schedule's length is the run's, unless the trainer said otherwise (setTotalSteps).
+  if (scheduler_ != nullptr && world_.heartbeat->record().total == 0) {
+    world_.heartbeat->setTotalSteps(scheduler_->totalSteps());
+  }
   optimizer_ = &optimizer;
   model_ = model;
   if (world_.env.fsdp_activation_checkpointing) checkpointUnits(*model);
@@ -213,6 +217,7 @@ bool Accelerator::step() {
     step_was_skipped_ = !finite;
     if (!finite) {
       strategy_->zeroGrad();
+      world_.heartbeat->stepDone(micro_step_ / accumulation_steps_, collectiveWaitOnThisThread());
       return true;
     }
   }
@@ -222,8 +227,20 @@ bool Accelerator::step() {
   strategy_->zeroGrad();
   ++optimizer_steps_;
   if (async_saver_ && !std::exchange(snapshot_reserved_, true)) reserveSnapshot();
+  // For the launcher's progress line and straggler check (heartbeat.h).
+  world_.heartbeat->stepDone(micro_step_ / accumulation_steps_, collectiveWaitOnThisThread());
   return true;
 }
+
+void Accelerator::setTotalSteps(int64_t steps) {
+  if (steps < 0) {
+    throw InvalidArgument("Accelerator::setTotalSteps(" + std::to_string(steps) +
+                          "): give the number of training steps, or 0 for unknown");
+  }
+  world_.heartbeat->setTotalSteps(steps);
+}
+
+void Accelerator::setProgressLoss(double loss) { world_.heartbeat->setLoss(loss); }
 
 bool Accelerator::accumulate(const std::function<torch::Tensor()>& micro_step) {
   backward(micro_step());
@@ -359,6 +376,10 @@ void Accelerator::initTrackers(const std::string& run_name, const RunConfig& con
 }
 
 void Accelerator::log(const Scalars& values, std::optional<int64_t> step) {
+  // A logged loss is also the launcher's progress line's, on every rank (main or not).
+  for (const auto& [name, value] : values) {
+    if (name == "loss") setProgressLoss(value);
+  }
   if (log_with_.empty() || !isMainProcess()) return;
   if (!trackers_) {
     throw InvalidArgument(

@@ -283,7 +283,8 @@ class Accelerator {
   // records `config` with the launch's resolved settings (config.json, report.html); it throws
   // InvalidArgument there, at once, for a project folder that cannot be written. log writes
   // `values` at `step` (default: optimizerSteps()) on the main process; the other processes and
-  // a run without log_with return at once. endTraining writes the final report (the destructor
+  // a run without log_with return at once; a "loss" among `values` is also the progress line's
+  // (setProgressLoss), on every process. endTraining writes the final report (the destructor
   // does, if not called). None of them is a collective.
   //
   //   acc.initTrackers("run1", {{"lr", lr}, {"model", "gpt"}});
@@ -369,6 +370,14 @@ class Accelerator {
 
   // "global batch 64 = 16 per process x 2 processes x 2 accumulation steps"
   std::string describeBatch(size_t per_process_batch) const;
+
+  // Progress on the launcher's console and in `cxxlaunch status` (docs/observability.md), as
+  // tqdm's total= and set_postfix(loss=...): the training steps the run takes (step() calls that
+  // return true; default: the total of the scheduler given to prepare; 0: unknown), and the
+  // latest loss. Local and cheap (no collective: the next heartbeat carries them); the launcher
+  // shows the lowest rank's loss that has one.
+  void setTotalSteps(int64_t steps);
+  void setProgressLoss(double loss);
 
   int64_t optimizerSteps() const { return optimizer_steps_; }
   // Micro-steps (backward + step calls) so far, a resumed run's included: how many batches a

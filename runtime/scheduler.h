@@ -24,6 +24,7 @@ class LrScheduler {
   void step();            // after each optimizer step
   double factor() const;  // of the base lr, at the current step
   int64_t stepCount() const { return step_; }
+  int64_t totalSteps() const { return total_; }
   void setStepCount(int64_t steps);  // a resumed run's; sets the lr for it
 
  private:

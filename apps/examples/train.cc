@@ -358,6 +358,7 @@ int train(const Flags& f, Accelerator& acc, Dataset dataset, Model model, LossFn
             step);
         step_start = now;
       }
+      acc.setProgressLoss(step_loss_sum / static_cast<double>(step_losses));
       step_examples = step_losses = 0;
       step_loss_sum = 0;
       if (step > kUntimedSteps) {

@@ -196,6 +196,8 @@ class Tracker {
   std::deque<Call> history_;
 };
 
+thread_local std::chrono::nanoseconds waited_on_this_thread{0};
+
 class CheckedWork final : public Work {
  public:
   CheckedWork(WorkPtr inner, std::shared_ptr<Tracker> tracker, int64_t seq,
@@ -208,6 +210,10 @@ class CheckedWork final : public Work {
     // In slices: the first of kCompareAfter, then of a second, after each of which the peers'
     // calls are compared (and the heartbeat beaten: waiting for peers is not a stall).
     const auto start = std::chrono::steady_clock::now(), deadline = start + timeout;
+    struct CountWait {
+      std::chrono::steady_clock::time_point start;
+      ~CountWait() { waited_on_this_thread += std::chrono::steady_clock::now() - start; }
+    } count{start};
     for (auto slice = kCompareAfter;; slice = std::chrono::milliseconds(1000)) {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
           deadline - std::chrono::steady_clock::now());
@@ -322,6 +328,8 @@ CollectiveApi::CollectiveApi(const char* api) : previous_(current_api) {
 }
 CollectiveApi::~CollectiveApi() { current_api = previous_; }
 const char* CollectiveApi::current() { return current_api; }
+
+std::chrono::nanoseconds collectiveWaitOnThisThread() { return waited_on_this_thread; }
 
 std::unique_ptr<Backend> makeCheckedBackend(std::unique_ptr<Backend> inner, CheckOptions options) {
   return std::make_unique<CheckedBackend>(std::move(inner), std::move(options));

@@ -43,6 +43,11 @@ struct CheckOptions {
 
 std::unique_ptr<Backend> makeCheckedBackend(std::unique_ptr<Backend> inner, CheckOptions options);
 
+// The time the calling thread has spent in Work::wait of checked collectives, in all: the time a
+// rank waited for its peers (and for the transfer), which its step's own work leaves out
+// (heartbeat.h, the straggler check of docs/observability.md).
+std::chrono::nanoseconds collectiveWaitOnThisThread();
+
 // How long a collective waits before its rank compares its call with a peer's (see above).
 inline constexpr std::chrono::milliseconds kCompareAfter{2000};
 

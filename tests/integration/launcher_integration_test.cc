@@ -1,5 +1,6 @@
 // `cxxlaunch run` end to end: the real launcher starting real test workers.
 
+#include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -537,6 +539,49 @@ TEST_CASE("SIGTERM ends a job whose console is never read",
   CHECK(r->exit_code == 128 + SIGTERM);
   CHECK_THAT(readFile(err), Catch::Contains("did not take the last"));
   ::close(pipe_fds[0]);
+}
+
+TEST_CASE("A stderr reader that falls behind and catches up does not stop the job",
+          "[launcher][integration][reliability]") {
+  // The event loop once tagged "stderr writable again" with the tag of the rendezvous' news: a
+  // console that filled and drained stopped the workers as if the rendezvous had news (and the
+  // job then ended as if it had succeeded). A worker writes more than the pipe holds to stderr,
+  // then sleeps while the reader, late, catches up, then says it is done.
+  int pipe_fds[2];
+  REQUIRE(::pipe(pipe_fds) == 0);
+  TempDir dir;
+  const std::string script =
+      "exec " + std::string(CXXLAUNCH_BIN) + " run --log_dir " + dir.path() +
+      " --nproc_per_node=1 /bin/sh -c 'head -c 200000 /dev/zero | tr \"\\\\0\" y | fold -w 49 >&2; "
+      "sleep 2; echo done' 2>&" +
+      std::to_string(pipe_fds[1]) + " >" + dir.path() + "/out";
+  Subprocess launcher({"/bin/sh", "-c", script});
+  ::close(pipe_fds[1]);
+  std::this_thread::sleep_for(1s);  // 240 kB of lines wait: the pipe is full
+  std::string err;
+  std::optional<Finished> r;
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    pollfd p{pipe_fds[0], POLLIN, 0};
+    if (::poll(&p, 1, 100) > 0) {
+      char buffer[65536];
+      const ssize_t n = ::read(pipe_fds[0], buffer, sizeof(buffer));
+      if (n > 0) {
+        err.append(buffer, static_cast<size_t>(n));
+        continue;
+      }
+      if (n == 0) break;
+    }
+    if ((r = launcher.wait(0ms))) break;
+  }
+  ::close(pipe_fds[0]);
+  if (!r) r = launcher.wait(10s);
+  REQUIRE(r);
+  INFO(err.substr(err.size() > 2000 ? err.size() - 2000 : 0));
+  CHECK(r->exit_code == 0);
+  CHECK(readFile(dir.path() + "/out") == "[rank 0]: done\n");  // it was not stopped
+  // 200000 bytes in lines of 49: 4081 whole lines and one of 31 bytes, ended at exit.
+  CHECK(std::count(err.begin(), err.end(), '\n') == 4082);
 }
 
 TEST_CASE("A stop signal during the leftovers' grace kills them at once and ends the job",

@@ -154,8 +154,14 @@ TEST_CASE("Etcd rendezvous: one round for all, a write from a stale round is rej
   CHECK(a.keepAlive("node-a", 1).action == Action::kContinue);
   // A keep-alive's report of the node's workers is what status shows of it (and it goes with the
   // agent's lease: see the keys left at the end).
-  const WorkerProgress worker{
-      .local_rank = 1, .rank = 1, .pid = 4242, .state = "stopped", .progress_age = Millis(7000)};
+  const WorkerProgress worker{.local_rank = 1,
+                              .rank = 1,
+                              .pid = 4242,
+                              .state = "stopped",
+                              .progress_age = Millis(7000),
+                              .steps = 120,
+                              .step_us = 52'000,
+                              .work_us = 31'000};
   CHECK(a.keepAlive("node-a", 1, {worker}).action == Action::kContinue);
   const RunStatus seen = b.status();
   REQUIRE(seen.participants.size() == 2);

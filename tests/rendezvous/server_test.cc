@@ -175,7 +175,8 @@ TEST_CASE("Keep-alives carry the workers' progress to the status", "[server][ren
   RendezvousServer server({});
   RendezvousClient client(clientFor(server), "job");
   const Placement p = joinUntilPlaced(client, node("a", 2), settings(1, 1));
-  WorkerProgress fresh{0, 0, 4242, "sleeping", 50ms};
+  // With its heartbeat record's steps and step times (the straggler check's), and without.
+  WorkerProgress fresh{0, 0, 4242, "sleeping", 50ms, 120, 52'000, 31'000};
   WorkerProgress stopped{1, 1, 4243, "stopped", std::nullopt};
   CHECK(client.keepAlive("a", p.round, 0ms, {fresh, stopped}).action == Action::kContinue);
   CHECK(client.keepAlive("a", p.round).action == Action::kContinue);  // no news: the report stays

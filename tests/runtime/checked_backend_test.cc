@@ -6,6 +6,7 @@
 
 #include <sys/stat.h>
 
+#include <array>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <string>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/heartbeat_record.h"
 #include "rendezvous/memory_store.h"
 #include "support/ranks.h"
 #include "support/subprocess.h"
@@ -121,4 +123,51 @@ TEST_CASE("A collective waiting for a late peer keeps beating the heartbeat", "[
       std::chrono::seconds(st.st_mtim.tv_sec) + std::chrono::nanoseconds(st.st_mtim.tv_nsec));
   // Beaten every second of the 2.5 s wait: the last beat is at most about a second old.
   CHECK(std::chrono::system_clock::now() - beat < std::chrono::milliseconds(1500));
+}
+
+TEST_CASE("The time a rank waits in collectives for a late peer is counted on its thread",
+          "[checked_backend][heartbeat]") {
+  auto world = makeFakeWorld(2);
+  std::array<std::chrono::nanoseconds, 2> waited{};
+  onRanks(2, [&](int rank) {
+    auto backend = makeCheckedBackend(makeFakeBackend(world, rank), CheckOptions{});
+    const auto before = collectiveWaitOnThisThread();
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));  // late
+    backend->barrier()->wait();
+    waited[static_cast<size_t>(rank)] = collectiveWaitOnThisThread() - before;
+  });
+  // Rank 0 waited for rank 1 to arrive; rank 1 only for the barrier itself.
+  CHECK(waited[0] >= std::chrono::milliseconds(250));
+  CHECK(waited[1] < waited[0]);
+}
+
+TEST_CASE("The heartbeat's record holds the steps, the total, the loss and the step times",
+          "[heartbeat]") {
+  cxxlaunch::testing::TempDir dir;
+  const std::string file = dir.path() + "/heartbeat";
+  {
+    Heartbeat heartbeat(file);
+    heartbeat.setTotalSteps(3);
+    heartbeat.beat();
+    // The first step starts the clock (its time would hold the start-up), with 40 ms of waits
+    // before it (prepare's broadcasts) that are not the next step's.
+    heartbeat.stepDone(1, std::chrono::milliseconds(40));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    heartbeat.stepDone(2, std::chrono::milliseconds(40));
+    heartbeat.setLoss(0.25);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    // 30 ms of the third step were spent waiting for peers: not this rank's work.
+    heartbeat.stepDone(3, std::chrono::milliseconds(70));
+    // The last step is written at once, not at the next beat.
+    const auto last = cxxlaunch::readHeartbeatRecord(file);
+    REQUIRE(last);
+    CHECK(last->steps == 3);
+    CHECK(last->total == 3);
+    CHECK(last->loss == 0.25);
+    CHECK(last->step_us >= 50000);
+    CHECK(last->step_us - last->work_us == 15000);  // the mean of 0 and 30 ms of waiting
+  }
+  Heartbeat unwatched("");  // nobody watches: nothing to write, nothing written
+  unwatched.stepDone(1, std::chrono::milliseconds(0));
+  CHECK(unwatched.record().steps == 0);
 }
