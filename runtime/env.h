@@ -47,7 +47,7 @@ struct WorkerEnv {
   int64_t checkpoint_total_limit = 0;                                // 0: keep every one
   std::vector<std::string> log_with;  // trackers (common/tracker_names.h); empty: none
   std::string project_dir;            // where the trackers write; "" : none configured
-  bool checkpoint_async = false;  // saves written in the background (checkpoint/async_save.h)
+  bool checkpoint_async = false;      // saves written in the background (checkpoint/async_save.h)
   // saveState's layout: sharded (each rank its shard) | full (every parameter whole, gathered to
   // rank 0 while it writes: FSDP's FULL_STATE_DICT).
   std::string state_dict_type = "sharded";
