@@ -64,17 +64,24 @@ void AsyncSaver::reserve(int64_t numel, bool pinned) {
   }
 }
 
-void AsyncSaver::start(Backend& backend, const std::string& dir, const std::vector<Slice>& slices,
-                       std::vector<std::pair<std::string, std::string>> blobs, Counters counters,
-                       bool pinned, Clock::time_point began) {
-  if (inFlight()) throw std::logic_error("AsyncSaver::start with a save in flight");
+std::string AsyncSaver::begin(Backend& backend, const std::string& dir,
+                              std::vector<std::pair<std::string, std::string>> blobs,
+                              Counters counters, Clock::time_point began) {
+  if (inFlight()) throw std::logic_error("AsyncSaver: a save started with one in flight");
   if (writer_.joinable()) writer_.join();  // reserve()'s
-  const std::string staging = stage(backend, dir);
+  std::string staging = stage(backend, dir);
   flight_.emplace();
   flight_->dir = dir;
   flight_->counters = std::move(counters);
   flight_->blobs = std::move(blobs);
   flight_->began = began;
+  return staging;
+}
+
+void AsyncSaver::start(Backend& backend, const std::string& dir, const std::vector<Slice>& slices,
+                       std::vector<std::pair<std::string, std::string>> blobs, Counters counters,
+                       bool pinned, Clock::time_point began) {
+  const std::string staging = begin(backend, dir, std::move(blobs), std::move(counters), began);
   std::string error;
   try {
     torch::NoGradGuard no_grad;
@@ -105,14 +112,7 @@ void AsyncSaver::start(Backend& backend, const std::string& dir, const std::vect
 void AsyncSaver::startFull(Backend& backend, const std::string& dir, const FullState& state,
                            std::vector<std::pair<std::string, std::string>> blobs,
                            Counters counters, bool pinned, Clock::time_point began) {
-  if (inFlight()) throw std::logic_error("AsyncSaver::startFull with a save in flight");
-  if (writer_.joinable()) writer_.join();  // reserve()'s
-  const std::string staging = stage(backend, dir);
-  flight_.emplace();
-  flight_->dir = dir;
-  flight_->counters = std::move(counters);
-  flight_->blobs = std::move(blobs);
-  flight_->began = began;
+  const std::string staging = begin(backend, dir, std::move(blobs), std::move(counters), began);
   const bool keeps = backend.rank() == 0;  // rank 0's file holds every parameter
   std::string error;
   std::vector<torch::Tensor> regions;  // where each array goes, in produce()'s order

@@ -94,6 +94,11 @@ class AsyncSaver {
     std::pair<uint64_t, uint32_t> written{0, 0};
     std::string error;
   };
+  // Both starts' first half: waits for reserve()'s thread, prepares the staging directory (a
+  // collective) and opens the flight; returns the staging directory.
+  std::string begin(Backend& backend, const std::string& dir,
+                    std::vector<std::pair<std::string, std::string>> blobs, Counters counters,
+                    Clock::time_point began);
   // The snapshot of at least `numel` float32 elements.
   torch::Tensor& snapshot(int64_t numel, bool pinned);
   // Agrees that every rank's snapshot succeeded, then starts the writer.
