@@ -1,0 +1,383 @@
+// The Accelerator's checkpoints and model files (docs/checkpoints.md): saveState / loadState,
+// asynchronous saves, saveModel / loadModel, acc.save, saveCheckpoint / resume. The training
+// loop's members are in accelerator.cc.
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/cuda.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <utility>
+
+#include "common/atomic_file.h"
+#include "common/error.h"
+#include "runtime/accelerator.h"
+#include "runtime/checkpoint/checkpoint.h"
+#include "runtime/checkpoint/files.h"
+#include "runtime/checkpoint/model_source.h"
+#include "runtime/checkpoint/safetensors.h"
+#include "runtime/comm/checked_backend.h"
+#include "runtime/comm/tensor_ops.h"
+#include "runtime/error_report.h"
+#include "runtime/host_memory.h"
+
+namespace cxxlaunch::runtime {
+
+namespace {
+// The generators a checkpoint keeps: the CPU's, and the GPU's of a GPU worker (its dropout and
+// random initialisations), as accelerate saves both.
+std::vector<std::pair<std::string, at::Generator>> generatorsOf(const torch::Device& device) {
+  std::vector<std::pair<std::string, at::Generator>> out = {
+      {"rng_cpu", at::detail::getDefaultCPUGenerator()}};
+  if (device.is_cuda()) out.emplace_back("rng_cuda", at::globalContext().defaultGenerator(device));
+  return out;
+}
+}  // namespace
+
+void Accelerator::saveState(const std::string& dir) {
+  const CollectiveApi api("saveState");
+  if (!strategy_) throw InvalidArgument("Accelerator::saveState before prepare");
+  if (backward_pending_) {
+    throw InvalidArgument(
+        "Accelerator::saveState between backward and step: call acc.step() "
+        "first, or the checkpoint would miss this step's gradients");
+  }
+  waitForCheckpoint();  // one save at a time: the snapshot is reused
+  prune_when_committed_ = false;
+  const auto began = checkpoint::AsyncSaver::Clock::now();
+  std::vector<std::pair<std::string, std::string>> blobs;
+  for (auto& [name, generator] : generatorsOf(device())) {
+    torch::Tensor rng;
+    {
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      rng = generator.get_state();
+    }
+    blobs.emplace_back(name, std::string(static_cast<const char*>(rng.data_ptr()),
+                                         static_cast<size_t>(rng.nbytes())));
+  }
+  if (isMainProcess()) {  // buffers are the same everywhere (broadcast at prepare)
+    for (const auto& item : model_->named_buffers()) {
+      const torch::Tensor b = item.value().to(torch::kCPU).contiguous();
+      blobs.emplace_back("buffer:" + item.key(),
+                         std::string(static_cast<const char*>(b.data_ptr()), b.nbytes()));
+    }
+  }
+  checkpoint::Counters counters = {{"optimizer_steps", std::to_string(optimizer_steps_)},
+                                   {"micro_step", std::to_string(micro_step_)},
+                                   {"strategy", world_.env.strategy},
+                                   {"mixed_precision", precision_.name}};
+  if (scheduler_ != nullptr) counters["scheduler_steps"] = std::to_string(scheduler_->stepCount());
+  // Each parameter group's learning rate, as an optimizer's state_dict keeps it: what a trainer
+  // set by hand (without an LrScheduler) resumes too. 17 digits: the double round-trips exactly.
+  const auto& groups = optimizer_->param_groups();
+  counters["lr_groups"] = std::to_string(groups.size());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    char lr[32];
+    std::snprintf(lr, sizeof(lr), "%.17g", groups[g].options().get_lr());
+    counters["lr:" + std::to_string(g)] = lr;
+  }
+  if (scaler_) counters["loss_scaler"] = scaler_->save();
+  // A buffer's blob is its bytes; `cxxlaunch merge-weights` writes it as a tensor, from this.
+  for (const auto& item : model_->named_buffers()) {
+    std::string layout;
+    try {
+      layout = checkpoint::safetensorsDtypeName(item.value().scalar_type());
+    } catch (const InvalidArgument&) {
+      continue;  // a dtype safetensors lacks: merge-weights leaves it out, with a note
+    }
+    layout += ':';
+    for (int64_t d : item.value().sizes()) layout += std::to_string(d) + ',';
+    if (layout.back() == ',') layout.pop_back();
+    counters["buffer:" + item.key()] = layout;
+  }
+  counters.merge(strategy_->stateCounters(optimizer_steps_));
+  const bool full = world_.env.state_dict_type == "full";
+  if (async_saver_) {
+    const bool pinned = device().is_cuda();
+    if (full) {
+      async_saver_->startFull(*world_.backend, dir, strategy_->fullState(), std::move(blobs),
+                              std::move(counters), pinned, began);
+    } else {
+      async_saver_->start(*world_.backend, dir, strategy_->stateSlices(), std::move(blobs),
+                          std::move(counters), pinned, began);
+    }
+    return;
+  }
+  const uint64_t bytes =
+      full ? checkpoint::saveFull(*world_.backend, dir, strategy_->fullState(), blobs, counters)
+           : checkpoint::save(*world_.backend, dir, strategy_->stateSlices(), blobs, counters);
+  const double seconds =
+      std::chrono::duration<double>(checkpoint::AsyncSaver::Clock::now() - began).count();
+  committed({dir, bytes, seconds, seconds});
+}
+
+void Accelerator::waitForCheckpoint() {
+  const CollectiveApi api("waitForCheckpoint");
+  if (!checkpointInFlight()) return;
+  if (auto report = async_saver_->finish(*world_.backend)) committed(std::move(*report));
+}
+
+void Accelerator::reserveSnapshot() {
+  // After the first optimizer step the optimizer state exists, and the snapshot's size is known.
+  // Not under nvme offload, whose state views are reads of its swap files.
+  if (world_.env.offload_optimizer == "nvme" || world_.env.offload_params == "nvme") return;
+  int64_t numel = 0;
+  try {
+    if (world_.env.state_dict_type == "full") {
+      if (isMainProcess()) {
+        for (const auto& l : strategy_->fullState().layout) {
+          numel += (l.end - l.begin) * static_cast<int64_t>(l.arrays.size());
+        }
+      }
+    } else {
+      for (const auto& slice : strategy_->stateSlices()) {
+        for (const auto& [name, array] : slice.arrays) numel += array.numel();
+      }
+    }
+  } catch (const Error&) {  // a state saveState refuses: it will say so
+    return;
+  }
+  async_saver_->reserve(numel, device().is_cuda());
+}
+
+void Accelerator::committed(checkpoint::SaveReport report) {
+  if (std::exchange(prune_when_committed_, false) && checkpoint_total_limit_ > 0 &&
+      isMainProcess()) {
+    checkpoint::removeOldest(checkpoint_dir_, static_cast<size_t>(checkpoint_total_limit_));
+  }
+  save_reports_.push_back(std::move(report));
+}
+
+std::string Accelerator::loadState(const std::string& path) {
+  const CollectiveApi api("loadState");
+  if (!strategy_) throw InvalidArgument("Accelerator::loadState before prepare");
+  waitForCheckpoint();  // the save in flight may be the one to load
+  // The lowest rank for which `failed`, or -1: every rank learns whether all of them succeeded.
+  auto lowestFailing = [&](bool failed) {
+    int32_t lowest = failed ? rank() : worldSize();
+    world_.backend->allreduce(&lowest, 1, DType::kInt32, ReduceOp::kMin)->wait();
+    return lowest == worldSize() ? -1 : lowest;
+  };
+  // Each checkpoint whose files have their sizes, newest first, until one loads on every rank.
+  // Its files check each chunk as it is read (formats 2 and 3: one pass; format 1's files are
+  // checked first, the ranks sharing them). Anything wrong on any rank (a checksum, a header, a
+  // name or shape, a permission) sends every rank on to the next one, with a note; the one loaded
+  // last overwrites whatever a failed one had read. Two agreements, so that a rank that cannot
+  // even open the files never meets the others' collectives inside the restore.
+  std::vector<std::string> skipped;
+  for (const std::string& dir : checkpoint::complete(path, /*checksums=*/false)) {
+    std::string problem;
+    std::optional<checkpoint::Reader> reader;
+    try {
+      reader.emplace(dir);
+      if (!reader->checksReads() && !checkpoint::verifyShare(dir, rank(), worldSize())) {
+        problem = "a file does not match its checksum";
+      }
+    } catch (const Error& e) {
+      problem = e.what();
+    }
+    int failed = lowestFailing(!problem.empty());
+    if (failed < 0) {
+      try {
+        restoreFrom(*reader);
+        if (auto corruption = reader->corruption()) problem = *corruption;
+      } catch (const Error& e) {  // a peer's failure to read too: the agreement below tells
+        problem = e.what();
+      }
+      failed = lowestFailing(!problem.empty());
+      if (failed < 0) return dir;
+    }
+    if (failed == rank()) {  // one note, from the lowest rank that knows why
+      // The file is to blame when it no longer matches its manifest; else it does not fit.
+      const bool intact = checkpoint::verifyShare(dir, 0, 1);
+      std::cerr << "cxxlaunch: checkpoint '" << dir << "' cannot be loaded on rank " << rank()
+                << (intact ? " (its files are intact: was it saved from another model?): "
+                           : " (it is corrupt): ")
+                << problem << "; trying the previous one\n";
+    }
+    skipped.push_back(
+        dir + (problem.empty() ? " (rank " + std::to_string(failed) + ")" : ": " + problem));
+  }
+  std::string why;
+  for (const auto& s : skipped) why += "\n  " + s;
+  throw InvalidArgument(
+      skipped.empty()
+          ? "no complete checkpoint at '" + path +
+                "' (a checkpoint directory has a manifest; a folder of them is searched for the "
+                "newest complete one)"
+          : "no checkpoint at '" + path + "' can be loaded; each was tried, newest first:" + why +
+                "\nMove the folder away (or remove these checkpoints) to start from step 0.");
+}
+
+void Accelerator::restoreFrom(const checkpoint::Reader& reader) {
+  const std::string& dir = reader.directory();
+  // The counters first: a bad one (a damaged or crafted manifest) stops the load before anything
+  // changed.
+  const int64_t optimizer_steps = reader.wholeCounter("optimizer_steps", 0);
+  const int64_t micro_step = reader.wholeCounter("micro_step", 0);
+  const int64_t scheduler_steps = reader.wholeCounter("scheduler_steps", 0);
+  // The saved learning rates where the groups are the same in number (an LrScheduler then sets
+  // its own, the same for the same step).
+  auto& groups = optimizer_->param_groups();
+  std::vector<std::optional<double>> lrs;
+  if (reader.wholeCounter("lr_groups", -1) == static_cast<int64_t>(groups.size())) {
+    for (size_t g = 0; g < groups.size(); ++g) {
+      lrs.push_back(reader.realCounter("lr:" + std::to_string(g)));
+    }
+  }
+  std::optional<LossScaler> scaler = scaler_;
+  if (const auto state = reader.counter("loss_scaler"); state && scaler) scaler->restore(*state);
+
+  strategy_->loadStateSlices(reader);
+  torch::NoGradGuard no_grad;
+  for (const auto& item : model_->named_buffers()) {
+    torch::Tensor b = item.value();
+    const auto bytes = reader.blob(0, "buffer:" + item.key());
+    if (!bytes || bytes->size() != b.nbytes() || !b.is_contiguous()) {
+      throw InvalidArgument("checkpoint '" + dir + "' has no buffer '" + item.key() +
+                            "' of this model's size");
+    }
+    // from_blob wants a mutable pointer; copy_ only reads it.
+    b.copy_(torch::from_blob(const_cast<char*>(bytes->data()), b.sizes(),
+                             b.options().device(torch::kCPU)));
+  }
+  std::vector<std::pair<at::Generator, std::string>> rngs;
+  for (auto& [name, generator] : generatorsOf(device())) {
+    if (auto state = reader.blob(rank(), name)) rngs.emplace_back(generator, std::move(*state));
+  }
+  if (reader.corruption()) return;  // loadState loads another checkpoint over all of this
+  // Each rank its own generators; a rank the saving job did not have (or a CPU job's checkpoint
+  // in a GPU job) keeps its own.
+  for (auto& [generator, bytes] : rngs) {
+    torch::Tensor state = torch::empty({static_cast<int64_t>(bytes.size())}, torch::kUInt8);
+    std::memcpy(state.data_ptr(), bytes.data(), bytes.size());
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(state);
+  }
+  optimizer_steps_ = optimizer_steps;
+  micro_step_ = micro_step;
+  resume_position_ = micro_step_;
+  for (size_t g = 0; g < lrs.size(); ++g) {
+    if (lrs[g]) groups[g].options().set_lr(*lrs[g]);
+  }
+  if (scheduler_ != nullptr) scheduler_->setStepCount(scheduler_steps);
+  scaler_ = scaler;
+  strategy_->zeroGrad();
+}
+
+void Accelerator::saveModel(const std::string& dir, uint64_t max_file_bytes,
+                            std::optional<c10::ScalarType> wanted) {
+  const CollectiveApi api("saveModel");
+  if (!strategy_) throw InvalidArgument("Accelerator::saveModel before prepare");
+  if (max_file_bytes == 0) {
+    throw InvalidArgument(
+        "Accelerator::saveModel: max_file_bytes is 0; give the largest file to "
+        "write in bytes (e.g. 5'000'000'000)");
+  }
+  const c10::ScalarType dtype =
+      wanted.value_or(!world_.env.zero3_save_16bit_model ? c10::ScalarType::Float
+                      : precision_.mixed()               ? precision_.compute
+                                                         : c10::ScalarType::BFloat16);
+  // Every tensor's place is known before the gathers: each is written as it comes, one unit at a
+  // time, in the model's order in the files.
+  std::vector<checkpoint::SafetensorsWriter::Planned> plan;
+  for (const auto& item : model_->named_parameters()) {
+    plan.push_back({item.key(), item.value().sizes().vec(), dtype});
+  }
+  for (const auto& item : model_->named_buffers()) {
+    plan.push_back({item.key(), item.value().sizes().vec(), item.value().scalar_type()});
+  }
+  std::optional<checkpoint::SafetensorsWriter> writer;
+  std::string error;
+  try {
+    if (isMainProcess()) writer.emplace(dir, max_file_bytes, std::move(plan));
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  // Every rank takes part in the gathers; rank 0 writes, or remembers why it cannot.
+  strategy_->visitFullParameters([&](const std::string& name, const torch::Tensor& value) {
+    if (!writer || !error.empty()) return;
+    try {
+      writer->add(name, value.to(dtype));
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  });
+  if (writer && error.empty()) {
+    try {
+      for (const auto& item : model_->named_buffers()) writer->add(item.key(), item.value());
+      writer->finish();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  int32_t ok = error.empty() ? 1 : 0;
+  world_.backend->allreduce(&ok, 1, DType::kInt32, ReduceOp::kMin)->wait();
+  if (ok == 0) {
+    throw CommunicationError("saveModel '" + dir + "' failed" +
+                             (error.empty() ? " on rank 0 (see its log)" : ": " + error));
+  }
+}
+
+void Accelerator::loadModel(const std::string& dir) {
+  const CollectiveApi api("loadModel");
+  if (!strategy_) throw InvalidArgument("Accelerator::loadModel before prepare");
+  const checkpoint::ModelSource source(dir);
+  // Every rank reads the same files: all refuse alike, before any collective of the load.
+  if (const std::string why = source.mismatch(*model_); !why.empty()) {
+    throw InvalidArgument("'" + dir + "' does not hold this model's tensors:" + why);
+  }
+  strategy_->loadStateSlices(source);
+  torch::NoGradGuard no_grad;
+  for (const auto& item : model_->named_buffers()) {
+    const torch::Tensor saved = source.tensor(item.key());
+    if (!saved.defined() || saved.sizes() != item.value().sizes()) {
+      throw InvalidArgument("'" + dir + "' has no buffer '" + item.key() +
+                            "' of this model's shape");
+    }
+    item.value().copy_(saved);
+  }
+  optimizer_steps_ = 0;
+  micro_step_ = 0;
+}
+
+void Accelerator::save(const std::string& path, const std::string& bytes) const {
+  if (isMainProcess()) writeFileAtomically(path, bytes);
+}
+
+void Accelerator::save(const std::string& path,
+                       const std::vector<std::pair<std::string, torch::Tensor>>& tensors) const {
+  if (isMainProcess()) checkpoint::writeSafetensorsFile(path, tensors);
+}
+
+std::string Accelerator::saveCheckpoint() {
+  const CollectiveApi api("saveCheckpoint");
+  if (checkpoint_dir_.empty()) {
+    throw InvalidArgument(
+        "saveCheckpoint needs a checkpoint folder: launch with --checkpoint_dir DIR (or "
+        "CXXLAUNCH_CHECKPOINT_DIR, or cxxlaunch.checkpoint_dir in the config)");
+  }
+  const std::string dir = checkpoint_dir_ + "/checkpoint_" + std::to_string(optimizer_steps_);
+  saveState(dir);
+  // Pruning counts complete checkpoints only: an asynchronous save prunes again once committed.
+  prune_when_committed_ = checkpointInFlight();
+  if (checkpoint_total_limit_ > 0 && isMainProcess()) {
+    checkpoint::removeOldest(checkpoint_dir_, static_cast<size_t>(checkpoint_total_limit_));
+  }
+  waitForEveryone();
+  return dir;
+}
+
+std::optional<std::string> Accelerator::resume() {
+  const CollectiveApi api("resume");
+  // A folder that holds checkpoints, none of which loads, is an error: starting from step 0 would
+  // silently throw away the run (and the next save would remove the checkpoints in the end).
+  waitForCheckpoint();
+  if (checkpoint_dir_.empty() || !checkpoint::holdsCheckpoints(checkpoint_dir_)) {
+    return std::nullopt;
+  }
+  return loadState(checkpoint_dir_);
+}
+
+}  // namespace cxxlaunch::runtime
