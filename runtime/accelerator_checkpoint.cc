@@ -17,6 +17,7 @@
 #include "runtime/checkpoint/files.h"
 #include "runtime/checkpoint/model_source.h"
 #include "runtime/checkpoint/safetensors.h"
+#include "runtime/checkpoint/state_load.h"
 #include "runtime/comm/checked_backend.h"
 #include "runtime/comm/tensor_ops.h"
 #include "runtime/error_report.h"
@@ -25,6 +26,11 @@
 namespace cxxlaunch::runtime {
 
 namespace {
+// CXXLAUNCH_STATE_DICT_TYPE (env.cc accepts these two).
+StateDictType stateDictTypeOf(const WorkerEnv& env) {
+  return env.state_dict_type == "full" ? StateDictType::kFull : StateDictType::kSharded;
+}
+
 // The generators a checkpoint keeps: the CPU's, and the GPU's of a GPU worker (its dropout and
 // random initialisations), as accelerate saves both.
 std::vector<std::pair<std::string, at::Generator>> generatorsOf(const torch::Device& device) {
@@ -92,21 +98,13 @@ void Accelerator::saveState(const std::string& dir) {
     counters["buffer:" + item.key()] = layout;
   }
   counters.merge(strategy_->stateCounters(optimizer_steps_));
-  const bool full = world_.env.state_dict_type == "full";
+  const StateStream state = strategy_->stateStream(stateDictTypeOf(world_.env));
   if (async_saver_) {
-    const bool pinned = device().is_cuda();
-    if (full) {
-      async_saver_->startFull(*world_.backend, dir, strategy_->fullState(), std::move(blobs),
-                              std::move(counters), pinned, began);
-    } else {
-      async_saver_->start(*world_.backend, dir, strategy_->stateSlices(), std::move(blobs),
-                          std::move(counters), pinned, began);
-    }
+    async_saver_->start(*world_.backend, dir, state, std::move(blobs), std::move(counters),
+                        device().is_cuda(), began);
     return;
   }
-  const uint64_t bytes =
-      full ? checkpoint::saveFull(*world_.backend, dir, strategy_->fullState(), blobs, counters)
-           : checkpoint::save(*world_.backend, dir, strategy_->stateSlices(), blobs, counters);
+  const uint64_t bytes = checkpoint::save(*world_.backend, dir, state, blobs, counters);
   const double seconds =
       std::chrono::duration<double>(checkpoint::AsyncSaver::Clock::now() - began).count();
   committed({dir, bytes, seconds, seconds});
@@ -124,16 +122,8 @@ void Accelerator::reserveSnapshot() {
   if (world_.env.offload_optimizer == "nvme" || world_.env.offload_params == "nvme") return;
   int64_t numel = 0;
   try {
-    if (world_.env.state_dict_type == "full") {
-      if (isMainProcess()) {
-        for (const auto& l : strategy_->fullState().layout) {
-          numel += (l.end - l.begin) * static_cast<int64_t>(l.arrays.size());
-        }
-      }
-    } else {
-      for (const auto& slice : strategy_->stateSlices()) {
-        for (const auto& [name, array] : slice.arrays) numel += array.numel();
-      }
+    for (const auto& l : strategy_->stateStream(stateDictTypeOf(world_.env)).layout) {
+      numel += (l.end - l.begin) * static_cast<int64_t>(l.arrays.size());
     }
   } catch (const Error&) {  // a state saveState refuses: it will say so
     return;
@@ -229,7 +219,9 @@ void Accelerator::restoreFrom(const checkpoint::Reader& reader) {
   std::optional<LossScaler> scaler = scaler_;
   if (const auto state = reader.counter("loss_scaler"); state && scaler) scaler->restore(*state);
 
-  strategy_->loadStateSlices(reader);
+  checkpoint::StateLoad load(reader, *world_.backend);
+  strategy_->fillState(load);
+  load.finish();
   torch::NoGradGuard no_grad;
   for (const auto& item : model_->named_buffers()) {
     torch::Tensor b = item.value();
@@ -328,7 +320,9 @@ void Accelerator::loadModel(const std::string& dir) {
   if (const std::string why = source.mismatch(*model_); !why.empty()) {
     throw InvalidArgument("'" + dir + "' does not hold this model's tensors:" + why);
   }
-  strategy_->loadStateSlices(source);
+  checkpoint::StateLoad load(source);
+  strategy_->fillState(load);
+  load.finish();
   torch::NoGradGuard no_grad;
   for (const auto& item : model_->named_buffers()) {
     const torch::Tensor saved = source.tensor(item.key());

@@ -78,81 +78,52 @@ std::string AsyncSaver::begin(Backend& backend, const std::string& dir,
   return staging;
 }
 
-void AsyncSaver::start(Backend& backend, const std::string& dir, const std::vector<Slice>& slices,
+void AsyncSaver::start(Backend& backend, const std::string& dir, const StateStream& state,
                        std::vector<std::pair<std::string, std::string>> blobs, Counters counters,
                        bool pinned, Clock::time_point began) {
   const std::string staging = begin(backend, dir, std::move(blobs), std::move(counters), began);
   std::string error;
+  std::vector<torch::Tensor> regions;  // where each array goes, in produce()'s order
   try {
-    torch::NoGradGuard no_grad;
     int64_t numel = 0;
-    for (const auto& s : slices) {
-      for (const auto& [name, array] : s.arrays) numel += array.numel();
+    for (const auto& l : state.layout) {
+      numel += (l.end - l.begin) * static_cast<int64_t>(l.arrays.size());
     }
     torch::Tensor& buffer = snapshot(numel, pinned);
     int64_t at = 0;
-    for (const auto& s : slices) {
-      Slice copy{s.param, s.shape, s.begin, s.end, {}};
-      for (const auto& [name, array] : s.arrays) {
-        torch::Tensor into = buffer.narrow(0, at, array.numel());
-        // From a GPU: queued copies into pinned memory, waited for once, below.
-        into.copy_(array.reshape({-1}), /*non_blocking=*/pinned);
-        copy.arrays.emplace_back(name, into);
-        at += array.numel();
+    for (const auto& l : state.layout) {
+      StateView view{l.param, l.shape, l.begin, l.end, {}};
+      for (const auto& name : l.arrays) {
+        regions.push_back(buffer.narrow(0, at, l.end - l.begin));
+        view.arrays.emplace_back(name, regions.back());
+        at += l.end - l.begin;
       }
-      flight_->slices.push_back(std::move(copy));
+      flight_->views.push_back(std::move(view));
     }
-    if (pinned) torch::cuda::synchronize();
   } catch (const std::exception& e) {
     error = e.what();
   }
-  launch(backend, staging, error);
-}
-
-void AsyncSaver::startFull(Backend& backend, const std::string& dir, const FullState& state,
-                           std::vector<std::pair<std::string, std::string>> blobs,
-                           Counters counters, bool pinned, Clock::time_point began) {
-  const std::string staging = begin(backend, dir, std::move(blobs), std::move(counters), began);
-  const bool keeps = backend.rank() == 0;  // rank 0's file holds every parameter
-  std::string error;
-  std::vector<torch::Tensor> regions;  // where each array goes, in produce()'s order
-  if (keeps) {
-    try {
-      int64_t numel = 0;
-      for (const auto& l : state.layout) {
-        numel += (l.end - l.begin) * static_cast<int64_t>(l.arrays.size());
-      }
-      torch::Tensor& buffer = snapshot(numel, pinned);
-      int64_t at = 0;
-      for (const auto& l : state.layout) {
-        Slice slice{l.param, l.shape, l.begin, l.end, {}};
-        for (const auto& name : l.arrays) {
-          regions.push_back(buffer.narrow(0, at, l.end - l.begin));
-          slice.arrays.emplace_back(name, regions.back());
-          at += l.end - l.begin;
-        }
-        flight_->slices.push_back(std::move(slice));
-      }
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-  }
-  // Every rank runs every gather of produce(), whatever happens to rank 0's snapshot, or the
-  // others would wait for it; an error is agreed on once the gathers are over.
+  // Every rank runs every gather of produce() (the full layout's), whatever happens to its own
+  // snapshot, or the others would wait for it; an error is agreed on once the gathers are over.
   size_t next = 0;
-  state.produce([&](const torch::Tensor& array) {
-    if (!keeps || !error.empty()) return;
-    try {
-      if (next == regions.size() || regions[next].numel() != array.numel()) {
-        throw InvalidArgument("checkpoint: the full state's arrays do not match its layout");
+  try {
+    torch::NoGradGuard no_grad;
+    state.produce([&](const torch::Tensor& array) {
+      if (!error.empty()) return;
+      try {
+        if (next == regions.size() || regions[next].numel() != array.numel()) {
+          throw InvalidArgument("checkpoint: the state's arrays do not match its layout");
+        }
+        regions[next++].copy_(array.reshape({-1}));
+      } catch (const std::exception& e) {
+        error = e.what();
       }
-      regions[next++].copy_(array.reshape({-1}));
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-  });
-  if (keeps && error.empty() && next != regions.size()) {
-    error = "checkpoint: the full state gave fewer arrays than its layout";
+    });
+  } catch (const std::exception& e) {  // reading the state back from nvme
+    if (error.empty()) error = e.what();
+  }
+  if (error.empty() && next != regions.size()) {
+    error = "checkpoint: the state gave fewer arrays than its layout";
   }
   launch(backend, staging, error);
 }
@@ -172,7 +143,7 @@ void AsyncSaver::launch(Backend& backend, const std::string& staging,
   Flight* flight = &*flight_;
   auto write = [flight, path = staging + "/" + rankFileName(backend.rank())] {
     try {
-      flight->written = writeShardFile(path, flight->slices, flight->blobs);
+      flight->written = writeShardFile(path, flight->views, flight->blobs);
     } catch (const std::exception& e) {
       flight->error = e.what();
     }

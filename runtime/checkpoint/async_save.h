@@ -5,7 +5,7 @@
 // rank's part of the state into a host snapshot: one buffer, pinned where the state is on a GPU,
 // kept and reused by every save, so that there is never more than one snapshot in memory. A
 // background thread then writes this rank's file from the snapshot, with the format and
-// checksums of a synchronous save. In the full layout (FullState) the gathers are collectives:
+// checksums of a synchronous save. In the full layout (state_view.h) the gathers are collectives:
 // they run in start(), unit by unit into rank 0's snapshot, and only the writing is left to the
 // background.
 //
@@ -53,18 +53,14 @@ class AsyncSaver {
   // Abandons the save in flight (see abandon()).
   ~AsyncSaver();
 
-  // Snapshots this rank's `slices` (views of the training state, read before this returns) and
-  // starts writing them to `dir` in the background; a collective. `pinned`: the snapshot in
-  // pinned memory (the state is on a GPU). `began`: when the caller's save began (its time
-  // counts as blocked). A save in flight must have been finished first.
-  void start(Backend& backend, const std::string& dir, const std::vector<Slice>& slices,
+  // Snapshots this rank's `state` (state_view.h: its arrays are read, and where the layout is
+  // full gathered, before this returns) and starts writing it to `dir` in the background; a
+  // collective. `pinned`: the snapshot in pinned memory (the state is on a GPU). `began`: when
+  // the caller's save began (its time counts as blocked). A save in flight must have been
+  // finished first.
+  void start(Backend& backend, const std::string& dir, const StateStream& state,
              std::vector<std::pair<std::string, std::string>> blobs, Counters counters, bool pinned,
              Clock::time_point began);
-  // The full layout: runs `state.produce` (its gathers) into rank 0's snapshot, then writes in
-  // the background as start() does.
-  void startFull(Backend& backend, const std::string& dir, const FullState& state,
-                 std::vector<std::pair<std::string, std::string>> blobs, Counters counters,
-                 bool pinned, Clock::time_point began);
 
   // Whether a save was started and not yet committed (the same on every rank).
   bool inFlight() const { return flight_.has_value(); }
@@ -86,7 +82,7 @@ class AsyncSaver {
   struct Flight {
     std::string dir;
     Counters counters;
-    std::vector<Slice> slices;  // views of the snapshot
+    std::vector<StateView> views;  // of the snapshot
     std::vector<std::pair<std::string, std::string>> blobs;
     Clock::time_point began;
     double blocked_seconds = 0;
@@ -94,7 +90,7 @@ class AsyncSaver {
     std::pair<uint64_t, uint32_t> written{0, 0};
     std::string error;
   };
-  // Both starts' first half: waits for reserve()'s thread, prepares the staging directory (a
+  // start()'s first half: waits for reserve()'s thread, prepares the staging directory (a
   // collective) and opens the flight; returns the staging directory.
   std::string begin(Backend& backend, const std::string& dir,
                     std::vector<std::pair<std::string, std::string>> blobs, Counters counters,

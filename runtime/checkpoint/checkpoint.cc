@@ -109,29 +109,21 @@ uint64_t saveWith(
 
 }  // namespace
 
-uint64_t save(Backend& backend, const std::string& dir, const std::vector<Slice>& slices,
+uint64_t save(Backend& backend, const std::string& dir, const StateStream& state,
               const std::vector<std::pair<std::string, std::string>>& blobs,
               const Counters& counters) {
-  return saveWith(backend, dir, counters,
-                  [&](const std::string& path) { return writeShardFile(path, slices, blobs); });
-}
-
-uint64_t saveFull(Backend& backend, const std::string& dir, const FullState& state,
-                  const std::vector<std::pair<std::string, std::string>>& blobs,
-                  const Counters& counters) {
-  const bool writes = backend.rank() == 0;
   return saveWith(backend, dir, counters, [&](const std::string& path) {
-    // Every rank runs every gather of produce(), whatever happens to rank 0's file, or the
-    // others would wait for it; a write error is thrown once the gathers are over.
+    // Every rank runs every gather of produce() (the full layout's), whatever happens to its own
+    // file, or the others would wait for it; a write error is thrown once the gathers are over.
     std::optional<ShardFileWriter> writer;
     std::string error;
     try {
-      writer.emplace(path, writes ? state.layout : std::vector<SliceLayout>{}, blobs);
+      writer.emplace(path, state.layout, blobs);
     } catch (const std::exception& e) {
       error = e.what();
     }
     state.produce([&](const torch::Tensor& array) {
-      if (!writes || !error.empty()) return;
+      if (!error.empty()) return;
       try {
         writer->append(array);
       } catch (const std::exception& e) {

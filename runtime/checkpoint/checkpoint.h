@@ -40,23 +40,11 @@
 
 namespace cxxlaunch::runtime::checkpoint {
 
-// Both return the bytes of the checkpoint's rank files, over every rank.
-uint64_t save(Backend& backend, const std::string& dir, const std::vector<Slice>& slices,
+// Writes this rank's `state` (state_view.h: its own views, or in the full layout everything on
+// rank 0) as its file; returns the bytes of the checkpoint's rank files, over every rank.
+uint64_t save(Backend& backend, const std::string& dir, const StateStream& state,
               const std::vector<std::pair<std::string, std::string>>& blobs,
               const Counters& counters);
-
-// The full layout (FSDP's FULL_STATE_DICT): rank 0's file holds every parameter whole, each array
-// gathered while the file is written, so no rank holds more than one unit's array at a time;
-// every rank's file holds its own blobs. `produce` is a collective that every rank runs: it
-// hands each array, in `layout`'s order, to the function it is given (rank 0 writes them, the
-// others drop them). The protocol and its guarantees are save()'s.
-struct FullState {
-  std::vector<SliceLayout> layout;  // rank 0's slices, in the order produce() gives their arrays
-  std::function<void(const std::function<void(const torch::Tensor&)>& write)> produce;
-};
-uint64_t saveFull(Backend& backend, const std::string& dir, const FullState& state,
-                  const std::vector<std::pair<std::string, std::string>>& blobs,
-                  const Counters& counters);
 
 // The protocol's two halves around the writing of the rank files, for a save that writes them
 // later (async_save.h); save() is stage(), this rank's file, commit(). Both are collectives.

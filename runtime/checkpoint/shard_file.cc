@@ -39,6 +39,8 @@ namespace {
 // Arrays of at least kAlignedArrayBytes start at file offsets that are multiples of
 // kDirectAlignment (the header is padded to one, the data between arrays with zeros), so that a
 // load reads them with O_DIRECT straight into page-aligned memory (see ShardFileReader::fill).
+// The runtime allocates such memory for arrays of that size (state_view.h).
+static_assert(kAlignedArrayBytes == kDirectReadBytes);
 
 uint64_t alignedOffset(uint64_t offset, uint64_t bytes) {
   if (bytes < kAlignedArrayBytes) return offset;
@@ -46,7 +48,7 @@ uint64_t alignedOffset(uint64_t offset, uint64_t bytes) {
 }
 
 // The header, and in `offsets` each array's offset from the data's start, in the layout's order.
-std::string headerOf(const std::vector<SliceLayout>& layout,
+std::string headerOf(const std::vector<StateLayout>& layout,
                      const std::vector<std::pair<std::string, std::string>>& blobs,
                      std::vector<uint64_t>& offsets) {
   std::ostringstream header;
@@ -85,7 +87,7 @@ std::string headerOf(const std::vector<SliceLayout>& layout,
 }
 }  // namespace
 
-ShardFileWriter::ShardFileWriter(const std::string& path, std::vector<SliceLayout> layout,
+ShardFileWriter::ShardFileWriter(const std::string& path, std::vector<StateLayout> layout,
                                  const std::vector<std::pair<std::string, std::string>>& blobs)
     : layout_(std::move(layout)), blobs_(blobs), file_(path) {
   const std::string header = headerOf(layout_, blobs_, offsets_);
@@ -96,7 +98,7 @@ ShardFileWriter::ShardFileWriter(const std::string& path, std::vector<SliceLayou
 
 void ShardFileWriter::append(const torch::Tensor& array) {
   if (slice_ >= layout_.size()) throw InvalidArgument("checkpoint: more arrays than the layout");
-  const SliceLayout& s = layout_[slice_];
+  const StateLayout& s = layout_[slice_];
   // A GPU worker's arrays come through host memory, one array at a time.
   const torch::Tensor t = array.to(torch::kCPU, torch::kFloat).contiguous();
   if (t.numel() != s.end - s.begin) {
@@ -143,11 +145,11 @@ std::pair<uint64_t, uint32_t> ShardFileWriter::commit() {
 }
 
 std::pair<uint64_t, uint32_t> writeShardFile(
-    const std::string& path, const std::vector<Slice>& slices,
+    const std::string& path, const std::vector<StateView>& slices,
     const std::vector<std::pair<std::string, std::string>>& blobs) {
-  std::vector<SliceLayout> layout;
+  std::vector<StateLayout> layout;
   for (const auto& s : slices) {
-    SliceLayout l{s.param, s.shape, s.begin, s.end, {}};
+    StateLayout l{s.param, s.shape, s.begin, s.end, {}};
     for (const auto& [name, tensor] : s.arrays) l.arrays.push_back(name);
     layout.push_back(std::move(l));
   }

@@ -36,29 +36,16 @@
 
 #include "runtime/checkpoint/files.h"
 #include "runtime/checkpoint/shard_file_reader.h"
+#include "runtime/state_view.h"
 
 namespace cxxlaunch::runtime::checkpoint {
-struct Slice {
-  std::string param;
-  std::vector<int64_t> shape;                                 // the whole parameter's
-  int64_t begin = 0, end = 0;                                 // elements of the flattened parameter
-  std::vector<std::pair<std::string, torch::Tensor>> arrays;  // float32, end - begin elements
-};
-
-// Where a slice goes in a file: its parameter, range and the names of its arrays, without them.
-struct SliceLayout {
-  std::string param;
-  std::vector<int64_t> shape;
-  int64_t begin = 0, end = 0;
-  std::vector<std::string> arrays;
-};
 
 // Writes a rank's file durably with its slices' data streamed in: the header (from the layout)
 // at once, then each array in the layout's order (append), then the blobs (commit). Nothing is
 // visible at `path` before commit.
 class ShardFileWriter {
  public:
-  ShardFileWriter(const std::string& path, std::vector<SliceLayout> layout,
+  ShardFileWriter(const std::string& path, std::vector<StateLayout> layout,
                   const std::vector<std::pair<std::string, std::string>>& blobs);
   // The next array of the layout: end - begin elements, converted to float32.
   void append(const torch::Tensor& array);
@@ -66,7 +53,7 @@ class ShardFileWriter {
   std::pair<uint64_t, uint32_t> commit();
 
  private:
-  std::vector<SliceLayout> layout_;
+  std::vector<StateLayout> layout_;
   std::vector<std::pair<std::string, std::string>> blobs_;
   DurableFile file_;
   uint64_t data_start_ = 0;
@@ -78,7 +65,7 @@ class ShardFileWriter {
 
 // Writes a rank's file of `slices` (their arrays in hand) durably; returns its size and CRC-32C.
 std::pair<uint64_t, uint32_t> writeShardFile(
-    const std::string& path, const std::vector<Slice>& slices,
+    const std::string& path, const std::vector<StateView>& slices,
     const std::vector<std::pair<std::string, std::string>>& blobs);
 
 }  // namespace cxxlaunch::runtime::checkpoint

@@ -749,31 +749,36 @@ void ShardedStrategy::visitFullParameters(const ParameterVisitor& visit) {
   }
 }
 
-// ---- checkpoints
+// ---- state views (checkpoints)
 // ---------------------------------------------------------------------------------
 
-checkpoint::FullState ShardedStrategy::fullState() {
-  // At stage 0 every rank holds everything, and rank 0's slices are already whole.
-  if (options_.stage == 0) return streamSlices(stateSlices());
-  checkpoint::FullState state;
+StateStream ShardedStrategy::stateStream(StateDictType type) {
+  return type == StateDictType::kFull ? gatheredStream() : shardedStream();
+}
+
+StateStream ShardedStrategy::gatheredStream() {
+  // At stage 0 every rank holds everything, and rank 0's views are already whole.
+  if (options_.stage == 0) return shardedStream();
+  StateStream state;
+  const bool writes = backend_->rank() == 0;  // every rank gathers, rank 0 writes
   std::vector<std::string> arrays = {"param"};
   for (const auto& name : optimizer_.stateNames()) arrays.push_back(name);
   // Unit by unit, array by array (one array of one unit gathered at a time), each parameter.
   for (const auto& u : units_) {
     for (const auto& array : arrays) {
-      for (size_t i = 0; i < u.flat.params().size(); ++i) {
+      for (size_t i = 0; writes && i < u.flat.params().size(); ++i) {
         const auto& p = u.flat.params()[i];
         state.layout.push_back({u.flat.names()[i], p.sizes().vec(), 0, p.numel(), {array}});
       }
     }
   }
   for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
-    if (!item.value().requires_grad()) {  // frozen: whole everywhere
+    if (writes && !item.value().requires_grad()) {  // frozen: whole everywhere
       state.layout.push_back(
           {item.key(), item.value().sizes().vec(), 0, item.value().numel(), {"param"}});
     }
   }
-  state.produce = [this, arrays](const std::function<void(const torch::Tensor&)>& write) {
+  state.produce = [this, arrays, writes](const std::function<void(const torch::Tensor&)>& write) {
     std::lock_guard<std::mutex> lock(mu_);
     torch::NoGradGuard no_grad;
     // The gathers run one array ahead of the writes: while rank 0 writes one array (the disk's
@@ -828,65 +833,81 @@ checkpoint::FullState ShardedStrategy::fullState() {
       if (now.work) now.work->wait();
       if (step + 1 < order.size()) next = start(step + 1);
       const Unit& u = *order[step].first;
-      for (size_t i = 0; i < u.flat.params().size(); ++i) {
+      for (size_t i = 0; writes && i < u.flat.params().size(); ++i) {
         write(now.full.narrow(0, u.flat.offset(i), u.flat.params()[i].numel()));
       }
     }
     for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
-      if (!item.value().requires_grad()) write(item.value().detach().reshape({-1}));
+      if (writes && !item.value().requires_grad()) write(item.value().detach().reshape({-1}));
     }
   };
   return state;
 }
 
-std::vector<checkpoint::Slice> ShardedStrategy::stateSlices() {
+StateStream ShardedStrategy::shardedStream() {
   std::lock_guard<std::mutex> lock(mu_);
-  torch::NoGradGuard no_grad;
-  std::vector<checkpoint::Slice> out;
+  StateStream stream;
   // Every element once: at stage 0 every rank holds everything, under hybrid sharding the
   // other nodes hold copies of node 0's shards.
   if ((options_.stage == 0 && backend_->rank() != 0) || (replicas_ && replicas_->rank() != 0)) {
-    return out;
+    stream.produce = [](const std::function<void(const torch::Tensor&)>&) {};
+    return stream;
   }
-  const std::vector<std::string> names = optimizer_.stateNames();
+  std::vector<std::string> arrays = {"param"};
+  for (const auto& name : optimizer_.stateNames()) arrays.push_back(name);
+  struct Piece {  // a view's elements in its unit's shard
+    Unit* unit;
+    int64_t from, count;
+  };
+  std::vector<Piece> pieces;
   for (auto& u : units_) {
     const int64_t sb = u.flat.shardBegin(), sn = u.flat.shardNumel();
-    // Views, no copies: the file is written before training touches them again (nvme's read
-    // buffers live as long as the views).
-    const torch::Tensor master = masterNow(u);
-    const std::vector<torch::Tensor> state = stateNow(u);
     for (size_t i = 0; i < u.flat.params().size(); ++i) {
       const auto& p = u.flat.params()[i];
       const int64_t off = u.flat.offset(i);
       const int64_t a = std::max(off, sb), b = std::min(off + p.numel(), sb + sn);
       if (a >= b) continue;
-      checkpoint::Slice slice{u.flat.names()[i], p.sizes().vec(), a - off, b - off, {}};
-      slice.arrays.emplace_back("param", master.narrow(0, a - sb, b - a));
-      for (size_t k = 0; k < names.size(); ++k) {
-        slice.arrays.emplace_back(names[k], state[k].narrow(0, a - sb, b - a));
+      stream.layout.push_back({u.flat.names()[i], p.sizes().vec(), a - off, b - off, arrays});
+      pieces.push_back({&u, a - sb, b - a});
+    }
+  }
+  std::vector<torch::Tensor> frozen;  // whole everywhere: rank 0 saves them
+  for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
+    const torch::Tensor& p = item.value();
+    if (p.requires_grad() || backend_->rank() != 0) continue;
+    stream.layout.push_back({item.key(), p.sizes().vec(), 0, p.numel(), {"param"}});
+    frozen.push_back(p);
+  }
+  stream.produce = [this, pieces = std::move(pieces), frozen = std::move(frozen)](
+                       const std::function<void(const torch::Tensor&)>& write) {
+    std::lock_guard<std::mutex> lock(mu_);
+    torch::NoGradGuard no_grad;
+    // One unit's master and optimizer state at a time: views of them where they are in memory,
+    // read back where they rest on nvme.
+    const Unit* current = nullptr;
+    torch::Tensor master;
+    std::vector<torch::Tensor> state;
+    for (const Piece& piece : pieces) {
+      if (piece.unit != current) {
+        current = piece.unit;
+        master = torch::Tensor();
+        state.clear();
+        master = masterNow(*piece.unit);
+        state = stateNow(*piece.unit);
       }
-      out.push_back(std::move(slice));
+      write(master.narrow(0, piece.from, piece.count));
+      for (const auto& s : state) write(s.narrow(0, piece.from, piece.count));
     }
-  }
-  if (backend_->rank() == 0) {  // frozen parameters are whole everywhere
-    for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
-      const torch::Tensor& p = item.value();
-      if (p.requires_grad()) continue;
-      out.push_back({item.key(),
-                     p.sizes().vec(),
-                     0,
-                     p.numel(),
-                     {{"param", p.detach().to(torch::kFloat).reshape({-1})}}});
-    }
-  }
-  return out;
+    for (const auto& p : frozen) write(p.detach().to(torch::kFloat).reshape({-1}));
+  };
+  return stream;
 }
 
-void ShardedStrategy::loadStateSlices(const checkpoint::Source& reader) {
+void ShardedStrategy::fillState(StateSource& source) {
   std::lock_guard<std::mutex> lock(mu_);
   torch::NoGradGuard no_grad;
   const std::vector<std::string> names = optimizer_.stateNames();
-  std::exception_ptr failure;
+  // Unit by unit: only one unit's state is staged at a time (nvme offload).
   for (auto& u : units_) {
     const int64_t sb = u.flat.shardBegin(), sn = u.flat.shardNumel();
     waitGather(u);
@@ -896,11 +917,7 @@ void ShardedStrategy::loadStateSlices(const checkpoint::Source& reader) {
     if (state_file_) {
       for (size_t k = 0; k < names.size(); ++k) state.push_back(torch::zeros({sn}));
     }
-    std::vector<checkpoint::ReadRequest> reads;  // the unit's, read together
-    HostStaging staging;
-    float* master_at = staging.hostOf(master);
-    std::vector<float*> state_at;
-    for (const auto& t : state) state_at.push_back(staging.hostOf(t));
+    std::vector<StateRead> reads;  // the unit's, read together
     for (size_t i = 0; i < u.flat.params().size(); ++i) {
       const auto& p = u.flat.params()[i];
       const std::string& name = u.flat.names()[i];
@@ -908,30 +925,24 @@ void ShardedStrategy::loadStateSlices(const checkpoint::Source& reader) {
       const int64_t a = std::max(off, sb), b = std::min(off + p.numel(), sb + sn);
       if (a >= b) continue;
       const auto shape = p.sizes().vec();
-      reads.push_back({name, "param", a - off, b - off, shape, master_at + (a - sb)});
+      reads.push_back({name, "param", a - off, b - off, shape, master.narrow(0, a - sb, b - a)});
       for (size_t k = 0; k < names.size(); ++k) {
-        float* to = state_at[k] + (a - sb);
-        if (reader.has(name, names[k])) {
-          reads.push_back({name, names[k], a - off, b - off, shape, to});
+        torch::Tensor into = state[k].narrow(0, a - sb, b - a);
+        if (source.has(name, names[k])) {
+          reads.push_back({name, names[k], a - off, b - off, shape, into});
         } else {  // saved before any step, or by another optimizer: a fresh start
-          std::fill(to, to + (b - a), 0.0f);
+          into.zero_();
         }
       }
     }
     // The parameters lie end to end: no read covers the state past them (the shard's padding),
     // which is zeroed, as a fresh state is, rather than left as whatever the memory held.
     const int64_t used = std::clamp(u.flat.numel() - sb, int64_t{0}, sn);
-    for (float* at : state_at) std::fill(at + used, at + sn, 0.0f);
-    // A read that fails (a corrupt or foreign checkpoint) is thrown once the units' collectives
-    // below are over on this rank as on the others; the caller then loads another checkpoint.
-    if (!failure) {
-      try {
-        reader.readAll(reads);
-      } catch (...) {
-        failure = std::current_exception();
-      }
-    }
-    staging.copyBack();
+    for (auto& t : state) t.narrow(0, used, sn - used).zero_();
+    // A read that fails (a corrupt or foreign checkpoint) stops the source's reading, not this
+    // loop: the collectives below run on this rank as on the others, and the caller then throws
+    // and loads another checkpoint.
+    source.read(reads);
     const size_t bytes = NvmeFile::roundUp(static_cast<size_t>(sn) * 4);
     if (param_file_) {
       AlignedBuffer staging = alignedBuffer(static_cast<size_t>(sn));
@@ -954,15 +965,14 @@ void ShardedStrategy::loadStateSlices(const checkpoint::Source& reader) {
     publish(u);
     if (lean_) releaseFreedHostMemory();  // this unit's staging, before the next one's
   }
-  if (failure) std::rethrow_exception(failure);
+  std::vector<StateRead> frozen;  // whole on every rank
   for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
-    torch::Tensor p = item.value();
-    if (p.requires_grad()) continue;
-    torch::Tensor values = torch::empty({p.numel()}, torch::kFloat);
-    reader.read(item.key(), "param", 0, p.numel(), p.sizes().vec(), values.data_ptr<float>());
-    p.copy_(values.view(p.sizes()));
+    const torch::Tensor& p = item.value();
+    if (!p.requires_grad())
+      frozen.push_back({item.key(), "param", 0, p.numel(), p.sizes().vec(), p});
   }
-  optimizer_.setSteps(reader.wholeCounter("optimizer_steps", 0));
+  source.read(frozen);
+  optimizer_.setSteps(source.wholeCounter("optimizer_steps", 0));
 }
 
 void ShardedStrategy::publish(Unit& u) {

@@ -100,9 +100,8 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   void zeroGrad() override;
   MemoryReport memoryReport() const override;
   std::vector<const torch::nn::Module*> unitModules() const override;
-  std::vector<checkpoint::Slice> stateSlices() override;
-  checkpoint::FullState fullState() override;
-  void loadStateSlices(const checkpoint::Source& reader) override;
+  StateStream stateStream(StateDictType type) override;
+  void fillState(StateSource& source) override;
   void visitFullParameters(const ParameterVisitor& visit) override;
 
   void beforeForward(const torch::nn::Module& unit) override;
@@ -177,10 +176,12 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   void connectHybridGroups();
   // The swap files, for units of these shard sizes.
   void openOffload(const std::vector<int64_t>& shard_numels);
-  void settle(size_t unit);                         // built: to the state it rests in
-  torch::Tensor& gradShard(Unit& unit);             // stage 2-3: allocated by its first use
-  void swapOutGradient(Unit& unit);                 // grad_incoming into grad_file_
-  void stepUnits();                                 // the optimizer over every unit's shard
+  void settle(size_t unit);              // built: to the state it rests in
+  torch::Tensor& gradShard(Unit& unit);  // stage 2-3: allocated by its first use
+  void swapOutGradient(Unit& unit);      // grad_incoming into grad_file_
+  void stepUnits();                      // the optimizer over every unit's shard
+  StateStream shardedStream();           // this rank's shards, read from nvme one unit at a time
+  StateStream gatheredStream();  // every parameter whole on rank 0, gathered one unit at a time
   torch::Tensor masterNow(Unit& unit);              // in memory, read from nvme if it rests there
   std::vector<torch::Tensor> stateNow(Unit& unit);  // the optimizer state, likewise
   void publish(Unit& unit);   // the master's values into the parameters (gathered), after a load

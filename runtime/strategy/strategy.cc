@@ -13,7 +13,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
-#include <new>
 #include <optional>
 #include <type_traits>
 
@@ -26,49 +25,6 @@
 #include "runtime/strategy/sharded.h"
 
 namespace cxxlaunch::runtime {
-
-namespace {
-
-// Page-aligned for O_DIRECT; arrays of 2 MiB or more on a huge page's boundary, so that
-// prefaultForWriting gets transparent huge pages for all of them. Reads past the page cache pin
-// them, and broadcasts copy into them, faster than 4 KiB pages (a fresh DDP job's load of 1.2 GB:
-// 0.41-0.49 s against 0.48-0.81 s).
-size_t readingAlignment(size_t bytes) {
-  constexpr size_t kPageBytes = 4096, kHugePageBytes = 2u << 20;
-  return bytes >= kHugePageBytes ? kHugePageBytes : kPageBytes;
-}
-
-}  // namespace
-
-torch::Tensor emptyForReading(at::IntArrayRef sizes) {
-  int64_t numel = 1;
-  for (int64_t d : sizes) numel *= d;
-  const size_t bytes = std::max<size_t>(static_cast<size_t>(numel) * sizeof(float), 1);
-  void* data = nullptr;
-  if (::posix_memalign(&data, readingAlignment(bytes), bytes) != 0) {
-    throw std::bad_alloc();
-  }
-  return torch::from_blob(
-      data, sizes, [](void* p) { std::free(p); }, torch::kFloat);
-}
-
-float* HostStaging::hostOf(const torch::Tensor& destination) {
-  if (destination.is_cpu() && destination.is_contiguous() &&
-      destination.scalar_type() == torch::kFloat) {
-    return destination.data_ptr<float>();
-  }
-  // With its present values: what no read covers (a shard's padding) stays as it was.
-  torch::NoGradGuard no_grad;
-  copies_.emplace_back(destination, emptyForReading({destination.numel()}));
-  copies_.back().second.copy_(destination.detach().reshape({-1}));
-  return copies_.back().second.data_ptr<float>();
-}
-
-void HostStaging::copyBack() {
-  torch::NoGradGuard no_grad;
-  for (auto& [destination, host] : copies_) destination.copy_(host.view(destination.sizes()));
-  copies_.clear();
-}
 
 namespace {
 
@@ -166,16 +122,15 @@ const Options* groupOptions(torch::optim::Optimizer& optimizer, const torch::Ten
 // new memory, and the optimizer's memory does not double while old and new state coexist.
 std::unique_ptr<torch::optim::OptimizerParamState> torchStateFrom(
     torch::optim::Optimizer& optimizer, const std::string& name, const torch::Tensor& param,
-    const checkpoint::Source& reader, int64_t steps, std::vector<checkpoint::ReadRequest>& reads,
-    HostStaging& staging) {
-  steps = reader.wholeCounter(stepCounter(name), steps);
+    const StateSource& source, int64_t steps, std::vector<StateRead>& reads) {
+  steps = source.wholeCounter(stepCounter(name), steps);
   std::vector<std::pair<std::string, torch::Tensor>> present;
   auto& state = optimizer.state();
   if (auto it = state.find(paramStateKey(state, param)); it != state.end()) {
     present = torchStateArrays(*it->second).value_or(present);
   }
   auto read = [&](const char* array, bool needed) -> torch::Tensor {
-    if (!reader.has(name, array)) {
+    if (!source.has(name, array)) {
       return needed ? torch::zeros_like(param, at::MemoryFormat::Contiguous) : torch::Tensor();
     }
     torch::Tensor t;
@@ -190,7 +145,7 @@ std::unique_ptr<torch::optim::OptimizerParamState> torchStateFrom(
               ? emptyForReading(param.sizes())
               : torch::empty_like(param, at::MemoryFormat::Contiguous);
     }
-    reads.push_back({name, array, 0, param.numel(), param.sizes().vec(), staging.hostOf(t)});
+    reads.push_back({name, array, 0, param.numel(), param.sizes().vec(), t});
     return t;
   };
   auto adam = [&](auto state, bool amsgrad) {
@@ -200,7 +155,7 @@ std::unique_ptr<torch::optim::OptimizerParamState> torchStateFrom(
     state->max_exp_avg_sq(read("max_exp_avg_sq", amsgrad));
     return state;
   };
-  const bool adam_state = reader.has(name, "exp_avg") && reader.has(name, "exp_avg_sq");
+  const bool adam_state = source.has(name, "exp_avg") && source.has(name, "exp_avg_sq");
   if (dynamic_cast<torch::optim::AdamW*>(&optimizer) != nullptr) {
     if (!adam_state) return nullptr;
     const auto* o = groupOptions<torch::optim::AdamWOptions>(optimizer, param);
@@ -212,13 +167,13 @@ std::unique_ptr<torch::optim::OptimizerParamState> torchStateFrom(
     return adam(std::make_unique<torch::optim::AdamParamState>(), o && o->amsgrad());
   }
   if (dynamic_cast<torch::optim::SGD*>(&optimizer) != nullptr) {
-    if (!reader.has(name, "momentum_buffer")) return nullptr;
+    if (!source.has(name, "momentum_buffer")) return nullptr;
     auto s = std::make_unique<torch::optim::SGDParamState>();
     s->momentum_buffer(read("momentum_buffer", true));
     return s;
   }
   if (dynamic_cast<torch::optim::RMSprop*>(&optimizer) != nullptr) {
-    if (!reader.has(name, "square_avg")) return nullptr;
+    if (!source.has(name, "square_avg")) return nullptr;
     const auto* o = groupOptions<torch::optim::RMSpropOptions>(optimizer, param);
     auto s = std::make_unique<torch::optim::RMSpropParamState>();
     s->step(steps);
@@ -230,7 +185,7 @@ std::unique_ptr<torch::optim::OptimizerParamState> torchStateFrom(
   if (dynamic_cast<torch::optim::Adagrad*>(&optimizer) != nullptr) {
     // Adagrad makes every parameter's state in its constructor, and its step expects it there.
     auto s = std::make_unique<torch::optim::AdagradParamState>();
-    if (reader.has(name, "sum")) {
+    if (source.has(name, "sum")) {
       s->step(steps);
       s->sum(read("sum", true));
     } else {
@@ -294,7 +249,7 @@ std::shared_ptr<torch::nn::Module> alignForReading(std::shared_ptr<torch::nn::Mo
     const bool own_storage = param.storage_offset() == 0 && param.storage().use_count() == 1 &&
                              param.storage().nbytes() == bytes;
     if (!param.is_cpu() || param.scalar_type() != torch::kFloat || !param.is_contiguous() ||
-        !own_storage || bytes < checkpoint::kAlignedArrayBytes ||
+        !own_storage || bytes < kDirectReadBytes ||
         reinterpret_cast<uintptr_t>(param.data_ptr()) % readingAlignment(bytes) == 0) {
       continue;
     }
@@ -375,21 +330,20 @@ class DdpStrategy final : public Strategy {
   void visitFullParameters(const ParameterVisitor& visit) override {
     for (const auto& item : model_->named_parameters()) visit(item.key(), item.value().detach());
   }
-  std::vector<checkpoint::Slice> stateSlices() override {
-    // Every rank holds the same, so they share the writing: each parameter goes to the rank with
-    // the fewest elements so far (the same choice on every rank), and they write in parallel.
+  StateStream stateStream(StateDictType type) override {
     requireSavableState(optimizer_);
-    return slicesOf(rank_, world_);
+    // Every rank holds the same. Sharded, they share the writing: each parameter goes to the
+    // rank with the fewest elements so far (the same choice on every rank), and they write in
+    // parallel; full, rank 0 writes everything.
+    if (type == StateDictType::kFull)
+      return streamOf(rank_ == 0 ? viewsOf(0, 1) : std::vector<StateView>{});
+    return streamOf(viewsOf(rank_, world_));
   }
-  checkpoint::FullState fullState() override {
-    requireSavableState(optimizer_);
-    return streamSlices(rank_ == 0 ? slicesOf(0, 1) : std::vector<checkpoint::Slice>{});
-  }
-  checkpoint::Counters stateCounters(int64_t optimizer_steps) override {
+  StateCounters stateCounters(int64_t optimizer_steps) override {
     // torch steps a parameter only when it has a gradient (one no rank used, with
     // find_unused_parameters, has none). A name with white space cannot be a manifest key; such
     // a parameter resumes with the job's count.
-    checkpoint::Counters out;
+    StateCounters out;
     auto& state = optimizer_.state();
     for (const auto& item : model_->named_parameters()) {
       auto it = state.find(paramStateKey(state, item.value()));
@@ -416,15 +370,15 @@ class DdpStrategy final : public Strategy {
     return owners;
   }
   // The parameters (and their optimizer state) that fall to `rank` of `ranks`.
-  std::vector<checkpoint::Slice> slicesOf(int rank, int ranks) {
-    std::vector<checkpoint::Slice> out;
+  std::vector<StateView> viewsOf(int rank, int ranks) {
+    std::vector<StateView> out;
     auto& state = optimizer_.state();
     const std::vector<int> owners = ownersOf(ranks);
     size_t index = 0;
     for (const auto& item : model_->named_parameters()) {
       if (owners[index++] != rank) continue;
       const torch::Tensor& p = item.value();  // the optimizer's key is this TensorImpl
-      checkpoint::Slice slice{
+      StateView slice{
           item.key(), p.sizes().vec(), 0, p.numel(), {{"param", p.detach().reshape({-1})}}};
       if (auto it = state.find(paramStateKey(state, p)); it != state.end()) {
         // requireSavableState checked the type
@@ -435,14 +389,14 @@ class DdpStrategy final : public Strategy {
     }
     return out;
   }
-  void loadStateSlices(const checkpoint::Source& reader) override {
+  void fillState(StateSource& source) override {
     torch::NoGradGuard no_grad;
-    const int64_t steps = reader.wholeCounter("optimizer_steps", 0);
+    const int64_t steps = source.wholeCounter("optimizer_steps", 0);
     auto& state = optimizer_.state();
-    // Everything read at once, straight into the parameters where they are plain float32 on the
-    // CPU; the optimizer's state is installed only once all of it was read.
-    std::vector<checkpoint::ReadRequest> reads;
-    HostStaging staging;
+    // Everything read at once, straight into the parameters; the optimizer's state is installed
+    // only once all of it was read. Each rank holds everything, so each parameter is read by the
+    // rank that saved it at this world size (ownersOf) and shared with the others.
+    std::vector<StateRead> reads;
     // The state's key type differs between LibTorch versions (optim/param_state_key.h).
     using Key = std::decay_t<decltype(state)>::key_type;
     std::vector<std::pair<Key, std::unique_ptr<torch::optim::OptimizerParamState>>> fresh;
@@ -450,20 +404,12 @@ class DdpStrategy final : public Strategy {
     std::vector<int> readers;  // of each request
     for (const auto& item : model_->named_parameters()) {
       torch::Tensor p = item.value();
-      reads.push_back(
-          {item.key(), "param", 0, p.numel(), p.sizes().vec(), staging.hostOf(p.detach())});
+      reads.push_back({item.key(), "param", 0, p.numel(), p.sizes().vec(), p.detach()});
       fresh.emplace_back(paramStateKey(state, p),
-                         torchStateFrom(optimizer_, item.key(), p, reader, steps, reads, staging));
+                         torchStateFrom(optimizer_, item.key(), p, source, steps, reads));
       readers.resize(reads.size(), owners[fresh.size() - 1]);
     }
-    const auto* disk = dynamic_cast<const checkpoint::Reader*>(&reader);
-    // NCCL carries device memory only; the reads land in host memory.
-    if (disk != nullptr && world_ > 1 && backend_->name() != "nccl") {
-      readShared(*disk, reads, readers);
-    } else {
-      reader.readAll(reads);
-    }
-    staging.copyBack();
+    source.readReplicated(reads, readers);
     for (auto& [key, s] : fresh) {
       if (s) {
         state[key] = std::move(s);
@@ -474,43 +420,6 @@ class DdpStrategy final : public Strategy {
   }
 
  private:
-  // Every rank needs all of a checkpoint, but the disk need deliver each byte only once: each
-  // rank reads the parameters `readers` gives it (ownersOf: at the saving world size, its own
-  // file) and broadcasts them, one parameter read while the last is sent. Every request is
-  // checked on every rank first, so that all of them refuse a checkpoint that does not fit. A
-  // rank whose reading fails keeps its place in the broadcasts; then every rank throws.
-  void readShared(const checkpoint::Reader& reader,
-                  const std::vector<checkpoint::ReadRequest>& reads,
-                  const std::vector<int>& readers) {
-    reader.check(reads);
-    std::vector<WorkPtr> sent;
-    std::exception_ptr failure;
-    for (size_t i = 0, end; i < reads.size(); i = end) {
-      for (end = i + 1; end < reads.size() && reads[end].param == reads[i].param;) ++end;
-      if (readers[i] == rank_ && !failure) {
-        try {
-          reader.readAll({reads.begin() + static_cast<ptrdiff_t>(i),
-                          reads.begin() + static_cast<ptrdiff_t>(end)});
-        } catch (...) {
-          failure = std::current_exception();
-        }
-      }
-      for (size_t k = i; k < end; ++k) {
-        const auto count = static_cast<size_t>(reads[k].end - reads[k].begin);
-        if (count == 0) continue;  // an empty parameter: the same on every rank
-        sent.push_back(backend_->broadcast(reads[k].out, count, DType::kFloat32, readers[k]));
-      }
-    }
-    for (auto& work : sent) work->wait();
-    int32_t failed = failure ? rank_ : world_;  // the lowest failing rank
-    backend_->allreduce(&failed, 1, DType::kInt32, ReduceOp::kMin)->wait();
-    if (failure) std::rethrow_exception(failure);
-    if (failed != world_) {
-      throw CommunicationError("rank " + std::to_string(failed) + " could not read its share of '" +
-                               reader.directory() + "' (its log says why)");
-    }
-  }
-
   std::shared_ptr<torch::nn::Module> model_;
   torch::optim::Optimizer& optimizer_;
   std::string name_;
@@ -528,22 +437,6 @@ std::vector<std::pair<std::string, torch::Tensor>> Strategy::fullParameters() {
     out.emplace_back(name, value.to(torch::kFloat).clone());
   });
   return out;
-}
-
-checkpoint::FullState streamSlices(std::vector<checkpoint::Slice> slices) {
-  checkpoint::FullState state;
-  for (const auto& s : slices) {
-    checkpoint::SliceLayout layout{s.param, s.shape, s.begin, s.end, {}};
-    for (const auto& [name, array] : s.arrays) layout.arrays.push_back(name);
-    state.layout.push_back(std::move(layout));
-  }
-  state.produce = [slices = std::make_shared<std::vector<checkpoint::Slice>>(std::move(slices))](
-                      const std::function<void(const torch::Tensor&)>& write) {
-    for (const auto& s : *slices) {
-      for (const auto& [name, array] : s.arrays) write(array);
-    }
-  };
-  return state;
 }
 
 std::string MemoryReport::str() const {

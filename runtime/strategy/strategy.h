@@ -25,10 +25,10 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/checkpoint/checkpoint.h"
 #include "runtime/comm/backend.h"
 #include "runtime/env.h"
 #include "runtime/precision/policy.h"
+#include "runtime/state_view.h"
 
 namespace cxxlaunch::runtime {
 
@@ -80,7 +80,7 @@ class Strategy {
   // checkpoints by default.
   virtual std::vector<const torch::nn::Module*> unitModules() const { return {}; }
 
-  // Checkpoint hooks. A collective: `visit` sees every parameter, whole and in fp32, by its
+  // For exports (saveModel). A collective: `visit` sees every parameter, whole and in fp32, by its
   // name in the module (gathered from the shards where they are sharded, one unit at a time, so
   // memory grows by one unit), on every rank. The tensors are valid during the call only.
   using ParameterVisitor = std::function<void(const std::string&, const torch::Tensor&)>;
@@ -88,44 +88,21 @@ class Strategy {
   // The same, collected into fresh tensors.
   std::vector<std::pair<std::string, torch::Tensor>> fullParameters();
 
-  // What this rank saves of the parameters (fp32 values, array "param") and of the optimizer
-  // state (its arrays by name), as slices of parameters by name: every element is in exactly
-  // one rank's slices, whatever the strategy. Not a collective.
-  virtual std::vector<checkpoint::Slice> stateSlices() = 0;
-  // The same state in the full layout (checkpoint::saveFull): every parameter whole in rank 0's
-  // file, gathered one unit and one array at a time where it is sharded. Not a collective
-  // itself; its produce() is.
-  virtual checkpoint::FullState fullState() = 0;
-  // Counters of the optimizer state that saveState adds to the checkpoint's own, the same on
-  // every rank: under DDP, the step count of each parameter torch stepped less often than the
-  // job (`optimizer_steps`), so that it resumes with its own.
-  virtual checkpoint::Counters stateCounters(int64_t /*optimizer_steps*/) { return {}; }
-  // Loads parameters and optimizer state from a checkpoint of any strategy and world size
+  // The state this rank holds (state_view.h), for checkpoint/ to save: the fp32 parameters
+  // (array "param") and the optimizer state (its arrays by name), as views of parameters by name,
+  // in the layout `type` asks for: each rank its own views (every element in exactly one rank's,
+  // whatever the strategy), or every parameter whole on rank 0, gathered one unit and one array
+  // at a time where it is sharded. Not a collective itself; a full stream's produce() is.
+  virtual StateStream stateStream(StateDictType type) = 0;
+  // Counters to save beside the state, the same on every rank: under DDP, the step count of each
+  // parameter torch stepped less often than the job (`optimizer_steps`), so that it resumes with
+  // its own.
+  virtual StateCounters stateCounters(int64_t /*optimizer_steps*/) { return {}; }
+  // Fills parameters and optimizer state from `source`, saved by any strategy at any world size
   // (state arrays it lacks start at zero); a collective. The optimizer's step count comes from
   // the counter "optimizer_steps".
-  virtual void loadStateSlices(const checkpoint::Source& reader) = 0;
+  virtual void fillState(StateSource& source) = 0;
 };
-
-// An uninitialised float32 CPU tensor for a checkpoint to fill, page-aligned as the files' large
-// arrays are, so that the load reads into it past the page cache (checkpoint/shard_file.h); from
-// 2 MiB on aligned to a transparent huge page.
-torch::Tensor emptyForReading(at::IntArrayRef sizes);
-
-// Where a load's reads land: float32 host memory. A tensor that is such memory (contiguous
-// float32 on the CPU) is read into directly; any other (a GPU worker's, another dtype) through a
-// host copy of it that copyBack() copies in once everything was read.
-class HostStaging {
- public:
-  float* hostOf(const torch::Tensor& destination);
-  void copyBack();
-
- private:
-  std::vector<std::pair<torch::Tensor, torch::Tensor>> copies_;  // (destination, host)
-};
-
-// A full-layout state of slices already in hand (on rank 0; none elsewhere): what strategies
-// whose rank 0 holds everything save.
-checkpoint::FullState streamSlices(std::vector<checkpoint::Slice> slices);
 
 // What makeStrategy needs beyond the environment.
 struct StrategyOptions {

@@ -258,10 +258,10 @@ TEST_CASE("merge-weights streams: its peak memory stays under twice the largest 
   // baseline, so that the bound is on what merging adds.
   constexpr int64_t kBig = int64_t{32} << 20;  // float32 elements
   auto save = [&](const std::string& path, int64_t numel) {
-    checkpoint::Slice slice{"big.weight", {numel / 1024, 1024}, 0, numel, {}};
+    StateView slice{"big.weight", {numel / 1024, 1024}, 0, numel, {}};
     slice.arrays.emplace_back("param", torch::arange(numel, torch::kFloat));
     slice.arrays.emplace_back("exp_avg", torch::ones({numel}));
-    checkpoint::save(*backend, path, {slice}, {}, {{"optimizer_steps", "1"}});
+    checkpoint::save(*backend, path, streamOf({slice}), {}, {{"optimizer_steps", "1"}});
   };
   save(dir.path() + "/big", kBig);
   save(dir.path() + "/tiny", 1024);

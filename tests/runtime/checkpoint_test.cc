@@ -34,6 +34,7 @@
 #include "runtime/accelerator.h"
 #include "runtime/checkpoint/files.h"
 #include "runtime/checkpoint/safetensors.h"
+#include "runtime/checkpoint/state_load.h"
 #include "runtime/optim/param_state_key.h"
 #include "runtime/strategy/strategy.h"
 #include "support/page_cache.h"
@@ -982,7 +983,7 @@ TEST_CASE("Large arrays lie aligned in their file and read past the page cache i
       (checkpoint::chunksPerRead(checkpoint::kChunkElements) + 1) * checkpoint::kChunkElements +
       1234;
   const torch::Tensor values = torch::arange(n, torch::kFloat) * 0.5;
-  const std::vector<checkpoint::Slice> slices = {
+  const std::vector<StateView> slices = {
       {"small", {3}, 0, 3, {{"param", torch::arange(3, torch::kFloat)}}},
       {"big", {n + 10}, 10, n + 10, {{"param", values}, {"exp_avg", -values}}}};
   float* memory = nullptr;
@@ -1400,7 +1401,7 @@ TEST_CASE("HostStaging: reads land straight in float32 host tensors, through a c
   // The copy path is the one a GPU worker's loads take; here it runs for a tensor that is not
   // plain float32 host memory: a transposed view and a bf16 tensor. What no read touches keeps
   // its value (a shard's padding).
-  HostStaging staging;
+  checkpoint::HostStaging staging;
   torch::Tensor plain = torch::zeros({3});
   torch::Tensor base = torch::full({2, 3}, 7.0f);
   torch::Tensor transposed = base.t();  // 3 x 2, not contiguous

@@ -20,6 +20,7 @@
 #include <tuple>
 
 #include "runtime/accelerator.h"
+#include "runtime/checkpoint/state_load.h"
 #include "runtime/precision/policy.h"
 #include "runtime/strategy/unit.h"
 #include "support/ranks.h"
@@ -673,7 +674,7 @@ struct DirectRun {
   ShardingOptions sharding{};
   std::string load_from{};   // a checkpoint loaded before training
   std::string save_to{};     // a checkpoint saved after it
-  bool full_layout = false;  // save_to in the full layout (saveFull), else sharded
+  bool full_layout = false;  // save_to in the full layout, else sharded
 };
 struct DirectResult {
   std::map<std::string, torch::Tensor> params;  // rank 0's, whole
@@ -709,7 +710,10 @@ DirectResult trainDirect(const DirectRun& run) {
                                options.compute_dtype != torch::kFloat);
         (void)net->forward(torch::ones({kBatch, 6}));
       }
-      strategy.loadStateSlices(checkpoint::Reader(run.load_from));
+      const checkpoint::Reader reader(run.load_from);
+      checkpoint::StateLoad load(reader, *backend);
+      strategy.fillState(load);
+      load.finish();
     }
     const bool mixed = options.compute_dtype != torch::kFloat;
     for (int64_t m = 0; m < micro_steps; ++m) {
@@ -730,11 +734,8 @@ DirectResult trainDirect(const DirectRun& run) {
     }
     if (!run.save_to.empty()) {
       const checkpoint::Counters counters = {{"optimizer_steps", std::to_string(run.steps)}};
-      if (run.full_layout) {
-        checkpoint::saveFull(*backend, run.save_to, strategy.fullState(), {}, counters);
-      } else {
-        checkpoint::save(*backend, run.save_to, strategy.stateSlices(), {}, counters);
-      }
+      const auto type = run.full_layout ? StateDictType::kFull : StateDictType::kSharded;
+      checkpoint::save(*backend, run.save_to, strategy.stateStream(type), {}, counters);
     }
     auto params = strategy.fullParameters();
     if (r != 0) return;
