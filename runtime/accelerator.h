@@ -35,19 +35,26 @@
 #include <vector>
 
 #include "common/error.h"
-#include "runtime/checkpoint/async_save.h"
+#include "runtime/checkpoint/save_report.h"
 #include "runtime/deferred_init.h"
 #include "runtime/epoch_sampler.h"
 #include "runtime/eval_loader.h"
+#include "runtime/memory_report.h"
 #include "runtime/observability/trackers.h"
 #include "runtime/precision/loss_scaler.h"
 #include "runtime/precision/policy.h"
 #include "runtime/scheduler.h"
-#include "runtime/strategy/strategy.h"
 #include "runtime/strategy/unit.h"
 #include "runtime/world.h"
 
 namespace cxxlaunch::runtime {
+
+// The engine and the file format stay behind the facade.
+class Strategy;
+namespace checkpoint {
+class AsyncSaver;
+class Reader;
+}  // namespace checkpoint
 
 struct AcceleratorOptions {
   std::optional<int> gradient_accumulation_steps;  // default: CXXLAUNCH_GRADIENT_ACCUMULATION_STEPS
@@ -322,7 +329,7 @@ class Accelerator {
   std::string loadState(const std::string& path);
   // A collective: waits for an asynchronous save in flight and commits it (at once without one).
   void waitForCheckpoint();
-  bool checkpointInFlight() const { return async_saver_ && async_saver_->inFlight(); }
+  bool checkpointInFlight() const;
   // The saves committed since the last call, oldest first: a synchronous one when saveState
   // returns, an asynchronous one when it was committed (see above). For a trainer's log line.
   std::vector<checkpoint::SaveReport> takeSaveReports() { return std::exchange(save_reports_, {}); }

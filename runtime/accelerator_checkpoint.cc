@@ -13,6 +13,7 @@
 #include "common/atomic_file.h"
 #include "common/error.h"
 #include "runtime/accelerator.h"
+#include "runtime/checkpoint/async_save.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/checkpoint/files.h"
 #include "runtime/checkpoint/model_source.h"
@@ -22,6 +23,7 @@
 #include "runtime/comm/tensor_ops.h"
 #include "runtime/error_report.h"
 #include "runtime/host_memory.h"
+#include "runtime/strategy/strategy.h"
 
 namespace cxxlaunch::runtime {
 
@@ -109,6 +111,8 @@ void Accelerator::saveState(const std::string& dir) {
       std::chrono::duration<double>(checkpoint::AsyncSaver::Clock::now() - began).count();
   committed({dir, bytes, seconds, seconds});
 }
+
+bool Accelerator::checkpointInFlight() const { return async_saver_ && async_saver_->inFlight(); }
 
 void Accelerator::waitForCheckpoint() {
   const CollectiveApi api("waitForCheckpoint");

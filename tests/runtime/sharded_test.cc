@@ -20,6 +20,7 @@
 #include <tuple>
 
 #include "runtime/accelerator.h"
+#include "runtime/checkpoint/checkpoint.h"
 #include "runtime/checkpoint/state_load.h"
 #include "runtime/precision/policy.h"
 #include "runtime/strategy/unit.h"
