@@ -46,8 +46,21 @@ class Gpt(nn.Module):
         return self.head(self.ln(x))
 
 
+class Mlp(nn.Module):
+    """train.cc's `mlp`: in -> hidden -> hidden -> out with GELU."""
+
+    def __init__(self, d_in, hidden, d_out):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(d_in, hidden), nn.Linear(hidden, hidden), nn.Linear(hidden, d_out)
+
+    def forward(self, x):
+        return self.fc3(F.gelu(self.fc2(F.gelu(self.fc1(x)))))
+
+
 def main():
     p = argparse.ArgumentParser()
+    p.add_argument("--model", default="gpt", choices=["gpt", "mlp"])
+    p.add_argument("--hidden", type=int, default=256, help="mlp width")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--batch_size", type=int, default=8)
     p.add_argument("--seq_len", type=int, default=32)
@@ -61,20 +74,26 @@ def main():
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(1234)
+    mlp_in, mlp_out = 32, 8  # train.cc's
     model = nn.parallel.DistributedDataParallel(
+        Mlp(mlp_in, a.hidden, mlp_out) if a.model == "mlp" else
         Gpt(a.vocab, a.seq_len, a.d_model, a.layers, a.heads))
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.01)
     gen = torch.Generator().manual_seed(rank)
     untimed = 2
     start = None
     for step in range(1, a.steps + 1):
-        seeds = torch.randint(a.vocab, (a.batch_size, 2), generator=gen)
-        seq = [seeds[:, 0], seeds[:, 1]]
-        for _ in range(a.seq_len - 1):
-            seq.append((seq[-1] + seq[-2]) % a.vocab)
-        data = torch.stack(seq, 1)
-        x, y = data[:, :-1], data[:, 1:]
-        loss = F.cross_entropy(model(x).reshape(-1, a.vocab), y.reshape(-1))
+        if a.model == "mlp":
+            x = torch.randn(a.batch_size, mlp_in, generator=gen)
+            loss = F.mse_loss(model(x), torch.randn(a.batch_size, mlp_out, generator=gen))
+        else:
+            seeds = torch.randint(a.vocab, (a.batch_size, 2), generator=gen)
+            seq = [seeds[:, 0], seeds[:, 1]]
+            for _ in range(a.seq_len - 1):
+                seq.append((seq[-1] + seq[-2]) % a.vocab)
+            data = torch.stack(seq, 1)
+            x, y = data[:, :-1], data[:, 1:]
+            loss = F.cross_entropy(model(x).reshape(-1, a.vocab), y.reshape(-1))
         opt.zero_grad()
         loss.backward()
         opt.step()

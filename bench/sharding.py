@@ -7,6 +7,7 @@ Targets (issue 9): ZeRO-1/2 <= 1.1x DDP's step time, ZeRO-3 / FULL_SHARD <= 1.3x
 model state <= 1/N + 5% of DDP's.
 
 usage: bench/sharding.py [--nproc 2] [--d_model 1024] [--layers 8] [--steps 4] [--repeat 1]
+           [--modes ddp,zero1,...] [--build build]
   (the default GPT has ~101M parameters; --d_model 64 --layers 2 --steps 40 --batch_size 8 for a
   small, latency-bound one)
 """
@@ -23,8 +24,9 @@ UNIT = {"KiB": 1 << 10, "MiB": 1 << 20}
 
 
 def run_mode(a, mode):
-    argv = [os.path.join(ROOT, "build/bin/cxxlaunch"), "run", f"--nproc_per_node={a.nproc}",
-            "/usr/bin/time", "-f", "peak_rss_kib %M", os.path.join(ROOT, "build/bin/train"),
+    bin_dir = os.path.join(os.path.abspath(a.build), "bin")
+    argv = [os.path.join(bin_dir, "cxxlaunch"), "run", f"--nproc_per_node={a.nproc}",
+            "/usr/bin/time", "-f", "peak_rss_kib %M", os.path.join(bin_dir, "train"),
             "--model", "gpt", "--steps", str(a.steps), "--batch_size", str(a.batch_size),
             "--seq_len", str(a.seq_len), "--vocab", "64", "--d_model", str(a.d_model),
             "--layers", str(a.layers), "--heads", "4", "--schedule", "constant", "--warmup", "0",
@@ -52,6 +54,8 @@ def main():
     p.add_argument("--seq_len", type=int, default=32)
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--build", default=os.path.join(ROOT, "build"),
+                   help="the build folder to measure (an older build: before)")
     a = p.parse_args()
     modes = a.modes.split(",")
     if "ddp" not in modes:

@@ -78,15 +78,28 @@ struct Result {
   std::string first_wrong;
 };
 
-// 64-byte aligned, as LibTorch allocates tensors: Gloo's vectorised reductions are faster on
-// aligned memory, and the peers we compare with (torch.distributed) use aligned tensors.
-class AlignedFloats {
+// The input and output of every size: registered once with the backend (Backend::sharedBuffer:
+// shared memory the collectives read in place, when every rank is on this host), else 64-byte
+// aligned as LibTorch allocates tensors (Gloo's vectorised reductions are faster on aligned
+// memory, and the peers we compare with, torch.distributed, use aligned tensors).
+class Buffer {
  public:
-  explicit AlignedFloats(size_t n)
-      : n_(n), data_(static_cast<float*>(std::aligned_alloc(64, ((n * 4 + 63) / 64) * 64))) {}
-  ~AlignedFloats() { std::free(data_); }
-  AlignedFloats(const AlignedFloats&) = delete;
-  AlignedFloats& operator=(const AlignedFloats&) = delete;
+  Buffer(Backend& backend, size_t bytes)
+      : memory_(backend.sharedBuffer(bytes)), registered_(memory_ != nullptr) {
+    if (!memory_) memory_.reset(std::aligned_alloc(64, (bytes + 63) / 64 * 64), std::free);
+  }
+  float* data() const { return static_cast<float*>(memory_.get()); }
+  bool registered() const { return registered_; }
+
+ private:
+  std::shared_ptr<void> memory_;
+  bool registered_;
+};
+
+// A view of the first `n` floats of a Buffer.
+class Floats {
+ public:
+  Floats(const Buffer& buffer, size_t n) : n_(n), data_(buffer.data()) {}
   float* data() const { return data_; }
   size_t size() const { return n_; }
   float& operator[](size_t i) const { return data_[i]; }
@@ -96,11 +109,12 @@ class AlignedFloats {
   float* data_;
 };
 
-Result runOne(Backend& backend, const std::string& op, size_t count, const Flags& flags) {
+Result runOne(Backend& backend, const std::string& op, size_t count, const Flags& flags,
+              const Buffer& input, const Buffer& output) {
   const int n = backend.worldSize(), r = backend.rank();
   const size_t total =
       op == "allreduce" || op == "broadcast" ? count : count * static_cast<size_t>(n);
-  AlignedFloats in(total), out(total);
+  Floats in(input, total), out(output, total);
   auto fill = [&] {
     for (size_t i = 0; i < in.size(); ++i) in[i] = value(r, i);
   };
@@ -135,7 +149,7 @@ Result runOne(Backend& backend, const std::string& op, size_t count, const Flags
     const size_t global = static_cast<size_t>(r) * count + i;  // reduce_scatter: my chunk
     return rank_sum + static_cast<float>(n) * static_cast<float>(global % 13);
   };
-  const AlignedFloats& got = op == "allreduce" || op == "broadcast" ? in : out;
+  const Floats& got = op == "allreduce" || op == "broadcast" ? in : out;
   const size_t checked = op == "reduce_scatter" ? count : got.size();
   for (size_t i = 0; i < checked; ++i) {
     if (got[i] != expect(i)) {
@@ -170,10 +184,14 @@ int main(int argc, char** argv) {
     auto store = storeFromEnv(env);
     auto backend = backendFromEnv(env, store);
     const int n = backend->worldSize();
+    // Large enough for every size: at most max_bytes, rounded up to whole elements per rank.
+    const size_t largest = flags.max_bytes + sizeof(float) * static_cast<size_t>(n);
+    const Buffer input(*backend, largest), output(*backend, largest);
     if (backend->rank() == 0) {
-      std::printf("# %s, %d ranks, float32, %d iterations%s, over %s\n", backend->name().c_str(), n,
-                  flags.iters, flags.check ? ", every element checked" : "",
-                  backend->transport().c_str());
+      std::printf("# %s, %d ranks, float32, %d iterations%s, over %s%s\n", backend->name().c_str(),
+                  n, flags.iters, flags.check ? ", every element checked" : "",
+                  backend->transport().c_str(),
+                  input.registered() ? ", buffers registered once (zero-copy)" : "");
       std::printf("%-15s %12s %12s %12s %12s %8s\n", "collective", "bytes", "time us", "algbw GB/s",
                   "busbw GB/s", "wrong");
     }
@@ -188,7 +206,7 @@ int main(int argc, char** argv) {
         // totals: the buffer a rank sends or receives in full.
         const size_t count = std::max<size_t>(
             1, bytes / sizeof(float) / (op == "allreduce" || op == "broadcast" ? 1 : n));
-        Result r = runOne(*backend, op, count, flags);
+        Result r = runOne(*backend, op, count, flags, input, output);
         wrong += r.wrong;
         const double total_bytes = static_cast<double>(
             (op == "allreduce" || op == "broadcast" ? count : count * n) * sizeof(float));

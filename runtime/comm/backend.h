@@ -78,6 +78,14 @@ class Backend {
   virtual WorkPtr broadcast(void* data, size_t count, DType dtype, int root) = 0;
   virtual WorkPtr barrier() = 0;
 
+  // Memory for collective buffers that this backend reads and writes where it lies, with no copy
+  // in or out: shared memory every rank of one host maps (Gloo with shared memory). A
+  // collective: every rank asks for the same `bytes`, on the calling thread, in the order of its
+  // other collectives. nullptr on every rank alike where there is none (NCCL, several hosts,
+  // shared memory off, a full /dev/shm): use ordinary memory then, which works as well, through
+  // copies. The memory (zeroed, page-aligned) lives while the pointer or the backend does.
+  virtual std::shared_ptr<void> sharedBuffer(size_t /*bytes*/) { return nullptr; }
+
   // A backend over the ranks `ranks` (ascending ranks of this backend, this one among them),
   // where this rank is its index in `ranks`: hybrid sharding's groups inside a node and across
   // nodes. Every member calls it with the same `ranks` and `partition` (the name of one way of

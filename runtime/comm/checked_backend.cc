@@ -279,6 +279,7 @@ class CheckedBackend final : public Backend {
   WorkPtr barrier() override {
     return run({0, Op::kBarrier, DType::kUInt8, 0, -1}, [&] { return inner_->barrier(); });
   }
+  std::shared_ptr<void> sharedBuffer(size_t bytes) override { return inner_->sharedBuffer(bytes); }
   std::unique_ptr<Backend> subgroup(const std::vector<int>& ranks,
                                     const std::string& partition) override {
     CheckOptions options = options_;

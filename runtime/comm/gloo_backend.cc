@@ -129,6 +129,15 @@ class GlooBackend final : public Backend {
     });
   }
 
+  std::shared_ptr<void> sharedBuffer(size_t bytes) override {
+    if (!shm_) return nullptr;  // the same on every rank: connect() decided for all
+    std::shared_ptr<void> buffer;
+    submit("register_buffer", [&, this](uint32_t) {
+      buffer = shm_->registerBuffer(bytes);
+    })->wait();
+    return buffer;
+  }
+
   std::unique_ptr<Backend> subgroup(const std::vector<int>& ranks,
                                     const std::string& partition) override {
     const BackendOptions options = subgroupOptions(options_, ranks, partition);

@@ -23,11 +23,25 @@ T combine(T a, T b, ReduceOp op) {
   return a;
 }
 
+template <typename T, ReduceOp kOp>
+void reduceLoop(T* __restrict a, const T* __restrict b, size_t count) {
+  for (size_t i = 0; i < count; ++i) a[i] = combine(a[i], b[i], kOp);
+}
+
+// One loop per operation: with the switch inside the loop GCC vectorised none of them.
 template <typename T>
 void reduceTyped(void* acc, const void* in, size_t count, ReduceOp op) {
   auto* a = static_cast<T*>(acc);
   const auto* b = static_cast<const T*>(in);
-  for (size_t i = 0; i < count; ++i) a[i] = combine(a[i], b[i], op);
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      return reduceLoop<T, ReduceOp::kSum>(a, b, count);
+    case ReduceOp::kMax:
+      return reduceLoop<T, ReduceOp::kMax>(a, b, count);
+    case ReduceOp::kMin:
+      return reduceLoop<T, ReduceOp::kMin>(a, b, count);
+  }
 }
 
 // 16-bit floats reduce in float, one element at a time.

@@ -31,6 +31,7 @@ struct ShmCollectives::Header {
   uint64_t nonce;  // rank 0's random number: proves the others opened the same segment
   alignas(64) uint32_t arrived;  // barrier: ranks arrived in this generation
   alignas(64) uint32_t release;  // barrier generation; the futex the waiters sleep on
+  char region_name[64];          // registerBuffer: the new segment's name (rank 0's), or empty
 };
 
 // What a rank is doing: written before its call's first barrier, compared by every rank after
@@ -40,7 +41,11 @@ struct ShmCollectives::Call {
   Op op;
   int32_t dtype;
   uint64_t count;
-  int64_t extra;  // the reduce op, or the broadcast's root
+  int64_t extra;   // the reduce op, or the broadcast's root
+  Location where;  // this rank's buffer
+  // registerBuffer: whether this rank mapped the new segment. Written after the call's first
+  // barrier, so that a rank still reading it is never overtaken by the writer's next call.
+  int32_t mapped;
 
   bool operator==(const Call& o) const {
     return seq == o.seq && op == o.op && dtype == o.dtype && count == o.count && extra == o.extra;
@@ -99,14 +104,19 @@ std::string readFirstLine(const char* path) {
 struct Mapping {
   void* base = MAP_FAILED;
   size_t bytes = 0;
+  Mapping() = default;
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
   ~Mapping() {
     if (base != MAP_FAILED) ::munmap(base, bytes);
   }
   void* release() { return std::exchange(base, MAP_FAILED); }
 };
 
-// Opens (or with `create`, makes and reserves) the segment `name` and maps it.
-bool mapSegment(const std::string& name, size_t bytes, bool create, Mapping& mapping) {
+// Opens (or with `create`, makes and reserves) the segment `name` and maps it; with `populate`
+// its pages are mapped now, not faulted in one by one by the first collective.
+bool mapSegment(const std::string& name, size_t bytes, bool create, Mapping& mapping,
+                bool populate = false) {
   const int fd = create ? ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600)
                         : ::shm_open(name.c_str(), O_RDWR, 0);
   if (fd < 0) return false;
@@ -120,7 +130,8 @@ bool mapSegment(const std::string& name, size_t bytes, bool create, Mapping& map
     ok = ::fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) == bytes;
   }
   if (ok) {
-    mapping.base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    mapping.base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                          MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
     mapping.bytes = bytes;
     ok = mapping.base != MAP_FAILED;
   }
@@ -129,7 +140,40 @@ bool mapSegment(const std::string& name, size_t bytes, bool create, Mapping& map
   return ok;
 }
 
+uint64_t randomNonce() {
+  std::random_device random;
+  return (static_cast<uint64_t>(random()) << 32) ^ random();
+}
+
+// "/cxxlaunch-<pid>-...": the prefix the launcher removes after its worker `pid` failed.
+std::string segmentName(const std::string& what, uint64_t nonce) {
+  return "/" + std::string(env::kShmNamePrefix) + std::to_string(::getpid()) + "-" + what +
+         std::to_string(nonce % 1000000007);
+}
+
+// Removes a segment's name when it goes out of scope (the mappings keep the memory).
+struct Unlink {
+  std::string name;
+  ~Unlink() {
+    if (!name.empty()) ::shm_unlink(name.c_str());
+  }
+};
+
+bool allRegistered(const std::vector<char*>& buffers) {
+  return std::find(buffers.begin(), buffers.end(), nullptr) == buffers.end();
+}
+
+// One block of a reduction: small enough to stay in L1 while every rank's part of it is added.
+constexpr size_t kBlockBytes = 16 << 10;
+
 }  // namespace
+
+// A segment registerBuffer made: `part` bytes for each rank, in rank order.
+struct ShmCollectives::Region {
+  Mapping mapping;
+  size_t part = 0;
+  char* of(int rank) const { return static_cast<char*>(mapping.base) + rank * part; }
+};
 
 std::string ShmCollectives::thisHostKey() {
   // Same boot: same machine (hostnames repeat across containers and clusters). Same PID
@@ -178,10 +222,8 @@ std::unique_ptr<ShmCollectives> ShmCollectives::connect(rendezvous::Store& store
 
   // 2. Rank 0 makes the segment; the others open it and check its nonce.
   if (rank == 0) {
-    std::random_device random;
-    const uint64_t nonce = (static_cast<uint64_t>(random()) << 32) ^ random();
-    const std::string name = "/" + std::string(env::kShmNamePrefix) + std::to_string(::getpid()) +
-                             "-" + std::to_string(nonce % 1000000007);
+    const uint64_t nonce = randomNonce();
+    const std::string name = segmentName("", nonce);
     std::string published;  // empty: no segment, everybody stays on TCP
     if (mapSegment(name, bytes, /*create=*/true, mapping)) {
       auto* header = new (mapping.base) Header{};
@@ -189,12 +231,7 @@ std::unique_ptr<ShmCollectives> ShmCollectives::connect(rendezvous::Store& store
       published = name + " " + std::to_string(nonce);
     }
     // Once everybody answered (or on any error), the name goes: the mappings keep the memory.
-    struct Unlink {
-      std::string name;
-      ~Unlink() {
-        if (!name.empty()) ::shm_unlink(name.c_str());
-      }
-    } unlink_when_done{published.empty() ? std::string() : name};
+    Unlink unlink_when_done{published.empty() ? std::string() : name};
     store.set("segment", published);
     if (published.empty()) return nullptr;
     return agree(std::to_string(::getpid()));
@@ -247,9 +284,15 @@ char* ShmCollectives::slot(int rank) const {
 // (another operation, dtype or count: a collective called on some ranks only, or with other
 // sizes) fails on every rank at once, naming each rank's call, instead of hanging or mixing
 // unrelated data. A few words per call: no measurable cost.
-void ShmCollectives::enter(Op op, DType dtype, size_t count, int64_t extra) {
-  const Call mine{++calls_, op, static_cast<int32_t>(dtype), count, extra};
-  calls()[rank_] = mine;
+void ShmCollectives::enter(Op op, DType dtype, size_t count, int64_t extra, Location where) {
+  const Call mine{++calls_, op, static_cast<int32_t>(dtype), count, extra, where, 0};
+  Call& published = calls()[rank_];
+  published.seq = mine.seq;  // not `mapped`: a peer may still read the last registration's
+  published.op = op;
+  published.dtype = mine.dtype;
+  published.count = count;
+  published.extra = extra;
+  published.where = where;
   barrier();
   bool same = true;
   for (int r = 0; r < size_; ++r) same = same && calls()[r] == mine;
@@ -257,12 +300,14 @@ void ShmCollectives::enter(Op op, DType dtype, size_t count, int64_t extra) {
   std::string each;
   for (int r = 0; r < size_; ++r) {
     const Call& c = calls()[r];
-    static const char* const names[] = {"allreduce", "reduceScatter", "allGather", "broadcast",
-                                        "barrier"};
+    static const char* const names[] = {"allreduce", "reduceScatter", "allGather",
+                                        "broadcast", "barrier",       "registerBuffer"};
     const auto op_index = static_cast<uint32_t>(c.op);  // another process wrote it
     each += "\n  rank " + std::to_string(r) + ": shared-memory call #" + std::to_string(c.seq) +
-            " " + (op_index < 5 ? names[op_index] : "?");
-    if (c.op != Op::kBarrier) {
+            " " + (op_index < 6 ? names[op_index] : "?");
+    if (c.op == Op::kRegister) {
+      each += " of " + std::to_string(c.count) + " bytes";
+    } else if (c.op != Op::kBarrier) {
       each += std::string(" ") + dtypeName(static_cast<DType>(c.dtype)) + " x" +
               std::to_string(c.count) +
               (c.op == Op::kBroadcast ? " from rank " + std::to_string(c.extra) : "");
@@ -328,27 +373,114 @@ void ShmCollectives::barrier() {
   }
 }
 
+ShmCollectives::Location ShmCollectives::locate(const void* data, size_t bytes) const {
+  const auto* p = static_cast<const char*>(data);
+  for (size_t i = 0; i < regions_.size(); ++i) {
+    const char* mine = regions_[i]->of(rank_);
+    if (p >= mine && p + bytes <= mine + regions_[i]->part) {
+      return {static_cast<int64_t>(i), static_cast<uint64_t>(p - mine)};
+    }
+  }
+  return {};
+}
+
+bool ShmCollectives::isRegistered(const void* data, size_t bytes) const {
+  return locate(data, bytes).region >= 0;
+}
+
+std::vector<char*> ShmCollectives::peerBuffers() const {
+  std::vector<char*> buffers;
+  for (int r = 0; r < size_; ++r) {
+    const Location where = calls()[r].where;
+    const bool known = where.region >= 0 && static_cast<size_t>(where.region) < regions_.size();
+    buffers.push_back(known ? regions_[static_cast<size_t>(where.region)]->of(r) + where.offset
+                            : nullptr);
+  }
+  return buffers;
+}
+
+std::shared_ptr<void> ShmCollectives::registerBuffer(size_t bytes) {
+  const size_t part = (std::max<size_t>(bytes, 1) + kPage - 1) / kPage * kPage;
+  enter(Op::kRegister, DType::kUInt8, bytes, static_cast<int64_t>(regions_.size()), Location{});
+  auto region = std::make_shared<Region>();
+  region->part = part;
+  const size_t total = part * static_cast<size_t>(size_);
+  // Rank 0 makes the segment and names it in the header; the others map it once named.
+  Unlink unlink_when_done;
+  bool ok = false;
+  if (rank_ == 0) {
+    const std::string name = segmentName("buffer-", randomNonce());
+    ok = name.size() < sizeof(header_->region_name) &&
+         mapSegment(name, total, /*create=*/true, region->mapping, /*populate=*/true);
+    if (ok) unlink_when_done.name = name;
+    std::strncpy(header_->region_name, ok ? name.c_str() : "", sizeof(header_->region_name));
+  }
+  barrier();
+  if (rank_ != 0) {
+    const std::string name(header_->region_name,
+                           strnlen(header_->region_name, sizeof(header_->region_name)));
+    ok = !name.empty() &&
+         mapSegment(name, total, /*create=*/false, region->mapping, /*populate=*/true);
+  }
+  calls()[rank_].mapped = ok ? 1 : 0;
+  barrier();  // every rank has mapped it or given up: rank 0 unlinks it on return
+  for (int r = 0; r < size_; ++r) ok = ok && calls()[r].mapped == 1;
+  if (!ok) return nullptr;
+  regions_.push_back(region);
+  return std::shared_ptr<void>(region->of(rank_), [region](void*) {});
+}
+
+// Every rank's buffer is registered: this rank reduces its share of all of them, block by block
+// in rank order (bitwise what the slot path computes), and writes the result into every buffer.
+// The shares are disjoint, so nobody reads what another rank writes.
+void ShmCollectives::reduceInPlace(const std::vector<char*>& buffers, size_t count, DType dtype,
+                                   ReduceOp op) {
+  const size_t elem = dtypeSize(dtype);
+  const size_t lo = count * static_cast<size_t>(rank_) / static_cast<size_t>(size_);
+  const size_t hi = count * static_cast<size_t>(rank_ + 1) / static_cast<size_t>(size_);
+  alignas(64) char block[kBlockBytes];
+  const size_t block_count = kBlockBytes / elem;
+  for (size_t begin = lo; begin < hi; begin += block_count) {
+    const size_t n = std::min(block_count, hi - begin);
+    const size_t at = begin * elem;
+    std::memcpy(block, buffers[0] + at, n * elem);
+    for (int r = 1; r < size_; ++r) reduceInto(block, buffers[r] + at, n, dtype, op);
+    if (op == ReduceOp::kAvg) divideBy(block, n, dtype, size_);
+    for (int r = 0; r < size_; ++r) std::memcpy(buffers[r] + at, block, n * elem);
+  }
+  barrier();  // every share is written everywhere
+}
+
 void ShmCollectives::allreduce(void* data, size_t count, DType dtype, ReduceOp op) {
   const size_t elem = dtypeSize(dtype);
   const size_t chunk = slot_bytes_ / elem;
   auto* bytes = static_cast<char*>(data);
+  const Location here = locate(data, count * elem);
+  std::vector<char*> buffers;  // each rank's buffer where registered
   for (size_t done = 0; done < count; done += chunk) {
     const size_t n = std::min(chunk, count - done);
-    std::memcpy(slot(rank_), bytes + done * elem, n * elem);
+    if (here.region < 0) {
+      std::memcpy(slot(rank_), bytes + done * elem, n * elem);
+      copied_in_ += n * elem;
+    }
     if (done == 0) {
-      enter(Op::kAllreduce, dtype, count, static_cast<int64_t>(op));
+      enter(Op::kAllreduce, dtype, count, static_cast<int64_t>(op), here);
+      buffers = peerBuffers();
+      if (allRegistered(buffers)) return reduceInPlace(buffers, count, dtype, op);
     } else {
       barrier();
     }
-    // This rank's share of the chunk, reduced from every slot in rank order.
+    // This rank's share of the chunk, reduced from every rank's data in rank order.
+    auto from = [&](int r) { return buffers[r] ? buffers[r] + done * elem : slot(r); };
     const size_t lo = n * static_cast<size_t>(rank_) / static_cast<size_t>(size_);
     const size_t hi = n * static_cast<size_t>(rank_ + 1) / static_cast<size_t>(size_);
     char* mine = result() + lo * elem;
-    std::memcpy(mine, slot(0) + lo * elem, (hi - lo) * elem);
-    for (int r = 1; r < size_; ++r) reduceInto(mine, slot(r) + lo * elem, hi - lo, dtype, op);
+    std::memcpy(mine, from(0) + lo * elem, (hi - lo) * elem);
+    for (int r = 1; r < size_; ++r) reduceInto(mine, from(r) + lo * elem, hi - lo, dtype, op);
     if (op == ReduceOp::kAvg) divideBy(mine, hi - lo, dtype, size_);
     barrier();
-    // Nobody writes the result again before everyone has passed the next chunk's first barrier.
+    // Nobody writes the result again before everyone has passed the next chunk's first barrier
+    // (nor reads a registered buffer again: this chunk of it is done).
     std::memcpy(bytes + done * elem, result(), n * elem);
   }
 }
@@ -357,75 +489,116 @@ void ShmCollectives::reduceScatter(const void* input, void* output, size_t count
                                    ReduceOp op) {
   const size_t elem = dtypeSize(dtype);
   const auto size = static_cast<size_t>(size_);
-  const size_t piece = std::max<size_t>(1, slot_bytes_ / elem / size);  // of each rank's chunk
   const auto* in = static_cast<const char*>(input);
   auto* out = static_cast<char*>(output);
+  const Location here = locate(input, size * count * elem);
+  // Zero-copy (every input registered): one piece, row `rank_` of every rank's input reduced in
+  // rank order straight into the output, block by block. Otherwise pieces of a slot's size; a
+  // registered input is still read in place.
+  const size_t slot_piece = std::max<size_t>(1, slot_bytes_ / elem / size);  // of each row
+  std::vector<char*> buffers;
+  size_t piece = slot_piece;
   for (size_t done = 0; done < count; done += piece) {
-    const size_t n = std::min(piece, count - done);
+    size_t n = std::min(piece, count - done);
     // Slot layout: world_size rows of `n` elements, row r for rank r's output.
-    for (size_t r = 0; r < size; ++r) {
-      std::memcpy(slot(rank_) + r * n * elem, in + (r * count + done) * elem, n * elem);
+    if (here.region < 0) {
+      for (size_t r = 0; r < size; ++r) {
+        std::memcpy(slot(rank_) + r * n * elem, in + (r * count + done) * elem, n * elem);
+      }
+      copied_in_ += size * n * elem;
     }
     if (done == 0) {
-      enter(Op::kReduceScatter, dtype, count, static_cast<int64_t>(op));
+      enter(Op::kReduceScatter, dtype, count, static_cast<int64_t>(op), here);
+      buffers = peerBuffers();
+      if (allRegistered(buffers)) piece = n = count;
     } else {
       barrier();
     }
-    char* mine = out + done * elem;
-    const size_t row = static_cast<size_t>(rank_) * n * elem;
-    std::memcpy(mine, slot(0) + row, n * elem);
-    for (int r = 1; r < size_; ++r) reduceInto(mine, slot(r) + row, n, dtype, op);
-    if (op == ReduceOp::kAvg) divideBy(mine, n, dtype, size_);
-    barrier();  // the slots are read: they may be filled again
+    // Rank r's piece of row `rank_`: in its input when registered, else in its slot.
+    auto from = [&](int r, size_t begin) {
+      return buffers[r] ? buffers[r] + (static_cast<size_t>(rank_) * count + done + begin) * elem
+                        : slot(r) + (static_cast<size_t>(rank_) * n + begin) * elem;
+    };
+    const size_t block_count = kBlockBytes / elem;
+    for (size_t begin = 0; begin < n; begin += block_count) {
+      const size_t m = std::min(block_count, n - begin);
+      char* mine = out + (done + begin) * elem;
+      std::memcpy(mine, from(0, begin), m * elem);
+      for (int r = 1; r < size_; ++r) reduceInto(mine, from(r, begin), m, dtype, op);
+      if (op == ReduceOp::kAvg) divideBy(mine, m, dtype, size_);
+    }
+    barrier();  // the slots and inputs are read: they may be written again
   }
 }
 
 void ShmCollectives::allGather(const void* input, void* output, size_t count, DType dtype) {
   const size_t elem = dtypeSize(dtype);
-  const size_t chunk = slot_bytes_ / elem;
   const auto* in = static_cast<const char*>(input);
   auto* out = static_cast<char*>(output);
+  const Location here = locate(input, count * elem);
+  // Zero-copy (every input registered): each rank copies every input straight into its output,
+  // in one piece. Otherwise chunks of a slot's size; a registered input is still read in place.
+  std::vector<char*> buffers;
+  size_t chunk = slot_bytes_ / elem;
   for (size_t done = 0; done < count; done += chunk) {
-    const size_t n = std::min(chunk, count - done);
-    std::memcpy(slot(rank_), in + done * elem, n * elem);
+    size_t n = std::min(chunk, count - done);
+    if (here.region < 0) {
+      std::memcpy(slot(rank_), in + done * elem, n * elem);
+      copied_in_ += n * elem;
+    }
     if (done == 0) {
-      enter(Op::kAllGather, dtype, count, -1);
+      enter(Op::kAllGather, dtype, count, -1, here);
+      buffers = peerBuffers();
+      if (allRegistered(buffers)) chunk = n = count;
     } else {
       barrier();
     }
     for (int r = 0; r < size_; ++r) {
-      std::memcpy(out + (static_cast<size_t>(r) * count + done) * elem, slot(r), n * elem);
+      const char* from = buffers[r] ? buffers[r] + done * elem : slot(r);
+      char* to = out + (static_cast<size_t>(r) * count + done) * elem;
+      if (from != to) std::memcpy(to, from, n * elem);  // the same: in place, already there
     }
-    barrier();  // the slots are read: they may be filled again
+    barrier();  // the slots and inputs are read: they may be written again
   }
 }
 
 void ShmCollectives::broadcast(void* data, size_t count, DType dtype, int root) {
-  // One writer: the segment (every slot and the result area, end to end) in two halves, so that
-  // the root fills one while the others copy the other out. Between two barriers the root writes
-  // chunk k and the others read chunk k - 1; half k % 2 was last read before the previous one.
+  if (count == 0) return;
   const size_t elem = dtypeSize(dtype);
-  const size_t chunk = static_cast<size_t>(size_ + 1) * slot_bytes_ / 2 / elem;
   auto* bytes = static_cast<char*>(data);
+  // Without a registered root buffer, one writer: the segment (every slot and the result area,
+  // end to end) in two halves, so that the root fills one while the others copy the other out.
+  // Between two barriers the root writes chunk k and the others read chunk k - 1; half k % 2 was
+  // last read before the previous one.
+  const size_t chunk = static_cast<size_t>(size_ + 1) * slot_bytes_ / 2 / elem;
   auto half = [&](size_t k) { return slot(0) + (k % 2) * chunk * elem; };
   const size_t chunks = (count + chunk - 1) / chunk;
-  for (size_t k = 0; k <= chunks; ++k) {
+  const Location here = rank_ == root ? locate(data, count * elem) : Location{};
+  if (rank_ == root && here.region < 0) {
+    std::memcpy(half(0), bytes, std::min(chunk, count) * elem);
+    copied_in_ += std::min(chunk, count) * elem;
+  }
+  enter(Op::kBroadcast, dtype, count, root, here);
+  if (const char* from = peerBuffers()[static_cast<size_t>(root)]) {
+    // The root's buffer is registered: the others copy straight from it.
+    if (rank_ != root) std::memcpy(bytes, from, count * elem);
+    barrier();  // the root's buffer is read: it may be written again
+    return;
+  }
+  for (size_t k = 1; k <= chunks; ++k) {
     if (rank_ == root && k < chunks) {
       std::memcpy(half(k), bytes + k * chunk * elem, std::min(chunk, count - k * chunk) * elem);
-    } else if (rank_ != root && k > 0) {
+      copied_in_ += std::min(chunk, count - k * chunk) * elem;
+    } else if (rank_ != root) {
       const size_t done = (k - 1) * chunk;
       std::memcpy(bytes + done * elem, half(k - 1), std::min(chunk, count - done) * elem);
     }
-    if (k == 0 && chunks > 0) {
-      enter(Op::kBroadcast, dtype, count, root);
-    } else if (chunks > 0) {
-      barrier();
-    }
+    barrier();
   }
 }
 
 void ShmCollectives::barrierCall() {
-  enter(Op::kBarrier, DType::kUInt8, 0, -1);
+  enter(Op::kBarrier, DType::kUInt8, 0, -1, Location{});
   barrier();  // the calls are read: they may be written again
 }
 

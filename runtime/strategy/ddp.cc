@@ -75,11 +75,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     bucket.slots.push_back(slots_.size() - 1);
     bucket_bytes += bytes;
   }
+  allocateBuckets();
   for (auto& bucket : buckets_) {
-    const auto& first = slots_[bucket.slots.front()].param;
-    int64_t numel = 0;
-    for (size_t s : bucket.slots) numel += slots_[s].param.numel();
-    bucket.flat = torch::zeros({numel}, first.options());
     bucket.pending = bucket.slots.size();
     for (size_t s : bucket.slots) {
       Slot& slot = slots_[s];
@@ -108,6 +105,39 @@ DistributedDataParallel::~DistributedDataParallel() {
       } catch (...) {
         // Destruction must not throw; the error was or will be reported by finishBackward.
       }
+    }
+  }
+}
+
+void DistributedDataParallel::allocateBuckets() {
+  // Each bucket's place in one block, 64-byte aligned (as LibTorch aligns its own tensors).
+  std::vector<size_t> offsets;
+  size_t total = 0;
+  bool on_cpu = true;
+  for (const auto& bucket : buckets_) {
+    const auto& first = slots_[bucket.slots.front()].param;
+    on_cpu = on_cpu && first.device().is_cpu();
+    int64_t numel = 0;
+    for (size_t s : bucket.slots) numel += slots_[s].param.numel();
+    offsets.push_back(total);
+    total += (static_cast<size_t>(numel) * first.element_size() + 63) / 64 * 64;
+  }
+  // Where the backend has memory the ranks share, the buckets live there: the all-reduce reads
+  // the peers' buckets in place and writes the average into every rank's, with no copy. The
+  // same decision on every rank (same model), so that all of them ask.
+  shared_ = on_cpu && !buckets_.empty() && backend_->worldSize() > 1 ? backend_->sharedBuffer(total)
+                                                                     : nullptr;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& bucket = buckets_[b];
+    const auto& first = slots_[bucket.slots.front()].param;
+    int64_t numel = 0;
+    for (size_t s : bucket.slots) numel += slots_[s].param.numel();
+    if (shared_) {
+      bucket.flat = torch::from_blob(
+          static_cast<char*>(shared_.get()) + offsets[b], {numel}, [keep = shared_](void*) {},
+          first.options());
+    } else {
+      bucket.flat = torch::zeros({numel}, first.options());
     }
   }
 }

@@ -3,7 +3,10 @@
 //
 //   1. At construction, rank 0's parameters and buffers are broadcast to every rank.
 //   2. Parameters are grouped into buckets of about 25 MB, in reverse registration order (the
-//      order backward produces gradients), each bucket one flat buffer.
+//      order backward produces gradients), each bucket one flat buffer. Where the backend has
+//      memory the ranks share (Backend::sharedBuffer: Gloo with every rank on this host), the
+//      buckets live there, so the all-reduce reads the peers' gradients in place and writes the
+//      average where the optimizer reads it: no copy in or out.
 //   3. Gradients live in the buckets (PyTorch's gradient_as_bucket_view): after the first step,
 //      param.grad() is a tensor over the parameter's place in its bucket, and autograd
 //      accumulates into it. A hook after each parameter's gradient accumulation marks it ready
@@ -68,6 +71,8 @@ class DistributedDataParallel {
   void broadcastState(int root = 0);
 
   size_t numBuckets() const { return buckets_.size(); }
+  // Whether the buckets (and so the gradients) live in memory the ranks share, reduced in place.
+  bool bucketsShared() const { return shared_ != nullptr; }
   torch::nn::Module& module() { return *module_; }
 
  private:
@@ -92,11 +97,13 @@ class DistributedDataParallel {
   static bool livesInBucket(const Slot& slot);
   static void moveIntoBucket(Slot& slot);  // param.grad() (or zeros) to its place in the bucket
   void launchReadyBuckets();               // under mu_
+  void allocateBuckets();                  // the buckets' flat buffers, shared where possible
 
   std::shared_ptr<torch::nn::Module> module_;
   std::shared_ptr<Backend> backend_;
   std::vector<Slot> slots_;
   std::vector<Bucket> buckets_;
+  std::shared_ptr<void> shared_;  // the buckets' memory, when the backend gives shared memory
   bool find_unused_;
   torch::Tensor used_;  // int32 per slot, all-reduced (max) in finishBackward
   size_t next_launch_ = 0;

@@ -230,6 +230,23 @@ void ShardedStrategy::buildUnits() {
     shard_numels.push_back(FlatParameter::shardNumelOf(numel, flat_world));
   }
   openOffload(shard_numels);
+  // Stage 0-1: every unit's whole gradient, all-reduced in place. Where the backend has memory
+  // the ranks share (Gloo on one host) they all live there, one block: the all-reduce reads the
+  // peers' buffers where they are and writes the average into each, no copy in or out. The same
+  // decision on every rank (same units), so that all of them ask.
+  std::vector<size_t> grad_offsets;
+  std::shared_ptr<void> grad_block;
+  if (options_.stage <= 1) {
+    const size_t elem = c10::elementSize(options_.compute_dtype);
+    size_t total = 0;
+    bool on_cpu = true;
+    for (size_t ui = 0; ui < units_.size(); ++ui) {
+      on_cpu = on_cpu && !members[ui].front().device().is_cuda();
+      grad_offsets.push_back(total);
+      total += (static_cast<size_t>(shard_numels[ui] * flat_world) * elem + 63) / 64 * 64;
+    }
+    if (on_cpu && world > 1 && total > 0) grad_block = backend_->sharedBuffer(total);
+  }
   for (size_t ui = 0; ui < units_.size(); ++ui) {
     Unit& u = units_[ui];
     std::vector<std::string> names;
@@ -253,7 +270,11 @@ void ShardedStrategy::buildUnits() {
     // Before the gradient accumulators exist: they take the parameters' dtype.
     u.flat.convert(options_.compute_dtype);
     if (options_.stage <= 1) {
-      u.grad_full = torch::zeros({u.flat.padded()}, u.flat.full().options());
+      u.grad_full = grad_block && u.flat.full().device().is_cpu()
+                        ? torch::from_blob(
+                              static_cast<char*>(grad_block.get()) + grad_offsets[ui],
+                              {u.flat.padded()}, [grad_block](void*) {}, u.flat.full().options())
+                        : torch::zeros({u.flat.padded()}, u.flat.full().options());
       u.grad_shard = mixed() || options_.offload_to_host ? torch::zeros({sn}, shardOptions())
                                                          : u.grad_full.narrow(0, sb, sn);
       auto* base = static_cast<char*>(u.grad_full.data_ptr());

@@ -279,7 +279,8 @@ class DdpStrategy final : public Strategy {
   }
 
   std::string describe() const override {
-    return name_ + ": " + std::to_string(ddp_.numBuckets()) + " gradient bucket(s)";
+    return name_ + ": " + std::to_string(ddp_.numBuckets()) + " gradient bucket(s)" +
+           (ddp_.bucketsShared() ? " in shared memory" : "");
   }
   void beforeBackward(bool sync) override {
     if (!sync && !no_sync_) no_sync_ = std::make_unique<DistributedDataParallel::NoSync>(ddp_);

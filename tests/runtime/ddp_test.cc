@@ -4,10 +4,14 @@
 #include "runtime/strategy/ddp.h"
 
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cstdio>
+#include <fstream>
 #include <thread>
 
+#include "rendezvous/memory_store.h"
 #include "runtime/accelerator.h"
 #include "support/ranks.h"
 
@@ -148,6 +152,88 @@ TEST_CASE("Gradients live in the buckets: no second copy, the same memory every 
   for (size_t i = 0; i + 1 < params.size(); ++i) {
     CHECK(static_cast<const float*>(params[i + 1].grad().data_ptr()) + params[i + 1].numel() ==
           params[i].grad().data_ptr());
+  }
+}
+
+namespace {
+
+// The file behind the mapping that holds `address`, from /proc/self/maps ("" when anonymous).
+std::string mappedFileOf(const void* address) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  const auto at = reinterpret_cast<uintptr_t>(address);
+  while (std::getline(maps, line)) {
+    uintptr_t begin = 0, end = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx", &begin, &end) != 2 || at < begin || at >= end) {
+      continue;
+    }
+    const auto slash = line.find('/');
+    return slash == std::string::npos ? "" : line.substr(slash);
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("Over Gloo on one host the gradients live in shared memory and match one process",
+          "[ddp][shm]") {
+  // Real Gloo backends (ranks as threads, each with its own mapping of the segments): the
+  // buckets are registered shared memory, so each param.grad() lies in a /dev/shm segment and
+  // the all-reduce reads the peers' buckets in place. Were the buckets ordinary memory again
+  // (a copy in and out of every reduction), the mapping check fails. With shared memory off the
+  // same training runs through TCP, as between hosts.
+  torch::set_num_threads(1);
+  constexpr int64_t kBatch = 8, kSteps = 4;
+  const Data data = makeData(2 * kBatch);
+  Net reference = makeNet();
+  auto ref_opt = makeOptimizer(reference, "adamw");
+  for (int64_t s = 0; s < kSteps; ++s) {
+    ref_opt->zero_grad();
+    torch::mse_loss(reference->forward(data.x), data.y).backward();
+    ref_opt->step();
+  }
+  const std::string ours = "/dev/shm/cxxlaunch-" + std::to_string(::getpid()) + "-buffer-";
+  for (const bool shared_memory : {true, false}) {
+    INFO("shared memory " << (shared_memory ? "on" : "off"));
+    auto store = std::make_shared<cxxlaunch::rendezvous::MemoryStore>();
+    std::vector<Net> nets = {makeNet(), makeNet()};
+    std::vector<int> shared(2), in_segment(2);
+    onRanks(2, [&](int r) {
+      Net& net = nets[static_cast<size_t>(r)];
+      BackendOptions backend_options;
+      backend_options.rank = r;
+      backend_options.world_size = 2;
+      backend_options.store = store;
+      backend_options.timeout = std::chrono::seconds(30);
+      backend_options.shared_memory = shared_memory;
+      std::shared_ptr<Backend> backend = makeGlooBackend(backend_options);
+      DdpOptions options;
+      options.find_unused_parameters = true;  // the unused layer keeps no gradient, as in 1 process
+      options.bucket_bytes = 256;             // several buckets, reduced as backward goes
+      DistributedDataParallel ddp(net.ptr(), backend, options);
+      shared[static_cast<size_t>(r)] = ddp.bucketsShared();
+      auto opt = makeOptimizer(net, "adamw");
+      auto x = data.x.narrow(0, r * kBatch, kBatch), y = data.y.narrow(0, r * kBatch, kBatch);
+      int segment = 1;
+      for (int64_t s = 0; s < kSteps; ++s) {
+        opt->zero_grad();
+        torch::mse_loss(net->forward(x), y).backward();
+        ddp.finishBackward();
+        for (const auto& p : net->parameters()) {
+          if (p.grad().defined()) {
+            segment = segment && mappedFileOf(p.grad().data_ptr()).starts_with(ours);
+          }
+        }
+        opt->step();
+      }
+      in_segment[static_cast<size_t>(r)] = segment;
+    });
+    for (int r = 0; r < 2; ++r) {
+      CHECK(shared[static_cast<size_t>(r)] == shared_memory);
+      CHECK(in_segment[static_cast<size_t>(r)] == shared_memory);
+    }
+    CHECK(maxRelativeDifference(nets[0], reference) < 1e-6);
+    CHECK(maxRelativeDifference(nets[1], reference) < 1e-6);
   }
 }
 

@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <thread>
 #include <vector>
@@ -265,5 +267,151 @@ TEST_CASE("Ranks in different calls all fail at once, naming each rank's call", 
                        Catch::Contains("rank 1: shared-memory call " + c.others));
       }
     }
+  }
+}
+
+namespace {
+
+// The file behind the mapping that holds `address`, from /proc/self/maps ("" when anonymous).
+std::string mappedFileOf(const void* address) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  const auto at = reinterpret_cast<uintptr_t>(address);
+  while (std::getline(maps, line)) {
+    uintptr_t begin = 0, end = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx", &begin, &end) != 2 || at < begin || at >= end) {
+      continue;
+    }
+    const auto slash = line.find('/');
+    return slash == std::string::npos ? "" : line.substr(slash);
+  }
+  return "";
+}
+
+// Rank r's buffer for `count` floats: registered (shared memory) or ordinary memory.
+struct RankBuffer {
+  std::shared_ptr<void> registered;
+  std::vector<float> plain;
+  float* data() { return registered ? static_cast<float*>(registered.get()) : plain.data(); }
+};
+
+}  // namespace
+
+TEST_CASE("Registered buffers are reduced in place, exactly, whichever ranks registered theirs",
+          "[shm]") {
+  // Every rank registered (zero-copy), none (through the slots), and mixed (a registered buffer
+  // read in place next to slot copies). The same closed forms and bitwise agreement in each.
+  for (int n = 2; n <= 4; ++n) {
+    for (const std::string mode : {"all", "mixed", "none"}) {
+      INFO("world " << n << ", registered on " << mode);
+      rendezvous::MemoryStore store;
+      const size_t count = 3001;  // several slot chunks: the mixed case goes through the slots
+      std::vector<std::vector<float>> sums(n), avgs(n), scattered(n), gathered(n), sent(n);
+      std::vector<std::vector<float>> noisy(n);
+      std::vector<uint64_t> copied(n);
+      onRanks(n, [&](int r) {
+        auto shm = ShmCollectives::connect(store, options(r, n));
+        RANK_REQUIRE(shm != nullptr);
+        const bool mine = mode == "all" || (mode == "mixed" && r % 2 == 0);
+        const size_t big = count * static_cast<size_t>(n);
+        auto make = [&](size_t floats) {
+          RankBuffer b;
+          // Registration is collective: every rank registers, then keeps it or not.
+          b.registered = shm->registerBuffer(floats * sizeof(float));
+          RANK_REQUIRE(b.registered != nullptr);
+          if (!mine) {
+            b.registered.reset();
+            b.plain.resize(floats);
+          }
+          return b;
+        };
+        RankBuffer a = make(count), b = make(big), c = make(count);
+        float* x = a.data();
+        for (size_t i = 0; i < count; ++i) x[i] = static_cast<float>(r + 1) * i;
+        shm->allreduce(x, count, DType::kFloat32, ReduceOp::kSum);
+        sums[r].assign(x, x + count);
+        for (size_t i = 0; i < count; ++i) x[i] = static_cast<float>(2 * (r + 1));
+        shm->allreduce(x, count, DType::kFloat32, ReduceOp::kAvg);
+        avgs[r].assign(x, x + count);
+        std::mt19937 random(static_cast<unsigned>(r));
+        std::normal_distribution<float> normal;
+        for (size_t i = 0; i < count; ++i) x[i] = normal(random) * 1e3f;
+        shm->allreduce(x, count, DType::kFloat32, ReduceOp::kSum);
+        noisy[r].assign(x, x + count);
+        float* chunks = b.data();
+        for (size_t i = 0; i < big; ++i) chunks[i] = static_cast<float>(i);
+        shm->reduceScatter(chunks, c.data(), count, DType::kFloat32, ReduceOp::kSum);
+        scattered[r].assign(c.data(), c.data() + count);
+        for (size_t i = 0; i < count; ++i) c.data()[i] = static_cast<float>(r * 10000 + i);
+        gathered[r].resize(big);
+        shm->allGather(c.data(), gathered[r].data(), count, DType::kFloat32);
+        for (size_t i = 0; i < count; ++i) x[i] = r == 1 ? static_cast<float>(i) : -1.f;
+        shm->broadcast(x, count, DType::kFloat32, 1);
+        sent[r].assign(x, x + count);
+        copied[r] = shm->bytesCopiedIn();
+      });
+      const float triangle = static_cast<float>(n * (n + 1) / 2);
+      for (int r = 0; r < n; ++r) {
+        INFO("rank " << r);
+        CHECK(noisy[r] == noisy[0]);
+        // Registered: nothing went through a slot; else every call copied its data in.
+        const bool registered = mode == "all" || (mode == "mixed" && r % 2 == 0);
+        CHECK((copied[r] == 0) == registered);
+        for (size_t i = 0; i < count; ++i) {
+          CHECK(sums[r][i] == triangle * i);
+          CHECK(avgs[r][i] == static_cast<float>(n + 1));
+          CHECK(scattered[r][i] == static_cast<float>(n) * (r * count + i));
+          CHECK(sent[r][i] == static_cast<float>(i));
+          for (int from = 0; from < n; ++from) {
+            CHECK(gathered[r][from * count + i] == static_cast<float>(from * 10000 + i));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("A registered buffer is shared memory, gone from /dev/shm once every rank maps it",
+          "[shm]") {
+  rendezvous::MemoryStore store;
+  std::vector<std::shared_ptr<void>> buffers(2);
+  onRanks(2, [&](int r) {
+    auto shm = ShmCollectives::connect(store, options(r, 2));
+    RANK_REQUIRE(shm != nullptr);
+    buffers[r] = shm->registerBuffer(1 << 20);
+    RANK_REQUIRE(buffers[r] != nullptr);
+    RANK_REQUIRE(shm->isRegistered(static_cast<char*>(buffers[r].get()) + 100, 1000));
+    std::vector<float> elsewhere(4);
+    RANK_REQUIRE(!shm->isRegistered(elsewhere.data(), 16));
+  });
+  CHECK(ourSegments().empty());
+  // Each rank's part is its own memory, in a segment of this process's name (the launcher
+  // removes such names after a crash), mapped though unlinked; the parts outlive the collectives.
+  CHECK(buffers[0].get() != buffers[1].get());
+  for (const auto& buffer : buffers) {
+    const std::string file = mappedFileOf(buffer.get());
+    INFO(file);
+    CHECK(file.starts_with("/dev/shm/cxxlaunch-" + std::to_string(::getpid()) + "-buffer-"));
+    CHECK_THAT(file, Catch::EndsWith("(deleted)"));
+    static_cast<char*>(buffer.get())[(1 << 20) - 1] = 1;  // all of it is writable
+  }
+}
+
+TEST_CASE("Registering buffers of different sizes fails on every rank, naming both", "[shm]") {
+  rendezvous::MemoryStore store;
+  std::vector<std::string> errors(2);
+  onRanks(2, [&](int r) {
+    auto shm = ShmCollectives::connect(store, options(r, 2));
+    RANK_REQUIRE(shm != nullptr);
+    try {
+      shm->registerBuffer(r == 0 ? 4096 : 8192);
+    } catch (const CommunicationError& e) {
+      errors[static_cast<size_t>(r)] = e.what();
+    }
+  });
+  for (const auto& error : errors) {
+    CHECK_THAT(error,
+               Catch::Contains("rank 0: shared-memory call #1 registerBuffer of 4096 bytes") &&
+                   Catch::Contains("rank 1: shared-memory call #1 registerBuffer of 8192"));
   }
 }
