@@ -407,8 +407,9 @@ void RunState::forget(const std::string& id) {
 }
 
 int64_t RunState::memoryBytes() const {
-  const size_t node_entries = heartbeats_.size() + joined_.size() + participants_.size() +
-                              waiting_.size() + expected_.size() + finished_.size() +
+  const size_t node_entries = heartbeats_.size() + joined_.size() + joined_by_rank_.size() +
+                              participants_.size() + waiting_.size() + waiting_ids_.size() +
+                              expected_.size() + expected_missing_.size() + finished_.size() +
                               informed_.size();
   int64_t bytes = kRunBytes + static_cast<int64_t>(run_id_.size() + superseded_reason_.size()) +
                   static_cast<int64_t>(node_entries) * kNodeEntryBytes +

@@ -192,8 +192,9 @@ class RunState {
   static constexpr int64_t kNodeEntryBytes = 768;
   static constexpr int64_t kWorkerBytes = 128;
   // The most a join of a node the run does not know yet adds (the places a node may be kept at
-  // once: heartbeat, joined or waiting, participants, expected, finished, informed).
-  static constexpr int64_t kJoinBytes = 6 * kNodeEntryBytes;
+  // once: heartbeat, joined or waiting and its index, participants, expected and missing,
+  // finished, informed).
+  static constexpr int64_t kJoinBytes = 9 * kNodeEntryBytes;
 
   // Whether any node is still tracked as alive (joined, running or waiting, and not evicted).
   // A run with none, final or not, only waits for its retention time to be freed.
