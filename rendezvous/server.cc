@@ -78,6 +78,7 @@ class ParkedCalls {
     by_deadline_.erase({call.deadline, reactor});
     for (const auto& key : call.keys) {
       auto waiting = by_key_.find(key);
+      if (waiting == by_key_.end()) continue;  // a key named twice, gone with the first
       waiting->second.erase(reactor);
       if (waiting->second.empty()) by_key_.erase(waiting);
     }

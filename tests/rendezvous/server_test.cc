@@ -621,7 +621,7 @@ TEST_CASE("Every kind of write wakes the calls waiting for its key, and only tho
   auto counter = std::async(std::launch::async, [&] { return reader.get("counter", 20s); });
   auto swapped = std::async(std::launch::async, [&] { return reader.get("swapped", 20s); });
   auto both = std::async(std::launch::async, [&] { return reader.multiGet({"m1", "m2"}, 20s); });
-  auto unrelated = std::async(std::launch::async, [&] { reader.wait({"never"}, 2s); });
+  auto unrelated = std::async(std::launch::async, [&] { reader.wait({"never", "never"}, 2s); });
   std::this_thread::sleep_for(100ms);
   writer.add("counter", 7);
   CHECK(counter.get() == "7");
