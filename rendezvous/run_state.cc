@@ -6,18 +6,21 @@
 namespace cxxlaunch::rendezvous {
 namespace {
 
-std::string joinIds(const std::vector<std::string>& ids) {
+// The most ids (or ranks) a "waiting for" message lists; it says how many more there are.
+constexpr size_t kMaxListed = 16;
+
+// `items`, at most kMaxListed of them, then "and K more" for those left out.
+template <typename Items, typename Name>
+std::string listSome(const Items& items, size_t count, Name name) {
   std::string out;
-  for (const auto& id : ids) out += (out.empty() ? "" : ", ") + id;
+  size_t listed = 0;
+  for (const auto& item : items) {
+    if (listed == kMaxListed) break;
+    out += (out.empty() ? "" : ", ") + name(item);
+    ++listed;
+  }
+  if (count > listed) out += " and " + std::to_string(count - listed) + " more";
   return out;
-}
-
-bool contains(const std::vector<NodeSpec>& nodes, const std::string& id) {
-  return std::any_of(nodes.begin(), nodes.end(), [&](const NodeSpec& n) { return n.id == id; });
-}
-
-bool contains(const std::map<std::string, NodeSpec>& nodes, const std::string& id) {
-  return nodes.count(id) != 0;
 }
 
 std::string describe(const RunSettings& s) {
@@ -105,8 +108,8 @@ std::optional<Placement> RunState::join(const NodeSpec& node, const RunSettings&
       beat(node.id, now);
       return placementOf(node.id);  // asked again: the same answer
     }
-    if (!contains(waiting_, node.id)) {
-      waiting_.push_back(node);
+    if (waiting_ids_.count(node.id) == 0) {
+      addWaiting(node);
       // Room for it: re-form the world with it now (scale-up costs no restart).
       if (static_cast<int>(participants_.size()) < settings_.max_nodes) {
         startNextRound(now, "node " + node.id + " joined");
@@ -115,7 +118,7 @@ std::optional<Placement> RunState::join(const NodeSpec& node, const RunSettings&
     beat(node.id, now);
     return placementOf(node.id);
   }
-  if (!contains(joined_, node.id) && !contains(waiting_, node.id)) {
+  if (joined_.count(node.id) == 0 && waiting_ids_.count(node.id) == 0) {
     if (!joined_.empty() && (joined_.begin()->second.node_rank >= 0) != (node.node_rank >= 0)) {
       throw InvalidArgument("node " + node.id +
                             " mixes static and dynamic rendezvous: every node must use the same "
@@ -126,20 +129,16 @@ std::optional<Placement> RunState::join(const NodeSpec& node, const RunSettings&
                             " is out of range for " + std::to_string(settings_.max_nodes) +
                             " nodes");
     }
-    if (node.node_rank >= 0) {
-      for (const auto& [id, other] : joined_) {
-        if (other.node_rank == node.node_rank) {
-          throw InvalidArgument("node rank " + std::to_string(node.node_rank) +
-                                " is already taken by node " + other.id);
-        }
-      }
+    if (auto taken = joined_by_rank_.find(node.node_rank);
+        node.node_rank >= 0 && taken != joined_by_rank_.end()) {
+      throw InvalidArgument("node rank " + std::to_string(node.node_rank) +
+                            " is already taken by node " + taken->second);
     }
     if (static_cast<int>(joined_.size()) < settings_.max_nodes) {
       checkWorldSize(node);
-      joined_.emplace(node.id, node);
-      joined_ranks_ += node.local_world_size;
+      admit(node);
     } else {
-      waiting_.push_back(node);
+      addWaiting(node);
     }
   }
   beat(node.id, now);  // only once admitted: a refused join leaves no trace
@@ -169,10 +168,7 @@ void RunState::maybeComplete(SteadyTime now) {
     last_call_deadline_.reset();
     return;
   }
-  const bool all_expected_back =
-      !expected_.empty() &&
-      std::all_of(expected_.begin(), expected_.end(),
-                  [&](const std::string& id) { return contains(joined_, id); });
+  const bool all_expected_back = !expected_.empty() && expected_missing_.empty();
   if (all_expected_back) return complete();
   if (!last_call_deadline_) last_call_deadline_ = now + settings_.last_call_timeout;
   if (now >= *last_call_deadline_) complete();
@@ -198,7 +194,9 @@ void RunState::complete() {
   phase_ = Phase::kRunning;
   joined_.clear();
   joined_ranks_ = 0;
+  joined_by_rank_.clear();
   expected_.clear();
+  expected_missing_.clear();
   finished_.clear();
   last_call_deadline_.reset();
 }
@@ -215,6 +213,7 @@ void RunState::startNextRound(SteadyTime now, const std::string& reason) {
   finished_.clear();
   joined_.clear();
   joined_ranks_ = 0;
+  joined_by_rank_.clear();
   last_call_deadline_.reset();
   workers_.clear();  // the round's workers are being stopped; the next round reports its own
   reported_workers_ = 0;
@@ -223,21 +222,25 @@ void RunState::startNextRound(SteadyTime now, const std::string& reason) {
   for (auto& node : waiting_) {
     if (static_cast<int>(expected_.size()) < settings_.max_nodes) expected_.insert(node.id);
     if (static_cast<int>(joined_.size()) < settings_.max_nodes && roomFor(node)) {
-      joined_ranks_ += node.local_world_size;
-      joined_.emplace(node.id, std::move(node));
+      waiting_ids_.erase(node.id);
+      admit(std::move(node));
     } else {
       still_waiting.push_back(std::move(node));
     }
   }
   waiting_ = std::move(still_waiting);
+  expected_missing_.clear();
+  for (const auto& id : expected_) {
+    if (joined_.count(id) == 0) expected_missing_.insert(id);
+  }
   maybeComplete(now);
 }
 
 Verdict RunState::keepAlive(const std::string& node_id, int64_t round, SteadyTime now) {
-  const bool tracked =
-      rank_of_.count(node_id) != 0 || contains(joined_, node_id) || contains(waiting_, node_id);
+  const bool tracked = rank_of_.count(node_id) != 0 || joined_.count(node_id) != 0 ||
+                       waiting_ids_.count(node_id) != 0;
   if (tracked) beat(node_id, now);  // an evicted node stays evicted
-  if (finalState()) informed_.insert(node_id);
+  if (finalState()) inform(node_id);
   if (phase_ == Phase::kClosed) return {Action::kClosed, "every node finished", std::nullopt};
   if (phase_ == Phase::kFailed) return {Action::kFail, "no restarts left", root_cause_};
   if (round > round_) {
@@ -280,7 +283,7 @@ Verdict RunState::requestRestart(const std::string& node_id, int64_t round,
   if (restart_count_ >= settings_.max_restarts) {
     phase_ = Phase::kFailed;
     ++epoch_;
-    informed_.insert(node_id);
+    inform(node_id);
     return {Action::kFail, "no restarts left (" + std::to_string(settings_.max_restarts) + " used)",
             root_cause_};
   }
@@ -296,7 +299,7 @@ Verdict RunState::leave(const std::string& node_id, int64_t round, SteadyTime no
   if (finished_.size() == participants_.size()) {
     phase_ = Phase::kClosed;
     ++epoch_;
-    informed_.insert(node_id);
+    inform(node_id);
     return {Action::kClosed, "every node finished", std::nullopt};
   }
   return {Action::kContinue,
@@ -313,26 +316,29 @@ bool RunState::tick(SteadyTime now) {
     silent_ids.push_back(id);
   }
   std::set<std::string> evicted;
+  bool evicted_waiting = false;
   for (const auto& id : silent_ids) {
     forget(id);
-    if (auto j = joined_.find(id); j != joined_.end()) {
-      joined_ranks_ -= j->second.local_world_size;
-      joined_.erase(j);
-    }
+    dropJoined(id);
     expected_.erase(id);
-    waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(),
-                                  [&](const NodeSpec& n) { return n.id == id; }),
-                   waiting_.end());
+    expected_missing_.erase(id);
+    evicted_waiting = waiting_ids_.erase(id) != 0 || evicted_waiting;
     if (phase_ == Phase::kRunning && rank_of_.count(id) != 0) evicted.insert(id);
+  }
+  if (evicted_waiting) {
+    waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(),
+                                  [&](const NodeSpec& n) { return waiting_ids_.count(n.id) == 0; }),
+                   waiting_.end());
   }
   if (!evicted.empty()) {
     // The survivors are expected back in the next round (which also re-ranks them).
     participants_.erase(std::remove_if(participants_.begin(), participants_.end(),
                                        [&](const NodeSpec& n) { return evicted.count(n.id); }),
                         participants_.end());
-    startNextRound(now, "evicted " + joinIds({evicted.begin(), evicted.end()}) +
-                            " (no keep-alive for " +
-                            std::to_string(settings_.evictionTimeout().count()) + " ms)");
+    startNextRound(
+        now,
+        "evicted " + listSome(evicted, evicted.size(), [](const std::string& id) { return id; }) +
+            " (no keep-alive for " + std::to_string(settings_.evictionTimeout().count()) + " ms)");
     return true;
   }
   const Phase before = phase_;
@@ -354,10 +360,39 @@ const NodeSpec* RunState::specOf(const std::string& id) const {
     return &participants_[static_cast<size_t>(it->second)];
   }
   if (auto it = joined_.find(id); it != joined_.end()) return &it->second;
-  for (const auto& node : waiting_) {
+  if (waiting_ids_.count(id) == 0) return nullptr;
+  for (const auto& node : waiting_) {  // rare: only nodes beyond max_nodes wait
     if (node.id == id) return &node;
   }
   return nullptr;
+}
+
+void RunState::admit(NodeSpec node) {
+  joined_ranks_ += node.local_world_size;
+  if (node.node_rank >= 0) joined_by_rank_.emplace(node.node_rank, node.id);
+  expected_missing_.erase(node.id);
+  const std::string id = node.id;
+  joined_.emplace(id, std::move(node));
+}
+
+void RunState::dropJoined(const std::string& id) {
+  auto it = joined_.find(id);
+  if (it == joined_.end()) return;
+  joined_ranks_ -= it->second.local_world_size;
+  auto [first, last] = joined_by_rank_.equal_range(it->second.node_rank);
+  for (auto r = first; r != last; ++r) {
+    if (r->second == id) {
+      joined_by_rank_.erase(r);
+      break;
+    }
+  }
+  if (expected_.count(id) != 0) expected_missing_.insert(id);
+  joined_.erase(it);
+}
+
+void RunState::addWaiting(const NodeSpec& node) {
+  waiting_.push_back(node);
+  waiting_ids_.insert(node.id);
 }
 
 void RunState::forget(const std::string& id) {
@@ -372,8 +407,9 @@ void RunState::forget(const std::string& id) {
 }
 
 int64_t RunState::memoryBytes() const {
-  const size_t node_entries = heartbeats_.size() + joined_.size() + participants_.size() +
-                              waiting_.size() + expected_.size() + finished_.size() +
+  const size_t node_entries = heartbeats_.size() + joined_.size() + joined_by_rank_.size() +
+                              participants_.size() + waiting_.size() + waiting_ids_.size() +
+                              expected_.size() + expected_missing_.size() + finished_.size() +
                               informed_.size();
   int64_t bytes = kRunBytes + static_cast<int64_t>(run_id_.size() + superseded_reason_.size()) +
                   static_cast<int64_t>(node_entries) * kNodeEntryBytes +
@@ -384,9 +420,13 @@ int64_t RunState::memoryBytes() const {
   return bytes;
 }
 
+void RunState::inform(const std::string& id) {
+  // A final run's participants no longer change: counting them as they are told is exact.
+  if (informed_.insert(id).second && rank_of_.count(id) != 0) ++informed_participants_;
+}
+
 bool RunState::everyoneInformed() const {
-  return finalState() && std::all_of(participants_.begin(), participants_.end(),
-                                     [&](const NodeSpec& n) { return informed_.count(n.id) != 0; });
+  return finalState() && informed_participants_ == participants_.size();
 }
 
 std::optional<SteadyTime> RunState::nextDeadline() const {
@@ -418,27 +458,32 @@ void RunState::checkStoreRound(int64_t round) const {
 }
 
 std::string RunState::waitingFor() const {
+  // Lists are cut at kMaxListed: with tens of thousands of nodes, every waiting node is told.
   std::ostringstream out;
-  std::vector<std::string> ids;
-  for (const auto& [id, n] : joined_) ids.push_back(id);
   out << "round " << round_ << ": " << joined_.size() << " of " << settings_.min_nodes;
   if (settings_.max_nodes != settings_.min_nodes) out << ".." << settings_.max_nodes;
   out << " nodes joined";
-  if (!ids.empty()) out << " (" << joinIds(ids) << ")";
-  std::vector<std::string> missing;
-  for (const auto& id : expected_) {
-    if (!contains(joined_, id)) missing.push_back(id);
+  if (!joined_.empty()) {
+    out << " (" << listSome(joined_, joined_.size(), [](const auto& e) { return e.first; }) << ")";
   }
-  if (!missing.empty()) out << "; missing from the previous round: " << joinIds(missing);
+  if (!expected_missing_.empty()) {
+    out << "; missing from the previous round: "
+        << listSome(expected_missing_, expected_missing_.size(),
+                    [](const std::string& id) { return id; });
+  }
   const bool static_ranks = !joined_.empty() && joined_.begin()->second.node_rank >= 0;
   if (static_ranks) {
-    std::vector<std::string> ranks;
+    std::vector<int> ranks;  // the first kMaxListed missing ones
+    size_t missing = 0;
+    auto taken = joined_by_rank_.begin();
     for (int r = 0; r < settings_.max_nodes; ++r) {
-      bool taken = std::any_of(joined_.begin(), joined_.end(),
-                               [&](const auto& entry) { return entry.second.node_rank == r; });
-      if (!taken) ranks.push_back(std::to_string(r));
+      while (taken != joined_by_rank_.end() && taken->first < r) ++taken;
+      if (taken != joined_by_rank_.end() && taken->first == r) continue;
+      if (ranks.size() < kMaxListed) ranks.push_back(r);
+      ++missing;
     }
-    out << "; missing node ranks: " << joinIds(ranks);
+    out << "; missing node ranks: "
+        << listSome(ranks, missing, [](int r) { return std::to_string(r); });
   }
   if (last_call_deadline_) out << "; last call running";
   return out.str();

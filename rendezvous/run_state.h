@@ -192,8 +192,9 @@ class RunState {
   static constexpr int64_t kNodeEntryBytes = 768;
   static constexpr int64_t kWorkerBytes = 128;
   // The most a join of a node the run does not know yet adds (the places a node may be kept at
-  // once: heartbeat, joined or waiting, participants, expected, finished, informed).
-  static constexpr int64_t kJoinBytes = 6 * kNodeEntryBytes;
+  // once: heartbeat, joined or waiting and its index, participants, expected and missing,
+  // finished, informed).
+  static constexpr int64_t kJoinBytes = 9 * kNodeEntryBytes;
 
   // Whether any node is still tracked as alive (joined, running or waiting, and not evicted).
   // A run with none, final or not, only waits for its retention time to be freed.
@@ -232,6 +233,11 @@ class RunState {
   void beat(const std::string& id, SteadyTime now);  // records a keep-alive
   void forget(const std::string& id);
   const NodeSpec* specOf(const std::string& id) const;  // a node the run tracks, or null
+  // Into the joining round, and out of it (an evicted node), keeping the indexes below.
+  void admit(NodeSpec node);
+  void dropJoined(const std::string& id);
+  void addWaiting(const NodeSpec& node);
+  void inform(const std::string& id);  // tells a node the run's final state
 
   std::string run_id_;
   RunSettings settings_;
@@ -241,10 +247,13 @@ class RunState {
   std::set<std::pair<SteadyTime, std::string>> by_beat_;        // the same, oldest first
   std::map<std::string, std::vector<WorkerProgress>> workers_;  // by node, as last reported
   int64_t reported_workers_ = 0;                                // in workers_, all nodes
-  // Joining: who has joined round_ (by id), and who is expected back.
+  // Joining: who has joined round_ (by id), and who is expected back. Every call of a node
+  // costs O(log N): the indexes answer what a scan of joined_ or expected_ would.
   std::map<std::string, NodeSpec> joined_;
-  int64_t joined_ranks_ = 0;  // the sum of their local world sizes
+  int64_t joined_ranks_ = 0;                        // the sum of their local world sizes
+  std::multimap<int, std::string> joined_by_rank_;  // static node rank -> id
   std::set<std::string> expected_;
+  std::set<std::string> expected_missing_;  // expected_ less joined_
   std::optional<SteadyTime> last_call_deadline_;
   // Running: the round's nodes in rank order, their ranks and offsets, and those that finished.
   std::vector<NodeSpec> participants_;
@@ -252,12 +261,14 @@ class RunState {
   std::vector<int> offsets_;
   int world_size_ = 0;
   std::set<std::string> finished_;
-  // Nodes that asked while there was no room (max_nodes reached).
+  // Nodes that asked while there was no room (max_nodes reached), first come first.
   std::vector<NodeSpec> waiting_;
+  std::set<std::string> waiting_ids_;
   std::string superseded_reason_;  // why round_ - 1 ended
   int restart_count_ = 0;
   std::optional<FailureReport> root_cause_;
-  std::set<std::string> informed_;  // nodes told the run's final state
+  std::set<std::string> informed_;    // nodes told the run's final state
+  size_t informed_participants_ = 0;  // of them, the last round's nodes
   uint64_t epoch_ = 0;
 };
 

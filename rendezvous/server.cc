@@ -1,5 +1,6 @@
 #include "rendezvous/server.h"
 
+#include <absl/synchronization/mutex.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/support/server_interceptor.h>
 #include <sys/resource.h>
@@ -9,11 +10,13 @@
 #include <condition_variable>
 #include <filesystem>
 #include <fstream>
-#include <list>
 #include <map>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <thread>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "common/host.h"
 #include "proto/rendezvous.grpc.pb.h"
@@ -30,22 +33,87 @@ class Core;
 // A call that waits: answered later, from whichever thread sees its state change.
 class ParkedReactor final : public grpc::ServerUnaryReactor {
  public:
-  explicit ParkedReactor(Core* core) : core_(core) {}
+  ParkedReactor(Core* core, std::string run_id) : core_(core), run_id_(std::move(run_id)) {}
   void OnCancel() override;
   void OnDone() override { delete this; }
 
  private:
   Core* core_;
+  const std::string run_id_;  // where it is parked: a cancel finds it in O(log)
 };
 
 // Returns the call's status once it can be answered; `expired`: its deadline has passed.
 using Attempt = std::function<std::optional<grpc::Status>(bool expired)>;
 
 struct Parked {
-  ParkedReactor* reactor;
   SteadyTime deadline;
-  bool join;  // a join waits for the round; store calls wait for keys
+  std::vector<std::string> keys;  // a store call waits for these; a join (none) for its round
   Attempt attempt;
+};
+
+// The parked calls of a run, indexed so that a call costs O(log P) however many are parked: a
+// call looks only at those it may have made answerable. Every parked call is looked at when the
+// run's round moves (an epoch: O(rounds) times a run); a store write looks at the calls waiting
+// for the keys it wrote; the deadline thread, and every call, at the calls whose deadline passed.
+class ParkedCalls {
+ public:
+  bool empty() const { return calls_.empty(); }
+  std::optional<SteadyTime> earliestDeadline() const {
+    if (by_deadline_.empty()) return std::nullopt;
+    return by_deadline_.begin()->first;
+  }
+
+  void add(ParkedReactor* reactor, Parked call) {
+    by_deadline_.emplace(call.deadline, reactor);
+    for (const auto& key : call.keys) by_key_[key].insert(reactor);
+    calls_.emplace(reactor, std::move(call));
+  }
+
+  // The call of `reactor`, taken out; nullopt when it is not parked here.
+  std::optional<Parked> take(ParkedReactor* reactor) {
+    auto it = calls_.find(reactor);
+    if (it == calls_.end()) return std::nullopt;
+    Parked call = std::move(it->second);
+    calls_.erase(it);
+    by_deadline_.erase({call.deadline, reactor});
+    for (const auto& key : call.keys) {
+      auto waiting = by_key_.find(key);
+      if (waiting == by_key_.end()) continue;  // a key named twice, gone with the first
+      waiting->second.erase(reactor);
+      if (waiting->second.empty()) by_key_.erase(waiting);
+    }
+    return call;
+  }
+
+  const Parked& at(ParkedReactor* reactor) const { return calls_.at(reactor); }
+
+  std::vector<ParkedReactor*> all() const {
+    std::vector<ParkedReactor*> out;
+    out.reserve(calls_.size());
+    for (const auto& [reactor, call] : calls_) out.push_back(reactor);
+    return out;
+  }
+
+  // Those whose deadline is at or before `now`.
+  void addExpired(SteadyTime now, std::vector<ParkedReactor*>& out) const {
+    for (auto it = by_deadline_.begin(); it != by_deadline_.end() && it->first <= now; ++it) {
+      out.push_back(it->second);
+    }
+  }
+
+  // Those waiting for one of `keys` (each once).
+  void addWaitingFor(const std::set<std::string>& keys, std::vector<ParkedReactor*>& out) const {
+    for (const auto& key : keys) {
+      if (auto it = by_key_.find(key); it != by_key_.end()) {
+        out.insert(out.end(), it->second.begin(), it->second.end());
+      }
+    }
+  }
+
+ private:
+  std::unordered_map<ParkedReactor*, Parked> calls_;
+  std::set<std::pair<SteadyTime, ParkedReactor*>> by_deadline_;
+  std::unordered_map<std::string, std::unordered_set<ParkedReactor*>> by_key_;
 };
 
 struct Run {
@@ -59,10 +127,10 @@ struct Run {
   int64_t counted = 0;  // state.memoryBytes() as last counted in the budget
   int64_t store_round = -1;
   std::unique_ptr<MemoryStore> store;  // the key space of store_round
-  std::list<Parked> parked;
+  ParkedCalls parked;
   // What parked calls have seen: they are re-checked only when something they wait for moved.
   uint64_t seen_epoch = 0;
-  bool store_written = false;
+  std::set<std::string> written_keys;   // since the last recheck
   SteadyTime last_call = Clock::now();  // for the retention of finished and abandoned runs
 };
 
@@ -103,11 +171,11 @@ class Core {
       if (stopping_) return;
       stopping_ = true;
       for (auto& [id, run] : runs_) {
-        for (auto& p : run->parked) {
-          ready.emplace_back(p.reactor, grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                                     "the rendezvous server is shutting down"));
+        for (ParkedReactor* reactor : run->parked.all()) {
+          run->parked.take(reactor);
+          ready.emplace_back(reactor, grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                                   "the rendezvous server is shutting down"));
         }
-        run->parked.clear();
       }
     }
     changed_.notify_all();
@@ -157,11 +225,13 @@ class Core {
   }
 
   // Answers when `attempt` can, or when `wait` has passed. `prepare` runs first, under the lock;
-  // an error from it answers at once. `wait` is read after `prepare`, which may set it.
+  // an error from it answers at once. `wait` is read after `prepare`, which may set it. `keys`:
+  // what a store call waits for (its attempt is made again when one is written); none: a join,
+  // whose attempt is made again when the round moves.
   template <typename Prepare>
   grpc::ServerUnaryReactor* park(grpc::CallbackServerContext* ctx, const std::string& run_id,
-                                 bool join, Prepare&& prepare, const Millis& wait,
-                                 Attempt attempt) {
+                                 std::vector<std::string> keys, Prepare&& prepare,
+                                 const Millis& wait, Attempt attempt) {
     grpc::Status status = authorize(ctx);
     Ready ready;
     std::optional<grpc::Status> result;
@@ -174,9 +244,9 @@ class Core {
       if (status.ok()) result = tryAttempt(attempt, false);
       std::optional<SteadyTime> deadline;
       if (status.ok() && !result) {
-        parked = new ParkedReactor(this);
+        parked = new ParkedReactor(this, run_id);
         deadline = now + wait;
-        runs_.at(run_id)->parked.push_back({parked, *deadline, join, std::move(attempt)});
+        runs_.at(run_id)->parked.add(parked, {*deadline, std::move(keys), std::move(attempt)});
       }
       recheck(run_id, now, ready);
       touch(run_id, now);
@@ -190,18 +260,13 @@ class Core {
     return reactor;
   }
 
-  void cancelled(ParkedReactor* reactor) {
+  void cancelled(ParkedReactor* reactor, const std::string& run_id) {
     bool found = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      for (auto& [id, run] : runs_) {
-        auto it = std::find_if(run->parked.begin(), run->parked.end(),
-                               [&](const Parked& p) { return p.reactor == reactor; });
-        if (it != run->parked.end()) {
-          run->parked.erase(it);
-          found = true;
-          break;
-        }
+      // A run with a parked call is not freed, so a parked call's run is there.
+      if (auto it = runs_.find(run_id); it != runs_.end()) {
+        found = it->second->parked.take(reactor).has_value();
       }
     }
     // Not found: it was answered already and is on its way out.
@@ -325,11 +390,11 @@ class Core {
     return kept;
   }
 
-  // The key space of a store call; throws StaleError when its round is not current. `write`:
-  // the call changes keys, so calls waiting for keys must look again.
-  MemoryStore& storeOf(const rdzv::Scope& scope, bool write = false) {
+  // The key space of a store call; throws StaleError when its round is not current. `writes`:
+  // the keys the call sets, so that calls waiting for them look again.
+  MemoryStore& storeOf(const rdzv::Scope& scope, const std::vector<std::string>& writes = {}) {
     Run& run = runOf(scope.run_id());
-    run.store_written = run.store_written || write;
+    run.written_keys.insert(writes.begin(), writes.end());
     run.state.checkStoreRound(scope.round());
     if (run.store_round != scope.round()) {
       // The old round's keys go with it.
@@ -368,22 +433,26 @@ class Core {
   }
 
   // Answers the parked calls of a run that can be answered: all of them when a round moved,
-  // the store waiters after a write, and any whose deadline has passed.
+  // those waiting for a key written since, and those whose deadline has passed.
   void recheck(Run& run, SteadyTime now, Ready& ready) {
     const bool moved = run.state.epoch() != run.seen_epoch;
-    const bool written = run.store_written;
     run.seen_epoch = run.state.epoch();
-    run.store_written = false;
     if (moved) here_.notify_all();  // a local join of this run may be answered now
-    for (auto it = run.parked.begin(); it != run.parked.end();) {
-      const bool expired = now >= it->deadline;
-      std::optional<grpc::Status> result;
-      if (moved || expired || (written && !it->join)) result = tryAttempt(it->attempt, expired);
-      if (result) {
-        ready.emplace_back(it->reactor, *result);
-        it = run.parked.erase(it);
-      } else {
-        ++it;
+    std::vector<ParkedReactor*> candidates;
+    if (moved) {
+      candidates = run.parked.all();
+    } else {
+      run.parked.addWaitingFor(run.written_keys, candidates);
+      run.parked.addExpired(now, candidates);
+      std::sort(candidates.begin(), candidates.end());
+      candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
+    }
+    run.written_keys.clear();
+    for (ParkedReactor* reactor : candidates) {
+      const Parked& call = run.parked.at(reactor);
+      if (auto result = tryAttempt(call.attempt, now >= call.deadline)) {
+        ready.emplace_back(reactor, *result);
+        run.parked.take(reactor);
       }
     }
   }
@@ -461,8 +530,9 @@ class Core {
       std::optional<SteadyTime> next;
       for (auto& [id, run] : runs_) {
         auto deadline = run->state.nextDeadline();
-        for (const auto& p : run->parked) {
-          if (!deadline || p.deadline < *deadline) deadline = p.deadline;
+        if (auto parked = run->parked.earliestDeadline();
+            parked && (!deadline || *parked < *deadline)) {
+          deadline = parked;
         }
         if (auto at = expiry(*run); at && (!deadline || *at < *deadline)) deadline = at;
         if (deadline && (!next || *deadline < *next)) next = deadline;
@@ -494,7 +564,7 @@ class Core {
   std::thread ticker_;
 };
 
-void ParkedReactor::OnCancel() { core_->cancelled(this); }
+void ParkedReactor::OnCancel() { core_->cancelled(this, run_id_); }
 
 std::string describeMissing(const std::vector<std::string>& keys, MemoryStore& store, Millis wait) {
   for (const auto& key : keys) {
@@ -512,7 +582,7 @@ class StoreService final : public rdzv::Store::CallbackService {
   grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* ctx, const rdzv::SetRequest* req,
                                 rdzv::SetResponse*) override {
     return core_.answer(ctx, req->scope().run_id(), [&] {
-      core_.storeOf(req->scope(), /*write=*/true).set(req->key(), req->value());
+      core_.storeOf(req->scope(), {req->key()}).set(req->key(), req->value());
       return grpc::Status::OK;
     });
   }
@@ -521,7 +591,7 @@ class StoreService final : public rdzv::Store::CallbackService {
                                 rdzv::GetResponse* resp) override {
     const Millis wait = safeWait(req->timeout_ms());
     return core_.park(
-        ctx, req->scope().run_id(), /*join=*/false,
+        ctx, req->scope().run_id(), {req->key()},
         [&] { return prepare(req->scope(), req->timeout_ms()); }, wait,
         [this, req, resp, wait](bool expired) -> std::optional<grpc::Status> {
           MemoryStore& store = core_.storeOf(req->scope());
@@ -540,7 +610,7 @@ class StoreService final : public rdzv::Store::CallbackService {
   grpc::ServerUnaryReactor* Add(grpc::CallbackServerContext* ctx, const rdzv::AddRequest* req,
                                 rdzv::AddResponse* resp) override {
     return core_.answer(ctx, req->scope().run_id(), [&] {
-      resp->set_value(core_.storeOf(req->scope(), /*write=*/true).add(req->key(), req->delta()));
+      resp->set_value(core_.storeOf(req->scope(), {req->key()}).add(req->key(), req->delta()));
       return grpc::Status::OK;
     });
   }
@@ -549,7 +619,7 @@ class StoreService final : public rdzv::Store::CallbackService {
                                        const rdzv::CompareSetRequest* req,
                                        rdzv::CompareSetResponse* resp) override {
     return core_.answer(ctx, req->scope().run_id(), [&] {
-      resp->set_value(core_.storeOf(req->scope(), /*write=*/true)
+      resp->set_value(core_.storeOf(req->scope(), {req->key()})
                           .compareSet(req->key(), req->expected(), req->desired()));
       return grpc::Status::OK;
     });
@@ -571,7 +641,7 @@ class StoreService final : public rdzv::Store::CallbackService {
   grpc::ServerUnaryReactor* Delete(grpc::CallbackServerContext* ctx, const rdzv::DeleteRequest* req,
                                    rdzv::DeleteResponse* resp) override {
     return core_.answer(ctx, req->scope().run_id(), [&] {
-      resp->set_existed(core_.storeOf(req->scope(), /*write=*/true).deleteKey(req->key()));
+      resp->set_existed(core_.storeOf(req->scope()).deleteKey(req->key()));
       return grpc::Status::OK;
     });
   }
@@ -607,7 +677,8 @@ class StoreService final : public rdzv::Store::CallbackService {
                                      rdzv::MultiSetResponse*) override {
     return core_.answer(ctx, req->scope().run_id(), [&] {
       std::vector<std::string> values(req->values().begin(), req->values().end());
-      core_.storeOf(req->scope(), /*write=*/true).multiSet(keysOf(*req), values);
+      const auto keys = keysOf(*req);
+      core_.storeOf(req->scope(), keys).multiSet(keys, values);
       return grpc::Status::OK;
     });
   }
@@ -633,7 +704,7 @@ class StoreService final : public rdzv::Store::CallbackService {
                                         const rdzv::KeysRequest* req, Fill fill) {
     const Millis wait = safeWait(req->timeout_ms());
     return core_.park(
-        ctx, req->scope().run_id(), /*join=*/false,
+        ctx, req->scope().run_id(), keysOf(*req),
         [&] { return prepare(req->scope(), req->timeout_ms()); }, wait,
         [this, req, wait, fill](bool expired) -> std::optional<grpc::Status> {
           MemoryStore& store = core_.storeOf(req->scope());
@@ -675,7 +746,7 @@ class RendezvousService final : public rdzv::Rendezvous::CallbackService {
     };
     const std::string run_id = req->run_id();
     return core_.park(
-        ctx, run_id, /*join=*/true, prepare, wait,
+        ctx, run_id, /*keys=*/{}, prepare, wait,
         [this, run_id, id = node.id, resp](bool expired) -> std::optional<grpc::Status> {
           Run& run = core_.runOf(run_id);
           if (auto placement = run.state.placementOf(id)) {
@@ -795,6 +866,10 @@ struct RendezvousServer::Impl {
 RendezvousServer::RendezvousServer(const ServerOptions& options)
     : impl_(std::make_unique<Impl>(options)) {
   wire::quietGrpcLogs();
+  // Debian builds abseil without NDEBUG, so every lock of gRPC's mutexes also ran its deadlock
+  // detector, whose graph lookups grow with the mutexes alive: one set per open call, 5.5% of
+  // the daemon's time at 65,536 waiting joins (perf). A diagnostic, off as in release builds.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   std::shared_ptr<grpc::ServerCredentials> credentials;
   if (!options.tls_cert_file.empty() || !options.tls_key_file.empty()) {
     grpc::SslServerCredentialsOptions ssl;

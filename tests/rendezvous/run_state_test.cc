@@ -3,6 +3,7 @@
 #include "rendezvous/run_state.h"
 
 #include <catch2/catch.hpp>
+#include <cstdio>
 
 using namespace cxxlaunch;
 using namespace cxxlaunch::rendezvous;
@@ -347,4 +348,57 @@ TEST_CASE_METHOD(Fixture, "Worker reports are bounded by the node's size and dro
   run.tick(now + 23s);
   REQUIRE(run.status(now + 23s).state == "running");
   CHECK(run.status(now + 23s).participants[0].workers.empty());
+}
+
+TEST_CASE_METHOD(Fixture, "A large run's waiting message lists 16 ids and counts the rest",
+                 "[run_state]") {
+  const auto s = settings(100, 100);
+  RunState run("job", s);
+  for (int i = 0; i < 40; ++i) {
+    char id[16];
+    std::snprintf(id, sizeof(id), "n%03d", i);
+    CHECK_FALSE(run.join(node(id, 1, i), s, now));
+  }
+  const std::string message = run.waitingFor();
+  CHECK_THAT(message, Catch::Contains("40 of 100 nodes joined (n000, n001,"));
+  CHECK_THAT(message, Catch::Contains("n015 and 24 more)"));
+  CHECK_THAT(message, !Catch::Contains("n016"));
+  CHECK_THAT(message, Catch::Contains("missing node ranks: 40, 41,"));
+  CHECK_THAT(message, Catch::Contains("55 and 44 more"));
+}
+
+TEST_CASE_METHOD(Fixture, "A static rank freed by an eviction can be taken again", "[run_state]") {
+  const auto s = settings(3, 3);
+  RunState run("job", s);
+  CHECK_FALSE(run.join(node("a", 1, 0), s, now));
+  CHECK_FALSE(run.join(node("b", 1, 1), s, now + 10s));
+  REQUIRE_THROWS_WITH(run.join(node("x", 1, 0), s, now + 10s),
+                      Catch::Contains("already taken by node a"));
+  CHECK(run.tick(now + 15s + 2ms));  // a is silent: evicted from the joining round
+  CHECK_THAT(run.waitingFor(), Catch::Contains("missing node ranks: 0, 2"));
+  CHECK_FALSE(run.join(node("x", 1, 0), s, now + 16s));
+  auto c = run.join(node("c", 1, 2), s, now + 16s);
+  REQUIRE(c);
+  CHECK(run.placementOf("x")->node_rank == 0);
+  CHECK(c->num_nodes == 3);
+}
+
+TEST_CASE_METHOD(Fixture, "A survivor evicted while the others come back is not waited for",
+                 "[run_state]") {
+  const auto s = settings(1, 3, /*max_restarts=*/1);
+  RunState run("job", s);
+  run.join(node("a"), s, now);
+  run.join(node("b"), s, now);
+  REQUIRE(run.join(node("c"), s, now));
+  CHECK(run.requestRestart("a", 1, {"a", 0, 1, "boom"}, now + 1s).action == Action::kRestart);
+  CHECK_FALSE(run.join(node("a"), s, now + 14s));
+  CHECK_FALSE(run.join(node("b"), s, now + 14s));
+  CHECK_THAT(run.waitingFor(), Catch::Contains("missing from the previous round: c"));
+  // c never comes back: once it is evicted, a and b are everyone expected, so the round
+  // completes then, not after the last call.
+  CHECK(run.tick(now + 15s + 2ms));
+  auto a = run.placementOf("a");
+  REQUIRE(a);
+  CHECK(a->num_nodes == 2);
+  CHECK(a->round == 2);
 }

@@ -611,3 +611,27 @@ TEST_CASE("A direct join waits one poll, and a cancel or a shutdown ends it at o
   REQUIRE_THROWS_AS(server.join("alone", node("host"), settings(2, 2), 50ms, fresh),
                     CommunicationError);
 }
+
+TEST_CASE("Every kind of write wakes the calls waiting for its key, and only those",
+          "[server][store]") {
+  RendezvousServer server({});
+  auto placed = soloRun(server, "job");
+  GrpcStore reader(clientFor(server), "job", placed.round);
+  GrpcStore writer(clientFor(server), "job", placed.round);
+  auto counter = std::async(std::launch::async, [&] { return reader.get("counter", 20s); });
+  auto swapped = std::async(std::launch::async, [&] { return reader.get("swapped", 20s); });
+  auto both = std::async(std::launch::async, [&] { return reader.multiGet({"m1", "m2"}, 20s); });
+  auto unrelated = std::async(std::launch::async, [&] { reader.wait({"never", "never"}, 2s); });
+  std::this_thread::sleep_for(100ms);
+  writer.add("counter", 7);
+  CHECK(counter.get() == "7");
+  writer.compareSet("swapped", "", "v");
+  CHECK(swapped.get() == "v");
+  writer.multiSet({"m1"}, {"1"});
+  CHECK(both.wait_for(100ms) == std::future_status::timeout);  // m2 is still missing
+  writer.deleteKey("m1");
+  writer.multiSet({"m2", "m1"}, {"2", "1"});
+  CHECK(both.get() == std::vector<std::string>{"1", "2"});
+  // Writes of other keys answered none of it: it times out naming its key.
+  REQUIRE_THROWS_WITH(unrelated.get(), Catch::Contains("'never'"));
+}
