@@ -40,6 +40,7 @@ StateStream streamOf(std::vector<StateView> views) {
       for (const auto& [name, array] : v.arrays) write(array);
     }
   };
+  stream.arrays_stay = true;
   return stream;
 }
 

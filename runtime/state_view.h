@@ -52,6 +52,9 @@ enum class StateDictType { kSharded, kFull };
 struct StateStream {
   std::vector<StateLayout> layout;
   std::function<void(const std::function<void(const torch::Tensor&)>& write)> produce;
+  // Whether each array produce() hands stays as it is until the save is over (a view of the
+  // state, not a buffer the next gather reuses): copies from it may then be queued (a GPU's).
+  bool arrays_stay = false;
 };
 // The stream of views whose arrays are already in hand.
 StateStream streamOf(std::vector<StateView> views);
@@ -85,6 +88,9 @@ class StateSource {
   // passes the same requests and readers.
   virtual void readReplicated(const std::vector<StateRead>& reads,
                               const std::vector<int>& readers) = 0;
+  // Whether a read failed: the strategy then leaves what it would install after the reads (an
+  // optimizer's fresh state, its step count) as it was.
+  virtual bool failed() const = 0;
 };
 
 // Checkpoint files place arrays of this many bytes and more page-aligned, and a load reads them

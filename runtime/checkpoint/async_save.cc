@@ -114,11 +114,14 @@ void AsyncSaver::start(Backend& backend, const std::string& dir, const StateStre
         if (next == regions.size() || regions[next].numel() != array.numel()) {
           throw InvalidArgument("checkpoint: the state's arrays do not match its layout");
         }
-        regions[next++].copy_(array.reshape({-1}));
+        // From a GPU: queued copies into pinned memory where the arrays stay, waited for once,
+        // below; a gathered array's buffer is reused by the next gather, so it is copied at once.
+        regions[next++].copy_(array.reshape({-1}), /*non_blocking=*/pinned && state.arrays_stay);
       } catch (const std::exception& e) {
         error = e.what();
       }
     });
+    if (pinned) torch::cuda::synchronize();
   } catch (const std::exception& e) {  // reading the state back from nvme
     if (error.empty()) error = e.what();
   }

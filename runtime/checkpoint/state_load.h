@@ -44,6 +44,7 @@ class StateLoad final : public StateSource {
   void read(const std::vector<StateRead>& reads) override;
   void readReplicated(const std::vector<StateRead>& reads,
                       const std::vector<int>& readers) override;
+  bool failed() const override { return failure_ != nullptr; }
   // Throws the first read that failed, if any.
   void finish();
 

@@ -131,11 +131,12 @@ class GlooBackend final : public Backend {
 
   std::shared_ptr<void> sharedBuffer(size_t bytes) override {
     if (!shm_) return nullptr;  // the same on every rank: connect() decided for all
-    std::shared_ptr<void> buffer;
-    submit("register_buffer", [&, this](uint32_t) {
-      buffer = shm_->registerBuffer(bytes);
+    // Captured by value: a wait that times out returns while the job is still queued.
+    auto buffer = std::make_shared<std::shared_ptr<void>>();
+    submit("register_buffer", [buffer, bytes, this](uint32_t) {
+      *buffer = shm_->registerBuffer(bytes);
     })->wait();
-    return buffer;
+    return *buffer;
   }
 
   std::unique_ptr<Backend> subgroup(const std::vector<int>& ranks,

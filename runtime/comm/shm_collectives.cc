@@ -491,7 +491,11 @@ void ShmCollectives::reduceScatter(const void* input, void* output, size_t count
   const auto size = static_cast<size_t>(size_);
   const auto* in = static_cast<const char*>(input);
   auto* out = static_cast<char*>(output);
-  const Location here = locate(input, size * count * elem);
+  // An output inside the input (the in-place layout, output = input + rank * count) would be
+  // written while the peers, or this rank's own later blocks, still read the input in place: such
+  // an input goes through the slots, as an unregistered one does.
+  const bool overlaps = out < in + size * count * elem && in < out + count * elem;
+  const Location here = overlaps ? Location{} : locate(input, size * count * elem);
   // Zero-copy (every input registered): one piece, row `rank_` of every rank's input reduced in
   // rank order straight into the output, block by block. Otherwise pieces of a slot's size; a
   // registered input is still read in place.

@@ -921,6 +921,9 @@ StateStream ShardedStrategy::shardedStream() {
     }
     for (const auto& p : frozen) write(p.detach().to(torch::kFloat).reshape({-1}));
   };
+  // Views of the masters and the optimizer state; nvme's read buffers, CPU memory, live as long
+  // as the tensors handed out.
+  stream.arrays_stay = true;
   return stream;
 }
 
@@ -993,7 +996,7 @@ void ShardedStrategy::fillState(StateSource& source) {
       frozen.push_back({item.key(), "param", 0, p.numel(), p.sizes().vec(), p});
   }
   source.read(frozen);
-  optimizer_.setSteps(source.wholeCounter("optimizer_steps", 0));
+  if (!source.failed()) optimizer_.setSteps(source.wholeCounter("optimizer_steps", 0));
 }
 
 void ShardedStrategy::publish(Unit& u) {

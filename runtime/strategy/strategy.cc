@@ -411,6 +411,7 @@ class DdpStrategy final : public Strategy {
       readers.resize(reads.size(), owners[fresh.size() - 1]);
     }
     source.readReplicated(reads, readers);
+    if (source.failed()) return;  // the optimizer keeps its state; the caller throws
     for (auto& [key, s] : fresh) {
       if (s) {
         state[key] = std::move(s);

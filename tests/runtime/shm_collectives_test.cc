@@ -309,6 +309,7 @@ TEST_CASE("Registered buffers are reduced in place, exactly, whichever ranks reg
       std::vector<std::vector<float>> sums(n), avgs(n), scattered(n), gathered(n), sent(n);
       std::vector<std::vector<float>> noisy(n);
       std::vector<uint64_t> copied(n);
+      std::vector<std::vector<float>> in_place(n);
       onRanks(n, [&](int r) {
         auto shm = ShmCollectives::connect(store, options(r, n));
         RANK_REQUIRE(shm != nullptr);
@@ -349,6 +350,12 @@ TEST_CASE("Registered buffers are reduced in place, exactly, whichever ranks reg
         shm->broadcast(x, count, DType::kFloat32, 1);
         sent[r].assign(x, x + count);
         copied[r] = shm->bytesCopiedIn();
+        // In place (output = input + rank * count): the output is written while peers still
+        // read the input, so this one goes through the slots.
+        for (size_t i = 0; i < big; ++i) chunks[i] = static_cast<float>(i);
+        float* own_row = chunks + static_cast<size_t>(r) * count;
+        shm->reduceScatter(chunks, own_row, count, DType::kFloat32, ReduceOp::kSum);
+        in_place[r].assign(own_row, own_row + count);
       });
       const float triangle = static_cast<float>(n * (n + 1) / 2);
       for (int r = 0; r < n; ++r) {
@@ -361,6 +368,7 @@ TEST_CASE("Registered buffers are reduced in place, exactly, whichever ranks reg
           CHECK(sums[r][i] == triangle * i);
           CHECK(avgs[r][i] == static_cast<float>(n + 1));
           CHECK(scattered[r][i] == static_cast<float>(n) * (r * count + i));
+          CHECK(in_place[r][i] == static_cast<float>(n) * (r * count + i));
           CHECK(sent[r][i] == static_cast<float>(i));
           for (int from = 0; from < n; ++from) {
             CHECK(gathered[r][from * count + i] == static_cast<float>(from * 10000 + i));
