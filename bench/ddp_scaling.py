@@ -11,21 +11,11 @@ usage: bench/ddp_scaling.py [--steps 40] [--batch_size 32] [--hidden 2048] [--re
 """
 import argparse
 import os
-import re
 import statistics
-import subprocess
-import sys
+
+from ddp_step import step_ms
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def step_ms(argv, env=None):
-    out = subprocess.run(argv, capture_output=True, text=True,
-                         env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})))
-    m = re.search(r"mean step time ([0-9.]+) ms", out.stdout)
-    if out.returncode != 0 or not m:
-        sys.exit(f"{' '.join(argv)} failed:\n{out.stdout}\n{out.stderr}")
-    return float(m.group(1))
 
 
 def main():

@@ -17,8 +17,9 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def step_ms(argv):
-    out = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+def step_ms(argv, env=None):
+    out = subprocess.run(argv, capture_output=True, text=True,
+                         env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})))
     m = re.search(r"mean step time ([0-9.]+) ms", out.stdout)
     if out.returncode != 0 or not m:
         sys.exit(f"{' '.join(argv)} failed:\n{out.stdout}\n{out.stderr}")

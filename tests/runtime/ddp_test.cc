@@ -13,6 +13,7 @@
 
 #include "rendezvous/memory_store.h"
 #include "runtime/accelerator.h"
+#include "support/mappings.h"
 #include "support/ranks.h"
 
 using namespace cxxlaunch::runtime;
@@ -155,26 +156,6 @@ TEST_CASE("Gradients live in the buckets: no second copy, the same memory every 
   }
 }
 
-namespace {
-
-// The file behind the mapping that holds `address`, from /proc/self/maps ("" when anonymous).
-std::string mappedFileOf(const void* address) {
-  std::ifstream maps("/proc/self/maps");
-  std::string line;
-  const auto at = reinterpret_cast<uintptr_t>(address);
-  while (std::getline(maps, line)) {
-    uintptr_t begin = 0, end = 0;
-    if (std::sscanf(line.c_str(), "%lx-%lx", &begin, &end) != 2 || at < begin || at >= end) {
-      continue;
-    }
-    const auto slash = line.find('/');
-    return slash == std::string::npos ? "" : line.substr(slash);
-  }
-  return "";
-}
-
-}  // namespace
-
 TEST_CASE("Over Gloo on one host the gradients live in shared memory and match one process",
           "[ddp][shm]") {
   // Real Gloo backends (ranks as threads, each with its own mapping of the segments): the
@@ -221,7 +202,8 @@ TEST_CASE("Over Gloo on one host the gradients live in shared memory and match o
         ddp.finishBackward();
         for (const auto& p : net->parameters()) {
           if (p.grad().defined()) {
-            segment = segment && mappedFileOf(p.grad().data_ptr()).starts_with(ours);
+            segment =
+                segment && cxxlaunch::testing::mappedFileOf(p.grad().data_ptr()).starts_with(ours);
           }
         }
         opt->step();

@@ -18,6 +18,7 @@
 #include "common/error.h"
 #include "rendezvous/memory_store.h"
 #include "runtime/comm/reduce.h"
+#include "support/mappings.h"
 #include "support/ranks.h"
 
 using namespace cxxlaunch;
@@ -272,22 +273,6 @@ TEST_CASE("Ranks in different calls all fail at once, naming each rank's call", 
 
 namespace {
 
-// The file behind the mapping that holds `address`, from /proc/self/maps ("" when anonymous).
-std::string mappedFileOf(const void* address) {
-  std::ifstream maps("/proc/self/maps");
-  std::string line;
-  const auto at = reinterpret_cast<uintptr_t>(address);
-  while (std::getline(maps, line)) {
-    uintptr_t begin = 0, end = 0;
-    if (std::sscanf(line.c_str(), "%lx-%lx", &begin, &end) != 2 || at < begin || at >= end) {
-      continue;
-    }
-    const auto slash = line.find('/');
-    return slash == std::string::npos ? "" : line.substr(slash);
-  }
-  return "";
-}
-
 // Rank r's buffer for `count` floats: registered (shared memory) or ordinary memory.
 struct RankBuffer {
   std::shared_ptr<void> registered;
@@ -397,7 +382,7 @@ TEST_CASE("A registered buffer is shared memory, gone from /dev/shm once every r
   // removes such names after a crash), mapped though unlinked; the parts outlive the collectives.
   CHECK(buffers[0].get() != buffers[1].get());
   for (const auto& buffer : buffers) {
-    const std::string file = mappedFileOf(buffer.get());
+    const std::string file = cxxlaunch::testing::mappedFileOf(buffer.get());
     INFO(file);
     CHECK(file.starts_with("/dev/shm/cxxlaunch-" + std::to_string(::getpid()) + "-buffer-"));
     CHECK_THAT(file, Catch::EndsWith("(deleted)"));
