@@ -111,6 +111,7 @@ DistributedDataParallel::~DistributedDataParallel() {
 
 void DistributedDataParallel::allocateBuckets() {
   // Each bucket's place in one block, 64-byte aligned (as LibTorch aligns its own tensors).
+  std::vector<int64_t> numels;
   std::vector<size_t> offsets;
   size_t total = 0;
   bool on_cpu = true;
@@ -119,6 +120,7 @@ void DistributedDataParallel::allocateBuckets() {
     on_cpu = on_cpu && first.device().is_cpu();
     int64_t numel = 0;
     for (size_t s : bucket.slots) numel += slots_[s].param.numel();
+    numels.push_back(numel);
     offsets.push_back(total);
     total += (static_cast<size_t>(numel) * first.element_size() + 63) / 64 * 64;
   }
@@ -128,17 +130,11 @@ void DistributedDataParallel::allocateBuckets() {
   shared_ = on_cpu && !buckets_.empty() && backend_->worldSize() > 1 ? backend_->sharedBuffer(total)
                                                                      : nullptr;
   for (size_t b = 0; b < buckets_.size(); ++b) {
-    Bucket& bucket = buckets_[b];
-    const auto& first = slots_[bucket.slots.front()].param;
-    int64_t numel = 0;
-    for (size_t s : bucket.slots) numel += slots_[s].param.numel();
-    if (shared_) {
-      bucket.flat = torch::from_blob(
-          static_cast<char*>(shared_.get()) + offsets[b], {numel}, [keep = shared_](void*) {},
-          first.options());
-    } else {
-      bucket.flat = torch::zeros({numel}, first.options());
-    }
+    const auto& options = slots_[buckets_[b].slots.front()].param.options();
+    buckets_[b].flat = shared_ ? torch::from_blob(
+                                     static_cast<char*>(shared_.get()) + offsets[b], {numels[b]},
+                                     [keep = shared_](void*) {}, options)
+                               : torch::zeros({numels[b]}, options);
   }
 }
 

@@ -270,7 +270,7 @@ void ShardedStrategy::buildUnits() {
     // Before the gradient accumulators exist: they take the parameters' dtype.
     u.flat.convert(options_.compute_dtype);
     if (options_.stage <= 1) {
-      u.grad_full = grad_block && u.flat.full().device().is_cpu()
+      u.grad_full = grad_block
                         ? torch::from_blob(
                               static_cast<char*>(grad_block.get()) + grad_offsets[ui],
                               {u.flat.padded()}, [grad_block](void*) {}, u.flat.full().options())
