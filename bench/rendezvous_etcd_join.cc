@@ -16,8 +16,9 @@
 //                                   [--limit 600]
 // Each figure is the median of --repeat rounds (a fresh run id each). An etcd round still
 // unplaced after --limit seconds is cancelled and reported as such, with how many nodes were
-// placed by then (the larger N are then skipped for etcd). Exits non-zero if any node got a
-// wrong or missing placement, or an error.
+// placed and how many its state held once every join had stopped (the larger N are then skipped
+// for etcd; cxxlaunchd still runs them). Exits non-zero if any node got a wrong or missing
+// placement, or an error.
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -359,6 +360,7 @@ Round runRound(int n, Make&& make, Cancel&& cancel, std::chrono::seconds limit) 
 struct EtcdRound {
   Round round;
   EtcdWork work;
+  int joined = 0;  // of a cancelled round: the nodes its state had joined by then
 };
 
 EtcdRound etcdRound(const Etcd& etcd, int n, int connections, const std::string& run_id,
@@ -387,6 +389,12 @@ EtcdRound etcdRound(const Etcd& etcd, int n, int connections, const std::string&
       },
       [&](int i) { nodes[static_cast<size_t>(i)]->cancel(); }, limit);
   out.work = difference(before, etcd.metrics(), cpuSeconds(etcd.pid) - cpu_before);
+  if (!out.round.finished) {
+    try {
+      out.joined = static_cast<int>(nodes.front()->status().participants.size());
+    } catch (const cxxlaunch::Error&) {
+    }
+  }
   // Each node's close() revokes its lease (the alive key goes): not timed.
   std::vector<std::thread> closers;
   const int k = std::min(n, 64);
@@ -514,9 +522,9 @@ int main(int argc, char** argv) {
     } else if (etcd_ms.empty()) {
       std::printf(
           "%6d %10s %10.1f %8s %9.1f %9.1f %10.1f %10.1f %10.2f %8.1fs %8.1fs %5d/%d  "
-          "etcd CANCELLED after %d s\n",
+          "etcd CANCELLED after %d s, %d nodes joined\n",
           n, "-", dm, "-", w.txns / n, w.watches / n, w.events / n, w.sent_mib * 1024 / n,
-          w.fsyncs / n, w.cpu_s, last.round.client_s, last.round.placed, n, limit_s);
+          w.fsyncs / n, w.cpu_s, last.round.client_s, last.round.placed, n, limit_s, last.joined);
     } else {
       const double em = median(etcd_ms);
       std::printf(
