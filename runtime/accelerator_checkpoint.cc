@@ -28,11 +28,6 @@
 namespace cxxlaunch::runtime {
 
 namespace {
-// CXXLAUNCH_STATE_DICT_TYPE (env.cc accepts these two).
-StateDictType stateDictTypeOf(const WorkerEnv& env) {
-  return env.state_dict_type == "full" ? StateDictType::kFull : StateDictType::kSharded;
-}
-
 // The generators a checkpoint keeps: the CPU's, and the GPU's of a GPU worker (its dropout and
 // random initialisations), as accelerate saves both.
 std::vector<std::pair<std::string, at::Generator>> generatorsOf(const torch::Device& device) {
@@ -100,7 +95,7 @@ void Accelerator::saveState(const std::string& dir) {
     counters["buffer:" + item.key()] = layout;
   }
   counters.merge(strategy_->stateCounters(optimizer_steps_));
-  const StateStream state = strategy_->stateStream(stateDictTypeOf(world_.env));
+  const StateStream state = strategy_->stateStream(world_.env.state_dict_type);
   if (async_saver_) {
     async_saver_->start(*world_.backend, dir, state, std::move(blobs), std::move(counters),
                         device().is_cuda(), began);
@@ -126,7 +121,7 @@ void Accelerator::reserveSnapshot() {
   if (world_.env.offload_optimizer == "nvme" || world_.env.offload_params == "nvme") return;
   int64_t numel = 0;
   try {
-    for (const auto& l : strategy_->stateStream(stateDictTypeOf(world_.env)).layout) {
+    for (const auto& l : strategy_->stateStream(world_.env.state_dict_type).layout) {
       numel += (l.end - l.begin) * static_cast<int64_t>(l.arrays.size());
     }
   } catch (const Error&) {  // a state saveState refuses: it will say so

@@ -48,6 +48,24 @@ void readChoice(const char* name, std::string& out, std::initializer_list<const 
                         "' is not one of: " + list);
 }
 
+// The same for a setting parsed into an enum: `choices` pairs each accepted text with its value.
+template <typename T>
+void readChoice(const char* name, T& out,
+                std::initializer_list<std::pair<const char*, T>> choices) {
+  auto text = lookup(name);
+  if (!text || text->empty()) return;
+  std::string list;
+  for (const auto& [choice, value] : choices) {
+    if (*text == choice) {
+      out = value;
+      return;
+    }
+    list += (list.empty() ? "" : ", ") + std::string(choice);
+  }
+  throw InvalidArgument(std::string("environment variable ") + name + "='" + *text +
+                        "' is not one of: " + list);
+}
+
 void readBool(const char* name, bool& out) {
   auto text = lookup(name);
   if (!text || text->empty()) return;
@@ -128,7 +146,8 @@ WorkerEnv readWorkerEnv() {
   e.log_with = parseTrackerList(log_with, env::kLogWith);
   readString(env::kProjectDir, e.project_dir);
   readBool(env::kCheckpointAsync, e.checkpoint_async);
-  readChoice(env::kStateDictType, e.state_dict_type, {"sharded", "full"});
+  readChoice<StateDictType>(env::kStateDictType, e.state_dict_type,
+                            {{"sharded", StateDictType::kSharded}, {"full", StateDictType::kFull}});
   readBool(env::kDebug, e.debug);
   readString(env::kHeartbeatFile, e.heartbeat_file);
   readInt(env::kCollectiveTimeout, e.collective_timeout_s);
@@ -136,8 +155,10 @@ WorkerEnv readWorkerEnv() {
     throw InvalidArgument(std::string(env::kCollectiveTimeout) +
                           " must be between 1 and 604800 seconds");
   }
-  readChoice(env::kFsdpAutoWrapPolicy, e.fsdp_auto_wrap_policy,
-             {"TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"});
+  readChoice<WrapPolicy>(env::kFsdpAutoWrapPolicy, e.fsdp_auto_wrap_policy,
+                         {{"TRANSFORMER_BASED_WRAP", WrapPolicy::kTransformerBased},
+                          {"SIZE_BASED_WRAP", WrapPolicy::kSizeBased},
+                          {"NO_WRAP", WrapPolicy::kNoWrap}});
   if (auto names = lookup(env::kFsdpTransformerLayerClsToWrap)) {
     e.fsdp_transformer_layer_cls = splitNames(*names);
   }
@@ -145,8 +166,10 @@ WorkerEnv readWorkerEnv() {
   if (e.fsdp_min_num_params < 0) {
     throw InvalidArgument(std::string(env::kFsdpMinNumParams) + " must be >= 0");
   }
-  readChoice(env::kFsdpBackwardPrefetch, e.fsdp_backward_prefetch,
-             {"BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"});
+  readChoice<BackwardPrefetch>(env::kFsdpBackwardPrefetch, e.fsdp_backward_prefetch,
+                               {{"BACKWARD_PRE", BackwardPrefetch::kPre},
+                                {"BACKWARD_POST", BackwardPrefetch::kPost},
+                                {"NO_PREFETCH", BackwardPrefetch::kNone}});
   readBool(env::kFsdpForwardPrefetch, e.fsdp_forward_prefetch);
   readBool(env::kZero3Save16BitModel, e.zero3_save_16bit_model);
   readBool(env::kZero3InitFlag, e.zero3_init_flag);

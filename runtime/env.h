@@ -11,6 +11,17 @@
 
 namespace cxxlaunch::runtime {
 
+// The settings the runtime branches on, parsed once here from the launcher's strings.
+// fsdp_auto_wrap_policy: kNone when unset (accelerate's default: with layer type names given,
+// they select by type all the same).
+enum class WrapPolicy { kNone, kTransformerBased, kSizeBased, kNoWrap };
+// fsdp_backward_prefetch: the next unit's gather starts before a unit's backward (kPre), after
+// it (kPost), or not before it is needed (kNone).
+enum class BackwardPrefetch { kPre, kPost, kNone };
+// How a checkpoint lays the state out, as FSDP's state_dict_type: each rank's own state in its
+// own file (SHARDED_STATE_DICT), or every parameter whole in rank 0's file (FULL_STATE_DICT).
+enum class StateDictType { kSharded, kFull };
+
 struct WorkerEnv {
   int rank = 0;
   int local_rank = 0;
@@ -48,17 +59,17 @@ struct WorkerEnv {
   std::vector<std::string> log_with;  // trackers (common/tracker_names.h); empty: none
   std::string project_dir;            // where the trackers write; "" : none configured
   bool checkpoint_async = false;      // saves written in the background (checkpoint/async_save.h)
-  // saveState's layout: sharded (each rank its shard) | full (every parameter whole, gathered to
-  // rank 0 while it writes: FSDP's FULL_STATE_DICT).
-  std::string state_dict_type = "sharded";
+  // saveState's layout (CXXLAUNCH_STATE_DICT_TYPE sharded | full): full gathers every
+  // parameter whole to rank 0 while it writes.
+  StateDictType state_dict_type = StateDictType::kSharded;
   std::string heartbeat_file;  // touched at every micro-step (the launcher's --watchdog_timeout)
   bool debug = false;  // accelerate's debug: collectives compared across ranks before they run
   int64_t collective_timeout_s = 300;  // how long one collective may take before it fails
   // FSDP (accelerate's values; read whatever the strategy, since ZeRO-3 chooses units alike).
-  std::string fsdp_auto_wrap_policy;                    // "" | TRANSFORMER_BASED_WRAP | ...
+  WrapPolicy fsdp_auto_wrap_policy = WrapPolicy::kNone;
   std::vector<std::string> fsdp_transformer_layer_cls;  // module type names
   int64_t fsdp_min_num_params = 100000000;              // SIZE_BASED_WRAP's threshold
-  std::string fsdp_backward_prefetch = "BACKWARD_PRE";  // | BACKWARD_POST | NO_PREFETCH
+  BackwardPrefetch fsdp_backward_prefetch = BackwardPrefetch::kPre;
   bool fsdp_forward_prefetch = false;
   bool fsdp_sync_module_states = true;
   bool fsdp_activation_checkpointing = false;

@@ -22,6 +22,8 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/env.h"  // StateDictType
+
 namespace cxxlaunch::runtime {
 
 // Elements [begin, end) of the flattened parameter `param` (whose whole shape is `shape`).
@@ -39,10 +41,6 @@ struct StateLayout {
   int64_t begin = 0, end = 0;
   std::vector<std::string> arrays;
 };
-
-// How a checkpoint lays the state out, as FSDP's state_dict_type: each rank's own views in its
-// own file (SHARDED_STATE_DICT), or every parameter whole in rank 0's file (FULL_STATE_DICT).
-enum class StateDictType { kSharded, kFull };
 
 // This rank's part of a checkpoint as it is written: the layout of its file first, then produce()
 // hands the layout's arrays in that order, each filled only then (read back from nvme, gathered

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstring>
 #include <iostream>
-#include <set>
 
 #include "common/error.h"
 #include "runtime/comm/tensor_ops.h"
@@ -16,6 +15,7 @@
 #include "runtime/optim/device_kernels.h"
 #include "runtime/strategy/grad_hooks.h"
 #include "runtime/strategy/model_state.h"
+#include "runtime/strategy/unit_plan.h"
 
 namespace cxxlaunch::runtime {
 namespace {
@@ -66,14 +66,8 @@ ShardedStrategy::ShardedStrategy(std::shared_ptr<Backend> backend,
 ShardedStrategy::~ShardedStrategy() {
   for (auto& p : params_) p.accumulator->del_post_hook(p.hook);
   for (auto& u : units_) {
-    if (u.module != nullptr) detail::unregisterUnit(u.module);
-    for (auto* work : {&u.reduce, &u.gather}) {
-      try {
-        if (*work) (*work)->wait();
-      } catch (...) {
-        // Destruction must not throw; the error was or will be reported where it was waited on.
-      }
-    }
+    if (u.module() != nullptr) detail::unregisterUnit(u.module());
+    u.drain();
   }
 }
 
@@ -103,127 +97,26 @@ void ShardedStrategy::connectHybridGroups() {
 
 void ShardedStrategy::buildUnits() {
   const int world = shards_->worldSize(), rank = shards_->rank();
-  std::map<const c10::TensorImpl*, std::string> name_of;
-  for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
-    name_of[item.value().unsafeGetTensorImpl()] = item.key();
-  }
+  UnitPlan plan = planUnits(*model_, {.policy = options_.wrap_policy,
+                                      .unit_types = options_.unit_types,
+                                      .min_num_params = options_.min_num_params,
+                                      .wrapped = options_.wrapped,
+                                      .module_units = options_.stage == 3,
+                                      .bucket_bytes = options_.bucket_bytes});
+  frozen_ = std::move(plan.frozen);
+  reduce_order_ = std::move(plan.reduce_order);
+  for (const auto& planned : plan.units) units_.emplace_back(planned.name, planned.module);
 
-  // 1. Which modules are units: pre-order (registration order), the model itself never.
-  std::vector<std::string> paths;
-  std::vector<const torch::nn::Module*> modules;
-  for (const auto& item : model_->named_modules("", /*include_self=*/true)) {
-    paths.push_back(item.key());
-    modules.push_back(item.value().get());
-  }
-  std::set<std::string> unmatched(options_.unit_types.begin(), options_.unit_types.end());
-  const bool by_type = options_.wrap_policy == "TRANSFORMER_BASED_WRAP";
-  const bool by_size = options_.wrap_policy == "SIZE_BASED_WRAP";
-  std::set<const torch::nn::Module*> is_unit;
-  for (const auto* m : options_.wrapped) is_unit.insert(m);
-  // A module that runs itself through unitForward is a unit as a marked one is: DeepSpeed's
-  // configs name no wrap policy, and ZeRO-3 gathers module by module there too.
-  for (const auto* m : modules) {
-    if (detail::runsThroughUnitForward(m)) is_unit.insert(m);
-  }
-  for (size_t i = 1; i < modules.size(); ++i) {
-    const auto& module = *modules[i];
-    for (const auto& wanted : options_.unit_types) {
-      if (detail::typeMatches(module, wanted)) {
-        unmatched.erase(wanted);
-        if (by_type) is_unit.insert(&module);
-      }
-    }
-  }
-  if (by_type && !unmatched.empty()) {
-    std::set<std::string> names;
-    for (const auto* m : modules) names.insert(detail::shortTypeName(*m));
-    std::string list;
-    for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
-    throw InvalidArgument(
-        "fsdp_transformer_layer_cls_to_wrap names '" + *unmatched.begin() +
-        "', which is no module type of this model; its module types are: " + list);
-  }
-
-  // 2. Each unit takes the trainable parameters under it not taken by a unit inside it:
-  //    reverse pre-order visits every module after all of its descendants.
-  std::set<const c10::TensorImpl*> taken;
-  std::map<const torch::nn::Module*, std::vector<torch::Tensor>> unit_params;
-  for (size_t i = modules.size(); i-- > 1;) {
-    const auto& module = *modules[i];
-    std::vector<torch::Tensor> mine;
-    int64_t numel = 0;
-    for (const auto& p : module.parameters(/*recurse=*/true)) {
-      if (!p.requires_grad() || taken.count(p.unsafeGetTensorImpl()) != 0) continue;
-      mine.push_back(p);
-      numel += p.numel();
-    }
-    // Below stage 3 nothing is gathered per module: buckets need the fewest collectives.
-    const bool unit = options_.stage == 3 && (is_unit.count(&module) != 0 ||
-                                              (by_size && numel >= options_.min_num_params));
-    if (!unit || mine.empty()) continue;
-    for (const auto& p : mine) taken.insert(p.unsafeGetTensorImpl());
-    unit_params[&module] = std::move(mine);
-  }
-
-  // Each unit's parameters, moved into its flat buffer in step 5, one unit after another.
-  std::vector<std::vector<torch::Tensor>> members;
-  auto addUnit = [&](std::string name, const torch::nn::Module* module,
-                     std::vector<torch::Tensor> params) {
-    Unit u;
-    u.name = std::move(name);
-    u.module = module;
-    units_.push_back(std::move(u));
-    members.push_back(std::move(params));
-  };
-  for (size_t i = 1; i < modules.size(); ++i) {
-    auto it = unit_params.find(modules[i]);
-    if (it != unit_params.end()) addUnit(paths[i], it->first, std::move(it->second));
-  }
-  const size_t module_units = units_.size();
-
-  // 3. The remaining parameters: buckets in reverse registration order (backward's order).
-  std::vector<torch::Tensor> rest;
-  for (const auto& p : model_->parameters(/*recurse=*/true)) {
-    if (!p.requires_grad()) {
-      frozen_.push_back(p);
-    } else if (taken.count(p.unsafeGetTensorImpl()) == 0) {
-      rest.push_back(p);
-    }
-  }
-  std::reverse(rest.begin(), rest.end());
-  std::vector<torch::Tensor> bucket;
-  size_t bucket_bytes = 0;
-  auto closeBucket = [&] {
-    if (bucket.empty()) return;
-    addUnit("bucket " + std::to_string(units_.size() - module_units), nullptr, std::move(bucket));
-    bucket.clear();
-    bucket_bytes = 0;
-  };
-  for (const auto& p : rest) {
-    const size_t bytes = static_cast<size_t>(p.numel()) * p.element_size();
-    if (!bucket.empty() && (bucket_bytes + bytes > options_.bucket_bytes ||
-                            p.scalar_type() != bucket.front().scalar_type())) {
-      closeBucket();
-    }
-    bucket.push_back(p);
-    bucket_bytes += bytes;
-  }
-  closeBucket();
-
-  // 4. Reductions: module units in reverse registration order, then the buckets.
-  for (size_t i = module_units; i-- > 0;) reduce_order_.push_back(i);
-  for (size_t i = module_units; i < units_.size(); ++i) reduce_order_.push_back(i);
-
-  // 5. Per unit: the flat buffer, the master shard, gradient buffers, the optimizer's shard; per
+  // Per unit: the flat buffer, the master shard, gradient buffers, the optimizer's shard; per
   //    parameter: hooks. Then the unit settles to its state at rest, before the next one adds
   //    memory: a model built under a DeferredInit is never whole on any rank.
   // Stage 0 replicates: one "shard" of everything on every rank.
   const int flat_world = options_.stage == 0 ? 1 : world,
             flat_rank = options_.stage == 0 ? 0 : rank;
   std::vector<int64_t> shard_numels;
-  for (const auto& params : members) {
+  for (const auto& planned : plan.units) {
     int64_t numel = 0;
-    for (const auto& p : params) numel += p.numel();
+    for (const auto& p : planned.params) numel += p.numel();
     shard_numels.push_back(FlatParameter::shardNumelOf(numel, flat_world));
   }
   openOffload(shard_numels);
@@ -238,56 +131,48 @@ void ShardedStrategy::buildUnits() {
     size_t total = 0;
     bool on_cpu = true;
     for (size_t ui = 0; ui < units_.size(); ++ui) {
-      on_cpu = on_cpu && !members[ui].front().device().is_cuda();
+      on_cpu = on_cpu && !plan.units[ui].params.front().device().is_cuda();
       grad_offsets.push_back(total);
       total += (static_cast<size_t>(shard_numels[ui] * flat_world) * elem + 63) / 64 * 64;
     }
     if (on_cpu && world > 1 && total > 0) grad_block = backend_->sharedBuffer(total);
   }
   for (size_t ui = 0; ui < units_.size(); ++ui) {
-    Unit& u = units_[ui];
-    std::vector<std::string> names;
-    for (const auto& p : members[ui]) names.push_back(name_of.at(p.unsafeGetTensorImpl()));
-    const bool deferred = std::any_of(members[ui].begin(), members[ui].end(), isDeferred);
-    u.flat = FlatParameter(std::move(members[ui]), std::move(names), flat_world, flat_rank);
+    ShardUnit& u = units_[ui];
+    PlannedUnit& planned = plan.units[ui];
+    const bool deferred = std::any_of(planned.params.begin(), planned.params.end(), isDeferred);
+    u.flat() =
+        FlatParameter(std::move(planned.params), std::move(planned.names), flat_world, flat_rank);
     // Made just now, by each rank: rank 0's values, as broadcastModuleState gives the rest.
-    if (deferred && options_.sync_module_states) broadcast(*backend_, u.flat.full(), 0)->wait();
+    if (deferred && options_.sync_module_states) broadcast(*backend_, u.flat().full(), 0)->wait();
     // The parameters' old storage, freed into the heap: returned unit by unit, so that the
     // model is never held twice.
     if (lean_) releaseFreedHostMemory();
-    if (u.flat.params().front().scalar_type() != torch::kFloat) {
+    if (u.flat().params().front().scalar_type() != torch::kFloat) {
       throw InvalidArgument("sharded strategies train float32 parameters ('" +
-                            u.flat.names().front() + "' is " +
-                            std::string(c10::toString(u.flat.params().front().scalar_type())) +
+                            u.flat().names().front() + "' is " +
+                            std::string(c10::toString(u.flat().params().front().scalar_type())) +
                             "); mixed precision comes from the config's mixed_precision");
     }
-    const int64_t sb = u.flat.shardBegin(), sn = u.flat.shardNumel();
+    const int64_t sb = u.flat().shardBegin(), sn = u.flat().shardNumel();
     u.master =
-        ownMaster() ? torch::empty({sn}, shardOptions()).copy_(u.flat.shard()) : u.flat.shard();
+        ownMaster() ? torch::empty({sn}, shardOptions()).copy_(u.flat().shard()) : u.flat().shard();
     // Before the gradient accumulators exist: they take the parameters' dtype.
-    u.flat.convert(options_.compute_dtype);
+    u.flat().convert(options_.compute_dtype);
     if (options_.stage <= 1) {
-      u.grad_full = grad_block
-                        ? torch::from_blob(
-                              static_cast<char*>(grad_block.get()) + grad_offsets[ui],
-                              {u.flat.padded()}, [grad_block](void*) {}, u.flat.full().options())
-                        : torch::zeros({u.flat.padded()}, u.flat.full().options());
+      const auto options = u.flat().full().options();
+      u.placeGradientsIn(grad_block ? torch::from_blob(
+                                          static_cast<char*>(grad_block.get()) + grad_offsets[ui],
+                                          {u.flat().padded()}, [grad_block](void*) {}, options)
+                                    : torch::zeros({u.flat().padded()}, options));
       u.grad_shard = mixed() || options_.offload_to_host ? torch::zeros({sn}, shardOptions())
-                                                         : u.grad_full.narrow(0, sb, sn);
-      auto* base = static_cast<char*>(u.grad_full.data_ptr());
-      for (size_t i = 0; i < u.flat.params().size(); ++i) {
-        const auto& p = u.flat.params()[i];
-        // A tensor over the buffer, not an autograd view: optimizers may detach_() a gradient.
-        u.grad_places.push_back(torch::from_blob(
-            base + u.flat.offset(i) * u.grad_full.element_size(), p.sizes(),
-            [keep = u.grad_full](void*) {}, u.grad_full.options()));
-      }
+                                                         : u.fullGradient().narrow(0, sb, sn);
     }  // stage 2-3: the gradient shard comes with the first reduction (gradShard)
     std::vector<ShardOptimizer::Segment> segments;
-    for (size_t i = 0; i < u.flat.params().size(); ++i) {
-      const int64_t begin = std::max(u.flat.offset(i), sb);
-      const int64_t end = std::min(u.flat.offset(i) + u.flat.params()[i].numel(), sb + sn);
-      const size_t group = optimizer_.groupOf(u.flat.params()[i]);
+    for (size_t i = 0; i < u.flat().params().size(); ++i) {
+      const int64_t begin = std::max(u.flat().offset(i), sb);
+      const int64_t end = std::min(u.flat().offset(i) + u.flat().params()[i].numel(), sb + sn);
+      const size_t group = optimizer_.groupOf(u.flat().params()[i]);
       if (begin >= end) continue;
       if (!segments.empty() && segments.back().group == group &&
           segments.back().end == begin - sb) {
@@ -298,25 +183,25 @@ void ShardedStrategy::buildUnits() {
     }
     u.optimizer_shard = optimizer_.addShard(sn, std::move(segments), shardOptions().device(),
                                             options_.nvme_optimizer_dir.empty());
-    u.pending = u.flat.params().size();
-    for (size_t i = 0; i < u.flat.params().size(); ++i) {
+    u.pending = u.flat().params().size();
+    for (size_t i = 0; i < u.flat().params().size(); ++i) {
       Param param{ui, i};
-      param.accumulator = torch::autograd::impl::grad_accumulator(u.flat.params()[i]);
+      param.accumulator = torch::autograd::impl::grad_accumulator(u.flat().params()[i]);
       const size_t index = params_.size();
       param.hook = param.accumulator->add_post_hook(
           std::make_unique<AfterAccumulation>([this, index] { onGradientReady(index); }));
       params_.push_back(std::move(param));
     }
-    if (u.module != nullptr) {
-      unit_of_module_[u.module] = ui;
-      detail::registerUnit(u.module, this);
+    if (u.module() != nullptr) {
+      unit_of_module_[u.module()] = ui;
+      detail::registerUnit(u.module(), this);
     }
     settle(ui);
   }
 }
 
-torch::Tensor& ShardedStrategy::gradShard(Unit& u) {
-  if (!u.grad_shard.defined()) u.grad_shard = torch::zeros({u.flat.shardNumel()}, shardOptions());
+torch::Tensor& ShardedStrategy::gradShard(ShardUnit& u) {
+  if (!u.grad_shard.defined()) u.grad_shard = torch::zeros({u.flat().shardNumel()}, shardOptions());
   return u.grad_shard;
 }
 
@@ -328,9 +213,9 @@ torch::TensorOptions ShardedStrategy::shardOptions() const {
 }
 
 void ShardedStrategy::settle(size_t i) {
-  Unit& u = units_[i];
+  ShardUnit& u = units_[i];
   if (param_file_) {  // the fp32 master moves out
-    const size_t bytes = static_cast<size_t>(u.flat.shardNumel()) * 4;
+    const size_t bytes = static_cast<size_t>(u.flat().shardNumel()) * 4;
     const AlignedBuffer staging = alignedBuffer(NvmeFile::roundUp(bytes) / 4);
     std::memcpy(staging.data.get(), u.master.data_ptr<float>(), bytes);
     param_file_->write(u.master_offset, staging.data.get(), NvmeFile::roundUp(bytes))->wait();
@@ -339,22 +224,22 @@ void ShardedStrategy::settle(size_t i) {
   // A unit the trainer marked with Accelerator::wrap, or of a type that says so, promises to run
   // through unitForward: it rests sharded from now on. One the policy chose rests so after its
   // first unitForward (a trainer that never calls it keeps it whole, and trains correctly).
-  if (u.module != nullptr && (std::find(options_.wrapped.begin(), options_.wrapped.end(),
-                                        u.module) != options_.wrapped.end() ||
-                              detail::runsThroughUnitForward(u.module))) {
+  if (u.module() != nullptr && (std::find(options_.wrapped.begin(), options_.wrapped.end(),
+                                          u.module()) != options_.wrapped.end() ||
+                                detail::runsThroughUnitForward(u.module()))) {
     u.routed = true;
     release(i);
   }
   // The optimizer's state, now that the unit holds what it keeps at rest: here for a unit that
   // is never released, in release() for the others (one the policy chose: at its first
   // unitForward).
-  if (options_.stage != 3 || u.module == nullptr) optimizer_.allocateState(u.optimizer_shard);
+  if (options_.stage != 3 || u.module() == nullptr) optimizer_.allocateState(u.optimizer_shard);
   if (lean_) releaseFreedHostMemory();
 }
 
 std::string ShardedStrategy::describe() const {
   size_t modules = 0;
-  for (const auto& u : units_) modules += u.module != nullptr;
+  for (const auto& u : units_) modules += u.module() != nullptr;
   return options_.name + ": " + std::to_string(units_.size()) + " unit(s) (" +
          std::to_string(modules) + " module(s), " + std::to_string(units_.size() - modules) +
          " bucket(s)), " + optimizer_.name() +
@@ -369,14 +254,14 @@ std::string ShardedStrategy::describe() const {
 std::vector<const torch::nn::Module*> ShardedStrategy::unitModules() const {
   std::vector<const torch::nn::Module*> out;
   for (const auto& u : units_) {
-    if (u.module != nullptr) out.push_back(u.module);
+    if (u.module() != nullptr) out.push_back(u.module());
   }
   return out;
 }
 
 std::vector<std::pair<std::string, int64_t>> ShardedStrategy::units() const {
   std::vector<std::pair<std::string, int64_t>> out;
-  for (const auto& u : units_) out.emplace_back(u.name, u.flat.numel());
+  for (const auto& u : units_) out.emplace_back(u.name(), u.flat().numel());
   return out;
 }
 
@@ -423,7 +308,7 @@ torch::Tensor ShardedStrategy::afterForward(const torch::nn::Module& module, tor
 void ShardedStrategy::preBackward(size_t i) {
   std::lock_guard<std::mutex> lock(mu_);
   gatherNow(i);
-  if (options_.backward_prefetch == "BACKWARD_PRE") {
+  if (options_.backward_prefetch == BackwardPrefetch::kPre) {
     const size_t next = previousInForward(i);
     if (next != kNone) prefetch(next);
   }
@@ -434,39 +319,31 @@ size_t ShardedStrategy::previousInForward(size_t unit) const {
   return it == forward_order_.end() || it == forward_order_.begin() ? kNone : *(it - 1);
 }
 
-void ShardedStrategy::prefetch(size_t i) {
-  Unit& u = units_[i];
-  if (u.gather || u.flat.resident()) return;
-  u.flat.restore(pool_.get());
+torch::Tensor ShardedStrategy::gatherInput(ShardUnit& u) {
   // In the compute dtype: a bf16 gather moves half the bytes. On the device: a master offloaded
   // to the host is copied up (or its device copy read).
-  u.gather_input = u.device_shard.defined()
-                       ? u.device_shard
-                       : masterNow(u).to(u.flat.full().device(), options_.compute_dtype);
-  u.gather = shards_->allGather(u.gather_input.data_ptr(), u.flat.full().data_ptr(),
-                                static_cast<size_t>(u.flat.shardNumel()), dtypeOf(u.flat.full()));
+  if (u.device_shard.defined()) return u.device_shard;
+  return masterNow(u).to(u.flat().full().device(), options_.compute_dtype);
 }
 
-void ShardedStrategy::waitGather(Unit& u) {
-  if (!u.gather) return;
-  u.gather->wait();
-  u.gather.reset();
-  u.gather_input = torch::Tensor();
+void ShardedStrategy::prefetch(size_t i) {
+  ShardUnit& u = units_[i];
+  if (u.state() == ShardUnit::State::kSharded) u.unshard(*shards_, gatherInput(u), pool_.get());
 }
 
 void ShardedStrategy::gatherNow(size_t i) {
   prefetch(i);
-  waitGather(units_[i]);
+  units_[i].waitUnsharded();
 }
 
 void ShardedStrategy::release(size_t i) {
-  Unit& u = units_[i];
+  ShardUnit& u = units_[i];
   if (options_.stage != 3 || !u.routed) return;
-  waitGather(u);  // never free memory a collective is still writing
+  u.waitUnsharded();
   if (options_.offload_to_host && !options_.offload_params_to_host && !u.device_shard.defined()) {
-    u.device_shard = u.flat.shard().clone();  // the gathers' input from now on (current values)
+    u.device_shard = u.flat().shard().clone();  // the gathers' input from now on (current values)
   }
-  u.flat.release(pool_.get());
+  u.reshard(pool_.get());
   optimizer_.allocateState(u.optimizer_shard);
   // What LibTorch says of a freed parameter (1.13 and 2.x), which says nothing of units.
   for (const char* freed : {"data is not allocated yet", "for storage of size 0"}) {
@@ -485,8 +362,8 @@ void ShardedStrategy::warnOfUnitsNeverRouted() {
   std::string names;
   size_t count = 0;
   for (const auto& item : model_->named_modules()) {
-    for (const Unit& u : units_) {
-      if (u.module != item.value().get() || u.routed) continue;
+    for (const ShardUnit& u : units_) {
+      if (u.module() != item.value().get() || u.routed) continue;
       if (++count <= 4) names += std::string(count > 1 ? ", " : "") + "'" + item.key() + "'";
     }
   }
@@ -519,39 +396,8 @@ void ShardedStrategy::markReady(size_t index) {
         "passes in one micro-step, or a parameter used by two units); run one backward per "
         "micro-step");
   }
-  Unit& u = units_[p.unit];
-  torch::NoGradGuard no_grad;
-  const torch::Tensor& param = u.flat.params()[p.index];
-  torch::Tensor& grad = param.mutable_grad();
-  if (options_.stage <= 1) {
-    torch::Tensor& place = u.grad_places[p.index];
-    if (!grad.defined() || grad.data_ptr() != place.data_ptr()) {
-      if (grad.defined()) {
-        place.copy_(grad);
-      } else {
-        place.zero_();
-      }
-      grad = place;  // from now on autograd accumulates in the unit's buffer
-    }
-  } else {
-    // A unit of one parameter (an embedding, an output layer) takes autograd's gradient as its
-    // full gradient: no second buffer of the unit's size, no copy.
-    if (!u.grad_full.defined() && u.flat.params().size() == 1 && grad.defined() &&
-        grad.is_contiguous() && grad.numel() == u.flat.padded() &&
-        grad.scalar_type() == options_.compute_dtype && grad.device() == u.flat.full().device()) {
-      u.grad_full = grad.detach().view({-1});
-      grad = torch::Tensor();
-    }
-    if (!u.grad_full.defined()) {
-      const auto options = u.flat.full().options().dtype(options_.compute_dtype);
-      u.grad_full =
-          pool_ ? pool_->zeros(u.flat.padded(), options) : torch::zeros({u.flat.padded()}, options);
-    }
-    if (grad.defined()) {
-      u.grad_full.narrow(0, u.flat.offset(p.index), param.numel()).view_as(param).copy_(grad);
-    }
-    grad = torch::Tensor();  // the full gradient lives on only in the unit's buffer
-  }
+  ShardUnit& u = units_[p.unit];
+  u.takeGradient(p.index, options_.compute_dtype, pool_.get());
   p.ready = true;
   if (--u.pending == 0) unitGradientsDone(p.unit);
   launchReady();
@@ -560,7 +406,7 @@ void ShardedStrategy::markReady(size_t index) {
 void ShardedStrategy::unitGradientsDone(size_t i) {
   // Every gradient of the unit is computed: backward reads its parameters no more.
   release(i);
-  if (options_.backward_prefetch == "BACKWARD_POST") {
+  if (options_.backward_prefetch == BackwardPrefetch::kPost) {
     const size_t next = previousInForward(i);
     if (next != kNone) prefetch(next);
   }
@@ -569,48 +415,28 @@ void ShardedStrategy::unitGradientsDone(size_t i) {
 void ShardedStrategy::launchReady() {
   while (next_reduce_ < reduce_order_.size() && units_[reduce_order_[next_reduce_]].pending == 0) {
     const size_t i = reduce_order_[next_reduce_++];
-    Unit& u = units_[i];
-    if (options_.stage <= 1) {
-      u.reduce = backend_->allreduce(u.grad_full.data_ptr(), static_cast<size_t>(u.flat.padded()),
-                                     dtypeOf(u.grad_full), ReduceOp::kAvg);
-      continue;
-    }
-    u.grad_incoming = pool_ ? pool_->empty(u.flat.shardNumel(), u.grad_full.options())
-                            : torch::empty({u.flat.shardNumel()}, u.grad_full.options());
-    u.reduce = shards_->reduceScatter(u.grad_full.data_ptr(), u.grad_incoming.data_ptr(),
-                                      static_cast<size_t>(u.flat.shardNumel()),
-                                      dtypeOf(u.grad_full), ReduceOp::kAvg);
+    // Stage 0-1: all-reduced over every rank, waited for in afterBackward; 2-3: reduce-scattered
+    // over the shard group, at most kMaxReductionsInFlight at a time.
+    units_[i].reduceGradients(options_.stage <= 1 ? *backend_ : *shards_, pool_.get());
+    if (options_.stage <= 1) continue;
     in_flight_.push_back(i);
     while (in_flight_.size() > kMaxReductionsInFlight) completeOldestReduction();
   }
 }
 
 void ShardedStrategy::completeOldestReduction() {
-  Unit& u = units_[in_flight_.front()];
+  ShardUnit& u = units_[in_flight_.front()];
   in_flight_.pop_front();
-  u.reduce->wait();
-  u.reduce.reset();
-  if (replicas_) {  // hybrid: the average over the nodes of their nodes' averages
-    replicas_
-        ->allreduce(u.grad_incoming.data_ptr(), static_cast<size_t>(u.flat.shardNumel()),
-                    dtypeOf(u.grad_incoming), ReduceOp::kAvg)
-        ->wait();
-  }
+  u.finishReduction(replicas_.get());
   // Accumulated across micro-steps in the fp32 shard (cpu offload: brought down first), or in
   // the swap file.
   if (grad_file_) {
     swapOutGradient(u);
   } else {
     torch::Tensor& shard = gradShard(u);
-    shard.add_(u.grad_incoming.to(shard.device()));
+    shard.add_(u.incomingGradient().to(shard.device()));
   }
-  if (pool_) {
-    pool_->recycle(u.grad_incoming);
-    pool_->recycle(u.grad_full);
-  } else {
-    u.grad_incoming = torch::Tensor();
-    u.grad_full = torch::Tensor();
-  }
+  u.dropGradientBuffers(pool_.get());
 }
 
 void ShardedStrategy::afterBackward(bool sync) {
@@ -624,9 +450,9 @@ void ShardedStrategy::afterBackward(bool sync) {
   }
   if (options_.stage <= 1) {
     for (auto& u : units_) {
-      u.reduce->wait();
-      u.reduce.reset();
-      const torch::Tensor mine = u.grad_full.narrow(0, u.flat.shardBegin(), u.flat.shardNumel());
+      u.finishReduction(nullptr);
+      const torch::Tensor mine =
+          u.fullGradient().narrow(0, u.flat().shardBegin(), u.flat().shardNumel());
       // The fp32 shard is memory of its own under mixed precision and cpu offload.
       if (u.grad_shard.data_ptr() != mine.data_ptr()) u.grad_shard.copy_(mine);
     }
@@ -634,7 +460,7 @@ void ShardedStrategy::afterBackward(bool sync) {
   while (!in_flight_.empty()) completeOldestReduction();
   for (auto& p : params_) p.ready = false;
   for (size_t i = 0; i < units_.size(); ++i) {
-    units_[i].pending = units_[i].flat.params().size();
+    units_[i].pending = units_[i].flat().params().size();
     release(i);  // a unit prefetched but not used
   }
   next_reduce_ = 0;
@@ -691,13 +517,13 @@ void ShardedStrategy::step() {
     if (u.device_shard.defined()) u.device_shard.copy_(u.master);
     if (options_.stage == 3 && u.routed) continue;
     // The whole buffer is resident here: this rank's slice is the gather's input, in place.
-    if (u.master.defined() && u.master.data_ptr() != u.flat.shard().data_ptr()) {
-      u.flat.shard().copy_(u.master);  // (nvme params: copied as they were updated)
+    if (u.master.defined() && u.master.data_ptr() != u.flat().shard().data_ptr()) {
+      u.flat().shard().copy_(u.master);  // (nvme params: copied as they were updated)
     }
     if (options_.stage == 0) continue;  // every rank stepped everything
-    gathers.push_back(shards_->allGather(u.flat.shard().data_ptr(), u.flat.full().data_ptr(),
-                                         static_cast<size_t>(u.flat.shardNumel()),
-                                         dtypeOf(u.flat.full())));
+    gathers.push_back(shards_->allGather(u.flat().shard().data_ptr(), u.flat().full().data_ptr(),
+                                         static_cast<size_t>(u.flat().shardNumel()),
+                                         dtypeOf(u.flat().full())));
   }
   for (auto& w : gathers) w->wait();
   warnOfUnitsNeverRouted();
@@ -706,7 +532,7 @@ void ShardedStrategy::step() {
 void ShardedStrategy::zeroGrad() {
   for (auto& u : units_) {
     if (options_.stage <= 1) {
-      u.grad_full.zero_();
+      u.fullGradient().zero_();
     } else if (grad_file_) {
       u.swapped = {.offset = u.swapped.offset};  // the file's values count as zeros from now on
     } else if (u.grad_shard.defined()) {
@@ -721,9 +547,9 @@ MemoryReport ShardedStrategy::memoryReport() const {
   size_t& shards = options_.offload_to_host ? report.offloaded_to_cpu : report.parameters;
   size_t& gradient_shards = options_.offload_to_host ? report.offloaded_to_cpu : report.gradients;
   for (const auto& u : units_) {
-    report.parameters += u.flat.residentBytes() + bytesOf(u.device_shard);
+    report.parameters += u.flat().residentBytes() + bytesOf(u.device_shard);
     if (ownMaster()) shards += bytesOf(u.master);
-    report.gradients += bytesOf(u.grad_full) + bytesOf(u.grad_incoming);
+    report.gradients += u.gradientBufferBytes();
     const bool own_gradient_shard = options_.stage >= 2 || mixed() || options_.offload_to_host;
     if (own_gradient_shard) gradient_shards += bytesOf(u.grad_shard);
   }
@@ -744,22 +570,22 @@ void ShardedStrategy::visitFullParameters(const ParameterVisitor& visit) {
   torch::NoGradGuard no_grad;
   for (auto& u : units_) {  // one unit whole at a time
     torch::Tensor full;
-    waitGather(u);
+    u.waitUnsharded();
     if (options_.stage == 0) {
       full = u.master;
-    } else if (u.flat.resident() && !mixed()) {
-      full = u.flat.full();
+    } else if (u.flat().resident() && !mixed()) {
+      full = u.flat().full();
     } else {  // from the fp32 master shards: the precise values, not the compute copies
-      full = torch::empty({u.flat.padded()}, torch::kFloat);
+      full = torch::empty({u.flat().padded()}, torch::kFloat);
       const torch::Tensor master = masterNow(u);
       shards_
-          ->allGather(master.data_ptr(), full.data_ptr(), static_cast<size_t>(u.flat.shardNumel()),
-                      DType::kFloat32)
+          ->allGather(master.data_ptr(), full.data_ptr(),
+                      static_cast<size_t>(u.flat().shardNumel()), DType::kFloat32)
           ->wait();
     }
-    for (size_t i = 0; i < u.flat.params().size(); ++i) {
-      const auto& p = u.flat.params()[i];
-      visit(u.flat.names()[i], full.narrow(0, u.flat.offset(i), p.numel()).view(p.sizes()));
+    for (size_t i = 0; i < u.flat().params().size(); ++i) {
+      const auto& p = u.flat().params()[i];
+      visit(u.flat().names()[i], full.narrow(0, u.flat().offset(i), p.numel()).view(p.sizes()));
     }
   }
   for (const auto& item : model_->named_parameters(/*recurse=*/true)) {

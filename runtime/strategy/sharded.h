@@ -20,11 +20,13 @@
 //                                        are complete. Parameters outside such units stay whole,
 //                                        as FSDP's root unit.
 //
-// Units (stage 3): the modules the wrap policy names (TRANSFORMER_BASED_WRAP: module type names;
-// SIZE_BASED_WRAP: at least min_num_params parameters of their own) or that the trainer marked
-// with Accelerator::wrap; the remaining parameters (below stage 3: all of them) form buckets of
-// bucket_bytes, in reverse registration order as DDP's. Each unit is one
-// FlatParameter (flat/flat_param.h) and one shard of the optimizer (optim/shard_optimizer.h).
+// Units: planUnits (strategy/unit_plan.h) chooses them from the wrap policy: at stage 3 the
+// modules it names, the remaining parameters (below stage 3: all of them) in buckets of
+// bucket_bytes, in reverse registration order as DDP's. Each is a ShardUnit
+// (strategy/shard_unit.h: one FlatParameter, its master and gradient buffers, an explicit
+// sharded / gathering / unsharded state) and one shard of the optimizer
+// (optim/shard_optimizer.h). This class is the scheduler of the units: when each is gathered,
+// released, reduced and stepped, and where its fp32 state rests (memory, host, nvme files).
 //
 // Collectives run in one order on every rank: gradient reductions in a fixed unit order (a unit
 // that completes early waits for the ones before it), gathers in forward order and in the
@@ -41,9 +43,9 @@
 #include <string>
 #include <vector>
 
-#include "runtime/flat/flat_param.h"
 #include "runtime/offload/nvme_file.h"
 #include "runtime/optim/shard_optimizer.h"
+#include "runtime/strategy/shard_unit.h"
 #include "runtime/strategy/strategy.h"
 #include "runtime/strategy/unit.h"
 
@@ -52,11 +54,12 @@ namespace cxxlaunch::runtime {
 struct ShardingOptions {
   int stage = 3;  // 0, 1, 2 or 3
   std::string name = "zero3";
-  std::string wrap_policy;              // "", TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP, NO_WRAP
-  std::vector<std::string> unit_types;  // TRANSFORMER_BASED_WRAP's module type names
-  int64_t min_num_params = 100000000;   // SIZE_BASED_WRAP
-  std::vector<const torch::nn::Module*> wrapped;   // units whatever the policy
-  std::string backward_prefetch = "BACKWARD_PRE";  // BACKWARD_POST, NO_PREFETCH
+  // Which modules are units at stage 3 (unit_plan.h); below it, buckets of bucket_bytes only.
+  WrapPolicy wrap_policy = WrapPolicy::kNone;
+  std::vector<std::string> unit_types;            // TRANSFORMER_BASED_WRAP's module type names
+  int64_t min_num_params = 100000000;             // SIZE_BASED_WRAP
+  std::vector<const torch::nn::Module*> wrapped;  // units whatever the policy
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::kPre;
   bool forward_prefetch = false;
   bool sync_module_states = true;
   size_t bucket_bytes = 25u << 20;
@@ -111,38 +114,6 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   std::vector<std::pair<std::string, int64_t>> units() const;
 
  private:
-  struct Unit {
-    std::string name;                           // module path, or "bucket N"
-    const torch::nn::Module* module = nullptr;  // null for buckets
-    FlatParameter flat;
-    // The fp32 shard the optimizer steps: a view of the flat buffer below stage 3 in fp32, its
-    // own memory under stage 3 or mixed precision (the flat buffer holds compute copies).
-    torch::Tensor master;
-    torch::Tensor grad_full;      // padded, compute dtype (stage 1: always; 2-3: during backward)
-    torch::Tensor grad_shard;     // this rank's fp32 gradient (stage 1 fp32: a view of grad_full)
-    torch::Tensor grad_incoming;  // stage 2-3: a reduce-scatter's output until it is added
-    torch::Tensor gather_input;   // stage 3: what the gather in flight reads (master or a cast)
-    torch::Tensor device_shard;   // cpu offload of the optimizer only, a unit at rest sharded:
-                                  // its shard on the device in the compute dtype, gathers' input
-    int64_t master_offset = -1;   // nvme params: the master's place in param_file_ (master
-                                  // itself is then undefined)
-    int64_t state_offset = -1;    // nvme optimizer: the state's place in state_file_
-    // nvme optimizer, stage 2-3: the gradient shard rests in grad_file_, not in grad_shard
-    // (sharded_offload.cc); what clipping and the loss scaler need of it is kept here.
-    struct SwappedGradient {
-      int64_t offset = -1;   // its place in grad_file_
-      bool written = false;  // the file holds a gradient since the last zeroGrad (else: zeros)
-      double squares = 0;    // sum of squares of the values in the file
-      bool finite = true;    // no inf or NaN among them
-      float factor = 1;      // clipping and unscaling, applied as the values are read back
-    } swapped;
-    std::vector<torch::Tensor> grad_places;  // stage 1: each parameter's place in grad_full
-    size_t optimizer_shard = 0;
-    size_t pending = 0;   // parameters whose gradient this backward has not produced yet
-    WorkPtr reduce;       // the gradient reduction in flight
-    WorkPtr gather;       // stage 3: a parameter gather in flight
-    bool routed = false;  // went through unitForward: released between uses (stage 3)
-  };
   struct Param {
     size_t unit;
     size_t index;  // in the unit's FlatParameter
@@ -152,14 +123,14 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   };
 
   void buildUnits();
-  void onGradientReady(size_t param);   // autograd's hook
-  void markReady(size_t param);         // under mu_
-  void preBackward(size_t unit);        // hook on a unit's output gradient
-  void launchReady();                   // reductions, in order
-  void completeOldestReduction();       // stage 2-3
-  void unitGradientsDone(size_t unit);  // stage 3: release, BACKWARD_POST prefetch
-  void gatherNow(size_t unit);          // waits
-  void waitGather(Unit& unit);
+  torch::Tensor gatherInput(ShardUnit& unit);  // this rank's shard, as the gathers read it
+  void onGradientReady(size_t param);          // autograd's hook
+  void markReady(size_t param);                // under mu_
+  void preBackward(size_t unit);               // hook on a unit's output gradient
+  void launchReady();                          // reductions, in order
+  void completeOldestReduction();              // stage 2-3
+  void unitGradientsDone(size_t unit);         // stage 3: release, BACKWARD_POST prefetch
+  void gatherNow(size_t unit);                 // waits
   bool mixed() const { return options_.compute_dtype != torch::kFloat; }
   // Whether the master shard is memory of its own, not a view of the flat buffer.
   bool ownMaster() const { return options_.stage == 3 || mixed() || options_.offload_to_host; }
@@ -176,15 +147,16 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   void connectHybridGroups();
   // The swap files, for units of these shard sizes.
   void openOffload(const std::vector<int64_t>& shard_numels);
-  void settle(size_t unit);              // built: to the state it rests in
-  torch::Tensor& gradShard(Unit& unit);  // stage 2-3: allocated by its first use
-  void swapOutGradient(Unit& unit);      // grad_incoming into grad_file_
-  void stepUnits();                      // the optimizer over every unit's shard
-  StateStream shardedStream();           // this rank's shards, read from nvme one unit at a time
+  void settle(size_t unit);                   // built: to the state it rests in
+  torch::Tensor& gradShard(ShardUnit& unit);  // stage 2-3: allocated by its first use
+  void swapOutGradient(ShardUnit& unit);      // the incoming gradient into grad_file_
+  void stepUnits();                           // the optimizer over every unit's shard
+  StateStream shardedStream();   // this rank's shards, read from nvme one unit at a time
   StateStream gatheredStream();  // every parameter whole on rank 0, gathered one unit at a time
-  torch::Tensor masterNow(Unit& unit);              // in memory, read from nvme if it rests there
-  std::vector<torch::Tensor> stateNow(Unit& unit);  // the optimizer state, likewise
-  void publish(Unit& unit);   // the master's values into the parameters (gathered), after a load
+  torch::Tensor masterNow(ShardUnit& unit);  // in memory, read from nvme if it rests there
+  std::vector<torch::Tensor> stateNow(ShardUnit& unit);  // the optimizer state, likewise
+  void publish(
+      ShardUnit& unit);       // the master's values into the parameters (gathered), after a load
   size_t pieceBytes() const;  // what one array of a piece the nvme step streams takes
 
   std::shared_ptr<Backend> backend_;   // every rank
@@ -195,7 +167,7 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   ShardingOptions options_;
   c10::Device device_;  // the model's
   ShardOptimizer optimizer_;
-  std::vector<Unit> units_;
+  std::vector<ShardUnit> units_;
   std::vector<Param> params_;
   std::vector<size_t> reduce_order_;  // unit indices, the order reductions launch in
   size_t next_reduce_ = 0;

@@ -52,7 +52,7 @@ void ShardedStrategy::openOffload(const std::vector<int64_t>& shard_numels) {
   }
   if (!param_file_ && !state_file_ && !grad_file_) return;
   for (size_t i = 0; i < units_.size(); ++i) {
-    Unit& u = units_[i];
+    ShardUnit& u = units_[i];
     const size_t bytes = regionBytes(shard_numels[i]);
     if (param_file_) u.master_offset = param_file_->reserve(bytes);
     if (state_file_) u.state_offset = state_file_->reserve(optimizer_.stateArrays() * bytes);
@@ -69,17 +69,17 @@ void ShardedStrategy::openOffload(const std::vector<int64_t>& shard_numels) {
 
 size_t ShardedStrategy::pieceBytes() const { return regionBytes(std::min(largest_shard_, kPiece)); }
 
-torch::Tensor ShardedStrategy::masterNow(Unit& u) {
+torch::Tensor ShardedStrategy::masterNow(ShardUnit& u) {
   if (u.master.defined()) return u.master;
-  AlignedBuffer buffer = alignedBuffer(static_cast<size_t>(u.flat.shardNumel()));
+  AlignedBuffer buffer = alignedBuffer(static_cast<size_t>(u.flat().shardNumel()));
   param_file_->read(u.master_offset, buffer.data.get(), buffer.bytes)->wait();
   return torch::from_blob(
-      buffer.data.get(), {u.flat.shardNumel()}, [keep = buffer.data](void*) {}, torch::kFloat);
+      buffer.data.get(), {u.flat().shardNumel()}, [keep = buffer.data](void*) {}, torch::kFloat);
 }
 
-std::vector<torch::Tensor> ShardedStrategy::stateNow(Unit& u) {
+std::vector<torch::Tensor> ShardedStrategy::stateNow(ShardUnit& u) {
   if (!state_file_) return optimizer_.state(u.optimizer_shard);
-  const int64_t sn = u.flat.shardNumel();
+  const int64_t sn = u.flat().shardNumel();
   const size_t bytes = regionBytes(sn);
   const size_t arrays = optimizer_.stateArrays();
   AlignedBuffer buffer = alignedBuffer(arrays * bytes / 4);
@@ -93,10 +93,10 @@ std::vector<torch::Tensor> ShardedStrategy::stateNow(Unit& u) {
   return out;
 }
 
-void ShardedStrategy::swapOutGradient(Unit& u) {
-  Unit::SwappedGradient& g = u.swapped;
+void ShardedStrategy::swapOutGradient(ShardUnit& u) {
+  ShardUnit::SwappedGradient& g = u.swapped;
   while (grad_pieces_.size() < 2) grad_pieces_.push_back(alignedBuffer(pieceBytes() / 4));
-  const int64_t sn = u.flat.shardNumel();
+  const int64_t sn = u.flat().shardNumel();
   std::array<WorkPtr, 2> writes;  // one piece is written while the next is made
   double squares = 0;
   bool finite = true;
@@ -106,7 +106,7 @@ void ShardedStrategy::swapOutGradient(Unit& u) {
     if (previous) previous->wait();
     float* at = grad_pieces_[k % 2].data.get();
     torch::Tensor piece = floats(at, n);
-    const torch::Tensor incoming = u.grad_incoming.narrow(0, begin, n);
+    const torch::Tensor incoming = u.incomingGradient().narrow(0, begin, n);
     if (g.written) {  // accumulating: what the earlier micro-steps left, scaled as it stands
       grad_file_->read(g.offset + begin * 4, at, regionBytes(n))->wait();
       if (g.factor != 1) piece.mul_(g.factor);
@@ -141,7 +141,7 @@ void ShardedStrategy::stepUnits() {
   };
   std::vector<Piece> pieces;
   for (size_t i = 0; i < units_.size(); ++i) {
-    const int64_t sn = units_[i].flat.shardNumel();
+    const int64_t sn = units_[i].flat().shardNumel();
     for (int64_t b = 0; b < sn; b += kPiece) pieces.push_back({i, b, std::min(b + kPiece, sn)});
   }
   // A slot holds one piece's [master | state arrays | gradient], each what rests in a file.
@@ -156,13 +156,13 @@ void ShardedStrategy::stepUnits() {
   auto load = [&](size_t k) {
     std::vector<WorkPtr> reads;
     const Piece& p = pieces[k];
-    const Unit& u = units_[p.unit];
+    const ShardUnit& u = units_[p.unit];
     const int64_t offset = p.begin * 4;
     const size_t bytes = regionBytes(p.end - p.begin);
     if (param_file_) reads.push_back(param_file_->read(u.master_offset + offset, at(k, 0), bytes));
     for (size_t a = 0; a < arrays; ++a) {
       const int64_t array_at =
-          u.state_offset + static_cast<int64_t>(a * regionBytes(u.flat.shardNumel()));
+          u.state_offset + static_cast<int64_t>(a * regionBytes(u.flat().shardNumel()));
       reads.push_back(state_file_->read(array_at + offset, at(k, first_state + a), bytes));
     }
     if (grad_file_ && u.swapped.written) {
@@ -185,7 +185,7 @@ void ShardedStrategy::stepUnits() {
       reads = load(k + 1);
     }
     const Piece& p = pieces[k];
-    Unit& u = units_[p.unit];
+    ShardUnit& u = units_[p.unit];
     const int64_t n = p.end - p.begin;
     float* master = param_file_ ? at(k, 0) : u.master.data_ptr<float>() + p.begin;
     std::vector<float*> state;
@@ -201,13 +201,13 @@ void ShardedStrategy::stepUnits() {
     const size_t bytes = regionBytes(n);
     if (param_file_) {
       if (!u.routed) {  // whole at rest: its own shard of the buffer is the gather's input
-        u.flat.shard().narrow(0, p.begin, n).copy_(floats(master, n));
+        u.flat().shard().narrow(0, p.begin, n).copy_(floats(master, n));
       }
       written.push_back(param_file_->write(u.master_offset + offset, master, bytes));
     }
     for (size_t a = 0; a < arrays; ++a) {
       const int64_t array_at =
-          u.state_offset + static_cast<int64_t>(a * regionBytes(u.flat.shardNumel()));
+          u.state_offset + static_cast<int64_t>(a * regionBytes(u.flat().shardNumel()));
       written.push_back(state_file_->write(array_at + offset, state[a], bytes));
     }
   }

@@ -30,9 +30,9 @@ StateStream ShardedStrategy::gatheredStream() {
   // Unit by unit, array by array (one array of one unit gathered at a time), each parameter.
   for (const auto& u : units_) {
     for (const auto& array : arrays) {
-      for (size_t i = 0; writes && i < u.flat.params().size(); ++i) {
-        const auto& p = u.flat.params()[i];
-        state.layout.push_back({u.flat.names()[i], p.sizes().vec(), 0, p.numel(), {array}});
+      for (size_t i = 0; writes && i < u.flat().params().size(); ++i) {
+        const auto& p = u.flat().params()[i];
+        state.layout.push_back({u.flat().names()[i], p.sizes().vec(), 0, p.numel(), {array}});
       }
     }
   }
@@ -49,9 +49,9 @@ StateStream ShardedStrategy::gatheredStream() {
     // time), the next is gathered into the other of two buffers of the largest unit's array,
     // so that the disk does not wait for the gathers.
     int64_t largest = 0;
-    std::vector<std::pair<Unit*, size_t>> order;  // the arrays as they are written
+    std::vector<std::pair<ShardUnit*, size_t>> order;  // the arrays as they are written
     for (auto& u : units_) {
-      largest = std::max(largest, u.flat.padded());
+      largest = std::max(largest, u.flat().padded());
       for (size_t k = 0; k < arrays.size(); ++k) order.emplace_back(&u, k);
     }
     std::array<torch::Tensor, 2> buffers;
@@ -64,18 +64,18 @@ StateStream ShardedStrategy::gatheredStream() {
     auto start = [&](size_t step) {
       auto [u, k] = order[step];
       if (k == 0) {
-        waitGather(*u);
+        u->waitUnsharded();
         optimizer_state = stateNow(*u);
         // Whole already (stages 1-2, a unit in use).
-        if (u->flat.resident() && !mixed()) return Gather{u->flat.full(), {}, nullptr};
+        if (u->flat().resident() && !mixed()) return Gather{u->flat().full(), {}, nullptr};
       }
       // The fp32 shards of every rank (of this node, under hybrid sharding).
       Gather g{{}, k == 0 ? masterNow(*u) : optimizer_state[k - 1], nullptr};
       torch::Tensor& buffer = buffers[step % 2];  // the one step - 2 wrote from
       if (!buffer.defined()) buffer = torch::empty({largest}, g.shard.options());
-      g.full = buffer.narrow(0, 0, u->flat.padded());
+      g.full = buffer.narrow(0, 0, u->flat().padded());
       g.work = shards_->allGather(g.shard.data_ptr(), g.full.data_ptr(),
-                                  static_cast<size_t>(u->flat.shardNumel()), DType::kFloat32);
+                                  static_cast<size_t>(u->flat().shardNumel()), DType::kFloat32);
       return g;
     };
     std::optional<Gather> next;
@@ -96,9 +96,9 @@ StateStream ShardedStrategy::gatheredStream() {
       next.reset();
       if (now.work) now.work->wait();
       if (step + 1 < order.size()) next = start(step + 1);
-      const Unit& u = *order[step].first;
-      for (size_t i = 0; writes && i < u.flat.params().size(); ++i) {
-        write(now.full.narrow(0, u.flat.offset(i), u.flat.params()[i].numel()));
+      const ShardUnit& u = *order[step].first;
+      for (size_t i = 0; writes && i < u.flat().params().size(); ++i) {
+        write(now.full.narrow(0, u.flat().offset(i), u.flat().params()[i].numel()));
       }
     }
     for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
@@ -120,18 +120,18 @@ StateStream ShardedStrategy::shardedStream() {
   std::vector<std::string> arrays = {"param"};
   for (const auto& name : optimizer_.stateNames()) arrays.push_back(name);
   struct Piece {  // a view's elements in its unit's shard
-    Unit* unit;
+    ShardUnit* unit;
     int64_t from, count;
   };
   std::vector<Piece> pieces;
   for (auto& u : units_) {
-    const int64_t sb = u.flat.shardBegin(), sn = u.flat.shardNumel();
-    for (size_t i = 0; i < u.flat.params().size(); ++i) {
-      const auto& p = u.flat.params()[i];
-      const int64_t off = u.flat.offset(i);
+    const int64_t sb = u.flat().shardBegin(), sn = u.flat().shardNumel();
+    for (size_t i = 0; i < u.flat().params().size(); ++i) {
+      const auto& p = u.flat().params()[i];
+      const int64_t off = u.flat().offset(i);
       const int64_t a = std::max(off, sb), b = std::min(off + p.numel(), sb + sn);
       if (a >= b) continue;
-      stream.layout.push_back({u.flat.names()[i], p.sizes().vec(), a - off, b - off, arrays});
+      stream.layout.push_back({u.flat().names()[i], p.sizes().vec(), a - off, b - off, arrays});
       pieces.push_back({&u, a - sb, b - a});
     }
   }
@@ -148,7 +148,7 @@ StateStream ShardedStrategy::shardedStream() {
     torch::NoGradGuard no_grad;
     // One unit's master and optimizer state at a time: views of them where they are in memory,
     // read back where they rest on nvme.
-    const Unit* current = nullptr;
+    const ShardUnit* current = nullptr;
     torch::Tensor master;
     std::vector<torch::Tensor> state;
     for (const Piece& piece : pieces) {
@@ -176,8 +176,8 @@ void ShardedStrategy::fillState(StateSource& source) {
   const std::vector<std::string> names = optimizer_.stateNames();
   // Unit by unit: only one unit's state is staged at a time (nvme offload).
   for (auto& u : units_) {
-    const int64_t sb = u.flat.shardBegin(), sn = u.flat.shardNumel();
-    waitGather(u);
+    const int64_t sb = u.flat().shardBegin(), sn = u.flat().shardNumel();
+    u.waitUnsharded();
     torch::Tensor master = param_file_ ? torch::zeros({sn}) : u.master;
     std::vector<torch::Tensor> state =
         state_file_ ? std::vector<torch::Tensor>{} : optimizer_.stateToOverwrite(u.optimizer_shard);
@@ -185,10 +185,10 @@ void ShardedStrategy::fillState(StateSource& source) {
       for (size_t k = 0; k < names.size(); ++k) state.push_back(torch::zeros({sn}));
     }
     std::vector<StateRead> reads;  // the unit's, read together
-    for (size_t i = 0; i < u.flat.params().size(); ++i) {
-      const auto& p = u.flat.params()[i];
-      const std::string& name = u.flat.names()[i];
-      const int64_t off = u.flat.offset(i);
+    for (size_t i = 0; i < u.flat().params().size(); ++i) {
+      const auto& p = u.flat().params()[i];
+      const std::string& name = u.flat().names()[i];
+      const int64_t off = u.flat().offset(i);
       const int64_t a = std::max(off, sb), b = std::min(off + p.numel(), sb + sn);
       if (a >= b) continue;
       const auto shape = p.sizes().vec();
@@ -204,7 +204,7 @@ void ShardedStrategy::fillState(StateSource& source) {
     }
     // The parameters lie end to end: no read covers the state past them (the shard's padding),
     // which is zeroed, as a fresh state is, rather than left as whatever the memory held.
-    const int64_t used = std::clamp(u.flat.numel() - sb, int64_t{0}, sn);
+    const int64_t used = std::clamp(u.flat().numel() - sb, int64_t{0}, sn);
     for (auto& t : state) t.narrow(0, used, sn - used).zero_();
     // A read that fails (a corrupt or foreign checkpoint) stops the source's reading, not this
     // loop: the collectives below run on this rank as on the others, and the caller then throws
@@ -225,8 +225,8 @@ void ShardedStrategy::fillState(StateSource& source) {
     }
     // A unit whole at rest takes its new shard now (a view of the master below stage 3 in fp32
     // has it already); one at rest sharded gathers it from the master when next used.
-    if (u.flat.resident() && master.data_ptr() != u.flat.shard().data_ptr()) {
-      u.flat.shard().copy_(master);
+    if (u.flat().resident() && master.data_ptr() != u.flat().shard().data_ptr()) {
+      u.flat().shard().copy_(master);
     }
     if (u.device_shard.defined()) u.device_shard.copy_(master);
     publish(u);
@@ -242,17 +242,17 @@ void ShardedStrategy::fillState(StateSource& source) {
   if (!source.failed()) optimizer_.setSteps(source.wholeCounter("optimizer_steps", 0));
 }
 
-void ShardedStrategy::publish(Unit& u) {
+void ShardedStrategy::publish(ShardUnit& u) {
   // Whole units get every rank's new shard now; units at rest sharded get it at their next
   // gather (from the master).
-  if (options_.stage == 0 || !u.flat.resident()) return;
+  if (options_.stage == 0 || !u.flat().resident()) return;
   if (options_.stage == 3 && u.routed) {
-    u.flat.release(pool_.get());
+    u.reshard(pool_.get());
     return;
   }
   shards_
-      ->allGather(u.flat.shard().data_ptr(), u.flat.full().data_ptr(),
-                  static_cast<size_t>(u.flat.shardNumel()), dtypeOf(u.flat.full()))
+      ->allGather(u.flat().shard().data_ptr(), u.flat().full().data_ptr(),
+                  static_cast<size_t>(u.flat().shardNumel()), dtypeOf(u.flat().full()))
       ->wait();
 }
 

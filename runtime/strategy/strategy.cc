@@ -507,9 +507,6 @@ std::unique_ptr<Strategy> makeStrategy(const WorkerEnv& env, std::shared_ptr<Bac
   sharding.node = env.node_rank;
   sharding.wrap_policy = env.fsdp_auto_wrap_policy;
   sharding.unit_types = env.fsdp_transformer_layer_cls;
-  if (sharding.wrap_policy.empty() && !sharding.unit_types.empty()) {
-    sharding.wrap_policy = "TRANSFORMER_BASED_WRAP";
-  }
   sharding.min_num_params = env.fsdp_min_num_params;
   sharding.wrapped = options.wrapped;
   sharding.backward_prefetch = env.fsdp_backward_prefetch;

@@ -70,8 +70,8 @@ Tensors trainAndSave(const std::string& strategy, const std::string& layout, con
     world.env.world_size = kWorld;
     world.env.strategy = strategy;
     world.env.fsdp_transformer_layer_cls = {"Block"};
-    world.env.fsdp_auto_wrap_policy = "TRANSFORMER_BASED_WRAP";
-    world.env.state_dict_type = layout;
+    world.env.fsdp_auto_wrap_policy = WrapPolicy::kTransformerBased;
+    world.env.state_dict_type = layout == "full" ? StateDictType::kFull : StateDictType::kSharded;
     world.backend = makeFakeBackend(fake, r);
     Accelerator acc(std::move(world), {});
     acc.prepare(net.ptr(), optimizer);

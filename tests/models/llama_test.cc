@@ -50,7 +50,7 @@ std::unique_ptr<runtime::Accelerator> rankAccelerator(
   world.env.rank = r;
   world.env.world_size = 2;
   world.env.strategy = strategy;
-  world.env.fsdp_auto_wrap_policy = "TRANSFORMER_BASED_WRAP";
+  world.env.fsdp_auto_wrap_policy = runtime::WrapPolicy::kTransformerBased;
   world.env.fsdp_transformer_layer_cls = {"LlamaDecoderLayer"};
   world.env.zero3_init_flag = init_flag;
   world.backend = runtime::makeFakeBackend(fake, r);

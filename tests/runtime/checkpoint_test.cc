@@ -49,6 +49,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// A job's layout as the launcher spells it (CXXLAUNCH_STATE_DICT_TYPE).
+StateDictType stateDictType(const std::string& layout) {
+  return layout == "full" ? StateDictType::kFull : StateDictType::kSharded;
+}
+
 struct Job {
   std::string strategy = "ddp";
   int world = 2;
@@ -173,8 +178,8 @@ Ended run(const Job& job) {
     world.env.strategy = job.strategy;
     world.env.mixed_precision = job.precision;
     world.env.fsdp_transformer_layer_cls = {"Block"};
-    world.env.fsdp_auto_wrap_policy = "TRANSFORMER_BASED_WRAP";
-    world.env.state_dict_type = job.layout;
+    world.env.fsdp_auto_wrap_policy = WrapPolicy::kTransformerBased;
+    world.env.state_dict_type = stateDictType(job.layout);
     world.env.checkpoint_async = job.async;
     if (!job.nvme.empty()) {
       world.env.offload_optimizer = world.env.offload_params = "nvme";
@@ -371,7 +376,7 @@ TEST_CASE("A parameter torch stepped less often than the job resumes with its ow
       World world;
       world.env.rank = r;
       world.env.world_size = 2;
-      world.env.state_dict_type = layout;
+      world.env.state_dict_type = stateDictType(layout);
       world.backend = makeFakeBackend(fake, r);
       AcceleratorOptions options;
       options.find_unused_parameters = true;
@@ -440,7 +445,7 @@ TEST_CASE("Learning rates set by hand resume with the checkpoint", "[checkpoint]
         world.env.world_size = 2;
         world.env.strategy = strategy;
         world.env.fsdp_transformer_layer_cls = {"Block"};
-        world.env.fsdp_auto_wrap_policy = "TRANSFORMER_BASED_WRAP";
+        world.env.fsdp_auto_wrap_policy = WrapPolicy::kTransformerBased;
         world.backend = makeFakeBackend(fake, r);
         Accelerator acc(std::move(world), {});
         acc.prepare(net.ptr(), optimizer);
@@ -1564,7 +1569,7 @@ struct AsyncRank {
     world.env.world_size = 2;
     world.env.strategy = "zero3";
     world.env.fsdp_transformer_layer_cls = {"Block"};
-    world.env.fsdp_auto_wrap_policy = "TRANSFORMER_BASED_WRAP";
+    world.env.fsdp_auto_wrap_policy = WrapPolicy::kTransformerBased;
     world.env.checkpoint_async = true;
     world.backend = makeFakeBackend(fake, r);
     acc = std::make_unique<Accelerator>(std::move(world), options);

@@ -99,10 +99,10 @@ TEST_CASE("The sharding settings are read, and malformed ones named", "[env]") {
                     {env::kOffloadOptimizer, "cpu"}});
     const auto e = runtime::readWorkerEnv();
     CHECK(e.strategy == "fsdp_full_shard");
-    CHECK(e.fsdp_auto_wrap_policy == "TRANSFORMER_BASED_WRAP");
+    CHECK(e.fsdp_auto_wrap_policy == runtime::WrapPolicy::kTransformerBased);
     CHECK(e.fsdp_transformer_layer_cls == std::vector<std::string>{"Block", "Decoder"});
     CHECK(e.fsdp_min_num_params == 200000000000LL);
-    CHECK(e.fsdp_backward_prefetch == "BACKWARD_POST");
+    CHECK(e.fsdp_backward_prefetch == runtime::BackwardPrefetch::kPost);
     CHECK(e.fsdp_forward_prefetch);
     CHECK_FALSE(e.fsdp_sync_module_states);
     CHECK(e.offload_optimizer == "cpu");

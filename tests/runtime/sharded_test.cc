@@ -24,6 +24,7 @@
 #include "runtime/checkpoint/state_load.h"
 #include "runtime/precision/policy.h"
 #include "runtime/strategy/unit.h"
+#include "runtime/strategy/unit_plan.h"
 #include "support/ranks.h"
 #include "support/subprocess.h"
 #include "tower.h"
@@ -42,9 +43,9 @@ struct Run {
   std::string optimizer = "adamw";
   int accumulation = 1;
   double clipping = 0;
-  std::string wrap_policy = "TRANSFORMER_BASED_WRAP";
+  WrapPolicy wrap_policy = WrapPolicy::kTransformerBased;
   std::vector<std::string> unit_types = {"Block"};
-  std::string backward_prefetch = "BACKWARD_PRE";
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::kPre;
   bool forward_prefetch = false;
   int64_t d = 11, layers = 3;
   int64_t steps = 4;
@@ -232,7 +233,8 @@ TEST_CASE("Adam, prefetch, evaluation passes and wrap policies do not change the
   Run base{.world = 2, .optimizer = "adam"};
   const Result ddp = train(base);
   std::vector<Run> variants;
-  for (const std::string prefetch : {"BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"}) {
+  for (const auto prefetch :
+       {BackwardPrefetch::kPre, BackwardPrefetch::kPost, BackwardPrefetch::kNone}) {
     for (bool forward : {false, true}) {
       Run r = base;
       r.strategy = "zero3";
@@ -252,14 +254,15 @@ TEST_CASE("Adam, prefetch, evaluation passes and wrap policies do not change the
   variants.push_back(wrapped);
   Run by_size = base;
   by_size.strategy = "fsdp_full_shard";
-  by_size.wrap_policy = "SIZE_BASED_WRAP";
+  by_size.wrap_policy = WrapPolicy::kSizeBased;
   by_size.unit_types = {};
   variants.push_back(by_size);
   Run no_wrap = by_size;
-  no_wrap.wrap_policy = "NO_WRAP";
+  no_wrap.wrap_policy = WrapPolicy::kNoWrap;
   variants.push_back(no_wrap);
   for (const auto& run : variants) {
-    INFO(run.strategy << " " << run.wrap_policy << " " << run.backward_prefetch << " forward "
+    INFO(run.strategy << " wrap " << static_cast<int>(run.wrap_policy) << " prefetch "
+                      << static_cast<int>(run.backward_prefetch) << " forward "
                       << run.forward_prefetch << (run.evaluate ? " evaluating" : ""));
     CHECK(maxRelativeDifference(train(run), ddp) < 1e-5);
   }
@@ -269,9 +272,10 @@ TEST_CASE("Units follow the wrap policy", "[sharded]") {
   torch::set_num_threads(1);
   Run run{.strategy = "zero3", .world = 2, .steps = 1};
   CHECK_THAT(train(run).description, Catch::Contains("3 module(s), 1 bucket(s)"));
-  run.wrap_policy = "NO_WRAP";
+  run.wrap_policy = WrapPolicy::kNoWrap;
   CHECK_THAT(train(run).description, Catch::Contains("0 module(s), 1 bucket(s)"));
-  run.wrap_policy = "SIZE_BASED_WRAP";  // fsdp_min_num_params defaults to 1e8: nothing that big
+  run.wrap_policy =
+      WrapPolicy::kSizeBased;  // fsdp_min_num_params defaults to 1e8: nothing that big
   run.unit_types = {};
   CHECK_THAT(train(run).description, Catch::Contains("0 module(s)"));
 }
@@ -701,7 +705,7 @@ DirectResult trainDirect(const DirectRun& run) {
     auto optimizer = makeOptimizer(net, run.optimizer);
     ShardingOptions options = run.sharding;
     options.unit_types = {"Block"};
-    options.wrap_policy = "TRANSFORMER_BASED_WRAP";
+    options.wrap_policy = WrapPolicy::kTransformerBased;
     std::shared_ptr<Backend> backend = makeFakeBackend(fake, r);
     ShardedStrategy strategy(backend, net.ptr(), *optimizer, options);
     if (!run.load_from.empty()) {
@@ -964,7 +968,7 @@ TEST_CASE("Units the policy chose that never ran through unitForward are named i
       world.env.world_size = 2;
       world.env.strategy = "zero3";
       world.env.fsdp_transformer_layer_cls = {"Block"};
-      world.env.fsdp_auto_wrap_policy = "TRANSFORMER_BASED_WRAP";
+      world.env.fsdp_auto_wrap_policy = WrapPolicy::kTransformerBased;
       world.backend = makeFakeBackend(fake, r);
       Accelerator acc(std::move(world), {});
       acc.prepare(net.ptr(), optimizer);
@@ -993,4 +997,60 @@ TEST_CASE("Units the policy chose that never ran through unitForward are named i
       CHECK(said.str().find(warning) == said.str().rfind(warning));  // once, from rank 0
     }
   }
+}
+
+TEST_CASE("planUnits: inner units first, buckets in reverse order, frozen parameters apart",
+          "[sharded]") {
+  Tower tower(4, 2);
+  tower->blocks[1]->ln->weight.set_requires_grad(false);
+  WrapOptions options{.policy = WrapPolicy::kTransformerBased, .unit_types = {"Block"}};
+  // A unit inside a unit: the inner one keeps its parameters, the outer takes the rest.
+  options.wrapped = {tower->blocks[0].get(), tower->blocks[0]->fc.get()};
+  const UnitPlan plan = planUnits(*tower, options);
+  std::vector<std::string> names;
+  for (const auto& u : plan.units) names.push_back(u.name);
+  CHECK(names == std::vector<std::string>{"block0", "block0.fc", "block1", "bucket 0"});
+  CHECK(plan.units[0].names == std::vector<std::string>{"block0.ln.weight", "block0.ln.bias"});
+  CHECK(plan.units[2].names ==
+        std::vector<std::string>{"block1.ln.bias", "block1.fc.weight", "block1.fc.bias"});
+  CHECK(plan.units[3].names ==
+        std::vector<std::string>{"out.bias", "out.weight", "in.bias", "in.weight"});
+  CHECK(plan.units[3].module == nullptr);
+  REQUIRE(plan.frozen.size() == 1);
+  CHECK(plan.frozen[0].is_same(tower->blocks[1]->ln->weight));
+  CHECK(plan.reduce_order == std::vector<size_t>{2, 1, 0, 3});
+
+  // Below stage 3: buckets only, closed at bucket_bytes (in.weight alone is 96 bytes).
+  const UnitPlan buckets = planUnits(*tower, {.module_units = false, .bucket_bytes = 100});
+  CHECK(buckets.units.size() > 2);
+  for (const auto& u : buckets.units) CHECK(u.module == nullptr);
+
+  CHECK_THROWS_WITH(
+      planUnits(*tower, {.policy = WrapPolicy::kTransformerBased, .unit_types = {"Decoder"}}),
+      Catch::Contains("its module types are: BlockImpl, LayerNormImpl"));
+}
+
+TEST_CASE("A ShardUnit moves between unsharded, gathering and sharded", "[sharded]") {
+  auto fake = makeFakeWorld(2);
+  onRanks(2, [&](int r) {
+    torch::NoGradGuard no_grad;
+    std::shared_ptr<Backend> backend = makeFakeBackend(fake, r);
+    const auto a = torch::arange(5, torch::kFloat), b = torch::full({2}, 7.0f);
+    ShardUnit unit("u", nullptr);
+    unit.flat() = FlatParameter({a.clone(), b.clone()}, {"a", "b"}, 2, r);
+    CHECK(unit.state() == ShardUnit::State::kUnsharded);
+    const torch::Tensor mine = unit.flat().shard().clone();
+    unit.reshard(nullptr);
+    CHECK(unit.state() == ShardUnit::State::kSharded);
+    CHECK_FALSE(unit.flat().resident());
+    unit.unshard(*backend, mine, nullptr);
+    CHECK(unit.state() == ShardUnit::State::kGathering);
+    unit.waitUnsharded();
+    CHECK(unit.state() == ShardUnit::State::kUnsharded);
+    CHECK(torch::equal(unit.flat().params()[0], a));
+    CHECK(torch::equal(unit.flat().params()[1], b));
+    unit.reshard(nullptr);  // twice: nothing more to free
+    unit.reshard(nullptr);
+    CHECK(unit.state() == ShardUnit::State::kSharded);
+  });
 }
