@@ -48,6 +48,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_process.h"
 #include "common/command_line.h"
 #include "common/error.h"
 #include "rendezvous/client.h"
@@ -73,64 +74,10 @@ int freePort() {
   return ntohs(addr.sin_port);
 }
 
-// The CPU time process `pid` has used so far (user + system), in seconds.
-double cpuSeconds(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-  std::istringstream fields(text.substr(text.rfind(')') + 2));  // after "pid (comm) "
-  std::string field;
-  long long utime = 0, stime = 0;
-  for (int i = 3; fields >> field; ++i) {  // field 3 is the state
-    if (i == 14) utime = std::stoll(field);
-    if (i == 15) {
-      stime = std::stoll(field);
-      break;
-    }
-  }
-  return static_cast<double>(utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
-}
-
-// `stdout_fd`, `stderr_fd`: where its output goes (-1: ours).
-pid_t spawn(const std::vector<std::string>& argv, int stdout_fd, int stderr_fd = -1) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    if (stdout_fd >= 0) ::dup2(stdout_fd, 1);
-    if (stderr_fd >= 0) ::dup2(stderr_fd, 2);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    ::execvp(args[0], args.data());
-    ::_exit(127);
-  }
-  return pid;
-}
-
-void stop(pid_t pid) {
-  ::kill(pid, SIGTERM);
-  ::waitpid(pid, nullptr, 0);
-}
-
-struct Daemon {
-  pid_t pid = -1;
-  std::string endpoint;
-
-  explicit Daemon(const std::string& path) {
-    int out[2];
-    if (::pipe(out) != 0) throw std::runtime_error("pipe");
-    pid = spawn({path, "--port", "0"}, out[1]);
-    ::close(out[1]);
-    std::string text;
-    char c;
-    while (text.find('\n') == std::string::npos && ::read(out[0], &c, 1) == 1) text.push_back(c);
-    ::close(out[0]);
-    std::smatch m;
-    if (!std::regex_search(text, m, std::regex("listening on (\\S+)"))) {
-      throw std::runtime_error("cxxlaunchd did not start: " + text);
-    }
-    endpoint = m[1];
-  }
-  ~Daemon() { stop(pid); }
-};
+using cxxlaunch::bench::cpuSeconds;
+using cxxlaunch::bench::Daemon;
+using cxxlaunch::bench::spawn;
+using cxxlaunch::bench::stop;
 
 // One etcd member (Debian's etcd-server), data in a temporary folder on the local disk, every
 // write fsynced as etcd does. It listens on `ports` client ports, so that each of the bench's

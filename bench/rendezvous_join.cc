@@ -36,6 +36,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_process.h"
 #include "common/command_line.h"
 #include "proto/rendezvous.grpc.pb.h"
 
@@ -44,62 +45,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 namespace rdzv = cxxlaunch::rdzv;
 
-struct Daemon {
-  pid_t pid = -1;
-  std::string endpoint;
-
-  explicit Daemon(const std::string& path) {
-    int out[2];
-    if (::pipe(out) != 0) throw std::runtime_error("pipe");
-    pid = ::fork();
-    if (pid == 0) {
-      ::dup2(out[1], 1);
-      ::execl(path.c_str(), path.c_str(), "--port", "0", static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    ::close(out[1]);
-    std::string text;
-    char c;
-    while (text.find('\n') == std::string::npos && ::read(out[0], &c, 1) == 1) text.push_back(c);
-    ::close(out[0]);
-    std::smatch m;
-    if (!std::regex_search(text, m, std::regex("listening on (\\S+)"))) {
-      throw std::runtime_error("cxxlaunchd did not start: " + text);
-    }
-    endpoint = m[1];
-  }
-  ~Daemon() {
-    ::kill(pid, SIGTERM);
-    ::waitpid(pid, nullptr, 0);
-  }
-
-  // Its peak resident set so far (VmHWM), in MiB; 0 if unknown.
-  double peakMiB() const {
-    std::ifstream status("/proc/" + std::to_string(pid) + "/status");
-    std::string line;
-    while (std::getline(status, line)) {
-      if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024;
-    }
-    return 0;
-  }
-
-  // The CPU time it has used so far (user + system), in ms.
-  double cpuMs() const {
-    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-    std::istringstream fields(text.substr(text.rfind(')') + 2));  // after "pid (comm) "
-    std::string field;
-    long long utime = 0, stime = 0;
-    for (int i = 3; fields >> field; ++i) {  // field 3 is the state
-      if (i == 14) utime = std::stoll(field);
-      if (i == 15) {
-        stime = std::stoll(field);
-        break;
-      }
-    }
-    return static_cast<double>(utime + stime) * 1000 / static_cast<double>(::sysconf(_SC_CLK_TCK));
-  }
-};
+using cxxlaunch::bench::Daemon;
 
 struct Result {
   double join_ms = 0;
@@ -149,7 +95,7 @@ Result measure(const Daemon& daemon, int n, int connections, const std::string& 
   std::condition_variable done;
   int finished = 0;
   std::atomic<bool> all_ok = true;
-  const double cpu_start = daemon.cpuMs();
+  const double cpu_start = 1000 * cxxlaunch::bench::cpuSeconds(daemon.pid);
   const auto start = Clock::now();
   for (int i = 0; i < n; ++i) {
     Call& call = *calls[static_cast<size_t>(i)];
@@ -166,7 +112,7 @@ Result measure(const Daemon& daemon, int n, int connections, const std::string& 
   }
   Result result;
   result.join_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-  result.daemon_cpu_ms = daemon.cpuMs() - cpu_start;
+  result.daemon_cpu_ms = 1000 * cxxlaunch::bench::cpuSeconds(daemon.pid) - cpu_start;
   // Every node placed once: node ranks 0..n-1, all in one world of n.
   long long rank_sum = 0;
   for (const auto& call : calls) {
@@ -253,7 +199,7 @@ int main(int argc, char** argv) {
     if (n >= largest) largest = n, largest_ms = r.join_ms;
     std::printf("%8d %16.1f %9.1f %16.1f %22.1f %9.1f %8.2f %14.0f%s\n", n, r.join_ms, per_node_us,
                 r.daemon_cpu_ms * 1000 / n, r.sequential_ms, r.sequential_ms * 1000 / n, ratio,
-                daemon.peakMiB(), r.ok ? "" : "  WRONG PLACEMENTS");
+                cxxlaunch::bench::peakResidentMiB(daemon.pid), r.ok ? "" : "  WRONG PLACEMENTS");
     std::fflush(stdout);
     ok = ok && r.ok;
   }
