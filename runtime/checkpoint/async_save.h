@@ -19,12 +19,19 @@
 // write that failed on any rank (disk full, I/O error) is an error on every rank at that poll
 // or finish, naming the checkpoint; the folder keeps its previous checkpoints.
 //
+// The writer thread runs at a lower priority than the training thread (ten nice steps), so that
+// training preempts it on a machine short of cores; once training waits for it (the next save, a
+// load, the end) it gets the training's priority back where the process may raise priorities.
+//
 // Thread-safety: the training thread calls every method; the writer thread touches only the
-// snapshot and its own file.
+// snapshot and its own file (and its own thread id, under a mutex).
+
+#include <sys/types.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -92,12 +99,20 @@ class AsyncSaver {
   // Agrees that every rank's snapshot succeeded, then starts the writer.
   void launch(Backend& backend, const std::string& staging, const std::string& snapshot_error);
   SaveReport commitFlight(Backend& backend, Clock::time_point waited_from);
+  // Joins the writer thread, giving a writer still at work the training's priority back first.
+  void joinWriter();
 
   torch::Tensor snapshot_;
   bool snapshot_pinned_ = false;
   std::optional<Flight> flight_;
   std::thread writer_;  // the save in flight's writer, or reserve()'s
   std::atomic<bool> done_{false};
+  // The writer runs at a lower priority than training (async_save.cc) until training waits for
+  // it. Its thread id while it runs (0 otherwise), under the mutex: the id of a thread that has
+  // ended may name another.
+  std::mutex writer_tid_mu_;
+  pid_t writer_tid_ = 0;
+  int training_nice_ = 0;  // the training thread's nice value when the writer started
 };
 
 }  // namespace cxxlaunch::runtime::checkpoint

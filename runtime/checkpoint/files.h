@@ -19,6 +19,10 @@ class DurableFile {
       : file_(std::move(path), Durability::kPowerLoss, Writes::kPastPageCache) {}
 
   void append(const void* data, size_t bytes);
+  // append() that also returns the bytes' own CRC-32C, reading them from memory once: each piece
+  // is checked and then copied while it is still in the cache (a checkpoint's arrays: their
+  // chunks' checksums and the file's come from the one pass).
+  uint32_t appendChecked(const void* data, size_t bytes);
   void commit() { file_.commit(); }
   uint64_t size() const { return size_; }
   uint32_t crc() const { return crc_; }
@@ -31,6 +35,10 @@ class DurableFile {
 
 // CRC-32C of `bytes` continuing from `crc` (0 to start), as iSCSI and ext4 use it.
 uint32_t crc32c(uint32_t crc, const void* data, size_t bytes);
+
+// The CRC-32C of A followed by B, from A's, B's and B's length (zlib's crc32_combine): B's bytes
+// are not read again.
+uint32_t crc32cCombine(uint32_t first, uint32_t second, size_t second_bytes);
 
 // The CRC-32C of a whole file and its size; throws CommunicationError if it cannot be read.
 std::pair<uint64_t, uint32_t> fileSizeAndCrc(const std::string& path);

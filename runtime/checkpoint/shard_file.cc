@@ -108,12 +108,12 @@ void ShardFileWriter::append(const torch::Tensor& array) {
   static const char kZeros[kDirectAlignment] = {};
   file_.append(kZeros, data_start_ + offsets_[next_array_++] - file_.size());  // the alignment
   const float* data = t.data_ptr<float>();
-  file_.append(data, static_cast<size_t>(t.numel()) * sizeof(float));
   const int64_t chunks = (t.numel() + kChunkElements - 1) / kChunkElements;
   checksums_ += "array " + std::to_string(chunks);
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t n = std::min(kChunkElements, t.numel() - c * kChunkElements);
-    checksums_ += ' ' + hex(crc32c(0, data + c * kChunkElements, static_cast<size_t>(n) * 4));
+    const uint32_t crc = file_.appendChecked(data + c * kChunkElements, static_cast<size_t>(n) * 4);
+    checksums_ += ' ' + hex(crc);
   }
   checksums_ += '\n';
   if (++array_ == s.arrays.size()) {

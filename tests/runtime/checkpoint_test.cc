@@ -1401,6 +1401,42 @@ TEST_CASE("CRC-32C over long buffers (three chains joined) equals the bit-by-bit
   CHECK(checkpoint::crc32c(first, data.data() + 100001, 400000) == bitwise(data.data(), 500001));
 }
 
+TEST_CASE("CRC-32Cs of two pieces combine into the CRC-32C of both, and a file checks once",
+          "[checkpoint]") {
+  std::mt19937 random(11);
+  std::vector<unsigned char> data(3 << 20);
+  for (auto& b : data) b = static_cast<unsigned char>(random());
+  for (size_t split : {size_t{0}, size_t{1}, size_t{4096}, size_t{1} << 20, data.size() - 7}) {
+    for (size_t tail : {size_t{0}, size_t{1}, size_t{5}, size_t{196608}, data.size() - split}) {
+      if (split + tail > data.size()) continue;
+      INFO("first " << split << " bytes, then " << tail);
+      const uint32_t a = checkpoint::crc32c(0, data.data(), split);
+      const uint32_t b = checkpoint::crc32c(0, data.data() + split, tail);
+      CHECK(checkpoint::crc32cCombine(a, b, tail) ==
+            checkpoint::crc32c(0, data.data(), split + tail));
+    }
+  }
+  // appendChecked: the bytes' own CRC, and the file's size and CRC as append() gives them (its
+  // pieces: around 192 KiB and several of them), past the page cache or through it.
+  cxxlaunch::testing::TempDir dir;
+  checkpoint::DurableFile plain(dir.path() + "/plain"), checked(dir.path() + "/checked");
+  plain.append(data.data(), 13);
+  checked.append(data.data(), 13);
+  size_t at = 13;
+  for (size_t n : {size_t{0}, size_t{1} << 20, size_t{196608}, size_t{196609}, size_t{1000003}}) {
+    plain.append(data.data() + at, n);
+    CHECK(checked.appendChecked(data.data() + at, n) == checkpoint::crc32c(0, data.data() + at, n));
+    at += n;
+  }
+  CHECK(checked.size() == plain.size());
+  CHECK(checked.crc() == plain.crc());
+  CHECK(checked.crc() == checkpoint::crc32c(0, data.data(), at));
+  plain.commit();
+  checked.commit();
+  CHECK(checkpoint::fileSizeAndCrc(dir.path() + "/checked") ==
+        std::make_pair(static_cast<uint64_t>(at), plain.crc()));
+}
+
 TEST_CASE("HostStaging: reads land straight in float32 host tensors, through a copy elsewhere",
           "[checkpoint]") {
   // The copy path is the one a GPU worker's loads take; here it runs for a tensor that is not
