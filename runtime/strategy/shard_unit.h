@@ -11,8 +11,9 @@
 //   kSharded    reshard() freed the buffer: the parameters' views stay, without memory; only the
 //               master shard remains (in memory, or in the strategy's nvme file).
 // Gradients: `pending` counts the parameters whose gradient this backward has not produced;
-// takeGradient() places each one in the unit's full gradient buffer, reduceGradients() launches
-// the unit's reduction once none is pending, finishReduction() completes it.
+// takeGradient() places each one in the unit's full gradient buffer; once none is pending the
+// strategy calls reduceGradients(), which launches the unit's reduction, and finishReduction()
+// completes it.
 //
 // The unit decides nothing about when: ShardedStrategy schedules (forward order, prefetch,
 // reduction order, offload), and calls these on its training thread or under its lock.
