@@ -15,6 +15,11 @@ so that bench/finetune.py parses both alike.
 usage: cxxlaunch run --nproc_per_node 2 --cpu /usr/bin/python3 bench/finetune_peer.py
            --model_dir DIR --data FILE --steps 20 --seq_len 256 --batch_size 2 --lr 1e-4
            [--eval_fraction 0.1] [--print_every 5] [--seed 1234] [--mixed_precision no|bf16]
+           [--device cpu|cuda]
+
+With --device cuda (the GPU check's peer, scripts/gpu-check.sh) it is the same program on one GPU
+per worker: NCCL instead of Gloo, torch.autocast("cuda") for bf16, and AdamW(fused=True), what a
+PyTorch user of the GPU would write.
 """
 import argparse
 import json
@@ -153,15 +158,15 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = nn.Linear(c["hidden_size"], c["vocab_size"], bias=False)
 
     def forward(self, input_ids):
-        c, t = self.c, input_ids.shape[1]
+        c, t, dev = self.c, input_ids.shape[1], input_ids.device
         hd = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
         # HF's LlamaRotaryEmbedding and causal mask, made each forward as HF makes them.
         inv_freq = 1.0 / (c.get("rope_theta", 10000.0) **
-                          (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
-        freqs = torch.outer(torch.arange(t, dtype=torch.int64).float(), inv_freq)
+                          (torch.arange(0, hd, 2, dtype=torch.int64, device=dev).float() / hd))
+        freqs = torch.outer(torch.arange(t, dtype=torch.int64, device=dev).float(), inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos(), emb.sin()
-        mask = torch.full((t, t), torch.finfo(torch.float32).min).triu(1)[None, None]
+        mask = torch.full((t, t), torch.finfo(torch.float32).min, device=dev).triu(1)[None, None]
         h = self.model.embed_tokens(input_ids)
         for layer in self.model.layers:
             h = layer(h, cos, sin, mask)
@@ -190,11 +195,16 @@ def main():
     p.add_argument("--mixed_precision", choices=["no", "bf16"], default="no",
                    help="bf16: PyTorch's own mixed precision on CPU (torch.autocast), as "
                         "finetune under cxxlaunch run --mixed_precision bf16")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     a = p.parse_args()
-    autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16,
+    autocast = lambda: torch.autocast(a.device, dtype=torch.bfloat16,
                                       enabled=a.mixed_precision == "bf16")
-    torch.set_num_threads(1)  # one core per worker, as finetune
-    dist.init_process_group("gloo")
+    gpu = a.device == "cuda"
+    if gpu:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    else:
+        torch.set_num_threads(1)  # one core per worker, as finetune
+    dist.init_process_group("nccl" if gpu else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     with open(os.path.join(a.model_dir, "config.json")) as f:
         c = json.load(f)
@@ -214,7 +224,13 @@ def main():
 
     torch.manual_seed(a.seed)
     loaded = time.perf_counter()
-    model = LlamaForCausalLM(c)
+    if gpu:  # built on the GPU (PyTorch 2's device context): a CPU init of 1B weights is slow
+        with torch.device("cuda"):
+            model = LlamaForCausalLM(c)
+        blocks = blocks.cuda()
+        train = blocks[:total - held_out]
+    else:
+        model = LlamaForCausalLM(c)
     model.load_state_dict(read_model_dir(a.model_dir), strict=True)
     numel = sum(q.numel() for q in model.parameters())
     ddp = nn.parallel.DistributedDataParallel(model)
@@ -226,19 +242,20 @@ def main():
     # each block once, rank r taking blocks r, r + W, ...
     with torch.no_grad():
         mine = blocks[total - held_out:][rank::world]
-        sums = torch.zeros(2, dtype=torch.float64)
+        sums = torch.zeros(2, dtype=torch.float64, device=blocks.device)
         for i in range(0, len(mine), a.batch_size):
             x = mine[i:i + a.batch_size]
             n = x.shape[0] * (x.shape[1] - 1)
             with autocast():
                 loss = causal_lm_loss(model(x), x).item()
-            sums += torch.tensor([loss * n, n], dtype=torch.float64)
+            sums += torch.tensor([loss * n, n], dtype=torch.float64, device=blocks.device)
         dist.all_reduce(sums)
     if rank == 0:
         loss = (sums[0] / sums[1]).item()
         print(f"eval loss {loss:.4f} perplexity {math.exp(loss):.3f}  (before training)",
               flush=True)
-    opt = torch.optim.AdamW(ddp.parameters(), lr=a.lr, weight_decay=0.0)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=a.lr, weight_decay=0.0,
+                            **({"fused": True} if gpu else {}))
     sampler = torch.utils.data.distributed.DistributedSampler(
         train, num_replicas=world, rank=rank, shuffle=True, seed=a.seed)
     step, epoch, since, losses = 0, 0, 0, []

@@ -3,6 +3,10 @@ GPT (bench/ddp_peer.py's copy of it) under PyTorch's own FSDP2, world 1 on one G
 and the root through fully_shard, bf16 parameters and gradient reduction (cxxlaunch's
 mixed_precision: bf16), torch.optim.AdamW(fused=True). Prints the trainer's "done: N steps, mean
 step time X ms" with the GPU's peak allocated memory as "GPU peak Y MiB".
+
+With --autocast the forward also runs under torch.autocast(bf16), as accelerate runs an FSDP
+model with mixed_precision bf16 and as cxxlaunch does: softmax, layer norm and the loss then
+compute in fp32 and keep fp32 activations. Without it everything computes in bf16 (FSDP2 alone).
 """
 import argparse
 import os
@@ -26,6 +30,7 @@ def main():
     p.add_argument("--layers", type=int, default=18)
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--autocast", action="store_true", help="forward under torch.autocast(bf16)")
     a = p.parse_args()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")
@@ -43,7 +48,8 @@ def main():
     for step in range(1, a.steps + 1):
         data = torch.randint(a.vocab, (a.batch_size, a.seq_len), device="cuda")
         x, y = data[:, :-1], data[:, 1:]
-        loss = F.cross_entropy(model(x).float().reshape(-1, a.vocab), y.reshape(-1))
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=a.autocast):
+            loss = F.cross_entropy(model(x).float().reshape(-1, a.vocab), y.reshape(-1))
         opt.zero_grad()
         loss.backward()
         opt.step()

@@ -22,6 +22,7 @@
 
 #include <torch/data.h>
 #include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
 #include <torch/optim/optimizer.h>
 
 #include <algorithm>
@@ -31,6 +32,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -143,6 +145,14 @@ class Accelerator {
   // ZeRO-3 / FULL_SHARD its parameters are gathered only around its unitForward calls. A no-op
   // under the other strategies.
   void wrap(const torch::nn::Module& unit);
+  // The same for a module holder, returning the unit's handle: calling it is unitForward.
+  //   auto unit = acc.wrap(block);  ...  x = unit(x);
+  template <typename ModuleHolder>
+  requires std::is_base_of_v<torch::detail::ModuleHolderIndicator, ModuleHolder> Unit<ModuleHolder>
+  wrap(ModuleHolder block) {
+    wrap(*block);
+    return Unit<ModuleHolder>(std::move(block));
+  }
 
   // DeepSpeed's zero.Init / FSDP's meta-device init, on when the config asks for it
   // (deepspeed_config.zero3_init_flag, fsdp_config.fsdp_cpu_ram_efficient_loading): models/
@@ -372,7 +382,8 @@ class Accelerator {
   MemoryReport memoryReport() const;
   // "zero3: 3 unit(s) (2 module(s), 1 bucket(s)), AdamW on 1/2 shards"
   std::string describeStrategy() const;
-  // A collective: every trainable parameter, whole, by name (gathered from shards).
+  // A collective: every trainable parameter, whole, by name (gathered from shards), as float32
+  // copies in host memory whatever the device and precision it trains in.
   std::vector<std::pair<std::string, torch::Tensor>> fullParameters();
 
   // "global batch 64 = 16 per process x 2 processes x 2 accumulation steps"

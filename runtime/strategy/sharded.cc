@@ -538,6 +538,8 @@ void ShardedStrategy::zeroGrad() {
       u.fullGradient().zero_();
     } else if (grad_file_) {
       u.swapped = {.offset = u.swapped.offset};  // the file's values count as zeros from now on
+    } else if (options_.free_gradients_between_steps) {
+      u.grad_shard = torch::Tensor();  // gradShard makes it again, zeroed
     } else if (u.grad_shard.defined()) {
       u.grad_shard.zero_();
     }

@@ -436,7 +436,10 @@ class DdpStrategy final : public Strategy {
 std::vector<std::pair<std::string, torch::Tensor>> Strategy::fullParameters() {
   std::vector<std::pair<std::string, torch::Tensor>> out;
   visitFullParameters([&](const std::string& name, const torch::Tensor& value) {
-    out.emplace_back(name, value.to(torch::kFloat).clone());
+    // Host copies: a whole model gathered on the GPU would cost its memory, and callers read
+    // the bytes (dumps, comparisons with a CPU reference).
+    out.emplace_back(name, value.to(torch::TensorOptions().device(torch::kCPU).dtype(torch::kFloat),
+                                    /*non_blocking=*/false, /*copy=*/true));
   });
   return out;
 }
@@ -522,6 +525,8 @@ std::unique_ptr<Strategy> makeStrategy(const WorkerEnv& env, std::shared_ptr<Bac
   // be whole on the GPU there), so either key moves the optimizer's side to the host.
   sharding.offload_to_host = host_offload;
   sharding.offload_params_to_host = host_offload && env.offload_params == "cpu";
+  // Pinned host shards (cpu offload) stay: pinning memory again at every step costs.
+  sharding.free_gradients_between_steps = on_gpu && !host_offload;
   if (env.offload_params == "nvme") {
     if (sharding.stage != 3) {
       throw InvalidArgument(

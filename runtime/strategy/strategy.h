@@ -67,7 +67,7 @@ class Strategy {
   // memory grows by one unit), on every rank. The tensors are valid during the call only.
   using ParameterVisitor = std::function<void(const std::string&, const torch::Tensor&)>;
   virtual void visitFullParameters(const ParameterVisitor& visit) = 0;
-  // The same, collected into fresh tensors.
+  // The same, collected into fresh float32 tensors in host memory.
   std::vector<std::pair<std::string, torch::Tensor>> fullParameters();
 
   // The state this rank holds (state_view.h), for checkpoint/ to save: the fp32 parameters

@@ -124,4 +124,29 @@ auto unitForward(ModuleHolder& module, Args&&... args) {
   }
 }
 
+// A shard unit's handle, what Accelerator::wrap returns for a module holder: calling it is
+// unitForward on the module, so a trainer that keeps handles instead of modules cannot call a
+// unit the wrong way.
+//
+//   std::vector<Unit<Block>> units;
+//   for (auto& block : blocks) units.push_back(acc.wrap(block));  // before prepare
+//   for (auto& unit : units) x = unit(x, mask);                     // unitForward(block, x, mask)
+//
+// It shares the module with the holder it was made from (holders are shared pointers).
+template <typename ModuleHolder>
+class Unit {
+ public:
+  explicit Unit(ModuleHolder module) : module_(std::move(module)) {}
+
+  template <typename... Args>
+  auto operator()(Args&&... args) {
+    return unitForward(module_, std::forward<Args>(args)...);
+  }
+  ModuleHolder& module() { return module_; }
+  const ModuleHolder& module() const { return module_; }
+
+ private:
+  ModuleHolder module_;
+};
+
 }  // namespace cxxlaunch::runtime

@@ -56,6 +56,7 @@ struct Run {
   bool checkpointing = false;    // fsdp_activation_checkpointing
   int nodes = 1;                 // simulated: ranks [k * world / nodes, ...) are node k
   bool wrap_blocks = false;      // Accelerator::wrap on every block (sharded from prepare on)
+  bool unit_handles = false;     // the same, the blocks then called through wrap's handles
   std::string nvme_optimizer{};  // offload directories
   std::string nvme_params{};
   int64_t overflow_rank = -1, overflow_step = -1;  // that rank's loss is inf at that micro-step
@@ -137,10 +138,21 @@ Result train(const Run& run) {
     if (run.wrap_blocks) {
       for (auto& block : net->blocks) acc.wrap(*block);
     }
+    std::vector<Unit<Block>> units;
+    if (run.unit_handles) {
+      for (auto& block : net->blocks) units.push_back(acc.wrap(block));
+    }
+    // The tower's forward, or the same with its blocks called through their handles.
+    auto forward = [&](const torch::Tensor& input) {
+      if (units.empty()) return net->forward(input);
+      torch::Tensor h = net->in(input);
+      for (auto& unit : units) h = unit(h);
+      return net->out(h);
+    };
     acc.prepare(net.ptr(), *optimizer);
     for (int64_t m = 0; m < micro_steps; ++m) {
       const int64_t at = (m * run.world + r) * kBatch;
-      auto loss = torch::mse_loss(net->forward(x.narrow(0, at, kBatch)), y.narrow(0, at, kBatch));
+      auto loss = torch::mse_loss(forward(x.narrow(0, at, kBatch)), y.narrow(0, at, kBatch));
       if (r == run.overflow_rank && m == run.overflow_step) {
         loss = loss * std::numeric_limits<float>::infinity();
       }
@@ -149,7 +161,7 @@ Result train(const Run& run) {
         if (r == 0) result.skipped.push_back(acc.stepWasSkipped());
         if (run.evaluate) {
           torch::NoGradGuard no_grad;
-          (void)net->forward(x.narrow(0, 0, kBatch));
+          (void)forward(x.narrow(0, 0, kBatch));
         }
       }
     }
@@ -811,6 +823,32 @@ TEST_CASE("cpu offload takes the host copies and changes no bit of the result",
   }
 }
 
+TEST_CASE("Gradient shards freed between steps (a GPU run's default) change no bit", "[sharded]") {
+  torch::set_num_threads(1);
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    for (const int stage : {2, 3}) {
+      // Accumulation: the shards must live across micro-steps and go only at zeroGrad;
+      // clipping reads them before the step.
+      DirectRun run{.optimizer = "adamw", .accumulation = 2, .clipping = 0.05};
+      run.sharding.stage = stage;
+      run.sharding.compute_dtype = dtype;
+      const DirectResult kept = trainDirect(run);
+      run.sharding.free_gradients_between_steps = true;
+      const DirectResult freed = trainDirect(run);
+      INFO("stage " << stage << " " << c10::toString(dtype) << ": " << kept.memory.str() << " vs "
+                    << freed.memory.str());
+      REQUIRE(freed.params.size() == kept.params.size());
+      for (const auto& [name, tensor] : kept.params) {
+        INFO(name);
+        CHECK(torch::equal(freed.params.at(name), tensor));
+      }
+      // After the last zeroGrad: no gradient memory held, where the zeroed shards stay otherwise.
+      CHECK(kept.memory.gradients > 0);
+      CHECK(freed.memory.gradients == 0);
+    }
+  }
+}
+
 TEST_CASE("cpu offload saves and loads checkpoints in both layouts as in place",
           "[sharded][offload]") {
   torch::set_num_threads(1);
@@ -866,6 +904,29 @@ TEST_CASE("Units marked with wrap rest sharded from prepare on", "[sharded]") {
   INFO(lazy.memory[0].str() << " vs " << wrapped.memory[0].str());
   CHECK(wrapped.memory[0].parameters < 0.75 * static_cast<double>(lazy.memory[0].parameters));
   CHECK(wrapped.memory[0].optimizer_state > 2 * lazy.memory[0].optimizer_state);
+}
+
+TEST_CASE("wrap's handle calls its unit as unitForward does, in every strategy", "[sharded]") {
+  torch::set_num_threads(1);
+  for (const std::string strategy : {"ddp", "zero2", "zero3"}) {
+    INFO(strategy);
+    Run run{.strategy = strategy, .world = 2, .unit_types = {}, .steps = 3, .evaluate = true};
+    run.wrap_blocks = true;
+    const Result marked = train(run);  // wrap(*block), the model's forward calls unitForward
+    run.wrap_blocks = false;
+    run.unit_handles = true;
+    const Result handles = train(run);  // wrap(block), the trainer calls the handles
+    CHECK(handles.description == marked.description);
+    CHECK(handles.memory[0].str() == marked.memory[0].str());
+    for (const auto& [name, tensor] : marked.params) {
+      INFO(name);
+      CHECK(torch::equal(handles.params.at(name), tensor));
+    }
+  }
+  // The handle shares its module with the holder it was made from.
+  Block block(4);
+  const Unit<Block> unit(block);
+  CHECK(unit.module().ptr() == block.ptr());
 }
 
 TEST_CASE("prepare allocates the optimizer state a job will hold, but SGD's under DDP",
