@@ -22,7 +22,6 @@
 
 #include <torch/data.h>
 #include <torch/nn/module.h>
-#include <torch/nn/pimpl.h>
 #include <torch/optim/optimizer.h>
 
 #include <algorithm>
@@ -32,7 +31,6 @@
 #include <optional>
 #include <sstream>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -147,9 +145,8 @@ class Accelerator {
   void wrap(const torch::nn::Module& unit);
   // The same for a module holder, returning the unit's handle: calling it is unitForward.
   //   auto unit = acc.wrap(block);  ...  x = unit(x);
-  template <typename ModuleHolder>
-  requires std::is_base_of_v<torch::detail::ModuleHolderIndicator, ModuleHolder> Unit<ModuleHolder>
-  wrap(ModuleHolder block) {
+  template <TorchModuleHolder ModuleHolder>
+  Unit<ModuleHolder> wrap(ModuleHolder block) {
     wrap(*block);
     return Unit<ModuleHolder>(std::move(block));
   }

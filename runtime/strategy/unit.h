@@ -21,6 +21,7 @@
 // Thread-safety: units of one model are called from one thread at a time.
 
 #include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
 #include <torch/types.h>
 
 #include <string>
@@ -124,6 +125,10 @@ auto unitForward(ModuleHolder& module, Args&&... args) {
   }
 }
 
+// LibTorch's module holders: TORCH_MODULE(Block) makes Block one, a shared pointer to BlockImpl.
+template <typename T>
+concept TorchModuleHolder = std::is_base_of_v<torch::detail::ModuleHolderIndicator, T>;
+
 // A shard unit's handle, what Accelerator::wrap returns for a module holder: calling it is
 // unitForward on the module, so a trainer that keeps handles instead of modules cannot call a
 // unit the wrong way.
@@ -133,7 +138,7 @@ auto unitForward(ModuleHolder& module, Args&&... args) {
 //   for (auto& unit : units) x = unit(x, mask);                     // unitForward(block, x, mask)
 //
 // It shares the module with the holder it was made from (holders are shared pointers).
-template <typename ModuleHolder>
+template <TorchModuleHolder ModuleHolder>
 class Unit {
  public:
   explicit Unit(ModuleHolder module) : module_(std::move(module)) {}
