@@ -68,6 +68,7 @@ pb::RangeRequest rangeOf(const EtcdOp& op) {
   if (!op.range_end.empty()) r.set_range_end(op.range_end);
   r.set_count_only(op.count_only);
   r.set_keys_only(op.keys_only);
+  r.set_limit(op.limit);
   return r;
 }
 

@@ -82,6 +82,7 @@ struct EtcdOp {
   int64_t lease = 0;      // put
   bool count_only = false;
   bool keys_only = false;
+  int64_t limit = 0;  // range: at most this many keys (0: all); `count` is still the whole range's
 
   static EtcdOp get(std::string key);
   static EtcdOp prefix(std::string prefix, bool count_only = false, bool keys_only = false);
