@@ -256,7 +256,10 @@ void EtcdRendezvous::close() {
   if (lease != 0 && !etcd_silent_) client_->revokeLease(lease, period);
 }
 
-void EtcdRendezvous::cancel() { cancelled_ = true; }
+void EtcdRendezvous::cancel() {
+  cancelled_ = true;
+  client_->cancelWaits(cancelled_);  // a join waiting on a watch ends now
+}
 
 EtcdRendezvous::RoundView EtcdRendezvous::readRound() {
   const std::string state_key = prefix_ + "state";
