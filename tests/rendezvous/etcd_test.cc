@@ -331,6 +331,21 @@ TEST_CASE("Etcd rendezvous: join keys, a node beyond max waits for the next roun
   CHECK(pa->node_rank == 1);
 }
 
+// A join waits on one watch stream (not one per 250 ms: thousands of those made etcd replay its
+// history over and over); cancel() ends that stream at once.
+TEST_CASE("Etcd rendezvous: cancel() ends a join that waits on its watch", "[etcd][rendezvous]") {
+  EtcdServer etcd;
+  EtcdRendezvous r(clientOf(etcd), "cancel");
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(500ms);
+    r.cancel();
+  });
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_AS(r.join(nodeOf("a"), settingsOf(2, 2), 20s), CommunicationError);
+  CHECK(std::chrono::steady_clock::now() - start < 3s);
+  canceller.join();
+}
+
 // A stopped etcd (SIGSTOP: its kernel still accepts, nothing answers) costs a keep-alive its own
 // deadline, not the client's call timeout, and close() does not wait on it: a launcher with
 // keep-alives of 1 s x 3 noticed it after 6.2 s, each call waiting the whole call timeout.
