@@ -1,9 +1,10 @@
 // Rendezvous through etcd at scale: N simulated nodes in this process join one round through a
 // real etcd on loopback, each running the launcher's own etcd backend
-// (rendezvous::EtcdRendezvous: its lease, its alive key, its compare-and-swap of the run's state,
-// its watch); then the same N join one round through a real cxxlaunchd, each running the
-// launcher's own client of it (rendezvous::RendezvousClient). One thread per node in both, as
-// one launcher per node has; the nodes share `--connections` TCP connections to each server.
+// (rendezvous::EtcdRendezvous: its lease, its alive key, its join key, the compare-and-swap that
+// completes the round, its watch); then the same N join one round through a real cxxlaunchd, each
+// running the launcher's own client of it (rendezvous::RendezvousClient). One thread per node in
+// both, as one launcher per node has; the nodes share `--connections` TCP connections to each
+// server.
 //
 // For each N it prints the time from the first node's start to the last placement, for etcd and
 // for cxxlaunchd, and their ratio; and, from etcd's own /metrics over the etcd round, what etcd

@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -17,9 +18,6 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 namespace {
-
-// etcd's client port.
-constexpr int kDefaultEtcdPort = 2379;
 
 // The metadata key that carries etcd's auth token.
 constexpr char kTokenKey[] = "token";
@@ -68,6 +66,7 @@ pb::RangeRequest rangeOf(const EtcdOp& op) {
   if (!op.range_end.empty()) r.set_range_end(op.range_end);
   r.set_count_only(op.count_only);
   r.set_keys_only(op.keys_only);
+  r.set_limit(op.limit);
   return r;
 }
 
@@ -137,113 +136,6 @@ bool unreachable(const grpc::Status& s, grpc::Channel& channel) {
 
 }  // namespace
 
-EtcdCompare EtcdCompare::valueIs(std::string key, std::string value) {
-  EtcdCompare c;
-  c.key = std::move(key);
-  c.target = Target::kValue;
-  c.value = std::move(value);
-  return c;
-}
-
-EtcdCompare EtcdCompare::modIs(std::string key, int64_t revision) {
-  EtcdCompare c;
-  c.key = std::move(key);
-  c.target = Target::kMod;
-  c.number = revision;
-  return c;
-}
-
-EtcdCompare EtcdCompare::missing(std::string key) {
-  EtcdCompare c;
-  c.key = std::move(key);
-  c.target = Target::kCreate;
-  c.number = 0;
-  return c;
-}
-
-EtcdOp EtcdOp::get(std::string key) {
-  EtcdOp op;
-  op.key = std::move(key);
-  return op;
-}
-
-EtcdOp EtcdOp::prefix(std::string prefix, bool count_only, bool keys_only) {
-  EtcdOp op;
-  op.range_end = prefixEnd(prefix);
-  op.key = std::move(prefix);
-  op.count_only = count_only;
-  op.keys_only = keys_only;
-  return op;
-}
-
-EtcdOp EtcdOp::put(std::string key, std::string value, int64_t lease) {
-  EtcdOp op;
-  op.kind = Kind::kPut;
-  op.key = std::move(key);
-  op.value = std::move(value);
-  op.lease = lease;
-  return op;
-}
-
-EtcdOp EtcdOp::erase(std::string key) {
-  EtcdOp op;
-  op.kind = Kind::kDelete;
-  op.key = std::move(key);
-  return op;
-}
-
-EtcdOp EtcdOp::erasePrefix(std::string prefix) {
-  EtcdOp op;
-  op.kind = Kind::kDelete;
-  op.range_end = prefixEnd(prefix);
-  op.key = std::move(prefix);
-  return op;
-}
-
-std::string prefixEnd(const std::string& prefix) {
-  std::string end = prefix;
-  while (!end.empty()) {
-    if (static_cast<unsigned char>(end.back()) < 0xff) {
-      end.back() = static_cast<char>(static_cast<unsigned char>(end.back()) + 1);
-      return end;
-    }
-    end.pop_back();
-  }
-  return std::string(1, '\0');  // every key
-}
-
-std::vector<std::string> parseEtcdEndpoints(const std::string& text) {
-  std::string list = text;
-  if (list.rfind(kEtcdScheme, 0) == 0) {  // our own URL: members, then perhaps the key root
-    list = list.substr(sizeof(kEtcdScheme) - 1);
-    list = list.substr(0, list.find('/'));
-  }
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= list.size()) {
-    const size_t comma = std::min(list.find(',', start), list.size());
-    std::string member = list.substr(start, comma - start);
-    // etcd's own client URLs ("http://h:p") are accepted too; TLS is chosen by --rdzv_conf.
-    for (const char* scheme : {"http://", "https://"}) {
-      if (member.rfind(scheme, 0) == 0) member = member.substr(std::string(scheme).size());
-    }
-    const auto parsed = parseHostPort(member, kDefaultEtcdPort);
-    if (member.empty() || !parsed) {
-      throw InvalidArgument("etcd endpoint '" + member + "' in '" + text +
-                            "' is not HOST[:PORT] (a list: HOST:PORT,HOST:PORT,...)");
-    }
-    out.push_back(formatHostPort(parsed->host, parsed->port));
-    start = comma + 1;
-  }
-  return out;
-}
-
-std::string etcdEndpointUrl(const std::vector<std::string>& endpoints, const std::string& root) {
-  std::string url = kEtcdScheme;
-  for (size_t i = 0; i < endpoints.size(); ++i) url += (i ? "," : "") + endpoints[i];
-  return url + root;
-}
-
 // ---- EtcdClient -------------------------------------------------------------------------------
 
 struct EtcdClient::Impl {
@@ -267,6 +159,7 @@ struct EtcdClient::Impl {
   std::string token;  // under auth_mu; empty: not authenticated (yet)
   std::mutex calls_mu;
   std::set<grpc::ClientContext*> calls;  // in flight, for cancelCalls()
+  std::multimap<const std::atomic<bool>*, grpc::ClientContext*> waits;  // for cancelWaits()
 
   // Registers a call in flight while it lives.
   class InFlight {
@@ -509,6 +402,12 @@ void EtcdClient::cancelCalls() {
   for (grpc::ClientContext* ctx : impl_->calls) ctx->TryCancel();
 }
 
+void EtcdClient::cancelWaits(const std::atomic<bool>& cancel) {
+  std::lock_guard<std::mutex> lock(impl_->calls_mu);
+  auto [from, to] = impl_->waits.equal_range(&cancel);
+  for (auto it = from; it != to; ++it) it->second->TryCancel();
+}
+
 void EtcdClient::revokeLease(int64_t lease, milliseconds timeout) {
   pb::LeaseRevokeRequest req;
   req.set_id(lease);
@@ -524,13 +423,15 @@ void EtcdClient::revokeLease(int64_t lease, milliseconds timeout) {
 // 1. Open a Watch stream on the current member, from `revision` + 1 (etcd replays what happened
 //    since, so nothing between the caller's read and this watch is missed).
 // 2. Any event (or a compaction past our revision) -> true: the caller re-reads.
-// 3. The stream lives at most one slice (shorter when a `cancel` flag is to be checked); on a
-//    member that is unreachable the next one is tried, until `timeout`.
+// 3. The stream lives at most one slice (10 s); on a member that is unreachable the next one is
+//    tried, until `timeout`. A `cancel` flag ends the stream through cancelWaits(), not by short
+//    slices: each new stream starts from `revision`, and etcd replays its history from there to
+//    every watcher so started (thousands of waiting agents made that etcd's main work).
 bool EtcdClient::waitForChange(const std::string& key, const std::string& range_end,
                                int64_t revision, milliseconds timeout,
                                const std::atomic<bool>* cancel) {
   const auto deadline = Clock::now() + timeout;
-  const milliseconds slice = cancel ? milliseconds(250) : std::chrono::seconds(10);
+  const milliseconds slice = std::chrono::seconds(10);
   Impl& impl = *impl_;
   while (Clock::now() < deadline) {
     if (cancel && cancel->load()) return false;
@@ -552,6 +453,18 @@ bool EtcdClient::waitForChange(const std::string& key, const std::string& range_
     grpc::ClientContext ctx;
     ctx.set_deadline(grpcDeadline(slice_end));
     if (!tok.empty()) ctx.AddMetadata(kTokenKey, tok);
+    std::unique_lock<std::mutex> registry(impl.calls_mu);
+    const auto waiting = impl.waits.emplace(cancel, &ctx);
+    registry.unlock();
+    struct Unregister {
+      Impl& impl;
+      decltype(impl.waits)::iterator it;
+      ~Unregister() {
+        std::lock_guard<std::mutex> lock(impl.calls_mu);
+        impl.waits.erase(it);
+      }
+    } unregister{impl, waiting};
+    if (cancel && cancel->load()) return false;  // set before it was registered
     auto stream = m.watch->Watch(&ctx);
     pb::WatchRequest req;
     auto* create = req.mutable_create_request();

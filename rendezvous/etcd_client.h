@@ -82,6 +82,7 @@ struct EtcdOp {
   int64_t lease = 0;      // put
   bool count_only = false;
   bool keys_only = false;
+  int64_t limit = 0;  // range: at most this many keys (0: all); `count` is still the whole range's
 
   static EtcdOp get(std::string key);
   static EtcdOp prefix(std::string prefix, bool count_only = false, bool keys_only = false);
@@ -135,10 +136,13 @@ class EtcdClient {
   // Ends the calls in flight now (they throw CommunicationError): for an agent that stops
   // talking to etcd while one of its threads waits on a silent member.
   void cancelCalls();
+  // Ends the waitForChange calls given `cancel` (which the caller set first) now.
+  void cancelWaits(const std::atomic<bool>& cancel);
 
   // Blocks until something changes in [key, range_end) after `revision` (exclusive), at most
   // `timeout`, and then returns true (also when etcd compacted past `revision`: re-read). False
-  // when the time ran out. `cancel` (may be null) ends the wait early (false) within ~100 ms.
+  // when the time ran out, or when `cancel` (may be null) is set and cancelWaits(*cancel) called.
+  // One watch stream per 10 s of waiting.
   bool waitForChange(const std::string& key, const std::string& range_end, int64_t revision,
                      std::chrono::milliseconds timeout, const std::atomic<bool>* cancel = nullptr);
 

@@ -6,199 +6,30 @@
 
 #include "common/error.h"
 #include "proto/etcd_state.pb.h"
+#include "rendezvous/etcd_rules.h"
 #include "rendezvous/etcd_store.h"
 #include "rendezvous/wire.h"
 
 namespace cxxlaunch::rendezvous {
 using State = rdzv::EtcdRunState;
 using Clock = std::chrono::steady_clock;
+using etcd_rules::hasId;
+using etcd_rules::placementOf;
+using etcd_rules::sanitize;
+using etcd_rules::startNextRound;
+using etcd_rules::verdictOf;
+using etcd_rules::wallMs;
 
 namespace {
 
-int64_t wallMs() {
-  return std::chrono::duration_cast<Millis>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-template <typename List>
-bool hasId(const List& list, const std::string& id) {
-  return std::any_of(list.begin(), list.end(), [&](const auto& n) {
-    if constexpr (std::is_same_v<std::decay_t<decltype(n)>, std::string>) {
-      return n == id;
-    } else {
-      return n.id() == id;
-    }
-  });
-}
-
-std::string ids(const google::protobuf::RepeatedPtrField<rdzv::NodeInfo>& nodes) {
-  std::string out;
-  for (const auto& n : nodes) out += (out.empty() ? "" : ", ") + n.id();
-  return out.empty() ? "none" : out;
-}
-
-std::string describe(const RunSettings& s) {
-  return "--nnodes " + std::to_string(s.min_nodes) + ":" + std::to_string(s.max_nodes) +
-         ", --max_restarts " + std::to_string(s.max_restarts) + ", last_call_timeout " +
-         std::to_string(s.last_call_timeout.count()) + " ms, keep_alive_interval " +
-         std::to_string(s.keep_alive_interval.count()) + " ms x " +
-         std::to_string(s.keep_alive_max_misses);
-}
-
-void complete(State& s) {
-  std::vector<rdzv::NodeInfo> nodes(s.joined().begin(), s.joined().end());
-  const bool static_ranks = !nodes.empty() && nodes.front().node_rank() >= 0;
-  std::sort(nodes.begin(), nodes.end(), [&](const rdzv::NodeInfo& a, const rdzv::NodeInfo& b) {
-    return static_ranks ? a.node_rank() < b.node_rank() : a.id() < b.id();
-  });
-  s.clear_participants();
-  for (auto& n : nodes) *s.add_participants() = std::move(n);
-  s.set_phase(State::RUNNING);
-  s.clear_joined();
-  s.clear_expected();
-  s.clear_finished();
-  s.set_last_call_deadline_ms(0);
-}
-
-// RunState::maybeComplete, with the last call as a wall-clock deadline in the state (every agent
-// reads the same one; clocks that disagree by a second only move the moment a little).
-void maybeComplete(State& s, int64_t now) {
-  if (s.phase() != State::JOINING) return;
-  const int n = s.joined_size();
-  if (n >= s.settings().max_nodes()) return complete(s);
-  if (n < s.settings().min_nodes()) {
-    s.set_last_call_deadline_ms(0);
-    return;
+State parseState(const std::string& key, const std::string& bytes) {
+  State s;
+  if (!s.ParseFromString(bytes)) {
+    throw CommunicationError("etcd key " + key +
+                             " does not hold a cxxlaunch rendezvous state: is another program "
+                             "using this prefix? Pick another --rdzv_id");
   }
-  const bool all_expected_back =
-      s.expected_size() > 0 &&
-      std::all_of(s.expected().begin(), s.expected().end(),
-                  [&](const std::string& id) { return hasId(s.joined(), id); });
-  if (all_expected_back) return complete(s);
-  if (s.last_call_deadline_ms() == 0) {
-    s.set_last_call_deadline_ms(now + s.settings().last_call_timeout_ms());
-  }
-  if (now >= s.last_call_deadline_ms()) complete(s);
-}
-
-// RunState::startNextRound.
-void startNextRound(State& s, const std::string& reason, int64_t now) {
-  s.set_reason("round " + std::to_string(s.round()) + " ended: " + reason);
-  s.set_round(s.round() + 1);
-  s.set_phase(State::JOINING);
-  s.clear_expected();
-  for (const auto& n : s.participants()) s.add_expected(n.id());
-  s.clear_participants();
-  s.clear_finished();
-  s.clear_joined();
-  s.set_last_call_deadline_ms(0);
-  const int max = s.settings().max_nodes();
-  google::protobuf::RepeatedPtrField<rdzv::NodeInfo> still_waiting;
-  for (auto& n : *s.mutable_waiting()) {
-    if (s.expected_size() < max) s.add_expected(n.id());
-    if (s.joined_size() < max) {
-      *s.add_joined() = n;
-    } else {
-      *still_waiting.Add() = n;
-    }
-  }
-  s.mutable_waiting()->Swap(&still_waiting);
-  maybeComplete(s, now);
-}
-
-template <typename Field, typename Pred>
-void eraseIf(Field* field, Pred pred) {
-  field->erase(std::remove_if(field->begin(), field->end(), pred), field->end());
-}
-
-// RunState::tick with etcd's leases as the clock: a node is alive while its alive key exists.
-void sanitize(State& s, const std::set<std::string>& alive, int64_t now) {
-  if (s.phase() == State::CLOSED || s.phase() == State::FAILED) return;
-  auto dead = [&](const rdzv::NodeInfo& n) { return alive.count(n.id()) == 0; };
-  eraseIf(s.mutable_joined(), dead);
-  eraseIf(s.mutable_waiting(), dead);
-  eraseIf(s.mutable_expected(), [&](const std::string& id) { return alive.count(id) == 0; });
-  if (s.phase() == State::RUNNING) {
-    std::string evicted;
-    for (const auto& n : s.participants()) {
-      if (dead(n) && !hasId(s.finished(), n.id()))
-        evicted += (evicted.empty() ? "" : ", ") + n.id();
-    }
-    if (!evicted.empty()) {
-      eraseIf(s.mutable_participants(), dead);
-      startNextRound(s,
-                     "evicted " + evicted + " (its lease expired: no keep-alive for " +
-                         std::to_string(s.settings().keep_alive_interval_ms() *
-                                        s.settings().keep_alive_max_misses()) +
-                         " ms)",
-                     now);
-    }
-    return;
-  }
-  maybeComplete(s, now);
-}
-
-std::optional<Placement> placementOf(const State& s, const std::string& id) {
-  if (s.phase() != State::RUNNING) return std::nullopt;
-  int offset = 0, world = 0;
-  std::optional<int> rank;
-  for (int i = 0; i < s.participants_size(); ++i) {
-    const auto& n = s.participants(i);
-    if (n.id() == id) {
-      rank = i;
-      offset = world;
-    }
-    world += n.local_world_size();
-  }
-  if (!rank) return std::nullopt;
-  Placement p;
-  p.round = s.round();
-  p.node_rank = *rank;
-  p.num_nodes = s.participants_size();
-  p.rank_offset = offset;
-  p.world_size = world;
-  p.master_addr = s.participants(0).addr();
-  p.master_port = s.participants(0).master_port();
-  p.restart_count = s.restart_count();
-  return p;
-}
-
-std::string waitingFor(const State& s) {
-  const auto& set = s.settings();
-  std::string text =
-      "round " + std::to_string(s.round()) + " has " + std::to_string(s.joined_size()) + " of " +
-      std::to_string(set.min_nodes()) +
-      (set.min_nodes() == set.max_nodes() ? "" : ".." + std::to_string(set.max_nodes())) +
-      " nodes (joined: " + ids(s.joined()) + ")";
-  std::vector<std::string> missing;
-  for (const auto& id : s.expected()) {
-    if (!hasId(s.joined(), id)) missing.push_back(id);
-  }
-  if (!missing.empty()) {
-    text += "; expected back: ";
-    for (size_t i = 0; i < missing.size(); ++i) text += (i ? ", " : "") + missing[i];
-  }
-  return text;
-}
-
-std::optional<FailureReport> rootCause(const State& s) {
-  if (!s.has_root_cause()) return std::nullopt;
-  return wire::fromProto(s.root_cause());
-}
-
-// RunState::keepAlive's answer (without recording anything: liveness is the lease).
-Verdict verdictOf(const State& s, const std::string& node_id, int64_t round) {
-  if (s.phase() == State::CLOSED) return {Action::kClosed, "every node finished", std::nullopt};
-  if (s.phase() == State::FAILED) return {Action::kFail, "no restarts left", rootCause(s)};
-  if (round > s.round()) {
-    throw InvalidArgument("round " + std::to_string(round) +
-                          " does not exist (the run is at round " + std::to_string(s.round()) +
-                          ")");
-  }
-  if (round < s.round()) return {Action::kRestart, s.reason(), std::nullopt};
-  if (s.phase() == State::RUNNING && hasId(s.participants(), node_id)) return {};
-  return {Action::kRestart, "node " + node_id + " is not part of round " + std::to_string(round),
-          std::nullopt};
+  return s;
 }
 
 }  // namespace
@@ -206,7 +37,25 @@ Verdict verdictOf(const State& s, const std::string& node_id, int64_t round) {
 struct EtcdRendezvous::Snapshot {
   State state;
   bool exists = false;
+  bool wrote = false;    // this call's write changed the state
   int64_t revision = 0;  // of the store when read (or written)
+};
+
+// What a joining agent reads first: the state and the round key, nothing of size N but the
+// state's lists (a joining round's state holds only the nodes expected back).
+struct EtcdRendezvous::RoundView {
+  State state;
+  bool exists = false;
+  int64_t state_mod = 0;
+  int64_t round_mod = 0;  // the round key's mod revision: a join key goes only into this round
+  int64_t revision = 0;
+};
+
+// What a join transaction answers: how many keys the round has now (this node's included).
+struct EtcdRendezvous::JoinCount {
+  int64_t joined = 0;
+  int64_t alive = 0;  // alive keys; counted only when the round expects nodes back
+  int64_t revision = 0;
 };
 
 EtcdRendezvous::EtcdRendezvous(std::shared_ptr<EtcdClient> client, std::string run_id,
@@ -214,7 +63,8 @@ EtcdRendezvous::EtcdRendezvous(std::shared_ptr<EtcdClient> client, std::string r
     : client_(std::move(client)),
       run_id_(std::move(run_id)),
       root_(std::move(root)),
-      prefix_(etcdRunPrefix(run_id_, root_)) {}
+      prefix_(etcdRunPrefix(run_id_, root_)),
+      round_key_(etcdRoundKey(run_id_, root_)) {}
 
 EtcdRendezvous::~EtcdRendezvous() {
   try {
@@ -224,42 +74,83 @@ EtcdRendezvous::~EtcdRendezvous() {
   }
 }
 
+std::string EtcdRendezvous::roundPrefix(int64_t round) const {
+  return prefix_ + "round/" + std::to_string(round) + "/";
+}
+
+// Static ranks: one key per rank, so that two nodes asking for one rank cannot both create it.
+std::string EtcdRendezvous::joinKey(int64_t round, const NodeSpec& node) const {
+  return roundPrefix(round) +
+         (node.node_rank >= 0 ? "rank/" + std::to_string(node.node_rank) : "node/" + node.id);
+}
+
+int64_t EtcdRendezvous::currentLease() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return lease_;
+}
+
 // One decision, as a compare-and-swap:
-// 1. Read the state key and the alive keys in one transaction (one consistent revision).
+// 1. Read the state key, the alive keys and the join keys in one transaction (one revision); the
+//    current round's join keys become the state's `joined` (the first max_nodes of them, by
+//    creation; the rest wait for room if the round completes now).
 // 2. `decide(state, exists, alive)` changes the state as the rules say (or leaves it).
-// 3. Unchanged: done. Changed: write it in a transaction that holds only if the state key's mod
-//    revision is still the one read (or the key still missing), together with what follows from
-//    the change: a new round moves the `round` fencing key and drops the old round's store keys;
-//    a final state drops the round key and every store key, and keeps the state only for
-//    kEtcdFinalStateRetention (a lease of its own).
+// 3. Unchanged: done. Changed: write it (without `joined`: the keys are that) in a transaction
+//    that holds only if the state key's mod revision is still the one read (or the key still
+//    missing), together with what follows from the change: a new round moves the `round` fencing
+//    key and drops the old round's store and join keys; a completed round puts the `round` key
+//    again (same value: it wakes the waiting agents and turns away join keys written late) and
+//    drops its join keys; a final state drops the round key, every store and join key, and keeps
+//    the state only for kEtcdFinalStateRetention (a lease of its own).
 // 4. Someone else wrote first: read again and decide again.
 template <typename Decide>
 EtcdRendezvous::Snapshot EtcdRendezvous::update(Decide&& decide, Millis timeout) {
   const std::string state_key = prefix_ + "state";
-  const std::string round_key = etcdRoundKey(run_id_, root_);
   for (;;) {
     const EtcdTxnResult read = client_->txn(
-        {}, {EtcdOp::get(state_key), EtcdOp::prefix(prefix_ + "alive/", false, /*keys_only=*/true)},
+        {},
+        {EtcdOp::get(state_key), EtcdOp::prefix(prefix_ + "alive/", false, /*keys_only=*/true),
+         EtcdOp::prefix(prefix_ + "round/")},
         {}, timeout);
     Snapshot snap;
     snap.revision = read.revision;
     int64_t mod = 0;
     if (!read.results.at(0).kvs.empty()) {
       const auto& kv = read.results[0].kvs[0];
-      if (!snap.state.ParseFromString(kv.value)) {
-        throw CommunicationError("etcd key " + state_key +
-                                 " does not hold a cxxlaunch rendezvous state: is another program "
-                                 "using this prefix? Pick another --rdzv_id");
-      }
+      snap.state = parseState(state_key, kv.value);
       snap.exists = true;
       mod = kv.mod_revision;
     }
     std::set<std::string> alive;
     const size_t skip = prefix_.size() + std::string("alive/").size();
     for (const auto& kv : read.results.at(1).kvs) alive.insert(kv.key.substr(skip));
-    const std::string before = snap.exists ? snap.state.SerializeAsString() : std::string();
+
     const State old = snap.state;
+    const std::string before = snap.exists ? snap.state.SerializeAsString() : std::string();
+    std::vector<const EtcdKeyValue*> keys;
+    for (const auto& kv : read.results.at(2).kvs) {
+      if (kv.key.rfind(roundPrefix(old.round()), 0) == 0) keys.push_back(&kv);
+    }
+    std::sort(keys.begin(), keys.end(),
+              [](auto* a, auto* b) { return a->create_revision < b->create_revision; });
+    std::vector<rdzv::NodeInfo> beyond_max;
+    for (const auto* kv : keys) {
+      rdzv::NodeInfo n;
+      if (!n.ParseFromString(kv->value)) continue;  // not ours: ignored, dropped with the round
+      if (old.phase() == State::JOINING && snap.state.joined_size() < old.settings().max_nodes()) {
+        *snap.state.add_joined() = std::move(n);
+      } else {
+        beyond_max.push_back(std::move(n));
+      }
+    }
     decide(snap.state, snap.exists, alive);
+    snap.state.clear_joined();
+    const bool completed = old.phase() == State::JOINING && old.round() == snap.state.round() &&
+                           snap.state.phase() == State::RUNNING;
+    if (completed) {
+      for (auto& n : beyond_max) {
+        if (!hasId(snap.state.waiting(), n.id())) *snap.state.add_waiting() = std::move(n);
+      }
+    }
     const std::string after = snap.state.SerializeAsString();
     if (snap.exists && after == before) return snap;
     if (!snap.exists && snap.state.round() == 0) return snap;  // nothing to create
@@ -271,18 +162,25 @@ EtcdRendezvous::Snapshot EtcdRendezvous::update(Decide&& decide, Millis timeout)
     if (final_now) retention = client_->grantLease(kEtcdFinalStateRetention);
     ops.push_back(EtcdOp::put(state_key, after, retention));
     if (final_now) {
-      ops.push_back(EtcdOp::erase(round_key));
+      ops.push_back(EtcdOp::erase(round_key_));
       ops.push_back(EtcdOp::erasePrefix(prefix_ + "store/"));
+      ops.push_back(EtcdOp::erasePrefix(prefix_ + "round/"));
     } else if (!snap.exists || snap.state.round() != old.round()) {
-      ops.push_back(EtcdOp::put(round_key, std::to_string(snap.state.round())));
-      if (snap.exists)
+      ops.push_back(EtcdOp::put(round_key_, std::to_string(snap.state.round())));
+      if (snap.exists) {
         ops.push_back(EtcdOp::erasePrefix(etcdStorePrefix(run_id_, old.round(), root_)));
+        ops.push_back(EtcdOp::erasePrefix(roundPrefix(old.round())));
+      }
+    } else if (completed) {
+      ops.push_back(EtcdOp::put(round_key_, std::to_string(snap.state.round())));
+      ops.push_back(EtcdOp::erasePrefix(roundPrefix(old.round())));
     }
     const EtcdCompare unchanged =
         snap.exists ? EtcdCompare::modIs(state_key, mod) : EtcdCompare::missing(state_key);
     const EtcdTxnResult wrote = client_->txn({unchanged}, ops);
     if (wrote.succeeded) {
       snap.exists = true;
+      snap.wrote = true;
       snap.revision = wrote.revision;
       return snap;
     }
@@ -358,133 +256,197 @@ void EtcdRendezvous::close() {
   if (lease != 0 && !etcd_silent_) client_->revokeLease(lease, period);
 }
 
-void EtcdRendezvous::cancel() { cancelled_ = true; }
+void EtcdRendezvous::cancel() {
+  cancelled_ = true;
+  client_->cancelWaits(cancelled_);  // a join waiting on a watch ends now
+}
+
+EtcdRendezvous::RoundView EtcdRendezvous::readRound() {
+  const std::string state_key = prefix_ + "state";
+  const EtcdTxnResult read = client_->txn({}, {EtcdOp::get(state_key), EtcdOp::get(round_key_)});
+  RoundView view;
+  view.revision = read.revision;
+  if (!read.results.at(0).kvs.empty()) {
+    const auto& kv = read.results[0].kvs[0];
+    view.state = parseState(state_key, kv.value);
+    view.exists = true;
+    view.state_mod = kv.mod_revision;
+  }
+  if (!read.results.at(1).kvs.empty()) view.round_mod = read.results[1].kvs[0].mod_revision;
+  return view;
+}
+
+// The first node of a run writes its state (round 1, joining) and round key; the others find
+// the state there (a failed compare) and read it.
+void EtcdRendezvous::createRun(const RunSettings& settings) {
+  State s;
+  s.set_round(1);
+  s.set_phase(State::JOINING);
+  wire::toProto(settings, s.mutable_settings());
+  client_->txn({EtcdCompare::missing(prefix_ + "state")},
+               {EtcdOp::put(prefix_ + "state", s.SerializeAsString()),
+                EtcdOp::put(round_key_, std::to_string(s.round()))});
+}
+
+// One transaction, uncontended (every node writes its own key): put this node's join key into
+// the round `view` read, unless the round key moved since (the round completed or ended: nullopt)
+// or the key is there already (an earlier poll), and count the round's join keys. Refuses a
+// static rank another node holds, and a round that mixes static and dynamic nodes (the later
+// node is refused, as RunState does).
+std::optional<EtcdRendezvous::JoinCount> EtcdRendezvous::putJoinKey(const RoundView& view,
+                                                                    const NodeSpec& node) {
+  const int64_t round = view.state.round();
+  const std::string key = joinKey(round, node);
+  rdzv::NodeInfo info;
+  wire::toProto(node, &info);
+  const std::string value = info.SerializeAsString();
+  const bool expecting = view.state.expected_size() > 0;
+  auto counts = [&](std::vector<EtcdOp> ops) {
+    ops.push_back(EtcdOp::prefix(roundPrefix(round), /*count_only=*/true));
+    ops.push_back(EtcdOp::prefix(roundPrefix(round) + "rank/", /*count_only=*/true));
+    if (expecting) ops.push_back(EtcdOp::prefix(prefix_ + "alive/", /*count_only=*/true));
+    return ops;
+  };
+  const EtcdTxnResult r =
+      client_->txn({EtcdCompare::modIs(round_key_, view.round_mod), EtcdCompare::missing(key)},
+                   counts({EtcdOp::put(key, value, currentLease())}),
+                   counts({EtcdOp::get(round_key_), EtcdOp::get(key)}));
+  const size_t at = r.succeeded ? 1 : 2;  // the counts follow the put, or the two gets
+  if (!r.succeeded) {
+    const auto& now = r.results.at(0).kvs;
+    if (now.empty() || now[0].mod_revision != view.round_mod) return std::nullopt;
+    rdzv::NodeInfo holder;
+    const auto& held = r.results.at(1).kvs;
+    if (!held.empty() && holder.ParseFromString(held[0].value) && holder.id() != node.id) {
+      throw InvalidArgument("node rank " + std::to_string(node.node_rank) +
+                            " is already taken by node " + holder.id());
+    }
+  }
+  const int64_t total = r.results.at(at).count;
+  const int64_t ranked = r.results.at(at + 1).count;
+  if (node.node_rank >= 0 ? ranked < total : ranked > 0) {
+    client_->txn({EtcdCompare::valueIs(key, value)}, {EtcdOp::erase(key)});
+    throw InvalidArgument("node " + node.id +
+                          " mixes static and dynamic rendezvous: every node must use the "
+                          "same --rdzv_backend");
+  }
+  JoinCount count;
+  count.joined = total;
+  if (expecting) count.alive = r.results.at(at + 2).count;
+  count.revision = r.revision;
+  return count;
+}
 
 // One poll of a join:
 // 1. This agent's lease and alive key exist (the first poll creates them).
-// 2. Decide (update()): create the run's state if there is none; refuse a closed or failed run
-//    or other settings; evict the dead; join the round (or wait for room); complete the round
-//    when the rules say so.
-// 3. Placed: done. Else wait on a watch of the state and alive keys, at most until the poll ends
-//    or the last call passes, and decide again.
+// 2. Read the state and the round key (readRound); create the run's state if there is none;
+//    refuse a closed or failed run or other settings. Placed: done.
+// 3. A running round this node is not part of: wait for room, by the rules on the whole state
+//    (update(); rare: a late or a new node).
+// 4. A joining round: put this node's join key (putJoinKey), which counts the round's keys. The
+//    node that sees the round full, or every node alive joined while nodes are expected back, or
+//    the last call over, completes it (update(): one read of every key, one compare-and-swap);
+//    the first to see min nodes starts the last call (a compare-and-swap of the state alone).
+// 5. Else wait on a watch of the round key from the revision of the join (nothing in between is
+//    missed), at most until the poll ends or the last call passes, and go to 2. A round that
+//    expects nodes back also watches the alive keys: a node that died may be the one the round
+//    waits for.
 JoinPoll EtcdRendezvous::join(const NodeSpec& node, const RunSettings& settings, Millis poll) {
   node.validate();
   settings.validate();
   ensureLease(node, settings);
   const auto deadline = Clock::now() + poll;
+  auto completeDecide = [&](State& s, bool exists, const std::set<std::string>& alive) {
+    if (!exists) return;
+    std::set<std::string> live = alive;
+    live.insert(node.id);  // our own key may not be in this read yet
+    sanitize(s, live, wallMs());
+  };
   for (;;) {
     if (cancelled_) throw CommunicationError("rendezvous join cancelled");
-    const Snapshot snap = update([&](State& s, bool exists, const std::set<std::string>& alive) {
-      const int64_t now = wallMs();
-      if (!exists) {
-        s.set_round(1);
-        s.set_phase(State::JOINING);
-        wire::toProto(settings, s.mutable_settings());
-      }
-      const RunSettings theirs = wire::fromProto(s.settings());
-      if (!(theirs == settings)) {
-        throw InvalidArgument("run '" + run_id_ + "' was started with " + describe(theirs) +
-                              "; this node asks for " + describe(settings) +
-                              ": every node must use the same --nnodes, --max_restarts and "
-                              "--rdzv_conf");
-      }
-      if (s.phase() == State::CLOSED) {
-        throw StaleError("run '" + run_id_ +
-                         "' is closed: its job finished (choose a new --rdzv_id for a new job)");
-      }
-      if (s.phase() == State::FAILED) {
-        throw StaleError("run '" + run_id_ + "' has failed: no restarts left");
-      }
-      std::set<std::string> live = alive;
-      live.insert(node.id);  // our own key may not be in this read yet
-      sanitize(s, live, now);
-      const int max = s.settings().max_nodes();
-      if (s.phase() == State::RUNNING) {
-        if (hasId(s.participants(), node.id)) return;
+    const RoundView view = readRound();
+    if (!view.exists) {
+      createRun(settings);
+      continue;
+    }
+    etcd_rules::checkJoinable(view.state, settings, node, run_id_);
+    if (auto placement = placementOf(view.state, node.id)) return {placement, ""};
+    Snapshot snap;  // what this poll knows last
+    snap.state = view.state;
+    if (view.state.phase() == State::RUNNING) {
+      snap = update([&](State& s, bool exists, const std::set<std::string>& alive) {
+        if (!exists) return;
+        completeDecide(s, exists, alive);  // evicts the dead first
+        if (s.phase() != State::RUNNING || hasId(s.participants(), node.id)) return;
         if (!hasId(s.waiting(), node.id)) {
           wire::toProto(node, s.add_waiting());
           // Room for it: re-form the world with it now (scale-up costs no restart).
-          if (s.participants_size() < max) startNextRound(s, "node " + node.id + " joined", now);
-        }
-        return;
-      }
-      if (!hasId(s.joined(), node.id) && !hasId(s.waiting(), node.id)) {
-        if (s.joined_size() > 0 && (s.joined(0).node_rank() >= 0) != (node.node_rank >= 0)) {
-          throw InvalidArgument("node " + node.id +
-                                " mixes static and dynamic rendezvous: every node must use the "
-                                "same --rdzv_backend");
-        }
-        if (node.node_rank >= max) {
-          throw InvalidArgument("node rank " + std::to_string(node.node_rank) +
-                                " is out of range for " + std::to_string(max) + " nodes");
-        }
-        for (const auto& other : s.joined()) {
-          if (node.node_rank >= 0 && other.node_rank() == node.node_rank) {
-            throw InvalidArgument("node rank " + std::to_string(node.node_rank) +
-                                  " is already taken by node " + other.id());
+          if (s.participants_size() < s.settings().max_nodes()) {
+            startNextRound(s, "node " + node.id + " joined", wallMs());
           }
         }
-        wire::toProto(node, s.joined_size() < max ? s.add_joined() : s.add_waiting());
+      });
+      if (auto placement = placementOf(snap.state, node.id)) return {placement, ""};
+      if (snap.state.phase() != State::RUNNING) continue;  // a round it can join began
+    } else {
+      const auto count = putJoinKey(view, node);
+      if (!count) continue;  // the round moved on meanwhile
+      snap.revision = count->revision;
+      const State& s = view.state;
+      const int64_t now = wallMs();
+      const int64_t last_call = s.last_call_deadline_ms();
+      bool my_last_call = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        my_last_call = my_last_call_ == std::make_pair(s.round(), last_call);
       }
-      maybeComplete(s, now);
-    });
-    if (auto placement = placementOf(snap.state, node.id)) return {placement, ""};
+      const int64_t others_wait = my_last_call ? 0 : s.settings().keep_alive_interval_ms();
+      const bool decide = count->joined >= s.settings().max_nodes() ||
+                          (s.expected_size() > 0 && count->joined >= s.settings().min_nodes() &&
+                           count->alive <= count->joined) ||
+                          (last_call != 0 && now >= last_call + others_wait);
+      if (decide) {
+        snap = update(completeDecide);
+        if (auto placement = placementOf(snap.state, node.id)) return {placement, ""};
+        if (snap.state.round() != s.round() || snap.state.phase() != State::JOINING) continue;
+        if (snap.wrote && snap.state.last_call_deadline_ms() != 0 &&
+            snap.state.last_call_deadline_ms() != last_call) {  // this write started it
+          std::lock_guard<std::mutex> lock(mu_);
+          my_last_call_ = {s.round(), snap.state.last_call_deadline_ms()};
+        }
+      } else if (last_call == 0 && count->joined >= s.settings().min_nodes()) {
+        // The last call starts with the min-th node: one agent writes its end.
+        State with = s;
+        with.set_last_call_deadline_ms(now + s.settings().last_call_timeout_ms());
+        const EtcdTxnResult wrote =
+            client_->txn({EtcdCompare::modIs(prefix_ + "state", view.state_mod)},
+                         {EtcdOp::put(prefix_ + "state", with.SerializeAsString())});
+        if (wrote.succeeded) {
+          std::lock_guard<std::mutex> lock(mu_);
+          my_last_call_ = {s.round(), with.last_call_deadline_ms()};
+        }
+        continue;  // read the state again, with the last call in it
+      }
+    }
     const auto now = Clock::now();
     if (now >= deadline) return {std::nullopt, waitingFor(snap.state)};
     auto wait = std::chrono::duration_cast<Millis>(deadline - now);
-    if (snap.state.last_call_deadline_ms() != 0) {
-      wait = std::min(
-          wait, Millis(std::max<int64_t>(1, snap.state.last_call_deadline_ms() - wallMs() + 5)));
+    const State& s = snap.state;
+    if (s.phase() == State::JOINING && s.last_call_deadline_ms() != 0) {
+      std::lock_guard<std::mutex> lock(mu_);
+      const bool mine = my_last_call_ == std::make_pair(s.round(), s.last_call_deadline_ms());
+      const int64_t end =
+          s.last_call_deadline_ms() + (mine ? 0 : s.settings().keep_alive_interval_ms());
+      wait = std::min(wait, Millis(std::max<int64_t>(1, end - wallMs() + 5)));
     }
-    // The state key and the alive keys, not the store: [alive/, state] in key order.
-    client_->waitForChange(prefix_ + "alive/", prefix_ + "state" + std::string(1, '\0'),
-                           snap.revision, wait, &cancelled_);
+    if (s.phase() == State::JOINING && s.expected_size() > 0) {
+      // [alive/, round]: the alive keys and the round key, not the join keys (round/...).
+      client_->waitForChange(prefix_ + "alive/", round_key_ + std::string(1, '\0'), snap.revision,
+                             wait, &cancelled_);
+    } else {
+      client_->waitForChange(round_key_, "", snap.revision, wait, &cancelled_);
+    }
   }
-}
-
-RunStatus EtcdRendezvous::status() {
-  const EtcdTxnResult read = client_->txn(
-      {}, {EtcdOp::get(prefix_ + "state"), EtcdOp::prefix(prefix_ + "progress/", false)});
-  std::map<std::string, rdzv::EtcdNodeProgress> progress;  // by node id
-  const size_t skip = prefix_.size() + std::string("progress/").size();
-  for (const auto& kv : read.results.at(1).kvs) {
-    rdzv::EtcdNodeProgress p;
-    if (p.ParseFromString(kv.value)) progress[kv.key.substr(skip)] = std::move(p);
-  }
-  const int64_t now = wallMs();
-  auto withProgress = [&](NodeState& n) {
-    auto it = progress.find(n.spec.id);
-    if (it == progress.end()) return;
-    n.heartbeat_age = Millis(std::max<int64_t>(0, now - it->second.written_ms()));
-    for (const auto& w : it->second.workers()) n.workers.push_back(wire::fromProto(w));
-  };
-  State s;
-  if (read.results.at(0).kvs.empty() || !s.ParseFromString(read.results[0].kvs[0].value)) {
-    throw InvalidArgument("etcd at " + client_->endpointList() + " has no run '" + run_id_ +
-                          "' (no key " + prefix_ + "state)");
-  }
-  static const char* const kPhases[] = {"joining", "running", "closed", "failed"};
-  RunStatus out;
-  out.round = s.round();
-  out.state = kPhases[std::clamp(static_cast<int>(s.phase()), 0, 3)];
-  out.restart_count = s.restart_count();
-  out.settings = wire::fromProto(s.settings());
-  const bool running = s.phase() == State::RUNNING;
-  const auto& nodes = running ? s.participants() : s.joined();
-  for (int i = 0; i < nodes.size(); ++i) {
-    NodeState n;
-    n.spec = wire::fromProto(nodes[i]);
-    n.node_rank = running ? i : -1;
-    n.finished = hasId(s.finished(), n.spec.id);
-    withProgress(n);
-    out.participants.push_back(std::move(n));
-  }
-  for (const auto& w : s.waiting()) {
-    NodeState n;
-    n.spec = wire::fromProto(w);
-    out.waiting.push_back(std::move(n));
-  }
-  return out;
 }
 
 Verdict EtcdRendezvous::keepAlive(const std::string& node_id, int64_t round,

@@ -1,20 +1,30 @@
 #pragma once
 // EtcdRendezvous: the rendezvous of one run kept in an etcd cluster instead of a cxxlaunchd
 // server (--rdzv_backend=etcd). There is no server: every agent reads the run's state, decides
-// what the state machine of rendezvous/run_state.h would, and writes the new state back with a
-// compare-and-swap transaction on the state key's mod revision; a transaction that lost the race
-// re-reads and decides again. Same rules as RunState: rounds, min..max nodes with a last call,
-// a global restart count, the root cause of a failed job, close when every node has finished.
+// what the state machine of rendezvous/run_state.h would (rendezvous/etcd_rules.h), and writes the
+// new state back with a compare-and-swap transaction on the state key's mod revision; a
+// transaction that lost the race re-reads and decides again. Same rules as RunState: rounds,
+// min..max nodes with a last call, a global restart count, the root cause of a failed job, close
+// when every node has finished.
+//
+// Joining is uncontended, so that thousands of nodes can join one round: a joining node puts a
+// key of its own (round/<round>/node/<id>) and learns from the same transaction how many have
+// joined; only the node that sees the round full (or the last call end, or every expected node
+// back) reads them all and completes the round with one compare-and-swap of the state. The
+// others wait on a watch of the round key, which that write puts again.
 //
 // Keys (docs/rendezvous.md, "etcd"), all under /cxxlaunch/<run_id>/:
-//   state          the run's state (proto/etcd_state.proto), the one key every decision CASes
-//   round          the current round number: the fencing token of the workers' EtcdStore
-//   alive/<node>   one key per agent, attached to that agent's lease (TTL: the eviction timeout)
-//   store/<round>/ the workers' keys of a round (rendezvous/etcd_store.h)
+//   state           the run's state (proto/etcd_state.proto), which every decision CASes
+//   round           the current round number: the fencing token of the workers' EtcdStore, and
+//                   what waiting agents watch (put again when the round completes)
+//   round/<r>/node/<id>  a node that joined round r (its NodeInfo; .../rank/<k> for static
+//                   ranks), under that agent's lease; gone when the round completes
+//   alive/<node>    one key per agent, attached to that agent's lease (TTL: the eviction timeout)
+//   store/<round>/  the workers' keys of a round (rendezvous/etcd_store.h)
 // Liveness: an agent keeps its lease alive from a thread of its own; a killed agent's lease
-// expires and its alive key vanishes. Whoever reads the state next and finds a participant of
-// the running round without its alive key evicts it (the survivors re-form, elastic within
-// min..max), as RunState's keep-alive timeout does.
+// expires and its alive and join keys vanish. Whoever reads the state next and finds a
+// participant of the running round without its alive key evicts it (the survivors re-form,
+// elastic within min..max), as RunState's keep-alive timeout does.
 //
 // Thread-safety: safe to call from several threads; cancel() from any thread ends a join.
 
@@ -22,13 +32,19 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "rendezvous/client.h"
 #include "rendezvous/etcd_client.h"
 #include "rendezvous/etcd_store.h"
 #include "rendezvous/run_state.h"
+
+namespace cxxlaunch::rdzv {
+class EtcdRunState;
+}
 
 namespace cxxlaunch::rendezvous {
 
@@ -80,8 +96,17 @@ class EtcdRendezvous {
 
  private:
   struct Snapshot;
+  struct RoundView;
+  struct JoinCount;
   template <typename Decide>
   Snapshot update(Decide&& decide, Millis timeout = {});
+  RoundView readRound();
+  void createRun(const RunSettings& settings);
+  std::optional<JoinCount> putJoinKey(const RoundView& view, const NodeSpec& node);
+  std::string joinKey(int64_t round, const NodeSpec& node) const;
+  std::string roundPrefix(int64_t round) const;  // of the round's join keys
+  std::string waitingFor(const rdzv::EtcdRunState& s);
+  int64_t currentLease();
   void ensureLease(const NodeSpec& node, const RunSettings& settings);
   void reportProgress(const std::string& node_id, const std::vector<WorkerProgress>& workers,
                       Millis timeout);
@@ -89,8 +114,9 @@ class EtcdRendezvous {
 
   std::shared_ptr<EtcdClient> client_;
   const std::string run_id_;
-  const std::string root_;    // of every run's keys
-  const std::string prefix_;  // this run's: root_ + run_id_ + "/"
+  const std::string root_;       // of every run's keys
+  const std::string prefix_;     // this run's: root_ + run_id_ + "/"
+  const std::string round_key_;  // prefix_ + "round"
   std::atomic<bool> cancelled_ = false;
   std::mutex mu_;  // lease_, keeper_
   int64_t lease_ = 0;
@@ -101,6 +127,9 @@ class EtcdRendezvous {
   std::atomic<bool> stop_ = false;
   std::atomic<bool> lease_lost_ = false;
   std::atomic<bool> etcd_silent_ = false;  // the last keep-alive had no answer
+  // The last call this agent wrote (round, deadline): it ends that last call; the others only if
+  // it has not a keep-alive interval later, so that thousands of agents do not all try at once.
+  std::pair<int64_t, int64_t> my_last_call_{0, 0};
   std::thread keeper_;
 };
 

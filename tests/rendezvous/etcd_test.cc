@@ -256,6 +256,96 @@ TEST_CASE("Etcd rendezvous: a node whose lease is gone is evicted, the run close
                     Catch::Contains("every node must use the same"));
 }
 
+// Joining writes one key per node (round/<r>/node/<id>), not the shared state: the round fills up
+// to max, the node beyond it waits for room and gets into the next round; static ranks are
+// unique, and static and dynamic nodes do not mix.
+TEST_CASE("Etcd rendezvous: join keys, a node beyond max waits for the next round, static ranks",
+          "[etcd][rendezvous]") {
+  EtcdServer etcd;
+  auto client = clientOf(etcd);
+  const RunSettings s = settingsOf(4, 4);
+  std::vector<std::unique_ptr<EtcdRendezvous>> agents;
+  std::vector<std::optional<Placement>> placed(5);
+  for (int i = 0; i < 5; ++i) agents.push_back(std::make_unique<EtcdRendezvous>(client, "keys"));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 5; ++i) {
+    threads.emplace_back([&, i] {
+      placed[i] = joinUntilPlaced(*agents[i], nodeOf("n" + std::to_string(i)), s, 3s);
+    });
+  }
+  for (auto& t : threads) t.join();
+  int waiting = -1;
+  for (int i = 0; i < 5; ++i) {
+    if (!placed[i]) {
+      CHECK(waiting == -1);  // one only
+      waiting = i;
+    }
+  }
+  REQUIRE(waiting >= 0);
+  const NodeSpec late = nodeOf("n" + std::to_string(waiting));
+  CHECK_THAT(agents[waiting]->join(late, s, 100ms).waiting_for,
+             Catch::Contains("running with 4 of 4 nodes") && Catch::Contains("waits for room"));
+  // The completed round's join keys are gone; the state holds the participants.
+  CHECK(client->run(EtcdOp::prefix("/cxxlaunch/keys/round/", true)).count == 0);
+  CHECK(agents[waiting]->status().waiting.size() == 1);
+
+  // A participant goes away: its eviction starts round 2, which the waiting node joins.
+  const int gone = waiting == 0 ? 1 : 0;
+  int survivor = 0;
+  while (survivor == gone || survivor == waiting) ++survivor;
+  agents[gone]->close();
+  CHECK_THAT(agents[survivor]->keepAlive("n" + std::to_string(survivor), 1).reason,
+             Catch::Contains("evicted n" + std::to_string(gone)));
+  threads.clear();
+  for (int i = 0; i < 5; ++i) {
+    if (i == gone) continue;
+    threads.emplace_back([&, i] {
+      placed[i] = joinUntilPlaced(*agents[i], nodeOf("n" + std::to_string(i)), s, 20s);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < 5; ++i) {
+    if (i == gone) continue;
+    REQUIRE(placed[i]);
+    CHECK(placed[i]->round == 2);
+    CHECK(placed[i]->num_nodes == 4);
+  }
+
+  // Static ranks: one key per rank.
+  const RunSettings two = settingsOf(2, 2);
+  EtcdRendezvous a(client, "static"), b(client, "static"), c(client, "static"), d(client, "static");
+  NodeSpec sa = nodeOf("s-a"), sb = nodeOf("s-b"), sc = nodeOf("s-c");
+  sa.node_rank = 1;
+  sb.node_rank = 1;
+  sc.node_rank = 0;
+  CHECK_FALSE(a.join(sa, two, 100ms).placement);
+  CHECK_THROWS_WITH(b.join(sb, two, 100ms), Catch::Contains("node rank 1 is already taken by "
+                                                            "node s-a"));
+  CHECK_THROWS_WITH(d.join(nodeOf("dynamic"), two, 100ms),
+                    Catch::Contains("mixes static and dynamic"));
+  const auto pc = joinUntilPlaced(c, sc, two, 10s);
+  const auto pa = joinUntilPlaced(a, sa, two, 10s);
+  REQUIRE(pc);
+  REQUIRE(pa);
+  CHECK(pc->node_rank == 0);  // by --node_rank, not by id
+  CHECK(pa->node_rank == 1);
+}
+
+// A join waits on one watch stream (not one per 250 ms: thousands of those made etcd replay its
+// history over and over); cancel() ends that stream at once.
+TEST_CASE("Etcd rendezvous: cancel() ends a join that waits on its watch", "[etcd][rendezvous]") {
+  EtcdServer etcd;
+  EtcdRendezvous r(clientOf(etcd), "cancel");
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(500ms);
+    r.cancel();
+  });
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_AS(r.join(nodeOf("a"), settingsOf(2, 2), 20s), CommunicationError);
+  CHECK(std::chrono::steady_clock::now() - start < 3s);
+  canceller.join();
+}
+
 // A stopped etcd (SIGSTOP: its kernel still accepts, nothing answers) costs a keep-alive its own
 // deadline, not the client's call timeout, and close() does not wait on it: a launcher with
 // keep-alives of 1 s x 3 noticed it after 6.2 s, each call waiting the whole call timeout.
