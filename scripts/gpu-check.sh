@@ -288,6 +288,7 @@ finetune_llama() {
   if [ "$dry" = 1 ]; then
     record SKIP "finetune Llama 1.1B zero3 bf16" "needs a GPU"
     record SKIP "transformers loads the export" "needs a GPU"
+    record SKIP "finetune speed vs PyTorch" "needs a GPU"
     return
   fi
   local llama="$logs/llama-1b" tuned="$logs/llama-1b-tuned" text="$logs/finetune.txt"
