@@ -47,9 +47,8 @@ ShardedStrategy::ShardedStrategy(std::shared_ptr<Backend> backend,
   if (lean_) returnFreedHostMemory();
   // What a step frees and allocates again, in two sizes (a unit's, its shard's): in backward up
   // to five of the first (the unit in use, the one prefetched, the gradient being filled, two
-  // being reduced) and two of the second (those reductions' outputs) live at once. The pool
-  // matches sizes exactly and drops its oldest: 6 kept missed, and each miss above glibc's 32 MiB
-  // mmap threshold faults in anew (2.7x DDP's step, not 1.27x: bench/results/2026-12-04-*).
+  // reduced) and two of the second (those reductions' outputs). The pool matches sizes exactly
+  // and drops its oldest: 6 kept missed, each miss above 32 MiB faulted in anew (2.7x DDP's step).
   constexpr size_t kReusedBuffers = 12;
   if (options_.stage == 3 && device_.is_cpu()) {
     pool_ = std::make_unique<BufferPool>(kReusedBuffers);
