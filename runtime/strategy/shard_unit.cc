@@ -110,14 +110,19 @@ void ShardUnit::finishReduction(Backend* replicas) {
       ->wait();
 }
 
+void ShardUnit::useLentGradientBuffer(torch::Tensor zeroed) {
+  grad_full_ = std::move(zeroed);
+  full_gradient_lent_ = true;
+}
+
 void ShardUnit::dropGradientBuffers(BufferPool* pool) {
   if (pool) {
     pool->recycle(grad_incoming_);
-    pool->recycle(grad_full_);
-  } else {
-    grad_incoming_ = torch::Tensor();
-    grad_full_ = torch::Tensor();
+    if (!full_gradient_lent_) pool->recycle(grad_full_);
   }
+  grad_incoming_ = torch::Tensor();
+  grad_full_ = torch::Tensor();
+  full_gradient_lent_ = false;
 }
 
 void ShardUnit::drain() noexcept {

@@ -67,6 +67,9 @@ class ShardUnit {
   // Waits for the reduction; with `replicas` (hybrid sharding across nodes), averages the
   // reduce-scattered shard over them too.
   void finishReduction(Backend* replicas);
+  // Stage 2-3: `zeroed` (padded numel, the gradient's dtype) is the full gradient buffer until
+  // dropGradientBuffers, which then lets it go without giving it to the pool (its owner lent it).
+  void useLentGradientBuffer(torch::Tensor zeroed);
   // After a reduce-scatter was consumed: the full gradient and the incoming shard freed.
   void dropGradientBuffers(BufferPool* pool);
   // Waits for any collective in flight, errors swallowed (destruction).
@@ -116,6 +119,7 @@ class ShardUnit {
   torch::Tensor grad_incoming_;             // a reduce-scatter's output until it is consumed
   std::vector<torch::Tensor> grad_places_;  // replicated gradients: each parameter's place
   bool replicated_gradients_ = false;
+  bool full_gradient_lent_ = false;  // grad_full_ is useLentGradientBuffer's
 };
 
 }  // namespace cxxlaunch::runtime

@@ -122,6 +122,12 @@ void ShardedStrategy::buildUnits() {
     shard_numels.push_back(FlatParameter::shardNumelOf(numel, flat_world));
   }
   openOffload(shard_numels);
+  if (options_.stage == 2 && device_.is_cpu() && world > 1 && !options_.hybrid) {
+    const int64_t largest = *std::max_element(shard_numels.begin(), shard_numels.end()) * world;
+    const size_t bytes = static_cast<size_t>(largest) * c10::elementSize(options_.compute_dtype);
+    // The unit being filled and those being reduced (kMaxReductionsInFlight), and one more.
+    shared_grads_ = std::make_unique<SharedGradients>(*backend_, kMaxReductionsInFlight + 2, bytes);
+  }
   // Stage 0-1: every unit's whole gradient, all-reduced in place. Where the backend has memory
   // the ranks share (Gloo on one host) they all live there, one block: the all-reduce reads the
   // peers' buffers where they are and writes the average into each, no copy in or out. The same
@@ -200,18 +206,6 @@ void ShardedStrategy::buildUnits() {
     }
     settle(ui);
   }
-}
-
-torch::Tensor& ShardedStrategy::gradShard(ShardUnit& u) {
-  if (!u.grad_shard.defined()) u.grad_shard = torch::zeros({u.flat().shardNumel()}, shardOptions());
-  return u.grad_shard;
-}
-
-torch::TensorOptions ShardedStrategy::shardOptions() const {
-  const auto on = torch::TensorOptions().dtype(torch::kFloat);
-  if (!options_.offload_to_host) return on.device(device_);
-  // Pinned: the copies to and from the GPU run at the bus's speed, without a bounce buffer.
-  return on.device(torch::kCPU).pinned_memory(device_.is_cuda());
 }
 
 void ShardedStrategy::settle(size_t i) {
@@ -399,6 +393,10 @@ void ShardedStrategy::markReady(size_t index) {
         "micro-step");
   }
   ShardUnit& u = units_[p.unit];
+  if (shared_grads_ && !u.fullGradient().defined()) {
+    torch::Tensor lent = shared_grads_->lend(p.unit, u.flat().padded(), options_.compute_dtype);
+    if (lent.defined()) u.useLentGradientBuffer(std::move(lent));
+  }
   u.takeGradient(p.index, options_.compute_dtype, pool_.get());
   p.ready = true;
   if (--u.pending == 0) unitGradientsDone(p.unit);
@@ -427,7 +425,8 @@ void ShardedStrategy::launchReady() {
 }
 
 void ShardedStrategy::completeOldestReduction() {
-  ShardUnit& u = units_[in_flight_.front()];
+  const size_t i = in_flight_.front();
+  ShardUnit& u = units_[i];
   in_flight_.pop_front();
   u.finishReduction(replicas_.get());
   // Accumulated across micro-steps in the fp32 shard (cpu offload: brought down first), or in
@@ -439,6 +438,7 @@ void ShardedStrategy::completeOldestReduction() {
     shard.add_(u.incomingGradient().to(shard.device()));
   }
   u.dropGradientBuffers(pool_.get());
+  if (shared_grads_) shared_grads_->giveBack(i);
 }
 
 void ShardedStrategy::afterBackward(bool sync) {

@@ -46,6 +46,7 @@
 #include "runtime/offload/nvme_file.h"
 #include "runtime/optim/shard_optimizer.h"
 #include "runtime/strategy/shard_unit.h"
+#include "runtime/strategy/shared_gradients.h"
 #include "runtime/strategy/strategy.h"
 #include "runtime/strategy/unit.h"
 
@@ -185,6 +186,8 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   bool lean_ = false;  // memory is the point: freed host memory returned to the kernel
   // ZeRO-3 on CPU: the units' gathered buffers and full gradients, reused (flat/buffer_pool.h).
   std::unique_ptr<BufferPool> pool_;
+  // ZeRO-2 on one host: full gradients in memory the ranks share (shared_gradients.h).
+  std::unique_ptr<SharedGradients> shared_grads_;
   std::vector<torch::Tensor> frozen_;  // parameters without gradients: whole, never sharded
   std::unique_ptr<NvmeFile> param_file_, state_file_, grad_file_;  // nvme offload
   std::vector<AlignedBuffer> slots_;        // staging: piece k+1 read, k updated, k-1 written

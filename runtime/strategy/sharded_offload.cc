@@ -37,6 +37,19 @@ torch::Tensor floats(float* at, int64_t numel) {
 
 }  // namespace
 
+// Where the fp32 shards live: the model's device, or host memory under cpu offload.
+torch::Tensor& ShardedStrategy::gradShard(ShardUnit& u) {
+  if (!u.grad_shard.defined()) u.grad_shard = torch::zeros({u.flat().shardNumel()}, shardOptions());
+  return u.grad_shard;
+}
+
+torch::TensorOptions ShardedStrategy::shardOptions() const {
+  const auto on = torch::TensorOptions().dtype(torch::kFloat);
+  if (!options_.offload_to_host) return on.device(device_);
+  // Pinned: the copies to and from the GPU run at the bus's speed, without a bounce buffer.
+  return on.device(torch::kCPU).pinned_memory(device_.is_cuda());
+}
+
 void ShardedStrategy::openOffload(const std::vector<int64_t>& shard_numels) {
   for (const int64_t n : shard_numels) largest_shard_ = std::max(largest_shard_, n);
   if (!options_.nvme_param_dir.empty()) {
