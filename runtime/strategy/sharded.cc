@@ -122,10 +122,10 @@ void ShardedStrategy::buildUnits() {
     shard_numels.push_back(FlatParameter::shardNumelOf(numel, flat_world));
   }
   openOffload(shard_numels);
-  if (options_.stage == 2 && device_.is_cpu() && world > 1 && !options_.hybrid) {
+  if (options_.stage == 2 && device_.is_cpu() && world > 1 && !options_.hybrid &&
+      !shard_numels.empty()) {  // buffers: the unit being filled, those reduced, one more
     const int64_t largest = *std::max_element(shard_numels.begin(), shard_numels.end()) * world;
     const size_t bytes = static_cast<size_t>(largest) * c10::elementSize(options_.compute_dtype);
-    // The unit being filled and those being reduced (kMaxReductionsInFlight), and one more.
     shared_grads_ = std::make_unique<SharedGradients>(*backend_, kMaxReductionsInFlight + 2, bytes);
   }
   // Stage 0-1: every unit's whole gradient, all-reduced in place. Where the backend has memory
