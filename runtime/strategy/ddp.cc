@@ -6,8 +6,8 @@
 
 #include "common/error.h"
 #include "runtime/comm/tensor_ops.h"
-#include "runtime/strategy/grad_hooks.h"
 #include "runtime/strategy/model_state.h"
+#include "runtime/strategy/unit_plan.h"
 
 namespace cxxlaunch::runtime {
 
@@ -52,32 +52,21 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
       backend_(std::move(backend)),
       find_unused_(options.find_unused_parameters) {
   if (options.broadcast_initial_state) broadcastState(0);
-  // Reverse registration order approximates the order in which backward produces gradients.
-  auto params = module_->parameters();
-  std::reverse(params.begin(), params.end());
-  size_t bucket_bytes = 0;
-  for (auto& param : params) {
-    if (!param.requires_grad()) continue;
-    const size_t bytes = static_cast<size_t>(param.numel()) * param.element_size();
-    const bool start_new =
-        buckets_.empty() ||
-        slots_[buckets_.back().slots.front()].param.scalar_type() != param.scalar_type() ||
-        slots_[buckets_.back().slots.front()].param.device() != param.device() ||
-        bucket_bytes + bytes > options.bucket_bytes;
-    if (start_new) {
-      buckets_.emplace_back();
-      bucket_bytes = 0;
-    }
-    Bucket& bucket = buckets_.back();
+  const UnitPlan plan =
+      planUnits(*module_, {.module_units = false, .bucket_bytes = options.bucket_bytes});
+  std::vector<std::vector<torch::Tensor>> groups;
+  for (const auto& unit : plan.units) {
+    Bucket& bucket = buckets_.emplace_back();
     int64_t offset = 0;
-    for (size_t s : bucket.slots) offset += slots_[s].param.numel();
-    slots_.push_back({.param = param, .bucket = buckets_.size() - 1, .offset = offset});
-    bucket.slots.push_back(slots_.size() - 1);
-    bucket_bytes += bytes;
+    for (const auto& param : unit.params) {
+      slots_.push_back({.param = param, .offset = offset});
+      bucket.slots.push_back(slots_.size() - 1);
+      offset += param.numel();
+    }
+    groups.push_back(unit.params);
   }
   allocateBuckets();
   for (auto& bucket : buckets_) {
-    bucket.pending = bucket.slots.size();
     for (size_t s : bucket.slots) {
       Slot& slot = slots_[s];
       // A tensor over the bucket's memory, not an autograd view of it: optimizers may detach_()
@@ -88,16 +77,12 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     }
   }
   used_ = torch::zeros({static_cast<int64_t>(slots_.size())}, torch::kInt);
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    Slot& slot = slots_[i];
-    slot.accumulator = torch::autograd::impl::grad_accumulator(slot.param);
-    slot.hook = slot.accumulator->add_post_hook(
-        std::make_unique<AfterAccumulation>([this, i] { onGradientReady(i); }));
-  }
+  readiness_ = std::make_unique<GradientReadiness>(
+      groups, plan.reduce_order, [this](size_t b, size_t m) { onGradientReady(b, m); });
 }
 
 DistributedDataParallel::~DistributedDataParallel() {
-  for (auto& slot : slots_) slot.accumulator->del_post_hook(slot.hook);
+  readiness_.reset();  // no hook runs from here on
   for (auto& bucket : buckets_) {
     if (bucket.work) {
       try {
@@ -159,31 +144,21 @@ void DistributedDataParallel::moveIntoBucket(Slot& slot) {
 }
 
 // Runs after autograd accumulated this backward's gradient into param.grad().
-void DistributedDataParallel::onGradientReady(size_t index) {
+void DistributedDataParallel::onGradientReady(size_t bucket, size_t member) {
   if (!sync_) return;
   std::lock_guard<std::mutex> lock(mu_);
-  Slot& slot = slots_[index];
-  if (slot.ready) {
-    // Its bucket may be on the wire already: a second gradient now would be lost or torn.
-    throw InvalidArgument(
-        "DDP: a parameter got a second gradient before the gradients were synchronised (two "
-        "backward passes in one step, or reentrant checkpointing); run one backward per step, "
-        "or the others inside noSync()");
-  }
+  readiness_->markReady(bucket, member);
+  Slot& slot = slots_[buckets_[bucket].slots[member]];
   moveIntoBucket(slot);
   slot.param.mutable_grad() = slot.place;  // from now on autograd accumulates in the bucket
   slot.used = true;
-  slot.ready = true;
-  --buckets_[slot.bucket].pending;
   launchReadyBuckets();
 }
 
 void DistributedDataParallel::launchReadyBuckets() {
   // In bucket order on every rank, so that the collectives match across ranks.
-  while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
-    Bucket& bucket = buckets_[next_launch_];
-    bucket.work = allreduce(*backend_, bucket.flat, ReduceOp::kAvg);
-    ++next_launch_;
+  for (size_t b; (b = readiness_->nextToLaunch()) != GradientReadiness::kNone;) {
+    buckets_[b].work = allreduce(*backend_, buckets_[b].flat, ReduceOp::kAvg);
   }
 }
 
@@ -192,11 +167,9 @@ void DistributedDataParallel::finishBackward() {
   std::vector<WorkPtr> works;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto& slot : slots_) {
-      if (slot.ready) continue;
-      moveIntoBucket(slot);  // accumulated in noSync steps, or zero
-      slot.ready = true;
-      --buckets_[slot.bucket].pending;
+    for (const auto& [b, m] : readiness_->pending()) {
+      moveIntoBucket(slots_[buckets_[b].slots[m]]);  // accumulated in noSync steps, or zero
+      readiness_->markReady(b, m);
     }
     launchReadyBuckets();
     for (auto& bucket : buckets_) works.push_back(bucket.work);
@@ -211,16 +184,12 @@ void DistributedDataParallel::finishBackward() {
   auto used_anywhere = used_.accessor<int32_t, 1>();
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& slot = slots_[i];
-    slot.ready = false;
     slot.used = false;
     // The average is in place; a parameter no rank used keeps its gradient as it was.
     if (used_anywhere[static_cast<int64_t>(i)] != 0) slot.param.mutable_grad() = slot.place;
   }
-  for (auto& bucket : buckets_) {
-    bucket.pending = bucket.slots.size();
-    bucket.work.reset();
-  }
-  next_launch_ = 0;
+  for (auto& bucket : buckets_) bucket.work.reset();
+  readiness_->reset();
 }
 
 DistributedDataParallel::NoSync::NoSync(DistributedDataParallel& ddp)

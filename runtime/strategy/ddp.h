@@ -3,10 +3,12 @@
 //
 //   1. At construction, rank 0's parameters and buffers are broadcast to every rank.
 //   2. Parameters are grouped into buckets of about 25 MB, in reverse registration order (the
-//      order backward produces gradients), each bucket one flat buffer. Where the backend has
-//      memory the ranks share (Backend::sharedBuffer: Gloo with every rank on this host), the
-//      buckets live there, so the all-reduce reads the peers' gradients in place and writes the
-//      average where the optimizer reads it: no copy in or out.
+//      order backward produces gradients), each bucket one flat buffer: the sharded strategies'
+//      plan (planUnits without module units), and their gradient engine's hooks and readiness
+//      (gradient_readiness.h), so that DDP and ZeRO group and launch reductions alike. Where the
+//      backend has memory the ranks share (Backend::sharedBuffer: Gloo with every rank on this
+//      host), the buckets live there, so the all-reduce reads the peers' gradients in place and
+//      writes the average where the optimizer reads it: no copy in or out.
 //   3. Gradients live in the buckets (PyTorch's gradient_as_bucket_view): after the first step,
 //      param.grad() is a tensor over the parameter's place in its bucket, and autograd
 //      accumulates into it. A hook after each parameter's gradient accumulation marks it ready
@@ -24,7 +26,6 @@
 //
 // Thread-safety: one training thread; autograd may call the hooks from its own threads.
 
-#include <torch/csrc/autograd/function.h>
 #include <torch/nn/module.h>
 
 #include <memory>
@@ -32,6 +33,7 @@
 #include <vector>
 
 #include "runtime/comm/backend.h"
+#include "runtime/strategy/gradient_readiness.h"
 
 namespace cxxlaunch::runtime {
 
@@ -78,22 +80,17 @@ class DistributedDataParallel {
  private:
   struct Slot {
     torch::Tensor param;
-    size_t bucket;
-    int64_t offset;         // in the bucket's flat buffer
+    int64_t offset;         // in its bucket's flat buffer
     torch::Tensor place{};  // that part of the bucket, shaped like param: its gradient's home
-    bool ready = false;
-    bool used = false;  // got a gradient on this rank in this backward
-    std::shared_ptr<torch::autograd::Node> accumulator{};  // kept alive: it carries our hook
-    uintptr_t hook = 0;                                    // add_post_hook's key
+    bool used = false;      // got a gradient on this rank in this backward
   };
   struct Bucket {
     torch::Tensor flat;
     std::vector<size_t> slots;
-    size_t pending = 0;
     WorkPtr work;
   };
 
-  void onGradientReady(size_t slot);
+  void onGradientReady(size_t bucket, size_t member);  // autograd's hook
   static bool livesInBucket(const Slot& slot);
   static void moveIntoBucket(Slot& slot);  // param.grad() (or zeros) to its place in the bucket
   void launchReadyBuckets();               // under mu_
@@ -106,7 +103,7 @@ class DistributedDataParallel {
   std::shared_ptr<void> shared_;  // the buckets' memory, when the backend gives shared memory
   bool find_unused_;
   torch::Tensor used_;  // int32 per slot, all-reduced (max) in finishBackward
-  size_t next_launch_ = 0;
+  std::unique_ptr<GradientReadiness> readiness_;
   bool sync_ = true;
   std::mutex mu_;
 };

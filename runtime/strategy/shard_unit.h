@@ -10,10 +10,9 @@
 //               completes it;
 //   kSharded    reshard() freed the buffer: the parameters' views stay, without memory; only the
 //               master shard remains (in memory, or in the strategy's nvme file).
-// Gradients: `pending` counts the parameters whose gradient this backward has not produced;
-// takeGradient() places each one in the unit's full gradient buffer; once none is pending the
-// strategy calls reduceGradients(), which launches the unit's reduction, and finishReduction()
-// completes it.
+// Gradients: takeGradient() places each parameter's in the unit's full gradient buffer; once
+// every one is in (the strategy's GradientReadiness counts them) the strategy calls
+// reduceGradients(), which launches the unit's reduction, and finishReduction() completes it.
 //
 // The unit decides nothing about when: ShardedStrategy schedules (forward order, prefetch,
 // reduction order, offload), and calls these on its training thread or under its lock.
@@ -105,7 +104,6 @@ class ShardUnit {
     float factor = 1;      // clipping and unscaling, applied as the values are read back
   } swapped;
   size_t optimizer_shard = 0;
-  size_t pending = 0;   // parameters whose gradient this backward has not produced yet
   bool routed = false;  // runs through unitForward: resharded between uses (stage 3)
 
  private:

@@ -13,7 +13,6 @@
 #include "runtime/error_report.h"
 #include "runtime/host_memory.h"
 #include "runtime/optim/device_kernels.h"
-#include "runtime/strategy/grad_hooks.h"
 #include "runtime/strategy/model_state.h"
 #include "runtime/strategy/unit_plan.h"
 
@@ -66,7 +65,7 @@ ShardedStrategy::ShardedStrategy(std::shared_ptr<Backend> backend,
 }
 
 ShardedStrategy::~ShardedStrategy() {
-  for (auto& p : params_) p.accumulator->del_post_hook(p.hook);
+  readiness_.reset();  // no hook runs from here on
   for (auto& u : units_) {
     if (u.module() != nullptr) detail::unregisterUnit(u.module());
     u.drain();
@@ -106,11 +105,10 @@ void ShardedStrategy::buildUnits() {
                                       .module_units = options_.stage == 3,
                                       .bucket_bytes = options_.bucket_bytes});
   frozen_ = std::move(plan.frozen);
-  reduce_order_ = std::move(plan.reduce_order);
   for (const auto& planned : plan.units) units_.emplace_back(planned.name, planned.module);
 
-  // Per unit: the flat buffer, the master shard, gradient buffers, the optimizer's shard; per
-  //    parameter: hooks. Then the unit settles to its state at rest, before the next one adds
+  // Per unit: the flat buffer, the master shard, gradient buffers, the optimizer's shard. Then
+  // the unit settles to its state at rest, before the next one adds
   //    memory: a model built under a DeferredInit is never whole on any rank.
   // Stage 0 replicates: one "shard" of everything on every rank.
   const int flat_world = options_.stage == 0 ? 1 : world,
@@ -191,21 +189,16 @@ void ShardedStrategy::buildUnits() {
     }
     u.optimizer_shard = optimizer_.addShard(sn, std::move(segments), shardOptions().device(),
                                             options_.nvme_optimizer_dir.empty());
-    u.pending = u.flat().params().size();
-    for (size_t i = 0; i < u.flat().params().size(); ++i) {
-      Param param{ui, i};
-      param.accumulator = torch::autograd::impl::grad_accumulator(u.flat().params()[i]);
-      const size_t index = params_.size();
-      param.hook = param.accumulator->add_post_hook(
-          std::make_unique<AfterAccumulation>([this, index] { onGradientReady(index); }));
-      params_.push_back(std::move(param));
-    }
     if (u.module() != nullptr) {
       unit_of_module_[u.module()] = ui;
       detail::registerUnit(u.module(), this);
     }
     settle(ui);
   }
+  std::vector<std::vector<torch::Tensor>> groups;
+  for (const auto& u : units_) groups.push_back(u.flat().params());
+  readiness_ = std::make_unique<GradientReadiness>(
+      groups, std::move(plan.reduce_order), [this](size_t u, size_t p) { onGradientReady(u, p); });
 }
 
 void ShardedStrategy::settle(size_t i) {
@@ -378,28 +371,21 @@ void ShardedStrategy::beforeBackward(bool sync) {
   sync_ = sync;
 }
 
-void ShardedStrategy::onGradientReady(size_t index) {
+void ShardedStrategy::onGradientReady(size_t unit, size_t param) {
   std::lock_guard<std::mutex> lock(mu_);
   if (options_.stage <= 1 && !sync_) return;  // accumulates in param.grad() until the sync
-  markReady(index);
+  markReady(unit, param);
 }
 
-void ShardedStrategy::markReady(size_t index) {
-  Param& p = params_[index];
-  if (p.ready) {
-    throw InvalidArgument(
-        "a parameter got a second gradient before the gradients were reduced (two backward "
-        "passes in one micro-step, or a parameter used by two units); run one backward per "
-        "micro-step");
-  }
-  ShardUnit& u = units_[p.unit];
+void ShardedStrategy::markReady(size_t unit, size_t param) {
+  const bool unit_done = readiness_->markReady(unit, param);
+  ShardUnit& u = units_[unit];
   if (shared_grads_ && !u.fullGradient().defined()) {
-    torch::Tensor lent = shared_grads_->lend(p.unit, u.flat().padded(), options_.compute_dtype);
+    torch::Tensor lent = shared_grads_->lend(unit, u.flat().padded(), options_.compute_dtype);
     if (lent.defined()) u.useLentGradientBuffer(std::move(lent));
   }
-  u.takeGradient(p.index, options_.compute_dtype, pool_.get());
-  p.ready = true;
-  if (--u.pending == 0) unitGradientsDone(p.unit);
+  u.takeGradient(param, options_.compute_dtype, pool_.get());
+  if (unit_done) unitGradientsDone(unit);
   launchReady();
 }
 
@@ -413,8 +399,7 @@ void ShardedStrategy::unitGradientsDone(size_t i) {
 }
 
 void ShardedStrategy::launchReady() {
-  while (next_reduce_ < reduce_order_.size() && units_[reduce_order_[next_reduce_]].pending == 0) {
-    const size_t i = reduce_order_[next_reduce_++];
+  for (size_t i; (i = readiness_->nextToLaunch()) != GradientReadiness::kNone;) {
     // Stage 0-1: all-reduced over every rank, waited for in afterBackward; 2-3: reduce-scattered
     // over the shard group, at most kMaxReductionsInFlight at a time.
     units_[i].reduceGradients(options_.stage <= 1 ? *backend_ : *shards_, pool_.get());
@@ -447,9 +432,7 @@ void ShardedStrategy::afterBackward(bool sync) {
   if (options_.stage <= 1 && !sync) return;
   // Parameters this backward did not reach (unused in this forward) contribute zeros, so that no
   // rank waits for a reduction another rank never starts.
-  for (size_t k = 0; k < params_.size(); ++k) {
-    if (!params_[k].ready) markReady(k);
-  }
+  for (const auto& [unit, param] : readiness_->pending()) markReady(unit, param);
   if (options_.stage <= 1) {
     for (auto& u : units_) {
       u.finishReduction(nullptr);
@@ -460,12 +443,8 @@ void ShardedStrategy::afterBackward(bool sync) {
     }
   }
   while (!in_flight_.empty()) completeOldestReduction();
-  for (auto& p : params_) p.ready = false;
-  for (size_t i = 0; i < units_.size(); ++i) {
-    units_[i].pending = units_[i].flat().params().size();
-    release(i);  // a unit prefetched but not used
-  }
-  next_reduce_ = 0;
+  readiness_->reset();
+  for (size_t i = 0; i < units_.size(); ++i) release(i);  // a unit prefetched but not used
 }
 
 // ---- optimizer step -----------------------------------------------------------------------------

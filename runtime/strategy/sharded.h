@@ -34,8 +34,6 @@
 //
 // Thread-safety: one training thread; hooks from autograd's threads are serialised.
 
-#include <torch/csrc/autograd/function.h>
-
 #include <deque>
 #include <map>
 #include <memory>
@@ -45,6 +43,7 @@
 
 #include "runtime/offload/nvme_file.h"
 #include "runtime/optim/shard_optimizer.h"
+#include "runtime/strategy/gradient_readiness.h"
 #include "runtime/strategy/shard_unit.h"
 #include "runtime/strategy/shared_gradients.h"
 #include "runtime/strategy/strategy.h"
@@ -121,23 +120,15 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   std::vector<std::pair<std::string, int64_t>> units() const;
 
  private:
-  struct Param {
-    size_t unit;
-    size_t index;  // in the unit's FlatParameter
-    bool ready = false;
-    std::shared_ptr<torch::autograd::Node> accumulator{};
-    uintptr_t hook = 0;
-  };
-
   void buildUnits();
-  torch::Tensor gatherInput(ShardUnit& unit);  // this rank's shard, as the gathers read it
-  void onGradientReady(size_t param);          // autograd's hook
-  void markReady(size_t param);                // under mu_
-  void preBackward(size_t unit);               // hook on a unit's output gradient
-  void launchReady();                          // reductions, in order
-  void completeOldestReduction();              // stage 2-3
-  void unitGradientsDone(size_t unit);         // stage 3: release, BACKWARD_POST prefetch
-  void gatherNow(size_t unit);                 // waits
+  torch::Tensor gatherInput(ShardUnit& unit);       // this rank's shard, as the gathers read it
+  void onGradientReady(size_t unit, size_t param);  // autograd's hook
+  void markReady(size_t unit, size_t param);        // under mu_
+  void preBackward(size_t unit);                    // hook on a unit's output gradient
+  void launchReady();                               // reductions, in order
+  void completeOldestReduction();                   // stage 2-3
+  void unitGradientsDone(size_t unit);              // stage 3: release, BACKWARD_POST prefetch
+  void gatherNow(size_t unit);                      // waits
   bool mixed() const { return options_.compute_dtype != torch::kFloat; }
   // Whether the master shard is memory of its own, not a view of the flat buffer.
   bool ownMaster() const { return options_.stage == 3 || mixed() || options_.offload_to_host; }
@@ -175,9 +166,8 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   c10::Device device_;  // the model's
   ShardOptimizer optimizer_;
   std::vector<ShardUnit> units_;
-  std::vector<Param> params_;
-  std::vector<size_t> reduce_order_;  // unit indices, the order reductions launch in
-  size_t next_reduce_ = 0;
+  // The hooks, which gradients are in, which unit's reduction launches next (in plan order).
+  std::unique_ptr<GradientReadiness> readiness_;
   std::deque<size_t> in_flight_;  // stage 2-3 reductions not yet added to the shards
   std::map<const torch::nn::Module*, size_t> unit_of_module_;
   std::vector<size_t> forward_order_, last_forward_order_;

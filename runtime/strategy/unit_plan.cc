@@ -110,7 +110,8 @@ UnitPlan planUnits(torch::nn::Module& model, const WrapOptions& options) {
   for (const auto& p : rest) {
     const size_t bytes = static_cast<size_t>(p.numel()) * p.element_size();
     if (!bucket.empty() && (bucket_bytes + bytes > options.bucket_bytes ||
-                            p.scalar_type() != bucket.front().scalar_type())) {
+                            p.scalar_type() != bucket.front().scalar_type() ||
+                            p.device() != bucket.front().device())) {
       close();
     }
     bucket.push_back(p);

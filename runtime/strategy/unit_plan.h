@@ -7,8 +7,8 @@
 //     Accelerator::wrap, or by itself (a RunsThroughUnitForward type); the model itself never is.
 //     Each unit takes the trainable parameters under it that no unit inside it took;
 //   - the remaining trainable parameters (without module units: all of them) form buckets of at
-//     most bucket_bytes, one dtype each, in reverse registration order: DDP's order of gradient
-//     readiness;
+//     most bucket_bytes, one dtype and device each, in reverse registration order: the order
+//     backward produces gradients in (DDP's buckets are these, with no module units);
 //   - parameters without gradients are frozen: never flattened, never sharded.
 //
 // Nothing is allocated or moved: the plan holds the model's own tensors.

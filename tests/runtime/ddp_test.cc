@@ -228,7 +228,7 @@ TEST_CASE("A second backward before the gradients are synchronised is refused", 
   loss.backward({}, /*retain_graph=*/true);
   CHECK_THROWS_WITH(
       loss.backward(),
-      Catch::Contains("got a second gradient before the gradients were synchronised"));
+      Catch::Contains("got a second gradient before the gradients were reduced"));
 }
 
 TEST_CASE("Small buckets give the same result as one bucket", "[ddp]") {
