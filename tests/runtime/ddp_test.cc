@@ -226,9 +226,8 @@ TEST_CASE("A second backward before the gradients are synchronised is refused", 
   DistributedDataParallel ddp(net.ptr(), makeFakeBackend(makeFakeWorld(1), 0));
   auto loss = torch::mse_loss(net->forward(data.x), data.y);
   loss.backward({}, /*retain_graph=*/true);
-  CHECK_THROWS_WITH(
-      loss.backward(),
-      Catch::Contains("got a second gradient before the gradients were reduced"));
+  CHECK_THROWS_WITH(loss.backward(),
+                    Catch::Contains("got a second gradient before the gradients were reduced"));
 }
 
 TEST_CASE("Small buckets give the same result as one bucket", "[ddp]") {
