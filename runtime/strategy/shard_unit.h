@@ -91,18 +91,6 @@ class ShardUnit {
   torch::Tensor grad_shard;    // this rank's fp32 gradient (stage 1 fp32: a view of the buffer)
   torch::Tensor device_shard;  // cpu offload of the optimizer only, a unit at rest sharded: its
                                // shard on the device in the compute dtype, the gathers' input
-  int64_t master_offset = -1;  // nvme params: the master's place in the param file (master
-                               // itself is then undefined)
-  int64_t state_offset = -1;   // nvme optimizer: the state's place in the state file
-  // nvme optimizer, stage 2-3: the gradient shard rests in the gradient file, not in grad_shard
-  // (sharded_offload.cc); what clipping and the loss scaler need of it is kept here.
-  struct SwappedGradient {
-    int64_t offset = -1;   // its place in the gradient file
-    bool written = false;  // the file holds a gradient since the last zeroGrad (else: zeros)
-    double squares = 0;    // sum of squares of the values in the file
-    bool finite = true;    // no inf or NaN among them
-    float factor = 1;      // clipping and unscaling, applied as the values are read back
-  } swapped;
   size_t optimizer_shard = 0;
   bool routed = false;  // runs through unitForward: resharded between uses (stage 3)
 

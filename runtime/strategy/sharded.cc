@@ -119,7 +119,20 @@ void ShardedStrategy::buildUnits() {
     for (const auto& p : planned.params) numel += p.numel();
     shard_numels.push_back(FlatParameter::shardNumelOf(numel, flat_world));
   }
-  openOffload(shard_numels);
+  const auto on = torch::TensorOptions().dtype(torch::kFloat);
+  if (!options_.nvme_optimizer_dir.empty() || !options_.nvme_param_dir.empty()) {
+    store_ = std::make_unique<NvmeStore>(optimizer_, on.device(device_), options_.stage,
+                                         options_.nvme_optimizer_dir, options_.nvme_param_dir,
+                                         units_, shard_numels);
+  } else {
+    // cpu offload: pinned, so that the copies to and from the GPU run at the bus's speed,
+    // without a bounce buffer.
+    store_ = std::make_unique<MemoryStore>(
+        optimizer_,
+        options_.offload_to_host ? on.device(torch::kCPU).pinned_memory(device_.is_cuda())
+                                 : on.device(device_),
+        options_.free_gradients_between_steps);
+  }
   if (options_.stage == 2 && device_.is_cpu() && world > 1 && !options_.hybrid &&
       !shard_numels.empty()) {  // buffers: the unit being filled, those reduced, one more
     const int64_t largest = *std::max_element(shard_numels.begin(), shard_numels.end()) * world;
@@ -161,8 +174,8 @@ void ShardedStrategy::buildUnits() {
                             "); mixed precision comes from the config's mixed_precision");
     }
     const int64_t sb = u.flat().shardBegin(), sn = u.flat().shardNumel();
-    u.master =
-        ownMaster() ? torch::empty({sn}, shardOptions()).copy_(u.flat().shard()) : u.flat().shard();
+    u.master = ownMaster() ? torch::empty({sn}, store_->options()).copy_(u.flat().shard())
+                           : u.flat().shard();
     // Before the gradient accumulators exist: they take the parameters' dtype.
     u.flat().convert(options_.compute_dtype);
     if (options_.stage <= 1) {
@@ -171,9 +184,9 @@ void ShardedStrategy::buildUnits() {
                                           static_cast<char*>(grad_block.get()) + grad_offsets[ui],
                                           {u.flat().padded()}, [grad_block](void*) {}, options)
                                     : torch::zeros({u.flat().padded()}, options));
-      u.grad_shard = mixed() || options_.offload_to_host ? torch::zeros({sn}, shardOptions())
+      u.grad_shard = mixed() || options_.offload_to_host ? torch::zeros({sn}, store_->options())
                                                          : u.fullGradient().narrow(0, sb, sn);
-    }  // stage 2-3: the gradient shard comes with the first reduction (gradShard)
+    }  // stage 2-3: the gradient shard comes with the first reduction (ShardStore::addGradient)
     std::vector<ShardOptimizer::Segment> segments;
     for (size_t i = 0; i < u.flat().params().size(); ++i) {
       const int64_t begin = std::max(u.flat().offset(i), sb);
@@ -187,8 +200,8 @@ void ShardedStrategy::buildUnits() {
         segments.push_back({begin - sb, end - sb, group});
       }
     }
-    u.optimizer_shard = optimizer_.addShard(sn, std::move(segments), shardOptions().device(),
-                                            options_.nvme_optimizer_dir.empty());
+    u.optimizer_shard = optimizer_.addShard(sn, std::move(segments), store_->options().device(),
+                                            store_->optimizerKeepsState());
     if (u.module() != nullptr) {
       unit_of_module_[u.module()] = ui;
       detail::registerUnit(u.module(), this);
@@ -203,13 +216,7 @@ void ShardedStrategy::buildUnits() {
 
 void ShardedStrategy::settle(size_t i) {
   ShardUnit& u = units_[i];
-  if (param_file_) {  // the fp32 master moves out
-    const size_t bytes = static_cast<size_t>(u.flat().shardNumel()) * 4;
-    const AlignedBuffer staging = alignedBuffer(NvmeFile::roundUp(bytes) / 4);
-    std::memcpy(staging.data.get(), u.master.data_ptr<float>(), bytes);
-    param_file_->write(u.master_offset, staging.data.get(), NvmeFile::roundUp(bytes))->wait();
-    u.master = torch::Tensor();
-  }
+  store_->settle(u);
   // A unit the trainer marked with Accelerator::wrap, or of a type that says so, promises to run
   // through unitForward: it rests sharded from now on. One the policy chose rests so after its
   // first unitForward (a trainer that never calls it keeps it whole, and trains correctly).
@@ -312,7 +319,7 @@ torch::Tensor ShardedStrategy::gatherInput(ShardUnit& u) {
   // In the compute dtype: a bf16 gather moves half the bytes. On the device: a master offloaded
   // to the host is copied up (or its device copy read).
   if (u.device_shard.defined()) return u.device_shard;
-  return masterNow(u).to(u.flat().full().device(), options_.compute_dtype);
+  return store_->master(u).to(u.flat().full().device(), options_.compute_dtype);
 }
 
 void ShardedStrategy::prefetch(size_t i) {
@@ -414,14 +421,7 @@ void ShardedStrategy::completeOldestReduction() {
   ShardUnit& u = units_[i];
   in_flight_.pop_front();
   u.finishReduction(replicas_.get());
-  // Accumulated across micro-steps in the fp32 shard (cpu offload: brought down first), or in
-  // the swap file.
-  if (grad_file_) {
-    swapOutGradient(u);
-  } else {
-    torch::Tensor& shard = gradShard(u);
-    shard.add_(u.incomingGradient().to(shard.device()));
-  }
+  store_->addGradient(u, u.incomingGradient());  // accumulated across micro-steps
   u.dropGradientBuffers(pool_.get());
   if (shared_grads_) shared_grads_->giveBack(i);
 }
@@ -451,23 +451,14 @@ void ShardedStrategy::afterBackward(bool sync) {
 
 double ShardedStrategy::clipGradNorm(double max_norm) {
   double squares = 0;
-  for (auto& u : units_) {
-    squares += grad_file_ ? u.swapped.squares * u.swapped.factor * u.swapped.factor
-                          : device_kernels::sumOfSquares(gradShard(u));
-  }
+  for (auto& u : units_) squares += store_->gradientSquares(u);
   if (options_.stage > 0) {  // each shard holds a part of the gradient
     shards_->allreduce(&squares, 1, DType::kFloat64, ReduceOp::kSum)->wait();
   }
   const double norm = std::sqrt(squares);
   const double coefficient = max_norm / (norm + 1e-6);
   if (max_norm > 0 && coefficient < 1) {
-    for (auto& u : units_) {
-      if (grad_file_) {
-        u.swapped.factor *= static_cast<float>(coefficient);
-      } else {
-        device_kernels::scaleInPlace(gradShard(u), static_cast<float>(coefficient));
-      }
-    }
+    for (auto& u : units_) store_->scaleGradient(u, static_cast<float>(coefficient));
   }
   return norm;
 }
@@ -475,13 +466,8 @@ double ShardedStrategy::clipGradNorm(double max_norm) {
 bool ShardedStrategy::unscaleGradients(double factor) {
   int32_t overflow = 0;
   for (auto& u : units_) {
-    if (grad_file_) {
-      if (!u.swapped.finite) overflow = 1;
-      u.swapped.factor *= static_cast<float>(factor);
-      continue;
-    }
-    if (!device_kernels::allFinite(gradShard(u))) overflow = 1;
-    device_kernels::scaleInPlace(gradShard(u), static_cast<float>(factor));
+    if (!store_->gradientFinite(u)) overflow = 1;
+    store_->scaleGradient(u, static_cast<float>(factor));
   }
   backend_->allreduce(&overflow, 1, DType::kInt32, ReduceOp::kMax)->wait();
   return overflow == 0;
@@ -490,7 +476,7 @@ bool ShardedStrategy::unscaleGradients(double factor) {
 void ShardedStrategy::step() {
   torch::NoGradGuard no_grad;
   optimizer_.beginStep();
-  stepUnits();
+  store_->step(units_);
   // Parameters up to date everywhere: gathered now, or (stage 3 units run through unitForward)
   // at their next forward.
   std::vector<WorkPtr> gathers;
@@ -514,12 +500,8 @@ void ShardedStrategy::zeroGrad() {
   for (auto& u : units_) {
     if (options_.stage <= 1) {
       u.fullGradient().zero_();
-    } else if (grad_file_) {
-      u.swapped = {.offset = u.swapped.offset};  // the file's values count as zeros from now on
-    } else if (options_.free_gradients_between_steps) {
-      u.grad_shard = torch::Tensor();  // gradShard makes it again, zeroed
-    } else if (u.grad_shard.defined()) {
-      u.grad_shard.zero_();
+    } else {
+      store_->zeroGradient(u);
     }
   }
 }
@@ -539,11 +521,7 @@ MemoryReport ShardedStrategy::memoryReport() const {
   for (const auto& p : frozen_) report.parameters += bytesOf(p);
   (options_.offload_to_host ? report.offloaded_to_cpu : report.optimizer_state) +=
       optimizer_.stateBytes();
-  for (const auto& slot : slots_) report.optimizer_state += slot.bytes;
-  for (const auto& piece : grad_pieces_) report.gradients += piece.bytes;
-  for (const auto* file : {param_file_.get(), state_file_.get(), grad_file_.get()}) {
-    if (file != nullptr) report.offloaded += file->size();
-  }
+  store_->report(report);
   if (pool_) report.kept_for_reuse = pool_->bytes();
   return report;
 }
@@ -560,7 +538,7 @@ void ShardedStrategy::visitFullParameters(const ParameterVisitor& visit) {
       full = u.flat().full();
     } else {  // from the fp32 master shards: the precise values, not the compute copies
       full = torch::empty({u.flat().padded()}, torch::kFloat);
-      const torch::Tensor master = masterNow(u);
+      const torch::Tensor master = store_->master(u);
       shards_
           ->allGather(master.data_ptr(), full.data_ptr(),
                       static_cast<size_t>(u.flat().shardNumel()), DType::kFloat32)

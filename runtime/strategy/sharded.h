@@ -26,7 +26,8 @@
 // (strategy/shard_unit.h: one FlatParameter, its master and gradient buffers, an explicit
 // sharded / gathering / unsharded state) and one shard of the optimizer
 // (optim/shard_optimizer.h). This class is the scheduler of the units: when each is gathered,
-// released, reduced and stepped, and where its fp32 state rests (memory, host, nvme files).
+// released, reduced and stepped; where its fp32 shards rest (device, host, nvme files) is its
+// ShardStore's (strategy/shard_store.h).
 //
 // Collectives run in one order on every rank: gradient reductions in a fixed unit order (a unit
 // that completes early waits for the ones before it), gathers in forward order and in the
@@ -41,9 +42,9 @@
 #include <string>
 #include <vector>
 
-#include "runtime/offload/nvme_file.h"
 #include "runtime/optim/shard_optimizer.h"
 #include "runtime/strategy/gradient_readiness.h"
+#include "runtime/strategy/shard_store.h"
 #include "runtime/strategy/shard_unit.h"
 #include "runtime/strategy/shared_gradients.h"
 #include "runtime/strategy/strategy.h"
@@ -73,7 +74,7 @@ struct ShardingOptions {
   // (stage 2-3, with the optimizer's) and the fp32 master shards (stage 3) rest in swap files in
   // these directories, streamed through memory at each step in pieces of a fixed size, with the
   // next piece's reads and the previous one's writes overlapping the update
-  // (sharded_offload.cc). Empty: in memory.
+  // (NvmeStore, strategy/shard_store.h). Empty: in memory.
   std::string nvme_optimizer_dir, nvme_param_dir;
   // cpu offload (DeepSpeed's offload_optimizer / offload_param device cpu, FSDP's CPUOffload),
   // for GPU runs: the fp32 master shards, the fp32 gradient shards and the optimizer state live
@@ -132,8 +133,6 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   bool mixed() const { return options_.compute_dtype != torch::kFloat; }
   // Whether the master shard is memory of its own, not a view of the flat buffer.
   bool ownMaster() const { return options_.stage == 3 || mixed() || options_.offload_to_host; }
-  // Where the fp32 shards (master, gradient, optimizer state) live.
-  torch::TensorOptions shardOptions() const;
   void prefetch(size_t unit);  // returns at once
   void release(size_t unit);   // stage 3, routed units only
   // After the first step: one warning naming the units the policy chose that never ran through
@@ -143,19 +142,11 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   size_t previousInForward(size_t unit) const;  // next in backward order, or kNone
 
   void connectHybridGroups();
-  // The swap files, for units of these shard sizes.
-  void openOffload(const std::vector<int64_t>& shard_numels);
-  void settle(size_t unit);                   // built: to the state it rests in
-  torch::Tensor& gradShard(ShardUnit& unit);  // stage 2-3: allocated by its first use
-  void swapOutGradient(ShardUnit& unit);      // the incoming gradient into grad_file_
-  void stepUnits();                           // the optimizer over every unit's shard
+  void settle(size_t unit);      // built: to the state it rests in
   StateStream shardedStream();   // this rank's shards, read from nvme one unit at a time
   StateStream gatheredStream();  // every parameter whole on rank 0, gathered one unit at a time
-  torch::Tensor masterNow(ShardUnit& unit);  // in memory, read from nvme if it rests there
-  std::vector<torch::Tensor> stateNow(ShardUnit& unit);  // the optimizer state, likewise
   void publish(
-      ShardUnit& unit);       // the master's values into the parameters (gathered), after a load
-  size_t pieceBytes() const;  // what one array of a piece the nvme step streams takes
+      ShardUnit& unit);  // the master's values into the parameters (gathered), after a load
 
   std::shared_ptr<Backend> backend_;   // every rank
   std::shared_ptr<Backend> shards_;    // the ranks the parameters are sharded over (hybrid: a node)
@@ -166,6 +157,7 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   c10::Device device_;  // the model's
   ShardOptimizer optimizer_;
   std::vector<ShardUnit> units_;
+  std::unique_ptr<ShardStore> store_;  // where the units' fp32 shards rest
   // The hooks, which gradients are in, which unit's reduction launches next (in plan order).
   std::unique_ptr<GradientReadiness> readiness_;
   std::deque<size_t> in_flight_;  // stage 2-3 reductions not yet added to the shards
@@ -179,10 +171,6 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   // ZeRO-2 on one host: full gradients in memory the ranks share (shared_gradients.h).
   std::unique_ptr<SharedGradients> shared_grads_;
   std::vector<torch::Tensor> frozen_;  // parameters without gradients: whole, never sharded
-  std::unique_ptr<NvmeFile> param_file_, state_file_, grad_file_;  // nvme offload
-  std::vector<AlignedBuffer> slots_;        // staging: piece k+1 read, k updated, k-1 written
-  std::vector<AlignedBuffer> grad_pieces_;  // swapOutGradient's: one made while one is written
-  int64_t largest_shard_ = 0;               // elements of the biggest unit's shard (openOffload)
   std::mutex mu_;
 };
 

@@ -65,12 +65,12 @@ StateStream ShardedStrategy::gatheredStream() {
       auto [u, k] = order[step];
       if (k == 0) {
         u->waitUnsharded();
-        optimizer_state = stateNow(*u);
+        optimizer_state = store_->state(*u);
         // Whole already (stages 1-2, a unit in use).
         if (u->flat().resident() && !mixed()) return Gather{u->flat().full(), {}, nullptr};
       }
       // The fp32 shards of every rank (of this node, under hybrid sharding).
-      Gather g{{}, k == 0 ? masterNow(*u) : optimizer_state[k - 1], nullptr};
+      Gather g{{}, k == 0 ? store_->master(*u) : optimizer_state[k - 1], nullptr};
       torch::Tensor& buffer = buffers[step % 2];  // the one step - 2 wrote from
       if (!buffer.defined()) buffer = torch::empty({largest}, g.shard.options());
       g.full = buffer.narrow(0, 0, u->flat().padded());
@@ -156,8 +156,8 @@ StateStream ShardedStrategy::shardedStream() {
         current = piece.unit;
         master = torch::Tensor();
         state.clear();
-        master = masterNow(*piece.unit);
-        state = stateNow(*piece.unit);
+        master = store_->master(*piece.unit);
+        state = store_->state(*piece.unit);
       }
       write(master.narrow(0, piece.from, piece.count));
       for (const auto& s : state) write(s.narrow(0, piece.from, piece.count));
@@ -178,12 +178,8 @@ void ShardedStrategy::fillState(StateSource& source) {
   for (auto& u : units_) {
     const int64_t sb = u.flat().shardBegin(), sn = u.flat().shardNumel();
     u.waitUnsharded();
-    torch::Tensor master = param_file_ ? torch::zeros({sn}) : u.master;
-    std::vector<torch::Tensor> state =
-        state_file_ ? std::vector<torch::Tensor>{} : optimizer_.stateToOverwrite(u.optimizer_shard);
-    if (state_file_) {
-      for (size_t k = 0; k < names.size(); ++k) state.push_back(torch::zeros({sn}));
-    }
+    torch::Tensor master = store_->masterToOverwrite(u);
+    std::vector<torch::Tensor> state = store_->stateToOverwrite(u);
     std::vector<StateRead> reads;  // the unit's, read together
     for (size_t i = 0; i < u.flat().params().size(); ++i) {
       const auto& p = u.flat().params()[i];
@@ -210,19 +206,7 @@ void ShardedStrategy::fillState(StateSource& source) {
     // loop: the collectives below run on this rank as on the others, and the caller then throws
     // and loads another checkpoint.
     source.read(reads);
-    const size_t bytes = NvmeFile::roundUp(static_cast<size_t>(sn) * 4);
-    if (param_file_) {
-      AlignedBuffer staging = alignedBuffer(static_cast<size_t>(sn));
-      std::memcpy(staging.data.get(), master.data_ptr<float>(), static_cast<size_t>(sn) * 4);
-      param_file_->write(u.master_offset, staging.data.get(), bytes)->wait();
-    }
-    if (state_file_) {  // one array at a time: a unit's state is never staged whole
-      AlignedBuffer staging = alignedBuffer(bytes / 4);
-      for (size_t k = 0; k < names.size(); ++k) {
-        std::memcpy(staging.data.get(), state[k].data_ptr<float>(), static_cast<size_t>(sn) * 4);
-        state_file_->write(u.state_offset + k * bytes, staging.data.get(), bytes)->wait();
-      }
-    }
+    store_->put(u, master, state);  // where they rest (nvme: written back)
     // A unit whole at rest takes its new shard now (a view of the master below stage 3 in fp32
     // has it already); one at rest sharded gathers it from the master when next used.
     if (u.flat().resident() && master.data_ptr() != u.flat().shard().data_ptr()) {
