@@ -24,8 +24,12 @@ torch::Tensor& MemoryStore::gradShard(ShardUnit& u) {
 }
 
 void MemoryStore::addGradient(ShardUnit& u, const torch::Tensor& incoming) {
-  torch::Tensor& shard = gradShard(u);  // cpu offload: the incoming shard comes down first
-  shard.add_(incoming.to(shard.device()));
+  if (!u.grad_shard.defined()) {  // the first reduction since it was made or freed: one pass
+    u.grad_shard = torch::empty({u.flat().shardNumel()}, options_).copy_(incoming);
+    return;
+  }
+  // cpu offload: the incoming shard comes down first
+  u.grad_shard.add_(incoming.to(u.grad_shard.device()));
 }
 
 double MemoryStore::gradientSquares(ShardUnit& u) {
