@@ -243,6 +243,7 @@ std::string ShardedStrategy::describe() const {
                               : " on 1/" + std::to_string(shards_->worldSize()) + " shards") +
          (replicas_ ? " x " + std::to_string(replicas_->worldSize()) + " node replicas" : "") +
          (mixed() ? ", compute in " + std::string(c10::toString(options_.compute_dtype)) : "") +
+         (shared_grads_ && !shared_grads_->empty() ? ", full gradients in shared memory" : "") +
          (options_.offload_to_host ? ", optimizer on the CPU" : "") +
          (options_.offload_params_to_host && options_.stage == 3 ? ", parameters offloaded" : "");
 }

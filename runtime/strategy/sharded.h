@@ -119,6 +119,8 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
 
   // The units, for tests and logs: name and number of parameter elements.
   std::vector<std::pair<std::string, int64_t>> units() const;
+  // How many full gradients were lent memory the ranks share (ZeRO-2 on one host), for tests.
+  size_t sharedGradientLends() const { return shared_grads_ ? shared_grads_->lends() : 0; }
 
  private:
   void buildUnits();

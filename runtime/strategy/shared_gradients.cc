@@ -17,6 +17,7 @@ torch::Tensor SharedGradients::lend(size_t unit, int64_t numel, torch::ScalarTyp
   for (auto& slot : slots_) {
     if (slot.owner != kFree) continue;
     slot.owner = unit;
+    ++lends_;
     // The tensor keeps the memory mapped: it may outlive the strategy.
     return torch::from_blob(
                slot.memory.get(), {numel}, [keep = slot.memory](void*) {},

@@ -30,6 +30,8 @@ class SharedGradients {
   torch::Tensor lend(size_t unit, int64_t numel, torch::ScalarType dtype);
   // What `unit` was lent is free again (nothing when it was lent nothing).
   void giveBack(size_t unit);
+  // How many times lend() lent a buffer.
+  size_t lends() const { return lends_; }
 
  private:
   static constexpr size_t kFree = static_cast<size_t>(-1);
@@ -39,6 +41,7 @@ class SharedGradients {
   };
   std::vector<Slot> slots_;
   size_t bytes_ = 0;
+  size_t lends_ = 0;
 };
 
 }  // namespace cxxlaunch::runtime
