@@ -9,7 +9,7 @@
 //   kGathering  unshard() started an all-gather that is writing the buffer; waitUnsharded()
 //               completes it;
 //   kSharded    reshard() freed the buffer: the parameters' views stay, without memory; only the
-//               master shard remains (in memory, or in the strategy's nvme file).
+//               master shard remains (where the strategy's ShardStore keeps it).
 // Gradients: takeGradient() places each parameter's in the unit's full gradient buffer; once
 // every one is in (the strategy's GradientReadiness counts them) the strategy calls
 // reduceGradients(), which launches the unit's reduction, and finishReduction() completes it.
