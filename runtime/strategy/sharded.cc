@@ -108,8 +108,8 @@ void ShardedStrategy::buildUnits() {
   for (const auto& planned : plan.units) units_.emplace_back(planned.name, planned.module);
 
   // Per unit: the flat buffer, the master shard, gradient buffers, the optimizer's shard. Then
-  // the unit settles to its state at rest, before the next one adds
-  //    memory: a model built under a DeferredInit is never whole on any rank.
+  // the unit settles to its state at rest, before the next one adds memory: a model built under
+  // a DeferredInit is never whole on any rank.
   // Stage 0 replicates: one "shard" of everything on every rank.
   const int flat_world = options_.stage == 0 ? 1 : world,
             flat_rank = options_.stage == 0 ? 0 : rank;
