@@ -65,10 +65,18 @@ with_bundle=(env "LD_LIBRARY_PATH=$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PAT
 rows=()
 failed=0
 machine="(not yet known)"
+not_started=""  # set by run_step when the deadline kept its command from starting
 record() {  # record STATUS STEP DETAIL
-  rows+=("| $2 | $1 | $3 |")
-  printf 'gpu-check: %4d s %-4s %s: %s\n' "$SECONDS" "$1" "$2" "$3"
-  [ "$1" != FAIL ] || failed=$((failed + 1))
+  local status="$1" detail="$3"
+  # A step whose command the deadline kept from starting did not fail: it did not run.
+  if [ "$status" = FAIL ] && [ -n "$not_started" ]; then
+    status=SKIP
+    detail="not started: past the check's deadline (${deadline} s)"
+  fi
+  not_started=""
+  rows+=("| $2 | $status | $detail |")
+  printf 'gpu-check: %4d s %-4s %s: %s\n' "$SECONDS" "$status" "$2" "$detail"
+  [ "$status" != FAIL ] || failed=$((failed + 1))
   write_results
 }
 # run_step NAME LIMIT COMMAND...: runs the command for at most LIMIT seconds (sized for the GPU
@@ -79,8 +87,10 @@ run_step() {
   local name="$1" limit="$2"
   shift 2
   local left=$((deadline - SECONDS))
+  not_started=""
   if ((left < 20)); then
     echo "not started: the check's deadline (${deadline} s) has passed" >"$logs/$name.log"
+    not_started="$name"
     return 124
   fi
   ((limit <= left && dry == 0)) || limit="$left"
