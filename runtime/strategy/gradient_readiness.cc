@@ -53,8 +53,9 @@ bool GradientReadiness::markReady(size_t group, size_t member) {
   if (ready != 0) {
     throw InvalidArgument(
         "a parameter got a second gradient before the gradients were reduced (two backward "
-        "passes in one step or micro-step, a parameter used by two shard units, or reentrant "
-        "checkpointing); run one backward per micro-step, the others inside noSync()");
+        "passes in one micro-step, a parameter used by two shard units, or reentrant "
+        "checkpointing); run one backward per micro-step (several losses: backward their sum; "
+        "with DistributedDataParallel itself, the others inside noSync())");
   }
   ready = 1;
   return --missing_[group] == 0;

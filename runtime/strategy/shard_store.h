@@ -106,7 +106,8 @@ class NvmeStore final : public MemoryStore {
  public:
   // optimizer_dir: the state, and at stage 2-3 the gradient; param_dir: the master (stage 3).
   // Either may be empty. `shard_numels`: each unit's, in the order of `units`, whose regions the
-  // files reserve and allocate now (a disk that cannot hold them fails here).
+  // files reserve and allocate now (a disk that cannot hold them fails here). The units are
+  // known by their address from then on: `units` must not be moved or grown.
   NvmeStore(ShardOptimizer& optimizer, torch::TensorOptions options, int stage,
             const std::string& optimizer_dir, const std::string& param_dir,
             const std::vector<ShardUnit>& units, const std::vector<int64_t>& shard_numels);
