@@ -353,14 +353,14 @@ void Accelerator::initTrackers(const std::string& run_name, const RunConfig& con
   const auto& e = world_.env;
   resolved.emplace_back("launch.world_size", e.world_size);
   resolved.emplace_back("launch.num_nodes", e.num_nodes);
-  resolved.emplace_back("launch.strategy", e.strategy);
+  resolved.emplace_back("launch.strategy", std::string(e.strategy.name()));
   resolved.emplace_back("launch.mixed_precision", e.mixed_precision);
   resolved.emplace_back("launch.gradient_accumulation_steps", accumulation_steps_);
   resolved.emplace_back("launch.gradient_clipping", clipping_);
   resolved.emplace_back("launch.backend", world_.backend->name());
   RunConfig summary = {{"world size", e.world_size},
                        {"nodes", e.num_nodes},
-                       {"strategy", e.strategy},
+                       {"strategy", std::string(e.strategy.name())},
                        {"mixed precision", e.mixed_precision},
                        {"backend", world_.backend->name()},
                        {"host of rank 0", hostName()}};
@@ -411,7 +411,8 @@ MemoryReport Accelerator::memoryReport() const {
 }
 
 std::string Accelerator::describeStrategy() const {
-  return strategy_ ? strategy_->describe() : world_.env.strategy + " (not prepared)";
+  return strategy_ ? strategy_->describe()
+                   : std::string(world_.env.strategy.name()) + " (not prepared)";
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> Accelerator::fullParameters() {

@@ -68,7 +68,7 @@ void Accelerator::saveState(const std::string& dir) {
   }
   checkpoint::Counters counters = {{"optimizer_steps", std::to_string(optimizer_steps_)},
                                    {"micro_step", std::to_string(micro_step_)},
-                                   {"strategy", world_.env.strategy},
+                                   {"strategy", std::string(world_.env.strategy.name())},
                                    {"mixed_precision", precision_.name}};
   if (scheduler_ != nullptr) counters["scheduler_steps"] = std::to_string(scheduler_->stepCount());
   // Each parameter group's learning rate, as an optimizer's state_dict keeps it: what a trainer
@@ -118,7 +118,7 @@ void Accelerator::waitForCheckpoint() {
 void Accelerator::reserveSnapshot() {
   // After the first optimizer step the optimizer state exists, and the snapshot's size is known.
   // Not under nvme offload, whose state views are reads of its swap files.
-  if (world_.env.offload_optimizer == "nvme" || world_.env.offload_params == "nvme") return;
+  if (world_.env.offloads(OffloadDevice::kNvme)) return;
   int64_t numel = 0;
   try {
     for (const auto& l : strategy_->stateStream(world_.env.state_dict_type).layout) {

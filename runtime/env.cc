@@ -1,7 +1,9 @@
 #include "runtime/env.h"
 
+#include <array>
 #include <charconv>
 #include <cstdlib>
+#include <ostream>
 
 #include "common/env_names.h"
 #include "common/error.h"
@@ -9,6 +11,34 @@
 
 namespace cxxlaunch::runtime {
 namespace {
+
+using StrategyChoice = std::pair<const char*, StrategyKind>;
+constexpr std::array<StrategyChoice, 9> kStrategies = {{
+    {"ddp", StrategyKind::kDdp},
+    {"zero1", StrategyKind::kZero1},
+    {"zero2", StrategyKind::kZero2},
+    {"zero3", StrategyKind::kZero3},
+    {"fsdp_full_shard", StrategyKind::kFsdpFullShard},
+    {"fsdp_shard_grad_op", StrategyKind::kFsdpShardGradOp},
+    {"fsdp_hybrid_shard", StrategyKind::kFsdpHybridShard},
+    {"fsdp_hybrid_shard_zero2", StrategyKind::kFsdpHybridShardZero2},
+    {"fsdp_no_shard", StrategyKind::kFsdpNoShard},
+}};
+
+using OffloadChoice = std::pair<const char*, OffloadDevice>;
+constexpr std::array<OffloadChoice, 3> kOffloadDevices = {{
+    {"none", OffloadDevice::kNone},
+    {"cpu", OffloadDevice::kCpu},
+    {"nvme", OffloadDevice::kNvme},
+}};
+
+template <typename Choices>
+std::string names(const Choices& choices) {
+  std::string list;
+  for (const auto& [choice, value] : choices)
+    list += (list.empty() ? "" : ", ") + std::string(choice);
+  return list;
+}
 
 std::optional<std::string> lookup(const char* name) {
   const char* value = std::getenv(name);  // NOLINT(concurrency-mt-unsafe): documented contract
@@ -49,21 +79,18 @@ void readChoice(const char* name, std::string& out, std::initializer_list<const 
 }
 
 // The same for a setting parsed into an enum: `choices` pairs each accepted text with its value.
-template <typename T>
-void readChoice(const char* name, T& out,
-                std::initializer_list<std::pair<const char*, T>> choices) {
+template <typename T, typename Choices = std::initializer_list<std::pair<const char*, T>>>
+void readChoice(const char* name, T& out, const Choices& choices) {
   auto text = lookup(name);
   if (!text || text->empty()) return;
-  std::string list;
   for (const auto& [choice, value] : choices) {
     if (*text == choice) {
       out = value;
       return;
     }
-    list += (list.empty() ? "" : ", ") + std::string(choice);
   }
   throw InvalidArgument(std::string("environment variable ") + name + "='" + *text +
-                        "' is not one of: " + list);
+                        "' is not one of: " + names(choices));
 }
 
 void readBool(const char* name, bool& out) {
@@ -96,6 +123,56 @@ std::vector<std::string> splitNames(const std::string& text) {
 
 }  // namespace
 
+StrategySetting::StrategySetting(std::string_view name) {
+  for (const auto& [choice, kind] : kStrategies) {
+    if (name == choice) {
+      kind_ = kind;
+      return;
+    }
+  }
+  throw InvalidArgument("strategy '" + std::string(name) +
+                        "' is not one of: " + names(kStrategies));
+}
+
+std::string_view StrategySetting::name() const {
+  for (const auto& [choice, kind] : kStrategies) {
+    if (kind == kind_) return choice;
+  }
+  return "unknown";  // unreachable: every kind has a name
+}
+
+int StrategySetting::stage() const {
+  switch (kind_) {
+    case StrategyKind::kDdp:
+    case StrategyKind::kFsdpNoShard:
+      return 0;
+    case StrategyKind::kZero1:
+      return 1;
+    case StrategyKind::kZero2:
+    case StrategyKind::kFsdpShardGradOp:
+    case StrategyKind::kFsdpHybridShardZero2:
+      return 2;
+    case StrategyKind::kZero3:
+    case StrategyKind::kFsdpFullShard:
+    case StrategyKind::kFsdpHybridShard:
+      return 3;
+  }
+  return 3;
+}
+
+bool StrategySetting::hybrid() const {
+  return kind_ == StrategyKind::kFsdpHybridShard || kind_ == StrategyKind::kFsdpHybridShardZero2;
+}
+
+std::ostream& operator<<(std::ostream& out, const StrategySetting& s) { return out << s.name(); }
+
+std::string_view name(OffloadDevice device) {
+  for (const auto& [choice, value] : kOffloadDevices) {
+    if (value == device) return choice;
+  }
+  return "unknown";  // unreachable: every device has a name
+}
+
 WorkerEnv readWorkerEnv() {
   WorkerEnv e;
   readInt(env::kRank, e.rank);
@@ -122,16 +199,16 @@ WorkerEnv readWorkerEnv() {
   readString(env::kTlsCa, e.tls_ca);
   readString(env::kTlsCert, e.tls_cert);
   readString(env::kTlsKey, e.tls_key);
-  readChoice(env::kStrategy, e.strategy,
-             {"ddp", "zero1", "zero2", "zero3", "fsdp_full_shard", "fsdp_shard_grad_op",
-              "fsdp_hybrid_shard", "fsdp_hybrid_shard_zero2", "fsdp_no_shard"});
+  StrategyKind strategy = StrategyKind::kDdp;
+  readChoice(env::kStrategy, strategy, kStrategies);
+  e.strategy = strategy;
   readChoice(env::kMixedPrecision, e.mixed_precision, {"no", "fp16", "bf16"});
   readChoice(env::kBackend, e.backend, {"auto", "gloo", "nccl"});
   std::string shared_memory = "on";
   readChoice(env::kSharedMemory, shared_memory, {"on", "off"});
   e.shared_memory = shared_memory == "on";
-  readChoice(env::kOffloadOptimizer, e.offload_optimizer, {"none", "cpu", "nvme"});
-  readChoice(env::kOffloadParams, e.offload_params, {"none", "cpu", "nvme"});
+  readChoice(env::kOffloadOptimizer, e.offload_optimizer, kOffloadDevices);
+  readChoice(env::kOffloadParams, e.offload_params, kOffloadDevices);
   readString(env::kOffloadOptimizerNvmePath, e.offload_optimizer_nvme_path);
   readString(env::kOffloadParamNvmePath, e.offload_param_nvme_path);
   readString(env::kCheckpointDir, e.checkpoint_dir);

@@ -5,13 +5,70 @@
 // Thread-safety: reads the process environment; call it before starting threads that setenv.
 
 #include <cstdint>
+#include <iosfwd>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace cxxlaunch::runtime {
 
 // The settings the runtime branches on, parsed once here from the launcher's strings.
+// CXXLAUNCH_STRATEGY's values: DeepSpeed's ZeRO stages and FSDP's sharding strategies.
+enum class StrategyKind {
+  kDdp,
+  kZero1,
+  kZero2,
+  kZero3,
+  kFsdpFullShard,
+  kFsdpShardGradOp,
+  kFsdpHybridShard,
+  kFsdpHybridShardZero2,
+  kFsdpNoShard,
+};
+
+// The strategy setting: its kind, what that shards, and its name ("zero3"), which it compares
+// and prints as, so that `env.strategy == "zero3"` and `std::cout << env.strategy` read as
+// they did when it was a string.
+class StrategySetting {
+ public:
+  // Implicit, as the string was: `env.strategy = "zero3"`. A name that is no strategy throws
+  // InvalidArgument listing the names.
+  // NOLINTBEGIN(google-explicit-constructor)
+  StrategySetting() = default;  // ddp
+  StrategySetting(StrategyKind kind) : kind_(kind) {}
+  StrategySetting(std::string_view name);
+  StrategySetting(const char* name) : StrategySetting(std::string_view(name)) {}
+  StrategySetting(const std::string& name) : StrategySetting(std::string_view(name)) {}
+  // NOLINTEND(google-explicit-constructor)
+
+  StrategyKind kind() const { return kind_; }
+  std::string_view name() const;
+  operator std::string() const { return std::string(name()); }  // NOLINT(google-explicit-*)
+  // 0: nothing sharded (ddp, fsdp_no_shard); 1: optimizer state (zero1); 2: and gradients
+  // (zero2, fsdp_shard_grad_op, fsdp_hybrid_shard_zero2); 3: and parameters at rest.
+  int stage() const;
+  bool hybrid() const;  // sharded within a node, replicated across nodes
+
+  // One overload per argument type: with fewer, a string literal converts two ways.
+  friend bool operator==(const StrategySetting& a, const StrategySetting& b) {
+    return a.kind_ == b.kind_;
+  }
+  friend bool operator==(const StrategySetting& a, StrategyKind b) { return a.kind_ == b; }
+  friend bool operator==(const StrategySetting& a, std::string_view b) { return a.name() == b; }
+  friend bool operator==(const StrategySetting& a, const char* b) { return a.name() == b; }
+  friend bool operator==(const StrategySetting& a, const std::string& b) { return a.name() == b; }
+  friend std::ostream& operator<<(std::ostream& out, const StrategySetting& s);
+
+ private:
+  StrategyKind kind_ = StrategyKind::kDdp;
+};
+
+// deepspeed_config.offload_optimizer_device / offload_param_device (FSDP's
+// fsdp_offload_params is kCpu for both).
+enum class OffloadDevice { kNone, kCpu, kNvme };
+std::string_view name(OffloadDevice device);  // "none", "cpu", "nvme"
+
 // fsdp_auto_wrap_policy: kNone when unset (accelerate's default: with layer type names given,
 // they select by type all the same).
 enum class WrapPolicy { kNone, kTransformerBased, kSizeBased, kNoWrap };
@@ -45,14 +102,14 @@ struct WorkerEnv {
   std::string tls_ca, tls_cert, tls_key;
 
   // Training settings (common/env_names.h), validated.
-  std::string strategy = "ddp";
+  StrategySetting strategy;  // ddp
   std::string mixed_precision = "no";
   int gradient_accumulation_steps = 1;
   double gradient_clipping = 0;  // max norm; 0: no clipping
   std::string backend = "auto";
   bool shared_memory = true;  // Gloo: allreduce through shared memory when all ranks are local
-  std::string offload_optimizer = "none";                            // none | cpu | nvme
-  std::string offload_params = "none";                               // none | cpu | nvme
+  OffloadDevice offload_optimizer = OffloadDevice::kNone;
+  OffloadDevice offload_params = OffloadDevice::kNone;
   std::string offload_optimizer_nvme_path, offload_param_nvme_path;  // nvme's directories
   std::string checkpoint_dir;                                        // "" : none configured
   int64_t checkpoint_total_limit = 0;                                // 0: keep every one
@@ -81,6 +138,9 @@ struct WorkerEnv {
   bool fsdp_cpu_ram_efficient_loading = false;
 
   bool launched() const { return !run_id.empty(); }
+  bool offloads(OffloadDevice device) const {
+    return offload_optimizer == device || offload_params == device;
+  }
 };
 
 WorkerEnv readWorkerEnv();

@@ -457,47 +457,44 @@ std::unique_ptr<Strategy> makeStrategy(const WorkerEnv& env, std::shared_ptr<Bac
                                        std::shared_ptr<torch::nn::Module> model,
                                        torch::optim::Optimizer& optimizer,
                                        const StrategyOptions& options) {
-  const std::string& name = env.strategy;
+  const StrategySetting& strategy = env.strategy;
+  const std::string name(strategy.name());
   const bool on_gpu = !model->parameters().empty() && model->parameters().front().is_cuda();
-  const bool to_cpu = env.offload_optimizer == "cpu" || env.offload_params == "cpu";
+  const bool to_cpu = env.offloads(OffloadDevice::kCpu);
   if (to_cpu && !on_gpu && env.rank == 0) {
     std::cerr << "cxxlaunch: offload to cpu: this is a CPU run, parameters and optimizer state "
                  "already live in host memory; nothing to offload\n";
   }
   // DeepSpeed reads offload_param only at stage 3; FSDP's fsdp_offload_params (strategies
   // fsdp_*) offloads at every sharding strategy.
-  const bool params_ignored = (name == "zero1" || name == "zero2") && env.offload_params == "cpu" &&
-                              env.offload_optimizer != "cpu";
+  const bool params_ignored =
+      (strategy == StrategyKind::kZero1 || strategy == StrategyKind::kZero2) &&
+      env.offload_params == OffloadDevice::kCpu && env.offload_optimizer != OffloadDevice::kCpu;
   if (params_ignored && on_gpu && env.rank == 0) {
     std::cerr << "cxxlaunch: offload_param_device cpu applies at ZeRO stage 3 (DeepSpeed ignores "
                  "it below): everything stays on the GPU; offload_optimizer_device cpu moves the "
                  "optimizer state to the host\n";
   }
   const bool host_offload = to_cpu && on_gpu && !params_ignored;
-  if (backend->name() == "nccl" &&
-      (env.offload_optimizer == "nvme" || env.offload_params == "nvme")) {
+  const bool to_nvme = env.offloads(OffloadDevice::kNvme);
+  if (backend->name() == "nccl" && to_nvme) {
     throw InvalidArgument(
         "nvme offload runs on CPU workers in this build (its staging slots are host memory); a "
         "GPU run offloads to host memory instead: set offload_optimizer_device/"
         "offload_param_device to cpu");
   }
   checkSameModel(*backend, *model);
-  const bool replicated = name == "ddp" || name == "fsdp_no_shard";
-  const int stage =
-      replicated                                                                             ? 0
-      : name == "zero1"                                                                      ? 1
-      : name == "zero2" || name == "fsdp_shard_grad_op" || name == "fsdp_hybrid_shard_zero2" ? 2
-                                                                                             : 3;
+  const int stage = strategy.stage();
   // A model built under a DeferredInit: where every rank holds all of it anyway, it is all made
   // now; ZeRO-3 makes it unit by unit.
   if (stage != 3) materialize(*model);
-  if (replicated && (env.offload_optimizer == "nvme" || env.offload_params == "nvme")) {
+  if (stage == 0 && to_nvme) {
     throw InvalidArgument(
         "nvme offload needs a ZeRO stage (zero_stage 1, 2 or 3) or FSDP "
         "sharding; strategy " +
         name + " keeps everything in memory");
   }
-  if (replicated && !options.precision.mixed() && !host_offload) {
+  if (stage == 0 && !options.precision.mixed() && !host_offload) {
     return std::make_unique<DdpStrategy>(std::move(backend), std::move(model), optimizer, options,
                                          name);
   }
@@ -506,7 +503,7 @@ std::unique_ptr<Strategy> makeStrategy(const WorkerEnv& env, std::shared_ptr<Bac
   ShardingOptions sharding;
   sharding.name = name;
   sharding.stage = stage;
-  sharding.hybrid = name == "fsdp_hybrid_shard" || name == "fsdp_hybrid_shard_zero2";
+  sharding.hybrid = strategy.hybrid();
   sharding.node = env.node_rank;
   sharding.wrap_policy = env.fsdp_auto_wrap_policy;
   sharding.unit_types = env.fsdp_transformer_layer_cls;
@@ -515,20 +512,20 @@ std::unique_ptr<Strategy> makeStrategy(const WorkerEnv& env, std::shared_ptr<Bac
   sharding.backward_prefetch = env.fsdp_backward_prefetch;
   // DeepSpeed's ZeRO-3 prefetches in forward too (its trace of the previous step); FSDP only
   // when asked.
-  sharding.forward_prefetch = name == "zero3" || env.fsdp_forward_prefetch;
+  sharding.forward_prefetch = strategy == StrategyKind::kZero3 || env.fsdp_forward_prefetch;
   sharding.sync_module_states = env.fsdp_sync_module_states;
   sharding.bucket_bytes = options.bucket_bytes;
   sharding.compute_dtype = options.precision.compute;
-  if (env.offload_optimizer == "nvme")
+  if (env.offload_optimizer == OffloadDevice::kNvme)
     sharding.nvme_optimizer_dir = env.offload_optimizer_nvme_path;
   // Offloading the parameters means their fp32 masters below stage 3 (the compute copies must
   // be whole on the GPU there), so either key moves the optimizer's side to the host.
   sharding.offload_to_host = host_offload;
-  sharding.offload_params_to_host = host_offload && env.offload_params == "cpu";
+  sharding.offload_params_to_host = host_offload && env.offload_params == OffloadDevice::kCpu;
   // Pinned host shards (cpu offload) stay: pinning memory again at every step costs.
   sharding.free_gradients_between_steps = on_gpu && !host_offload;
-  if (env.offload_params == "nvme") {
-    if (sharding.stage != 3) {
+  if (env.offload_params == OffloadDevice::kNvme) {
+    if (stage != 3) {
       throw InvalidArgument(
           "offload_param_device nvme needs parameters sharded at rest: ZeRO "
           "stage 3 (strategy zero3 or fsdp_full_shard), not " +

@@ -182,7 +182,7 @@ Ended run(const Job& job) {
     world.env.state_dict_type = stateDictType(job.layout);
     world.env.checkpoint_async = job.async;
     if (!job.nvme.empty()) {
-      world.env.offload_optimizer = world.env.offload_params = "nvme";
+      world.env.offload_optimizer = world.env.offload_params = OffloadDevice::kNvme;
       world.env.offload_optimizer_nvme_path = world.env.offload_param_nvme_path = job.nvme;
     }
     world.backend = makeFakeBackend(fake, r);

@@ -2,6 +2,10 @@
 
 #include <catch2/catch.hpp>
 #include <cstdlib>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include "common/env_names.h"
 #include "common/error.h"
@@ -99,14 +103,28 @@ TEST_CASE("The sharding settings are read, and malformed ones named", "[env]") {
                     {env::kOffloadOptimizer, "cpu"}});
     const auto e = runtime::readWorkerEnv();
     CHECK(e.strategy == "fsdp_full_shard");
+    CHECK(e.strategy == runtime::StrategyKind::kFsdpFullShard);
     CHECK(e.fsdp_auto_wrap_policy == runtime::WrapPolicy::kTransformerBased);
     CHECK(e.fsdp_transformer_layer_cls == std::vector<std::string>{"Block", "Decoder"});
     CHECK(e.fsdp_min_num_params == 200000000000LL);
     CHECK(e.fsdp_backward_prefetch == runtime::BackwardPrefetch::kPost);
     CHECK(e.fsdp_forward_prefetch);
     CHECK_FALSE(e.fsdp_sync_module_states);
-    CHECK(e.offload_optimizer == "cpu");
-    CHECK(e.offload_params == "none");
+    CHECK(e.offload_optimizer == runtime::OffloadDevice::kCpu);
+    CHECK(e.offload_params == runtime::OffloadDevice::kNone);
+    CHECK(e.offloads(runtime::OffloadDevice::kCpu));
+    CHECK_FALSE(e.offloads(runtime::OffloadDevice::kNvme));
+  }
+  {
+    ScopedEnv vars({{env::kStrategy, "zero4"}});
+    CHECK_THROWS_WITH(runtime::readWorkerEnv(),
+                      Catch::Contains("CXXLAUNCH_STRATEGY='zero4' is not one of: ddp, zero1"));
+  }
+  {
+    ScopedEnv vars({{env::kOffloadParams, "disk"}});
+    CHECK_THROWS_WITH(
+        runtime::readWorkerEnv(),
+        Catch::Contains("CXXLAUNCH_OFFLOAD_PARAMS='disk' is not one of: none, cpu, nvme"));
   }
   {
     ScopedEnv vars({{env::kFsdpForwardPrefetch, "yes"}});
@@ -118,6 +136,40 @@ TEST_CASE("The sharding settings are read, and malformed ones named", "[env]") {
     ScopedEnv vars({{env::kFsdpBackwardPrefetch, "PRE"}});
     CHECK_THROWS_WITH(runtime::readWorkerEnv(), Catch::Contains("BACKWARD_PRE, BACKWARD_POST"));
   }
+}
+
+TEST_CASE("A strategy is parsed once into what it shards, and reads as its name", "[env]") {
+  using runtime::StrategyKind;
+  using runtime::StrategySetting;
+  const std::vector<std::tuple<std::string, StrategyKind, int, bool>> all = {
+      {"ddp", StrategyKind::kDdp, 0, false},
+      {"fsdp_no_shard", StrategyKind::kFsdpNoShard, 0, false},
+      {"zero1", StrategyKind::kZero1, 1, false},
+      {"zero2", StrategyKind::kZero2, 2, false},
+      {"fsdp_shard_grad_op", StrategyKind::kFsdpShardGradOp, 2, false},
+      {"fsdp_hybrid_shard_zero2", StrategyKind::kFsdpHybridShardZero2, 2, true},
+      {"zero3", StrategyKind::kZero3, 3, false},
+      {"fsdp_full_shard", StrategyKind::kFsdpFullShard, 3, false},
+      {"fsdp_hybrid_shard", StrategyKind::kFsdpHybridShard, 3, true},
+  };
+  for (const auto& [name, kind, stage, hybrid] : all) {
+    INFO(name);
+    const StrategySetting parsed = name;
+    CHECK(parsed == kind);
+    CHECK(parsed.stage() == stage);
+    CHECK(parsed.hybrid() == hybrid);
+    CHECK(parsed.name() == name);
+    CHECK(parsed == name);
+    CHECK(parsed == StrategySetting(kind));
+    std::ostringstream printed;
+    printed << parsed;
+    CHECK(printed.str() == name);
+    CHECK(static_cast<std::string>(parsed) == name);
+  }
+  CHECK(StrategySetting() == "ddp");
+  CHECK_FALSE(StrategySetting("zero2") == "zero3");
+  CHECK_THROWS_WITH(StrategySetting("ZeRO3"),
+                    Catch::Contains("strategy 'ZeRO3' is not one of: ddp"));
 }
 
 TEST_CASE("The trackers and the project folder are read, and an unknown tracker is refused",

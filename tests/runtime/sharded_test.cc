@@ -124,11 +124,11 @@ Result train(const Run& run) {
     world.env.node_rank = r / (run.world / run.nodes);
     world.env.num_nodes = run.nodes;
     if (!run.nvme_optimizer.empty()) {
-      world.env.offload_optimizer = "nvme";
+      world.env.offload_optimizer = OffloadDevice::kNvme;
       world.env.offload_optimizer_nvme_path = run.nvme_optimizer;
     }
     if (!run.nvme_params.empty()) {
-      world.env.offload_params = "nvme";
+      world.env.offload_params = OffloadDevice::kNvme;
       world.env.offload_param_nvme_path = run.nvme_params;
     }
     world.backend = makeFakeBackend(fake, r);
