@@ -2,12 +2,15 @@
 //
 // For each N it prints the time from the first Join sent to the last placement received, the
 // cost per node (that time / N), and the ratio to N sequential unary round trips (KeepAlive) on
-// the same server, measured in the same run; and the daemon's peak resident memory so far.
+// the same server, measured in the same run; the daemon's peak resident memory so far; and the
+// limit: the same round against rendezvous_floor_server (bench/rendezvous_floor.cc), a server
+// that only counts the calls, on the same gRPC, in the same run.
 // Targets (issue 35): 65,536 nodes within 10 s, and the cost per node flat in N: at most 1.2x
 // from the first N to any larger one.
 //
 // usage: rendezvous_join_bench [--daemon build/bin/cxxlaunchd] [--nodes 1024,4096,65536]
 //                              [--connections 16] [--repeat 5]
+//                              [--floor build/bin/rendezvous_floor_server | --floor '']
 // Each figure is the median of --repeat runs (a fresh run id each).
 // The nodes share `--connections` TCP connections (a real job has one per node; the file
 // descriptor limit of a test machine does not allow 65,536). Thousands of streams on one
@@ -29,6 +32,7 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <memory>
 #include <mutex>
 #include <regex>
 #include <sstream>
@@ -54,7 +58,9 @@ struct Result {
   bool ok = true;
 };
 
-Result measure(const Daemon& daemon, int n, int connections, const std::string& run_id) {
+// `with_peer`: also time the N sequential round trips (the peer), after the round.
+Result measure(const Daemon& daemon, int n, int connections, const std::string& run_id,
+               bool with_peer = true) {
   const std::string& endpoint = daemon.endpoint;
   std::vector<std::unique_ptr<rdzv::Rendezvous::Stub>> stubs;
   for (int c = 0; c < connections; ++c) {
@@ -120,6 +126,7 @@ Result measure(const Daemon& daemon, int n, int connections, const std::string& 
     if (call->resp.round().world_size() != n) all_ok = false;
   }
   result.ok = all_ok && rank_sum == static_cast<long long>(n) * (n - 1) / 2;
+  if (!with_peer) return result;
 
   // The peer: n sequential unary round trips on the same server.
   const auto seq_start = Clock::now();
@@ -141,6 +148,7 @@ Result measure(const Daemon& daemon, int n, int connections, const std::string& 
 
 int main(int argc, char** argv) {
   std::string daemon_path = "build/bin/cxxlaunchd";
+  std::string floor_path = "build/bin/rendezvous_floor_server";
   std::vector<int> sizes = {1024, 4096, 16384};
   int connections = 256;
   int repeat = 5;
@@ -149,6 +157,9 @@ int main(int argc, char** argv) {
       "rendezvous_join_bench");
   cxxlaunch::cli::useConventions(app);
   app.add_option(cxxlaunch::cli::spellings("daemon"), daemon_path, "the cxxlaunchd binary")
+      ->capture_default_str();
+  app.add_option(cxxlaunch::cli::spellings("floor"), floor_path,
+                 "the do-nothing server measured as the limit; empty: none")
       ->capture_default_str();
   app.add_option(cxxlaunch::cli::spellings("repeat"), repeat, "runs per size; medians printed")
       ->check(CLI::Range(1, 100000))
@@ -165,23 +176,32 @@ int main(int argc, char** argv) {
   // every lock otherwise, at a cost that grows with the calls open.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   Daemon daemon(daemon_path);
-  std::printf("%8s %16s %9s %16s %22s %9s %8s %14s\n", "nodes", "join-complete ms", "us/node",
-              "daemon CPU us/node", "N sequential RTTs ms", "us/RTT", "ratio", "daemon peak MiB");
+  std::unique_ptr<Daemon> floor;
+  if (!floor_path.empty()) floor = std::make_unique<Daemon>(floor_path);
+  std::printf("%8s %16s %9s %16s %22s %9s %8s %14s %9s %11s\n", "nodes", "join-complete ms",
+              "us/node", "daemon CPU us/node", "N sequential RTTs ms", "us/RTT", "ratio",
+              "daemon peak MiB", "floor ms", "ours/floor");
   bool ok = true;
   double first_ratio = 0, last_ratio = 0;
   double first_per_node = 0, worst_growth = 0, largest_ms = 0;
   int largest = 0;
   for (int n : sizes) {
     measure(daemon, std::min(n, 8), connections, "warm-" + std::to_string(n));
-    std::vector<double> joins, sequentials, cpus;
+    if (floor) measure(*floor, std::min(n, 8), connections, "warm-" + std::to_string(n), false);
+    std::vector<double> joins, sequentials, cpus, floors;
     Result r;
-    for (int k = 0; k < repeat; ++k) {
-      Result one =
-          measure(daemon, n, connections, "bench-" + std::to_string(n) + "-" + std::to_string(k));
+    for (int k = 0; k < repeat; ++k) {  // interleaved, so that machine noise hits both alike
+      const std::string run_id = "bench-" + std::to_string(n) + "-" + std::to_string(k);
+      Result one = measure(daemon, n, connections, run_id);
       joins.push_back(one.join_ms);
       sequentials.push_back(one.sequential_ms);
       cpus.push_back(one.daemon_cpu_ms);
       r.ok = r.ok && one.ok;
+      if (floor) {
+        const Result limit = measure(*floor, n, connections, run_id, /*with_peer=*/false);
+        floors.push_back(limit.join_ms);
+        r.ok = r.ok && limit.ok;
+      }
     }
     auto median = [](std::vector<double> v) {
       std::sort(v.begin(), v.end());
@@ -190,6 +210,7 @@ int main(int argc, char** argv) {
     r.join_ms = median(joins);
     r.sequential_ms = median(sequentials);
     r.daemon_cpu_ms = median(cpus);
+    const double floor_ms = floors.empty() ? 0 : median(floors);
     const double ratio = r.join_ms / r.sequential_ms;
     const double per_node_us = r.join_ms * 1000 / n;
     if (first_ratio == 0) first_ratio = ratio;
@@ -197,9 +218,11 @@ int main(int argc, char** argv) {
     if (first_per_node == 0) first_per_node = per_node_us;
     worst_growth = std::max(worst_growth, per_node_us / first_per_node);
     if (n >= largest) largest = n, largest_ms = r.join_ms;
-    std::printf("%8d %16.1f %9.1f %16.1f %22.1f %9.1f %8.2f %14.0f%s\n", n, r.join_ms, per_node_us,
-                r.daemon_cpu_ms * 1000 / n, r.sequential_ms, r.sequential_ms * 1000 / n, ratio,
-                cxxlaunch::bench::peakResidentMiB(daemon.pid), r.ok ? "" : "  WRONG PLACEMENTS");
+    std::printf("%8d %16.1f %9.1f %16.1f %22.1f %9.1f %8.2f %14.0f %9.1f %11.2f%s\n", n, r.join_ms,
+                per_node_us, r.daemon_cpu_ms * 1000 / n, r.sequential_ms,
+                r.sequential_ms * 1000 / n, ratio, cxxlaunch::bench::peakResidentMiB(daemon.pid),
+                floor_ms, floor_ms > 0 ? r.join_ms / floor_ms : 0.0,
+                r.ok ? "" : "  WRONG PLACEMENTS");
     std::fflush(stdout);
     ok = ok && r.ok;
   }
@@ -209,6 +232,10 @@ int main(int argc, char** argv) {
   if (largest >= 65536) {
     std::printf("%d nodes: %.1f s (target <= 10 s: %s)\n", largest, largest_ms / 1000,
                 largest_ms <= 10000 ? "met" : "MISSED");
+  }
+  if (floor) {
+    std::printf("floor: the same rounds against %s, which only counts the calls\n",
+                floor_path.c_str());
   }
   return ok ? 0 : 1;
 }

@@ -1,6 +1,7 @@
 #include "rendezvous/server.h"
 
 #include <absl/synchronization/mutex.h>
+#include <grpcpp/alarm.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/support/server_interceptor.h>
 #include <sys/resource.h>
@@ -10,6 +11,7 @@
 #include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <mutex>
 #include <set>
@@ -30,10 +32,20 @@ using Clock = std::chrono::steady_clock;
 
 class Core;
 
-// A call that waits: answered later, from whichever thread sees its state change.
-class ParkedReactor final : public grpc::ServerUnaryReactor {
+// A call that waits: answered later, from whichever thread sees its state change. `answer`
+// sends the status (and the response the call's attempt filled in); the call frees itself once
+// gRPC is done with it.
+class ParkedCall {
+ public:
+  virtual ~ParkedCall() = default;
+  virtual void answer(const grpc::Status& status) = 0;
+};
+
+// A parked call of the callback API (the store's waits).
+class ParkedReactor final : public grpc::ServerUnaryReactor, public ParkedCall {
  public:
   ParkedReactor(Core* core, std::string run_id) : core_(core), run_id_(std::move(run_id)) {}
+  void answer(const grpc::Status& status) override { Finish(status); }
   void OnCancel() override;
   void OnDone() override { delete this; }
 
@@ -63,46 +75,46 @@ class ParkedCalls {
     return by_deadline_.begin()->first;
   }
 
-  void add(ParkedReactor* reactor, Parked call) {
-    by_deadline_.emplace(call.deadline, reactor);
-    for (const auto& key : call.keys) by_key_[key].insert(reactor);
-    calls_.emplace(reactor, std::move(call));
+  void add(ParkedCall* parked, Parked call) {
+    by_deadline_.emplace(call.deadline, parked);
+    for (const auto& key : call.keys) by_key_[key].insert(parked);
+    calls_.emplace(parked, std::move(call));
   }
 
-  // The call of `reactor`, taken out; nullopt when it is not parked here.
-  std::optional<Parked> take(ParkedReactor* reactor) {
-    auto it = calls_.find(reactor);
+  // The call of `parked`, taken out; nullopt when it is not parked here.
+  std::optional<Parked> take(ParkedCall* parked) {
+    auto it = calls_.find(parked);
     if (it == calls_.end()) return std::nullopt;
     Parked call = std::move(it->second);
     calls_.erase(it);
-    by_deadline_.erase({call.deadline, reactor});
+    by_deadline_.erase({call.deadline, parked});
     for (const auto& key : call.keys) {
       auto waiting = by_key_.find(key);
       if (waiting == by_key_.end()) continue;  // a key named twice, gone with the first
-      waiting->second.erase(reactor);
+      waiting->second.erase(parked);
       if (waiting->second.empty()) by_key_.erase(waiting);
     }
     return call;
   }
 
-  const Parked& at(ParkedReactor* reactor) const { return calls_.at(reactor); }
+  const Parked& at(ParkedCall* parked) const { return calls_.at(parked); }
 
-  std::vector<ParkedReactor*> all() const {
-    std::vector<ParkedReactor*> out;
+  std::vector<ParkedCall*> all() const {
+    std::vector<ParkedCall*> out;
     out.reserve(calls_.size());
-    for (const auto& [reactor, call] : calls_) out.push_back(reactor);
+    for (const auto& [parked, call] : calls_) out.push_back(parked);
     return out;
   }
 
   // Those whose deadline is at or before `now`.
-  void addExpired(SteadyTime now, std::vector<ParkedReactor*>& out) const {
+  void addExpired(SteadyTime now, std::vector<ParkedCall*>& out) const {
     for (auto it = by_deadline_.begin(); it != by_deadline_.end() && it->first <= now; ++it) {
       out.push_back(it->second);
     }
   }
 
   // Those waiting for one of `keys` (each once).
-  void addWaitingFor(const std::set<std::string>& keys, std::vector<ParkedReactor*>& out) const {
+  void addWaitingFor(const std::set<std::string>& keys, std::vector<ParkedCall*>& out) const {
     for (const auto& key : keys) {
       if (auto it = by_key_.find(key); it != by_key_.end()) {
         out.insert(out.end(), it->second.begin(), it->second.end());
@@ -111,9 +123,9 @@ class ParkedCalls {
   }
 
  private:
-  std::unordered_map<ParkedReactor*, Parked> calls_;
-  std::set<std::pair<SteadyTime, ParkedReactor*>> by_deadline_;
-  std::unordered_map<std::string, std::unordered_set<ParkedReactor*>> by_key_;
+  std::unordered_map<ParkedCall*, Parked> calls_;
+  std::set<std::pair<SteadyTime, ParkedCall*>> by_deadline_;
+  std::unordered_map<std::string, std::unordered_set<ParkedCall*>> by_key_;
 };
 
 struct Run {
@@ -134,10 +146,10 @@ struct Run {
   SteadyTime last_call = Clock::now();  // for the retention of finished and abandoned runs
 };
 
-using Ready = std::vector<std::pair<grpc::ServerUnaryReactor*, grpc::Status>>;
+using Ready = std::vector<std::pair<ParkedCall*, grpc::Status>>;
 
 void finishAll(Ready& ready) {
-  for (auto& [reactor, status] : ready) reactor->Finish(status);
+  for (auto& [call, status] : ready) call->answer(status);
   ready.clear();
 }
 
@@ -171,10 +183,10 @@ class Core {
       if (stopping_) return;
       stopping_ = true;
       for (auto& [id, run] : runs_) {
-        for (ParkedReactor* reactor : run->parked.all()) {
-          run->parked.take(reactor);
-          ready.emplace_back(reactor, grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                                   "the rendezvous server is shutting down"));
+        for (ParkedCall* parked : run->parked.all()) {
+          run->parked.take(parked);
+          ready.emplace_back(parked, grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                                  "the rendezvous server is shutting down"));
         }
       }
     }
@@ -184,9 +196,9 @@ class Core {
     if (ticker_.joinable()) ticker_.join();
   }
 
-  grpc::Status authorize(const grpc::CallbackServerContext* ctx) const {
+  grpc::Status authorize(const grpc::ServerContextBase& ctx) const {
     if (options_.token.empty()) return grpc::Status::OK;
-    const auto& metadata = ctx->client_metadata();
+    const auto& metadata = ctx.client_metadata();
     auto it = metadata.find(wire::kTokenHeader);
     bool ok = it != metadata.end() && it->second.size() == options_.token.size();
     if (ok) {
@@ -207,7 +219,7 @@ class Core {
   grpc::ServerUnaryReactor* answer(grpc::CallbackServerContext* ctx, const std::string& run_id,
                                    Body&& body) {
     auto* reactor = ctx->DefaultReactor();
-    grpc::Status status = authorize(ctx);
+    grpc::Status status = authorize(*ctx);
     Ready ready;
     bool wake = false;
     if (status.ok()) {
@@ -227,26 +239,30 @@ class Core {
   // Answers when `attempt` can, or when `wait` has passed. `prepare` runs first, under the lock;
   // an error from it answers at once. `wait` is read after `prepare`, which may set it. `keys`:
   // what a store call waits for (its attempt is made again when one is written); none: a join,
-  // whose attempt is made again when the round moves.
-  template <typename Prepare>
-  grpc::ServerUnaryReactor* park(grpc::CallbackServerContext* ctx, const std::string& run_id,
-                                 std::vector<std::string> keys, Prepare&& prepare,
-                                 const Millis& wait, Attempt attempt) {
+  // whose attempt is made again when the round moves. Returns the status to answer with now, or
+  // nullopt when the call was parked: `make_parked()` made its ParkedCall, answered later.
+  template <typename Prepare, typename MakeParked>
+  std::optional<grpc::Status> park(const grpc::ServerContextBase& ctx, const std::string& run_id,
+                                   std::vector<std::string> keys, Prepare&& prepare,
+                                   const Millis& wait, Attempt attempt, MakeParked&& make_parked) {
     grpc::Status status = authorize(ctx);
     Ready ready;
     std::optional<grpc::Status> result;
-    ParkedReactor* parked = nullptr;
+    bool parked = false;
     bool wake = false;
     if (status.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
-      status = wire::guarded(prepare);
+      status = stopping_ ? grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                        "the rendezvous server is shutting down")
+                         : wire::guarded(prepare);
       const auto now = Clock::now();
       if (status.ok()) result = tryAttempt(attempt, false);
       std::optional<SteadyTime> deadline;
       if (status.ok() && !result) {
-        parked = new ParkedReactor(this, run_id);
         deadline = now + wait;
-        runs_.at(run_id)->parked.add(parked, {*deadline, std::move(keys), std::move(attempt)});
+        runs_.at(run_id)->parked.add(make_parked(),
+                                     {*deadline, std::move(keys), std::move(attempt)});
+        parked = true;
       }
       recheck(run_id, now, ready);
       touch(run_id, now);
@@ -254,23 +270,35 @@ class Core {
     }
     if (wake) changed_.notify_all();
     finishAll(ready);
-    if (parked != nullptr) return parked;
+    if (parked) return std::nullopt;
+    return result ? *result : status;
+  }
+
+  // park() for the callback API: the reactor that answers, now or later.
+  template <typename Prepare>
+  grpc::ServerUnaryReactor* parkReactor(grpc::CallbackServerContext* ctx, const std::string& run_id,
+                                        std::vector<std::string> keys, Prepare&& prepare,
+                                        const Millis& wait, Attempt attempt) {
+    ParkedReactor* parked = nullptr;
+    auto now = park(*ctx, run_id, std::move(keys), prepare, wait, std::move(attempt),
+                    [&] { return parked = new ParkedReactor(this, run_id); });
+    if (!now) return parked;
     auto* reactor = ctx->DefaultReactor();
-    reactor->Finish(result ? *result : status);
+    reactor->Finish(*now);
     return reactor;
   }
 
-  void cancelled(ParkedReactor* reactor, const std::string& run_id) {
+  void cancelled(ParkedCall* parked, const std::string& run_id) {
     bool found = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       // A run with a parked call is not freed, so a parked call's run is there.
       if (auto it = runs_.find(run_id); it != runs_.end()) {
-        found = it->second->parked.take(reactor).has_value();
+        found = it->second->parked.take(parked).has_value();
       }
     }
     // Not found: it was answered already and is on its way out.
-    if (found) reactor->Finish(grpc::Status::CANCELLED);
+    if (found) parked->answer(grpc::Status::CANCELLED);
   }
 
   // ---- the hosting process's own node (RendezvousServer::join and the others) -------------
@@ -438,7 +466,7 @@ class Core {
     const bool moved = run.state.epoch() != run.seen_epoch;
     run.seen_epoch = run.state.epoch();
     if (moved) here_.notify_all();  // a local join of this run may be answered now
-    std::vector<ParkedReactor*> candidates;
+    std::vector<ParkedCall*> candidates;
     if (moved) {
       candidates = run.parked.all();
     } else {
@@ -448,11 +476,11 @@ class Core {
       candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
     }
     run.written_keys.clear();
-    for (ParkedReactor* reactor : candidates) {
-      const Parked& call = run.parked.at(reactor);
+    for (ParkedCall* parked : candidates) {
+      const Parked& call = run.parked.at(parked);
       if (auto result = tryAttempt(call.attempt, now >= call.deadline)) {
-        ready.emplace_back(reactor, *result);
-        run.parked.take(reactor);
+        ready.emplace_back(parked, *result);
+        run.parked.take(parked);
       }
     }
   }
@@ -590,7 +618,7 @@ class StoreService final : public rdzv::Store::CallbackService {
   grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext* ctx, const rdzv::GetRequest* req,
                                 rdzv::GetResponse* resp) override {
     const Millis wait = safeWait(req->timeout_ms());
-    return core_.park(
+    return core_.parkReactor(
         ctx, req->scope().run_id(), {req->key()},
         [&] { return prepare(req->scope(), req->timeout_ms()); }, wait,
         [this, req, resp, wait](bool expired) -> std::optional<grpc::Status> {
@@ -703,7 +731,7 @@ class StoreService final : public rdzv::Store::CallbackService {
   grpc::ServerUnaryReactor* waitForKeys(grpc::CallbackServerContext* ctx,
                                         const rdzv::KeysRequest* req, Fill fill) {
     const Millis wait = safeWait(req->timeout_ms());
-    return core_.park(
+    return core_.parkReactor(
         ctx, req->scope().run_id(), keysOf(*req),
         [&] { return prepare(req->scope(), req->timeout_ms()); }, wait,
         [this, req, wait, fill](bool expired) -> std::optional<grpc::Status> {
@@ -724,45 +752,196 @@ class StoreService final : public rdzv::Store::CallbackService {
   Core& core_;
 };
 
-class RendezvousService final : public rdzv::Rendezvous::CallbackService {
+// The Join service's steps:
+// 1. Register the node (RunState::join) and refresh its keep-alive.
+// 2. If its round is complete, answer with its placement at once.
+// 3. Else park the call until the round completes, the run ends, or the poll time passes
+//    (capped below the eviction timeout, so a waiting node never looks silent).
+// Returns the status to answer with now (and `resp` filled in), or nullopt when parked: the
+// ParkedCall `make_parked()` gave is answered later.
+template <typename MakeParked>
+std::optional<grpc::Status> serveJoin(Core& core, const grpc::ServerContextBase& ctx,
+                                      const rdzv::JoinRequest& req, rdzv::JoinResponse& resp,
+                                      MakeParked&& make_parked) {
+  const RunSettings settings = wire::fromProto(req.settings());
+  const NodeSpec node = wire::fromProto(req.node());
+  Millis wait{0};
+  auto prepare = [&] {
+    const RunSettings& s = core.join(req.run_id(), node, settings, Clock::now()).state.settings();
+    wait = std::min({waitTime(req.poll_ms(), core.options().max_wait), s.keep_alive_interval,
+                     s.evictionTimeout() / 2});
+    return grpc::Status::OK;
+  };
+  const std::string& run_id = req.run_id();
+  return core.park(
+      ctx, run_id, /*keys=*/{}, prepare, wait,
+      [&core, run_id, id = node.id, out = &resp](bool expired) -> std::optional<grpc::Status> {
+        Run& run = core.runOf(run_id);
+        if (auto placement = run.state.placementOf(id)) {
+          out->set_complete(true);
+          wire::toProto(*placement, out->mutable_round());
+          return grpc::Status::OK;
+        }
+        run.state.checkNotFinal();
+        if (expired) {
+          out->set_complete(false);
+          out->set_waiting_for(run.state.waitingFor());
+          return grpc::Status::OK;
+        }
+        return std::nullopt;
+      },
+      make_parked);
+}
+
+std::string undecodableMessage(const std::string& method) {
+  return "the request to " + method +
+         " is not a valid message of proto/rendezvous.proto (client and server of different "
+         "versions?)";
+}
+
+// Join runs on gRPC's completion-queue API, the other calls on its callback API. At N waiting
+// nodes the callback API keeps N completion-queue tags outstanding, one per open call, and
+// Debian's gRPC (built without NDEBUG) scans all of them at every completion: O(N) per call. A
+// join parked here holds no tag until it is answered, and its events are handled on one thread
+// of ours rather than handed to gRPC's callback threads. Join is a raw method (bytes in, bytes
+// out) so that an undecodable request is answered with INVALID_ARGUMENT, as the proto promises.
+using RendezvousBase = rdzv::Rendezvous::WithCallbackMethod_KeepAlive<
+    rdzv::Rendezvous::WithCallbackMethod_RequestRestart<
+        rdzv::Rendezvous::WithCallbackMethod_Leave<rdzv::Rendezvous::WithCallbackMethod_Status<
+            rdzv::Rendezvous::WithRawMethod_Join<rdzv::Rendezvous::Service>>>>>;
+
+// The joins' completion queue and the thread that serves it. Every operation on the queue
+// (requesting calls, answering them) happens on that thread, except the answers to parked
+// joins, which Core::stop gives before the queue closes.
+class Joins {
+ public:
+  // Its thread starts here, before anything of gRPC: in a process that may start no more
+  // threads this fails at once, where gRPC, once initialised, would hang in its shutdown
+  // waiting for threads it could not start.
+  Joins(Core& core, RendezvousBase& service)
+      : core_(core), service_(service), thread_([this] { serve(); }) {}
+  ~Joins() { close(); }
+  Joins(const Joins&) = delete;
+  Joins& operator=(const Joins&) = delete;
+
+  void addTo(grpc::ServerBuilder& builder) {
+    queue_ = builder.AddCompletionQueue();
+    ready_.set_value(queue_.get());
+  }
+  void accept();  // once the server has started
+  // After the server's shutdown: the thread closes the queue, drains it and ends.
+  void close();
+
+  Core& core() { return core_; }
+  RendezvousBase& service() { return service_; }
+  grpc::ServerCompletionQueue* queue() { return queue_.get(); }
+  bool closing() const { return closing_; }  // on the queue's thread only
+
+ private:
+  void serve();
+
+  Core& core_;
+  RendezvousBase& service_;
+  std::unique_ptr<grpc::ServerCompletionQueue> queue_;
+  std::promise<grpc::ServerCompletionQueue*> ready_;  // the queue, or nullptr: none will come
+  std::unique_ptr<grpc::Alarm> close_alarm_;  // made by close(): no gRPC object before the thread
+  bool closing_ = false;
+  std::thread thread_;  // last: it starts once the rest is made
+};
+
+// One Join: requested, then served, then answered (at once or when its round moves).
+class JoinCall final : public ParkedCall {
+ public:
+  explicit JoinCall(Joins& joins) : joins_(joins) {
+    joins.service().RequestJoin(&ctx_, &request_, &writer_, joins.queue(), joins.queue(), this);
+  }
+
+  // The queue's event for this call: a request arrived (ok), the answer went out, or the
+  // server is shutting down (!ok).
+  void proceed(bool ok) {
+    if (answered_ || !ok || joins_.closing()) {
+      delete this;
+      return;
+    }
+    new JoinCall(joins_);  // the next request's slot
+    rdzv::JoinRequest req;
+    if (!grpc::SerializationTraits<rdzv::JoinRequest>::Deserialize(&request_, &req).ok()) {
+      answer({grpc::StatusCode::INVALID_ARGUMENT,
+              undecodableMessage("/cxxlaunch.rdzv.Rendezvous/Join")});
+      return;
+    }
+    std::optional<grpc::Status> now;
+    const grpc::Status error = wire::guarded([&] {
+      now = serveJoin(joins_.core(), ctx_, req, response_, [this] { return this; });
+      return grpc::Status::OK;
+    });
+    if (!error.ok()) {
+      answer(error);
+    } else if (now) {
+      answer(*now);
+    }
+  }
+
+  void answer(const grpc::Status& status) override {
+    answered_ = true;
+    if (!status.ok()) {
+      writer_.FinishWithError(status, this);
+      return;
+    }
+    bool own = false;
+    const grpc::Status encoded =
+        grpc::SerializationTraits<rdzv::JoinResponse>::Serialize(response_, &reply_, &own);
+    if (encoded.ok()) {
+      writer_.Finish(reply_, status, this);
+    } else {
+      writer_.FinishWithError(encoded, this);
+    }
+  }
+
+ private:
+  Joins& joins_;
+  grpc::ServerContext ctx_;
+  grpc::ByteBuffer request_;
+  grpc::ServerAsyncResponseWriter<grpc::ByteBuffer> writer_{&ctx_};
+  rdzv::JoinResponse response_;
+  grpc::ByteBuffer reply_;
+  std::atomic<bool> answered_ = false;  // set by whichever thread answers
+};
+
+void Joins::accept() {
+  // Requests taken ahead, so that a burst of joins does not wait for a slot.
+  for (int i = 0; i < 64; ++i) new JoinCall(*this);
+}
+
+void Joins::serve() {
+  grpc::ServerCompletionQueue* queue = ready_.get_future().get();
+  if (queue == nullptr) return;
+  void* tag = nullptr;
+  bool ok = false;
+  while (queue->Next(&tag, &ok)) {
+    if (tag == &close_alarm_) {
+      closing_ = true;
+      queue->Shutdown();
+      continue;
+    }
+    static_cast<JoinCall*>(tag)->proceed(ok);
+  }
+}
+
+void Joins::close() {
+  if (!thread_.joinable()) return;
+  if (queue_) {
+    close_alarm_ = std::make_unique<grpc::Alarm>();
+    close_alarm_->Set(queue_.get(), gpr_now(GPR_CLOCK_MONOTONIC), &close_alarm_);
+  } else {
+    ready_.set_value(nullptr);  // the server was never built
+  }
+  thread_.join();
+}
+
+class RendezvousService final : public RendezvousBase {
  public:
   explicit RendezvousService(Core& core) : core_(core) {}
-
-  // 1. Register the node (RunState::join) and refresh its keep-alive.
-  // 2. If its round is complete, answer with its placement at once.
-  // 3. Else park the call until the round completes, the run ends, or the poll time passes
-  //    (capped below the eviction timeout, so a waiting node never looks silent).
-  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const rdzv::JoinRequest* req,
-                                 rdzv::JoinResponse* resp) override {
-    const RunSettings settings = wire::fromProto(req->settings());
-    const NodeSpec node = wire::fromProto(req->node());
-    Millis wait{0};
-    auto prepare = [&] {
-      const RunSettings& s =
-          core_.join(req->run_id(), node, settings, Clock::now()).state.settings();
-      wait = std::min({waitTime(req->poll_ms(), core_.options().max_wait), s.keep_alive_interval,
-                       s.evictionTimeout() / 2});
-      return grpc::Status::OK;
-    };
-    const std::string run_id = req->run_id();
-    return core_.park(
-        ctx, run_id, /*keys=*/{}, prepare, wait,
-        [this, run_id, id = node.id, resp](bool expired) -> std::optional<grpc::Status> {
-          Run& run = core_.runOf(run_id);
-          if (auto placement = run.state.placementOf(id)) {
-            resp->set_complete(true);
-            wire::toProto(*placement, resp->mutable_round());
-            return grpc::Status::OK;
-          }
-          run.state.checkNotFinal();
-          if (expired) {
-            resp->set_complete(false);
-            resp->set_waiting_for(run.state.waitingFor());
-            return grpc::Status::OK;
-          }
-          return std::nullopt;
-        });
-  }
 
   grpc::ServerUnaryReactor* KeepAlive(grpc::CallbackServerContext* ctx,
                                       const rdzv::KeepAliveRequest* req,
@@ -827,11 +1006,7 @@ class UndecodableRequest final : public grpc::experimental::Interceptor {
       undecodable_ = true;
     }
     if (undecodable_ && methods->QueryInterceptionHookPoint(Hook::PRE_SEND_STATUS)) {
-      methods->ModifySendStatus(
-          {grpc::StatusCode::INVALID_ARGUMENT,
-           std::string("the request to ") + method_ +
-               " is not a valid message of proto/rendezvous.proto (client and server of "
-               "different versions?)"});
+      methods->ModifySendStatus({grpc::StatusCode::INVALID_ARGUMENT, undecodableMessage(method_)});
     }
     methods->Proceed();
   }
@@ -854,11 +1029,12 @@ class UndecodableRequestFactory final
 
 struct RendezvousServer::Impl {
   explicit Impl(const ServerOptions& options)
-      : options(options), core(options), store(core), rendezvous(core) {}
+      : options(options), core(options), store(core), rendezvous(core), joins(core, rendezvous) {}
   ServerOptions options;
   Core core;
   StoreService store;
   RendezvousService rendezvous;
+  Joins joins;  // after the server in shutdown, destroyed after it
   std::unique_ptr<grpc::Server> server;
   int port = 0;
 };
@@ -893,6 +1069,7 @@ RendezvousServer::RendezvousServer(const ServerOptions& options)
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   builder.RegisterService(&impl_->store);
   builder.RegisterService(&impl_->rendezvous);
+  impl_->joins.addTo(builder);
   impl_->server = builder.BuildAndStart();
   if (!impl_->server || impl_->port == 0) {
     impl_->core.stop();
@@ -909,6 +1086,7 @@ RendezvousServer::RendezvousServer(const ServerOptions& options)
     throw CommunicationError("cannot listen on " + formatHostPort(options.host, options.port) +
                              ": the port is taken or the address is not on this machine");
   }
+  impl_->joins.accept();
 }
 
 RendezvousServer::~RendezvousServer() { shutdown(); }
@@ -965,6 +1143,7 @@ void RendezvousServer::shutdown() {
   if (!impl_->server) return;
   impl_->core.stop();  // answers parked calls first, so Shutdown does not wait for them
   impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  impl_->joins.close();  // the queue closes after the server, as gRPC requires
 }
 
 void RendezvousServer::wait() {
