@@ -810,9 +810,9 @@ using RendezvousBase = rdzv::Rendezvous::WithCallbackMethod_KeepAlive<
         rdzv::Rendezvous::WithCallbackMethod_Leave<rdzv::Rendezvous::WithCallbackMethod_Status<
             rdzv::Rendezvous::WithRawMethod_Join<rdzv::Rendezvous::Service>>>>>;
 
-// The joins' completion queue and the thread that serves it. Every operation on the queue
-// (requesting calls, answering them) happens on that thread, except the answers to parked
-// joins, which Core::stop gives before the queue closes.
+// The joins' completion queue and the thread that serves it. Calls are requested, and answered
+// at once, on that thread. A parked join is answered by whichever thread moves its round, and
+// Core::stop answers those left before the queue closes.
 class Joins {
  public:
   // Its thread starts here, before anything of gRPC: in a process that may start no more
@@ -870,6 +870,7 @@ class JoinCall final : public ParkedCall {
               undecodableMessage("/cxxlaunch.rdzv.Rendezvous/Join")});
       return;
     }
+    request_.Clear();  // a parked join keeps only what it answers with
     std::optional<grpc::Status> now;
     const grpc::Status error = wire::guarded([&] {
       now = serveJoin(joins_.core(), ctx_, req, response_, [this] { return this; });
