@@ -166,7 +166,7 @@ bool StrategySetting::hybrid() const {
 
 std::ostream& operator<<(std::ostream& out, const StrategySetting& s) { return out << s.name(); }
 
-std::string_view name(OffloadDevice device) {
+std::string_view offloadDeviceName(OffloadDevice device) {
   for (const auto& [choice, value] : kOffloadDevices) {
     if (value == device) return choice;
   }

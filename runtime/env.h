@@ -67,7 +67,7 @@ class StrategySetting {
 // deepspeed_config.offload_optimizer_device / offload_param_device (FSDP's
 // fsdp_offload_params is kCpu for both).
 enum class OffloadDevice { kNone, kCpu, kNvme };
-std::string_view name(OffloadDevice device);  // "none", "cpu", "nvme"
+std::string_view offloadDeviceName(OffloadDevice device);  // "none", "cpu", "nvme"
 
 // fsdp_auto_wrap_policy: kNone when unset (accelerate's default: with layer type names given,
 // they select by type all the same).

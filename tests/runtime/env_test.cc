@@ -114,6 +114,8 @@ TEST_CASE("The sharding settings are read, and malformed ones named", "[env]") {
     CHECK(e.offload_params == runtime::OffloadDevice::kNone);
     CHECK(e.offloads(runtime::OffloadDevice::kCpu));
     CHECK_FALSE(e.offloads(runtime::OffloadDevice::kNvme));
+    CHECK(runtime::offloadDeviceName(e.offload_optimizer) == "cpu");
+    CHECK(runtime::offloadDeviceName(runtime::OffloadDevice::kNvme) == "nvme");
   }
   {
     ScopedEnv vars({{env::kStrategy, "zero4"}});
