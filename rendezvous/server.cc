@@ -860,6 +860,9 @@ class JoinCall final : public ParkedCall {
   // server is shutting down (!ok).
   void proceed(bool ok) {
     if (answered_ || !ok || joins_.closing()) {
+      // An answer given on another thread is complete before its event comes; gRPC's own
+      // ordering is invisible to ThreadSanitizer, this lock is not.
+      { std::lock_guard<std::mutex> lock(answering_); }
       delete this;
       return;
     }
@@ -884,6 +887,7 @@ class JoinCall final : public ParkedCall {
   }
 
   void answer(const grpc::Status& status) override {
+    std::lock_guard<std::mutex> lock(answering_);
     answered_ = true;
     if (!status.ok()) {
       writer_.FinishWithError(status, this);
@@ -906,6 +910,7 @@ class JoinCall final : public ParkedCall {
   grpc::ServerAsyncResponseWriter<grpc::ByteBuffer> writer_{&ctx_};
   rdzv::JoinResponse response_;
   grpc::ByteBuffer reply_;
+  std::mutex answering_;
   std::atomic<bool> answered_ = false;  // set by whichever thread answers
 };
 
