@@ -824,11 +824,12 @@ class Joins {
   Joins(const Joins&) = delete;
   Joins& operator=(const Joins&) = delete;
 
-  void addTo(grpc::ServerBuilder& builder) {
-    queue_ = builder.AddCompletionQueue();
+  void addTo(grpc::ServerBuilder& builder) { queue_ = builder.AddCompletionQueue(); }
+  // Once the server has started: the thread takes calls from here on.
+  void accept() {
     ready_.set_value(queue_.get());
+    accepting_ = true;
   }
-  void accept();  // once the server has started
   // After the server's shutdown: the thread closes the queue, drains it and ends.
   void close();
 
@@ -843,7 +844,10 @@ class Joins {
   Core& core_;
   RendezvousBase& service_;
   std::unique_ptr<grpc::ServerCompletionQueue> queue_;
-  std::promise<grpc::ServerCompletionQueue*> ready_;  // the queue, or nullptr: none will come
+  // The queue once the server has started, or nullptr: it never will. Every JoinCall is made,
+  // served and freed on the thread, so that what gRPC hands between threads stays on one.
+  std::promise<grpc::ServerCompletionQueue*> ready_;
+  bool accepting_ = false;
   std::unique_ptr<grpc::Alarm> close_alarm_;  // made by close(): no gRPC object before the thread
   bool closing_ = false;
   std::thread thread_;  // last: it starts once the rest is made
@@ -914,14 +918,11 @@ class JoinCall final : public ParkedCall {
   std::atomic<bool> answered_ = false;  // set by whichever thread answers
 };
 
-void Joins::accept() {
-  // Requests taken ahead, so that a burst of joins does not wait for a slot.
-  for (int i = 0; i < 64; ++i) new JoinCall(*this);
-}
-
 void Joins::serve() {
   grpc::ServerCompletionQueue* queue = ready_.get_future().get();
   if (queue == nullptr) return;
+  // Requests taken ahead, so that a burst of joins does not wait for a slot.
+  for (int i = 0; i < 64; ++i) new JoinCall(*this);
   void* tag = nullptr;
   bool ok = false;
   while (queue->Next(&tag, &ok)) {
@@ -936,13 +937,21 @@ void Joins::serve() {
 
 void Joins::close() {
   if (!thread_.joinable()) return;
-  if (queue_) {
+  if (accepting_) {
     close_alarm_ = std::make_unique<grpc::Alarm>();
     close_alarm_->Set(queue_.get(), gpr_now(GPR_CLOCK_MONOTONIC), &close_alarm_);
-  } else {
-    ready_.set_value(nullptr);  // the server was never built
+    thread_.join();
+    return;
   }
+  ready_.set_value(nullptr);  // the server did not start: nothing was asked of the queue
   thread_.join();
+  if (queue_) {
+    queue_->Shutdown();
+    void* tag = nullptr;
+    bool ok = false;
+    while (queue_->Next(&tag, &ok)) {
+    }
+  }
 }
 
 class RendezvousService final : public RendezvousBase {
