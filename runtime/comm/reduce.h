@@ -12,6 +12,10 @@ namespace cxxlaunch::runtime {
 // acc[i] = op(acc[i], in[i]); kAvg accumulates a sum (divide afterwards).
 void reduceInto(void* acc, const void* in, size_t count, DType dtype, ReduceOp op);
 
+// a[i] = b[i] = op(a[i], b[i]), halved for kAvg: two ranks' data reduced into both in one pass
+// over memory. The same bits as reduceInto and then divideBy(2) into a copy of `a`.
+void reducePair(void* a, void* b, size_t count, DType dtype, ReduceOp op);
+
 // data[i] /= n (integer types: truncating division).
 void divideBy(void* data, size_t count, DType dtype, int n);
 

@@ -30,6 +30,11 @@ void ShmCollectives::reduceInPlace(const std::vector<char*>& buffers, size_t cou
   const size_t elem = dtypeSize(dtype);
   const size_t lo = count * static_cast<size_t>(rank_) / static_cast<size_t>(size_);
   const size_t hi = count * static_cast<size_t>(rank_ + 1) / static_cast<size_t>(size_);
+  if (size_ == 2) {  // one pass, no block: the two buffers are read once and written once
+    reducePair(buffers[0] + lo * elem, buffers[1] + lo * elem, hi - lo, dtype, op);
+    barrier();
+    return;
+  }
   alignas(64) char block[kBlockBytes];
   const size_t block_count = kBlockBytes / elem;
   for (size_t begin = lo; begin < hi; begin += block_count) {

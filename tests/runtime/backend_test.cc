@@ -5,6 +5,8 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstring>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -75,6 +77,56 @@ TEST_CASE("Integer and 16-bit reductions", "[backend]") {
   CHECK(halfToFloat(h[0]) == 1.f);
   CHECK(halfToFloat(h[1]) == 2.f);
   CHECK(dtypeSize(DType::kBFloat16) == 2);
+}
+
+// Random bytes (any bit pattern: subnormals, NaNs, wrapping integers) of `count` elements.
+static std::vector<unsigned char> randomBytes(std::mt19937& gen, size_t bytes) {
+  std::vector<unsigned char> out(bytes);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (auto& b : out) b = static_cast<unsigned char>(byte(gen));
+  return out;
+}
+
+TEST_CASE("A pair reduction gives the bits of a reduction then a division, in both buffers",
+          "[backend]") {
+  std::mt19937 gen(7);
+  const size_t count = 1001;  // not a multiple of any vector width
+  for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kInt32, DType::kInt64, DType::kUInt8,
+                      DType::kFloat16, DType::kBFloat16}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
+      INFO("dtype " << static_cast<int>(dtype) << ", op " << static_cast<int>(op));
+      const size_t bytes = count * dtypeSize(dtype);
+      auto a = randomBytes(gen, bytes);
+      auto b = randomBytes(gen, bytes);
+      auto expected = a;
+      reduceInto(expected.data(), b.data(), count, dtype, op);
+      if (op == ReduceOp::kAvg) divideBy(expected.data(), count, dtype, 2);
+      reducePair(a.data(), b.data(), count, dtype, op);
+      CHECK(std::memcmp(a.data(), expected.data(), bytes) == 0);
+      CHECK(std::memcmp(b.data(), expected.data(), bytes) == 0);
+    }
+  }
+}
+
+TEST_CASE("Division by a power of two and by any other count gives the quotient", "[backend]") {
+  std::mt19937 gen(11);
+  const size_t count = 4097;
+  for (int n : {1, 2, 3, 4, 6, 8, 1024}) {
+    INFO("n " << n);
+    auto bits = randomBytes(gen, count * sizeof(float));
+    std::vector<float> data(count);
+    std::memcpy(data.data(), bits.data(), bits.size());
+    data[0] = 1.4e-45F;  // the smallest subnormal: halved, it rounds to zero (even)
+    auto expected = data;
+    for (auto& v : expected) v = v / static_cast<float>(n);
+    divideBy(data.data(), count, DType::kFloat32, n);
+    CHECK(std::memcmp(data.data(), expected.data(), count * sizeof(float)) == 0);
+    std::vector<double> wide(count, 3.0);
+    wide[1] = 4.9e-324;
+    divideBy(wide.data(), count, DType::kFloat64, n);
+    CHECK(wide[0] == 3.0 / n);
+    CHECK(wide[1] == 4.9e-324 / n);
+  }
 }
 
 TEST_CASE("The NCCL backend runs on a GPU, or fails plainly without one", "[backend]") {
