@@ -90,6 +90,12 @@ RendezvousServer::RendezvousServer(const ServerOptions& options)
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a taken port must fail, not share
+  // No timer per call for the client's deadline: the client ends its own call when it passes
+  // (and a dead client's connection ends all of its calls), and a parked call is answered by
+  // Core within its own wait, never past max_wait. Debian's gRPC (no NDEBUG) files every timer
+  // in a debug table of 1,009 lists that each add and cancel walks: at 65,536 waiting joins,
+  // 9% of the daemon's time (perf).
+  builder.AddChannelArgument(GRPC_ARG_ENABLE_DEADLINE_CHECKS, 0);
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(std::make_unique<UndecodableRequestFactory>());
   builder.experimental().SetInterceptorCreators(std::move(interceptors));

@@ -16,12 +16,13 @@
 
 namespace cxxlaunch::rendezvous::server {
 
-// Join runs on gRPC's completion-queue API, the other calls on its callback API. At N waiting
-// nodes the callback API keeps N completion-queue tags outstanding, one per open call, and
-// Debian's gRPC (built without NDEBUG) scans all of them at every completion: O(N) per call. A
-// join parked here holds no tag until it is answered, and its events are handled on one thread
-// of ours rather than handed to gRPC's callback threads. Join is a raw method (bytes in, bytes
-// out) so that an undecodable request is answered with INVALID_ARGUMENT, as the proto promises.
+// Join runs on gRPC's completion-queue API, the other calls on its callback API: a join's events
+// are handled on one thread of ours rather than handed from gRPC's poller to its callback
+// threads (at 65,536 waiting nodes, 129 instead of 168 us of the daemon's CPU per node). Each
+// open call still keeps one tag on the queue (gRPC's own op that watches for the call's end),
+// which Debian's gRPC, built without NDEBUG, checks linearly at every completion. Join is a raw
+// method (bytes in, bytes out) so that an undecodable request is answered with
+// INVALID_ARGUMENT, as the proto promises.
 using RendezvousBase = rdzv::Rendezvous::WithCallbackMethod_KeepAlive<
     rdzv::Rendezvous::WithCallbackMethod_RequestRestart<
         rdzv::Rendezvous::WithCallbackMethod_Leave<rdzv::Rendezvous::WithCallbackMethod_Status<
