@@ -31,12 +31,18 @@ def side_by_side_ms(argv, count=2):
     procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=dict(os.environ, OMP_NUM_THREADS="1")) for _ in range(count)]
     times = []
-    for proc in procs:
-        out, err = proc.communicate()
-        m = re.search(r"mean step time ([0-9.]+) ms", out)
-        if proc.returncode != 0 or not m:
-            sys.exit(f"{' '.join(argv)} failed:\n{out}\n{err}")
-        times.append(float(m.group(1)))
+    try:
+        for proc in procs:
+            out, err = proc.communicate()
+            m = re.search(r"mean step time ([0-9.]+) ms", out)
+            if proc.returncode != 0 or not m:
+                sys.exit(f"{' '.join(argv)} failed:\n{out}\n{err}")
+            times.append(float(m.group(1)))
+    finally:  # a failed copy leaves none of the others running
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     return statistics.mean(times)
 
 
