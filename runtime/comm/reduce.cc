@@ -75,48 +75,88 @@ void divide16(void* data, size_t count, int n) {
 }
 
 template <typename T, ReduceOp kOp, bool kHalve>
-void pairLoop(T* __restrict a, T* __restrict b, size_t count) {
-  for (size_t i = 0; i < count; ++i) {
-    T value = combine(a[i], b[i], kOp);
-    if constexpr (kHalve) {
-      if constexpr (std::is_floating_point_v<T>) {
-        value *= T(0.5);  // exactly value / 2
-      } else {
-        value = static_cast<T>(value / 2);
-      }
+T pairValue(T x, T y) {
+  T value = combine(x, y, kOp);
+  if constexpr (kHalve) {
+    if constexpr (std::is_floating_point_v<T>) {
+      value *= T(0.5);  // exactly value / 2
+    } else {
+      value = static_cast<T>(value / 2);
     }
-    a[i] = value;
-    b[i] = value;
+  }
+  return value;
+}
+
+// Into both inputs, or (kInto) into `out`: one loop each, as their pointers alias differently.
+template <typename T, ReduceOp kOp, bool kHalve>
+void pairLoop(T* __restrict a, T* __restrict b, size_t count) {
+  for (size_t i = 0; i < count; ++i) a[i] = b[i] = pairValue<T, kOp, kHalve>(a[i], b[i]);
+}
+
+template <typename T, ReduceOp kOp, bool kHalve>
+void pairIntoLoop(T* __restrict out, const T* __restrict a, const T* __restrict b, size_t count) {
+  for (size_t i = 0; i < count; ++i) out[i] = pairValue<T, kOp, kHalve>(a[i], b[i]);
+}
+
+template <typename T, ReduceOp kOp, bool kHalve, bool kInto>
+void pairRun(void* out, void* a, void* b, size_t count) {
+  if constexpr (kInto) {
+    pairIntoLoop<T, kOp, kHalve>(static_cast<T*>(out), static_cast<const T*>(a),
+                                 static_cast<const T*>(b), count);
+  } else {
+    pairLoop<T, kOp, kHalve>(static_cast<T*>(a), static_cast<T*>(b), count);
   }
 }
 
-template <typename T>
-void pairTyped(void* a, void* b, size_t count, ReduceOp op) {
-  auto* x = static_cast<T*>(a);
-  auto* y = static_cast<T*>(b);
+template <typename T, bool kInto>
+void pairTyped(void* out, void* a, void* b, size_t count, ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
-      return pairLoop<T, ReduceOp::kSum, false>(x, y, count);
+      return pairRun<T, ReduceOp::kSum, false, kInto>(out, a, b, count);
     case ReduceOp::kAvg:
-      return pairLoop<T, ReduceOp::kSum, true>(x, y, count);
+      return pairRun<T, ReduceOp::kSum, true, kInto>(out, a, b, count);
     case ReduceOp::kMax:
-      return pairLoop<T, ReduceOp::kMax, false>(x, y, count);
+      return pairRun<T, ReduceOp::kMax, false, kInto>(out, a, b, count);
     case ReduceOp::kMin:
-      return pairLoop<T, ReduceOp::kMin, false>(x, y, count);
+      return pairRun<T, ReduceOp::kMin, false, kInto>(out, a, b, count);
   }
 }
 
 // Rounded to 16 bits after the combination and again after the halving, as reduce16 and
 // divide16 round.
-template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
-void pair16(void* a, void* b, size_t count, ReduceOp op) {
+template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float), bool kInto>
+void pair16(void* out, void* a, void* b, size_t count, ReduceOp op) {
   auto* x = static_cast<uint16_t*>(a);
   auto* y = static_cast<uint16_t*>(b);
+  auto* o = static_cast<uint16_t*>(out);
   for (size_t i = 0; i < count; ++i) {
     uint16_t value = FromFloat(combine(ToFloat(x[i]), ToFloat(y[i]), op));
     if (op == ReduceOp::kAvg) value = FromFloat(ToFloat(value) / 2.0F);
-    x[i] = value;
-    y[i] = value;
+    if constexpr (kInto) {
+      o[i] = value;
+    } else {
+      x[i] = y[i] = value;
+    }
+  }
+}
+
+template <bool kInto>
+void pairOf(void* out, void* a, void* b, size_t count, DType dtype, ReduceOp op) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return pairTyped<float, kInto>(out, a, b, count, op);
+    case DType::kFloat64:
+      return pairTyped<double, kInto>(out, a, b, count, op);
+    case DType::kInt32:
+      return pairTyped<int32_t, kInto>(out, a, b, count, op);
+    case DType::kInt64:
+      return pairTyped<int64_t, kInto>(out, a, b, count, op);
+    case DType::kUInt8:
+      return pairTyped<uint8_t, kInto>(out, a, b, count, op);
+    case DType::kFloat16:
+      return pair16<halfToFloat, floatToHalf, kInto>(out, a, b, count, op);
+    case DType::kBFloat16:
+      return pair16<bfloat16ToFloat, floatToBfloat16, kInto>(out, a, b, count, op);
   }
 }
 
@@ -149,22 +189,13 @@ void reduceInto(void* acc, const void* in, size_t count, DType dtype, ReduceOp o
 }
 
 void reducePair(void* a, void* b, size_t count, DType dtype, ReduceOp op) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return pairTyped<float>(a, b, count, op);
-    case DType::kFloat64:
-      return pairTyped<double>(a, b, count, op);
-    case DType::kInt32:
-      return pairTyped<int32_t>(a, b, count, op);
-    case DType::kInt64:
-      return pairTyped<int64_t>(a, b, count, op);
-    case DType::kUInt8:
-      return pairTyped<uint8_t>(a, b, count, op);
-    case DType::kFloat16:
-      return pair16<halfToFloat, floatToHalf>(a, b, count, op);
-    case DType::kBFloat16:
-      return pair16<bfloat16ToFloat, floatToBfloat16>(a, b, count, op);
-  }
+  pairOf<false>(nullptr, a, b, count, dtype, op);
+}
+
+void reducePairInto(void* out, const void* a, const void* b, size_t count, DType dtype,
+                    ReduceOp op) {
+  // Only read: the kernels that write into `a` and `b` are the other instantiation.
+  pairOf<true>(out, const_cast<void*>(a), const_cast<void*>(b), count, dtype, op);
 }
 
 void divideBy(void* data, size_t count, DType dtype, int n) {

@@ -15,6 +15,10 @@ void reduceInto(void* acc, const void* in, size_t count, DType dtype, ReduceOp o
 // a[i] = b[i] = op(a[i], b[i]), halved for kAvg: two ranks' data reduced into both in one pass
 // over memory. The same bits as reduceInto and then divideBy(2) into a copy of `a`.
 void reducePair(void* a, void* b, size_t count, DType dtype, ReduceOp op);
+// out[i] = op(a[i], b[i]), halved for kAvg, in one pass; `out` overlaps neither input. The same
+// bits as copying `a` to `out`, reduceInto(out, b) and divideBy(out, 2).
+void reducePairInto(void* out, const void* a, const void* b, size_t count, DType dtype,
+                    ReduceOp op);
 
 // data[i] /= n (integer types: truncating division).
 void divideBy(void* data, size_t count, DType dtype, int n);

@@ -72,9 +72,13 @@ void ShmCollectives::allreduce(void* data, size_t count, DType dtype, ReduceOp o
     const size_t lo = n * static_cast<size_t>(rank_) / static_cast<size_t>(size_);
     const size_t hi = n * static_cast<size_t>(rank_ + 1) / static_cast<size_t>(size_);
     char* mine = result() + lo * elem;
-    std::memcpy(mine, from(0) + lo * elem, (hi - lo) * elem);
-    for (int r = 1; r < size_; ++r) reduceInto(mine, from(r) + lo * elem, hi - lo, dtype, op);
-    if (op == ReduceOp::kAvg) divideBy(mine, hi - lo, dtype, size_);
+    if (size_ == 2) {
+      reducePairInto(mine, from(0) + lo * elem, from(1) + lo * elem, hi - lo, dtype, op);
+    } else {
+      std::memcpy(mine, from(0) + lo * elem, (hi - lo) * elem);
+      for (int r = 1; r < size_; ++r) reduceInto(mine, from(r) + lo * elem, hi - lo, dtype, op);
+      if (op == ReduceOp::kAvg) divideBy(mine, hi - lo, dtype, size_);
+    }
     barrier();
     // Nobody writes the result again before everyone has passed the next chunk's first barrier
     // (nor reads a registered buffer again: this chunk of it is done).
@@ -120,10 +124,14 @@ void ShmCollectives::reduceScatter(const void* input, void* output, size_t count
       return buffers[r] ? buffers[r] + (static_cast<size_t>(rank_) * count + done + begin) * elem
                         : slot(r) + (static_cast<size_t>(rank_) * n + begin) * elem;
     };
-    const size_t block_count = kBlockBytes / elem;
+    const size_t block_count = size_ == 2 ? n : kBlockBytes / elem;  // two: one pass, no block
     for (size_t begin = 0; begin < n; begin += block_count) {
       const size_t m = std::min(block_count, n - begin);
       char* mine = out + (done + begin) * elem;
+      if (size_ == 2) {
+        reducePairInto(mine, from(0, begin), from(1, begin), m, dtype, op);
+        continue;
+      }
       std::memcpy(mine, from(0, begin), m * elem);
       for (int r = 1; r < size_; ++r) reduceInto(mine, from(r, begin), m, dtype, op);
       if (op == ReduceOp::kAvg) divideBy(mine, m, dtype, size_);

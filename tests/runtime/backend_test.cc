@@ -87,8 +87,10 @@ static std::vector<unsigned char> randomBytes(std::mt19937& gen, size_t bytes) {
   return out;
 }
 
-TEST_CASE("A pair reduction gives the bits of a reduction then a division, in both buffers",
-          "[backend]") {
+TEST_CASE(
+    "A pair reduction gives the bits of a reduction then a division, in place and into a third "
+    "buffer",
+    "[backend]") {
   std::mt19937 gen(7);
   const size_t count = 1001;  // not a multiple of any vector width
   for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kInt32, DType::kInt64, DType::kUInt8,
@@ -101,6 +103,9 @@ TEST_CASE("A pair reduction gives the bits of a reduction then a division, in bo
       auto expected = a;
       reduceInto(expected.data(), b.data(), count, dtype, op);
       if (op == ReduceOp::kAvg) divideBy(expected.data(), count, dtype, 2);
+      std::vector<unsigned char> into(bytes);
+      reducePairInto(into.data(), a.data(), b.data(), count, dtype, op);
+      CHECK(std::memcmp(into.data(), expected.data(), bytes) == 0);
       reducePair(a.data(), b.data(), count, dtype, op);
       CHECK(std::memcmp(a.data(), expected.data(), bytes) == 0);
       CHECK(std::memcmp(b.data(), expected.data(), bytes) == 0);
