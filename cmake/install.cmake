@@ -1,10 +1,12 @@
 # The installable package (docs/install.md): `cmake --install build --prefix P` puts in place
 #   bin/                       cxxlaunch, cxxlaunchd, cxxlaunch_selftest (`cxxlaunch test` runs the
-#                              self-test found next to its own binary)
+#                              self-test found next to its own binary), finetune (and its
+#                              finetune_tokenize), llama_init
 #   include/cxxlaunch/         the public headers under their in-tree paths (runtime/..., common/...),
 #                              so a trainer writes #include "runtime/accelerator.h" as ours do
 #   lib/                       the static libraries: the runtime and ours that it links
-#   lib/cmake/cxxlaunch/       the package config: find_package(cxxlaunch CONFIG), cxxlaunch::runtime
+#   lib/cmake/cxxlaunch/       the package config: find_package(cxxlaunch CONFIG), cxxlaunch::cxxlaunch
+#                              (everything a trainer links) or cxxlaunch::runtime (no models/)
 #   lib/pkgconfig/cxxlaunch.pc the same link line for other build systems (LibTorch's flags aside)
 #   share/doc/cxxlaunch/       the user guide (docs/*.md)
 # Everything is relocatable: the config and the .pc file find the prefix from where they lie.
@@ -15,9 +17,15 @@ set(CXXLAUNCH_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/cxxlaunch)
 set(CXXLAUNCH_INSTALL_INCLUDEDIR ${CMAKE_INSTALL_INCLUDEDIR}/cxxlaunch)
 # Installed binaries keep the run paths of libraries outside the system's folders (CUDA's, a
 # LibTorch unpacked elsewhere), which CMake strips by default.
-set_target_properties(cxxlaunch cxxlaunchd cxxlaunch_selftest PROPERTIES
-  INSTALL_RPATH_USE_LINK_PATH ON)
-install(TARGETS cxxlaunch cxxlaunchd cxxlaunch_selftest RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+# The user-facing programs: the launcher, the daemon, the self-test, and the fine-tuning tools
+# (docs/finetune.md): finetune with its tokenizer process finetune_tokenize (finetune runs it from
+# its own folder), and llama_init.
+set(_cxxlaunch_programs cxxlaunch cxxlaunchd cxxlaunch_selftest finetune llama_init)
+if(TARGET finetune_tokenize)
+  list(APPEND _cxxlaunch_programs finetune_tokenize)
+endif()
+set_target_properties(${_cxxlaunch_programs} PROPERTIES INSTALL_RPATH_USE_LINK_PATH ON)
+install(TARGETS ${_cxxlaunch_programs} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 # The user guide, where the messages' "see docs/config.md" finds it: share/doc/cxxlaunch/.
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR} FILES_MATCHING
         PATTERN "*.md")
@@ -36,7 +44,12 @@ foreach(_library IN LISTS _cxxlaunch_libraries)
   string(REGEX REPLACE "^cxxlaunch_" "" _name ${_library})
   set_target_properties(${_library} PROPERTIES EXPORT_NAME ${_name})
 endforeach()
-install(TARGETS ${_cxxlaunch_libraries} EXPORT cxxlaunchTargets
+# The one target to name: cxxlaunch::cxxlaunch brings the runtime and the model families (models/
+# links the runtime, so the runtime cannot bring models/ itself).
+add_library(cxxlaunch_package INTERFACE)
+target_link_libraries(cxxlaunch_package INTERFACE cxxlaunch_models cxxlaunch_runtime)
+set_target_properties(cxxlaunch_package PROPERTIES EXPORT_NAME cxxlaunch)
+install(TARGETS cxxlaunch_package ${_cxxlaunch_libraries} EXPORT cxxlaunchTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   INCLUDES DESTINATION ${CXXLAUNCH_INSTALL_INCLUDEDIR})
@@ -67,7 +80,7 @@ install(FILES ${CMAKE_BINARY_DIR}/cxxlaunchConfig.cmake
 file(RELATIVE_PATH CXXLAUNCH_PC_TO_PREFIX "/prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/prefix")
 string(REGEX REPLACE "/$" "" CXXLAUNCH_PC_TO_PREFIX "${CXXLAUNCH_PC_TO_PREFIX}")
 set(CXXLAUNCH_PC_LIBS
-    "-lcxxlaunch_runtime -lcxxlaunch_checkpoint_files -lcxxlaunch_observability -lcxxlaunch_kernels_cpu")
+    "-lcxxlaunch_models -lcxxlaunch_runtime -lcxxlaunch_checkpoint_files -lcxxlaunch_observability -lcxxlaunch_kernels_cpu")
 set(CXXLAUNCH_PC_DEPENDENCY_LIBS "-lgloo")
 if(CXXLAUNCH_PACKAGE_WITH_CUDA)
   string(APPEND CXXLAUNCH_PC_LIBS " -lcxxlaunch_cuda")

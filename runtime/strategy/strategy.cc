@@ -419,6 +419,10 @@ class DdpStrategy final : public Strategy {
         state.erase(key);
       }
     }
+    // A load without this optimizer's state (loadModel, an HF folder) starts it afresh: for
+    // Adam's that is its zeros at step 0 again, made now as prepare made them, so the memory stays
+    // held and counted (memoryReport) instead of coming back at the next step.
+    allocateAdamState(optimizer_);
   }
 
  private:

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The installed package as a user meets it (docs/install.md): installs BUILD into a temporary
-# prefix, builds examples/standalone against that prefix with find_package(cxxlaunch), runs the
-# trainer at world 2 under the installed cxxlaunch, runs the installed `cxxlaunch test`, and
-# links the same trainer through pkg-config's cxxlaunch.pc.
+# prefix, builds examples/standalone against that prefix with find_package(cxxlaunch), runs its
+# trainers (an MLP, and a models/ Llama from the installed llama_init's folder) at world 2 under
+# the installed cxxlaunch, fine-tunes that folder with the installed finetune, runs the installed
+# `cxxlaunch test`, and links both trainers through pkg-config's cxxlaunch.pc.
 # Usage: standalone_test.sh SOURCE_DIR BUILD_DIR
 # The example is built as BUILD was: CXXLAUNCH_BUILD_TYPE, CXXLAUNCH_CXX_FLAGS and
 # CXXLAUNCH_LINKER_FLAGS (the sanitizer builds' -fsanitize=...) from the environment.
@@ -25,7 +26,7 @@ cmake --install "$build_dir" --prefix "$prefix" >"$work/install.log" || {
   cat "$work/install.log"
   fail "cmake --install failed"
 }
-for f in bin/cxxlaunch bin/cxxlaunchd bin/cxxlaunch_selftest \
+for f in bin/cxxlaunch bin/cxxlaunchd bin/cxxlaunch_selftest bin/finetune bin/llama_init \
   include/cxxlaunch/runtime/accelerator.h include/cxxlaunch/common/error.h \
   lib/libcxxlaunch_runtime.a lib/cmake/cxxlaunch/cxxlaunchConfig.cmake \
   lib/cmake/cxxlaunch/cxxlaunchConfigVersion.cmake lib/pkgconfig/cxxlaunch.pc \
@@ -65,6 +66,26 @@ line=$(grep -E '^\[rank 0\]: standalone: world 2 steps 100 final loss [0-9.e+-]+
 loss=${line##* }
 awk -v l="$loss" 'BEGIN { exit !(l < 1.0) }' || fail "final loss $loss: the MLP did not learn"
 
+echo "== the installed llama_init, finetune and a models/ trainer (cxxlaunch::cxxlaunch)"
+"$prefix/bin/llama_init" --output_dir "$work/tiny" --hidden_size 32 --intermediate_size 64 \
+  --num_hidden_layers 1 --num_attention_heads 2 --vocab_size 300 >"$work/init.log" 2>&1 ||
+  fail "the installed llama_init failed: $(cat "$work/init.log")"
+for i in $(seq 40); do echo "The quick brown fox jumps over the lazy dog."; done >"$work/text.txt"
+output=$("$prefix/bin/cxxlaunch" run --nproc_per_node=2 --cpu "$prefix/bin/finetune" \
+  --model_dir "$work/tiny" --data "$work/text.txt" --steps 2 --seq_len 16 --batch_size 2 \
+  --output_dir "$work/tuned" 2>&1) || fail "the installed finetune failed (exit $?):
+$output"
+[ -f "$work/tuned/config.json" ] || fail "the installed finetune wrote no $work/tuned/config.json"
+output=$("$prefix/bin/cxxlaunch" run --nproc_per_node=2 --cpu \
+  "$work/example/standalone_llama_step" "$work/tuned" 2>&1) ||
+  fail "the models/ trainer failed under the installed launcher (exit $?):
+$output"
+echo "$output"
+line=$(grep -E '^\[rank 0\]: llama_step: world 2 steps 8 loss [0-9.e+-]+ -> [0-9.e+-]+$' <<<"$output") ||
+  fail "no 'llama_step: world 2 steps 8 loss A -> B' line from rank 0"
+awk -v a="$(awk '{print $(NF-2)}' <<<"$line")" -v b="${line##* }" 'BEGIN { exit !(b < a) }' ||
+  fail "the models/ trainer's loss did not fall: $line"
+
 echo "== $prefix/bin/cxxlaunch test"
 output=$("$prefix/bin/cxxlaunch" test 2>&1) || fail "the installed cxxlaunch test failed:
 $output"
@@ -86,4 +107,13 @@ c++ ${CXXLAUNCH_CXX_FLAGS:-} ${CXXLAUNCH_LINKER_FLAGS:-} "$object" -o "$work/pkg
 output=$("$work/pkg_config_train" 2>&1) || fail "the pkg-config build failed alone: $output"
 grep -q '^standalone: world 1 steps 100 final loss' <<<"$output" ||
   fail "the pkg-config build printed: $output"
+# The models/ trainer too: the .pc file's link line carries models/ (cxxlaunch::cxxlaunch's).
+object=$(find "$work/example" -name 'llama_step.cc.o' | head -1)
+# shellcheck disable=SC2086  # the flags are words
+c++ ${CXXLAUNCH_CXX_FLAGS:-} ${CXXLAUNCH_LINKER_FLAGS:-} "$object" -o "$work/pkg_config_llama" $flags -L"$torch_lib" -Wl,-rpath,"$torch_lib" \
+  -ltorch -ltorch_cpu -lc10 || fail "the link line of cxxlaunch.pc does not link the models/ trainer"
+output=$("$work/pkg_config_llama" "$work/tuned" 2>&1) ||
+  fail "the pkg-config build of the models/ trainer failed: $output"
+grep -q '^llama_step: world 1 steps 8 loss' <<<"$output" ||
+  fail "the pkg-config build of the models/ trainer printed: $output"
 echo "standalone_test: ok"
