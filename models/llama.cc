@@ -1,9 +1,11 @@
 #include "models/llama.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <sys/stat.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/loss.h>
 
+#include <cerrno>
 #include <cmath>
 #include <limits>
 #include <mutex>
@@ -169,15 +171,13 @@ LlamaConfig LlamaConfig::fromJsonChecked(const std::string& text, const std::str
 }
 
 LlamaConfig LlamaConfig::fromFile(const std::string& path) {
-  std::string text;
-  try {
-    // Not a FIFO (it would block), a directory or a file of gigabytes read whole.
-    text = readRegularFile(path, "config", kMaxConfigBytes);
-  } catch (const InvalidArgument& e) {
-    throw InvalidArgument(std::string(e.what()) +
-                          " (a model folder in Hugging Face's layout has its config.json)");
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0 && errno == ENOENT) {
+    throw InvalidArgument("cannot read '" + path +
+                          "': a model folder in Hugging Face's layout has its config.json");
   }
-  return fromJson(text, path);
+  // Not a FIFO (it would block), a folder, or a file of gigabytes read whole.
+  return fromJson(readRegularFile(path, "config", kMaxConfigBytes), path);
 }
 
 double LlamaConfig::parameterCount() const {
