@@ -16,7 +16,8 @@
 // one) are held out. Training: AdamW (weight decay 0, a constant --lr; clipping and accumulation
 // are the config's) for --steps optimizer steps, cycling over the training blocks. Evaluation:
 // the mean per-token loss over every held-out block exactly once, and its perplexity, before
-// training, after it, and of the written OUT read back (what `--steps 0` on OUT reports).
+// training, after it, and of the written OUT read back (what `--steps 0` on OUT reports under
+// the same config: each line names its compute precision, and bf16 and fp32 differ).
 // OUT: the weights (Accelerator::saveModel: fp32, or 16-bit where the config sets
 // zero3_save_16bit_model), config.json and the tokenizer files of MODEL; written under
 // OUT.partial and renamed at the end, so an OUT that exists is complete; a failure on the way
@@ -431,8 +432,9 @@ int finetune(const Flags& f) {
   printEval(acc, eval_after, "after " + std::to_string(f.steps) + " steps");
   acc.log({{"eval/loss", eval_after}}, f.steps);
   writeOutput(acc, f, copied);
-  // The export read back: its figure is what `--steps 0 --model_dir OUT` reports, 16-bit
-  // rounding included. Only where every rank sees OUT (nodes without a shared filesystem do not).
+  // The export read back: its figure is what `--steps 0 --model_dir OUT` reports at the same
+  // mixed precision, 16-bit rounding included. Only where every rank sees OUT (nodes without a
+  // shared filesystem do not).
   const bool seen = present(f.output_dir + "/config.json");
   if (acc.gather(torch::tensor({seen ? 1 : 0}, torch::kInt)).min().item<int>() == 1) {
     acc.loadModel(f.output_dir);
