@@ -1,17 +1,18 @@
 #include "models/llama.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <sys/stat.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/loss.h>
 
+#include <cerrno>
 #include <cmath>
-#include <fstream>
 #include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "common/error.h"
+#include "common/file.h"
 #include "runtime/deferred_init.h"
 #include "runtime/strategy/unit.h"
 
@@ -58,6 +59,16 @@ torch::Tensor rotateHalf(const torch::Tensor& x) {
 }  // namespace
 
 LlamaConfig LlamaConfig::fromJson(const std::string& text, const std::string& origin) {
+  // A value of another JSON type than the key's (model_type 7) is refused by the checks below;
+  // this is the net under them, so that no library text reaches the user.
+  try {
+    return fromJsonChecked(text, origin);
+  } catch (const json::exception& e) {
+    throw InvalidArgument(origin + ": a value has the wrong JSON type (" + e.what() + ")");
+  }
+}
+
+LlamaConfig LlamaConfig::fromJsonChecked(const std::string& text, const std::string& origin) {
   json j;
   try {
     j = json::parse(text);
@@ -66,6 +77,10 @@ LlamaConfig LlamaConfig::fromJson(const std::string& text, const std::string& or
   }
   if (!j.is_object()) throw InvalidArgument(origin + " is not a JSON object");
   LlamaConfig c;
+  if (j.contains("model_type") && !j["model_type"].is_string()) {
+    throw InvalidArgument(origin + ": model_type is " + j["model_type"].dump() +
+                          ", not a name such as \"llama\"");
+  }
   c.model_type = j.value("model_type", std::string());
   if (c.model_type != "llama" && c.model_type != "qwen2" && c.model_type != "mistral") {
     throw InvalidArgument(origin + ": model_type '" + c.model_type +
@@ -86,8 +101,10 @@ LlamaConfig LlamaConfig::fromJson(const std::string& text, const std::string& or
   };
   auto real = [&](const char* key, double& out) {
     if (!j.contains(key) || j[key].is_null()) return;
-    if (!j[key].is_number() || !(j[key].get<double>() > 0)) {
-      throw InvalidArgument(origin + ": " + key + " is " + j[key].dump() + ", not a number > 0");
+    if (!j[key].is_number() || !(j[key].get<double>() > 0) ||
+        !std::isfinite(j[key].get<double>())) {
+      throw InvalidArgument(origin + ": " + key + " is " + j[key].dump() +
+                            ", not a finite number > 0");
     }
     out = j[key].get<double>();
   };
@@ -118,8 +135,12 @@ LlamaConfig LlamaConfig::fromJson(const std::string& text, const std::string& or
   }
   if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
     const json& scaling = j["rope_scaling"];
-    const std::string type =
-        scaling.is_object() ? scaling.value("rope_type", scaling.value("type", std::string())) : "";
+    std::string type;
+    for (const char* key : {"type", "rope_type"}) {
+      if (scaling.is_object() && scaling.contains(key) && scaling[key].is_string()) {
+        type = scaling[key].get<std::string>();
+      }
+    }
     if (type != "default") {
       unsupported("rope_scaling", "scales the rotary embedding (as Llama 3.1's)");
     }
@@ -134,7 +155,8 @@ LlamaConfig LlamaConfig::fromJson(const std::string& text, const std::string& or
   }
   // Mistral's sliding window (Qwen2's when use_sliding_window): the same math for sequences
   // within it, which is what forward accepts.
-  const bool windowed = c.model_type == "mistral" || j.value("use_sliding_window", false);
+  const bool windowed = c.model_type == "mistral" ||
+                        (j.contains("use_sliding_window") && j["use_sliding_window"] == true);
   if (windowed && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
     whole("sliding_window", c.sliding_window, false);
   }
@@ -149,14 +171,22 @@ LlamaConfig LlamaConfig::fromJson(const std::string& text, const std::string& or
 }
 
 LlamaConfig LlamaConfig::fromFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0 && errno == ENOENT) {
     throw InvalidArgument("cannot read '" + path +
                           "': a model folder in Hugging Face's layout has its config.json");
   }
-  std::ostringstream text;
-  text << in.rdbuf();
-  return fromJson(text.str(), path);
+  // Not a FIFO (it would block), a folder, or a file of gigabytes read whole.
+  return fromJson(readRegularFile(path, "config", kMaxConfigBytes), path);
+}
+
+double LlamaConfig::parameterCount() const {
+  const double h = static_cast<double>(hidden_size), v = static_cast<double>(vocab_size);
+  const double kv = static_cast<double>(num_key_value_heads) * static_cast<double>(headDim());
+  const double bias = attentionBias() ? h + 2 * kv : 0;
+  const double layer =
+      2 * h * h + 2 * h * kv + bias + 3 * h * static_cast<double>(intermediate_size) + 2 * h;
+  return v * h * (tie_word_embeddings ? 1 : 2) + static_cast<double>(num_hidden_layers) * layer + h;
 }
 
 std::string LlamaConfig::toJson() const {

@@ -32,6 +32,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -65,10 +66,21 @@ struct LlamaConfig {
   // missing (all of them listed) or inconsistent (heads that do not divide the hidden size), or
   // asking for math this model does not do (hidden_act other than silu, rope_scaling,
   // attention_bias, a head_dim of its own).
+  // The file is opened as common/file.h's openRegularFile does: a FIFO, a directory or a file
+  // over kMaxConfigBytes is refused, naming the path.
   static LlamaConfig fromFile(const std::string& path);
   static LlamaConfig fromJson(const std::string& text, const std::string& origin = "config.json");
+  // Hugging Face's config.json files are a few KiB; 16 MiB leaves room for large label maps.
+  static constexpr size_t kMaxConfigBytes = size_t{16} << 20;
+  // How many parameters the architecture has (the embedding, the layers, the norms, lm_head
+  // unless tied), as a double: a config's sizes can describe more than an int64 counts, and
+  // callers bound it (by what the weights hold, or by memory) before building anything.
+  double parameterCount() const;
   // As an HF config.json (what an export writes beside its weights).
   std::string toJson() const;
+
+ private:
+  static LlamaConfig fromJsonChecked(const std::string& text, const std::string& origin);
 };
 
 // x * rsqrt(mean(x^2) + eps) in fp32, times the weight, in the input's dtype.

@@ -16,32 +16,46 @@
 // one) are held out. Training: AdamW (weight decay 0, a constant --lr; clipping and accumulation
 // are the config's) for --steps optimizer steps, cycling over the training blocks. Evaluation:
 // the mean per-token loss over every held-out block exactly once, and its perplexity, before
-// training, after it, and of the written OUT read back (what `--steps 0` on OUT reports).
+// training, after it, and of the written OUT read back (what `--steps 0` on OUT reports under
+// the same config: each line names its compute precision, and bf16 and fp32 differ).
 // OUT: the weights (Accelerator::saveModel: fp32, or 16-bit where the config sets
 // zero3_save_16bit_model), config.json and the tokenizer files of MODEL; written under
-// OUT.partial and renamed at the end, so an OUT that exists is complete. --steps 0 writes nothing.
+// OUT.partial and renamed at the end, so an OUT that exists is complete; a failure on the way
+// removes OUT.partial. --steps 0 writes nothing. Every file read is opened as common/file.h's
+// openRegularFile does (a FIFO, a directory or an oversized file is refused at once), and every
+// check of the input and of OUT comes before the model is built.
 //
-// Exit codes: 0 done; 2 a usage or input mistake (unknown flag, a folder without config.json,
-// another architecture, data too short, --seq_len too long, a checkpoint that does not match or
-// is truncated), one `error:` line (runtime/error_report.h), nothing written; 1 anything else.
+// Exit codes: 0 done; 2 a usage or input mistake (unknown flag, a non-finite number, a folder
+// without config.json, another architecture, sizes the weights do not hold, data too short,
+// --seq_len too long, a checkpoint that does not match or is truncated, an OUT that is not
+// absent or an empty folder, a launcher setting finetune does not honour such as
+// --checkpoint_dir), one `error:` line (runtime/error_report.h), nothing written; 1 anything
+// else (a full disk), nothing left behind.
 
+#include <sys/stat.h>
 #include <torch/torch.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
+#include "apps/examples/output_dir.h"
 #include "apps/examples/step_scalars.h"
 #include "apps/examples/tokens.h"
 #include "common/command_line.h"
 #include "common/env_names.h"
 #include "common/error.h"
+#include "common/file.h"
 #include "models/llama.h"
 #include "runtime/accelerator.h"
+#include "runtime/checkpoint/safetensors.h"
+#include "runtime/env.h"
 #include "runtime/error_report.h"
 #include "runtime/fused_adamw.h"
 
@@ -86,9 +100,11 @@ Flags parse(int argc, char** argv) {
   add("print_every", f.print_every, "steps between loss lines");
   add("run_name", f.run_name, "the trackers' run folder under --project_dir (with --log_with)");
   cli::parseOrExit(app, argc, argv);
-  if (f.steps < 0 || f.batch_size < 1 || f.seq_len < 2 || f.print_every < 1 || !(f.lr > 0)) {
+  if (f.steps < 0 || f.batch_size < 1 || f.seq_len < 2 || f.print_every < 1 || !(f.lr > 0) ||
+      !std::isfinite(f.lr)) {
     throw InvalidArgument(
-        "need --steps >= 0, --batch_size >= 1, --seq_len >= 2, --print_every >= 1, --lr > 0");
+        "need --steps >= 0, --batch_size >= 1, --seq_len >= 2, --print_every >= 1, and a finite "
+        "--lr > 0");
   }
   if (!(f.eval_fraction > 0 && f.eval_fraction < 1)) {
     throw InvalidArgument("--eval_fraction must be between 0 and 1 (exclusive)");
@@ -96,15 +112,81 @@ Flags parse(int argc, char** argv) {
   if (f.steps > 0 && f.output_dir.empty()) {
     throw InvalidArgument("--output_dir is needed to train (or give --steps 0 to only evaluate)");
   }
+  if (f.steps == 0 && !f.output_dir.empty()) {
+    throw InvalidArgument("--steps 0 only evaluates and writes nothing: drop --output_dir");
+  }
+  // Every check of the output before any work: a run must not train for hours to fail at the
+  // end (OUT/ with a trailing slash, a file or a link in OUT's place, a folder not writable).
+  if (f.steps > 0) f.output_dir = examples::checkOutputDir(f.output_dir, "--output_dir");
   return f;
 }
 
+// The launcher's settings this program does not honour, refused rather than silently ignored
+// (docs/finetune.md lists them): finetune saves no checkpoints, so a checkpoint folder, a limit
+// on their number or asynchronous saving would do nothing.
+void refuseUnhonouredSettings() {
+  const WorkerEnv e = readWorkerEnv();
+  auto refuse = [](const std::string& setting, const std::string& value) {
+    throw InvalidArgument("finetune saves no checkpoints, so " + setting + " (" + value +
+                          ") would write nothing: launch without it (the fine-tuned model goes "
+                          "to --output_dir)");
+  };
+  if (!e.checkpoint_dir.empty()) {
+    refuse("the launcher's --checkpoint_dir",
+           std::string(env::kCheckpointDir) + "=" + e.checkpoint_dir);
+  }
+  if (e.checkpoint_total_limit != 0) {
+    refuse(
+        "the launcher's --checkpoint_total_limit",
+        std::string(env::kCheckpointTotalLimit) + "=" + std::to_string(e.checkpoint_total_limit));
+  }
+  if (e.checkpoint_async) {
+    refuse("the launcher's --checkpoint_async", std::string(env::kCheckpointAsync) + "=true");
+  }
+}
+
+// The files of the model folder that OUT gets besides the weights, checked before training (a
+// FIFO or a directory in a tokenizer file's place is refused now, not at the export), each at
+// most `max_bytes`.
+struct CopiedFile {
+  const char* name;
+  size_t max_bytes;
+};
+constexpr CopiedFile kCopiedFiles[] = {{"config.json", LlamaConfig::kMaxConfigBytes},
+                                       {"tokenizer.model", examples::kMaxTokenizerBytes},
+                                       {"tokenizer.json", examples::kMaxTokenizerBytes},
+                                       {"tokenizer_config.json", LlamaConfig::kMaxConfigBytes},
+                                       {"special_tokens_map.json", LlamaConfig::kMaxConfigBytes},
+                                       {"generation_config.json", LlamaConfig::kMaxConfigBytes}};
+
+// Whether `path` names anything, a dangling or looping link included (which then fails loudly
+// when opened, rather than being skipped).
+bool present(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
+std::vector<CopiedFile> filesToCopy(const std::string& model_dir) {
+  std::vector<CopiedFile> files;
+  for (const CopiedFile& file : kCopiedFiles) {
+    const std::string path = model_dir + "/" + file.name;
+    if (!present(path)) continue;
+    (void)openRegularFile(path, "the model's " + std::string(file.name), file.max_bytes);
+    files.push_back(file);
+  }
+  return files;
+}
+
 LlamaConfig readConfig(const Flags& f) {
-  if (!fs::is_directory(f.model_dir)) {
+  struct stat st {};
+  if (::stat(f.model_dir.c_str(), &st) != 0) {  // ELOOP, ENOENT, EACCES: said as they are
+    throw InvalidArgument("--model_dir '" + f.model_dir + "': " + std::strerror(errno));
+  }
+  if (!S_ISDIR(st.st_mode)) {
     throw InvalidArgument("--model_dir '" + f.model_dir + "' is not a folder");
   }
   const std::string path = f.model_dir + "/config.json";
-  if (!fs::exists(path)) {
+  if (!present(path)) {
     throw InvalidArgument("--model_dir '" + f.model_dir + "' has no config.json (" + path +
                           "): give a Hugging Face model folder (llama_init writes one)");
   }
@@ -115,6 +197,32 @@ LlamaConfig readConfig(const Flags& f) {
                           std::to_string(config.max_position_embeddings) + " (" + path + ")");
   }
   return config;
+}
+
+// Refuses a config whose sizes describe more parameters than the folder's safetensors files
+// hold, before anything is allocated: a vocab_size or num_hidden_layers typed with extra zeros
+// would otherwise allocate (or, built deferred, grow module by module) without bound.
+void requireWeightsFor(const LlamaConfig& config, const std::string& model_dir) {
+  double held = 0;
+  try {
+    const runtime::checkpoint::SafetensorsReader reader(model_dir);
+    for (const auto& [name, entry] : reader.entries()) {
+      double numel = 1;
+      for (const int64_t d : entry.shape) numel *= static_cast<double>(d);
+      held += numel;
+    }
+  } catch (const fs::filesystem_error& e) {
+    throw InvalidArgument("--model_dir '" + model_dir + "': " + e.code().message());
+  }
+  const double wanted = config.parameterCount();
+  if (wanted > held) {
+    char line[160];
+    std::snprintf(line, sizeof(line),
+                  "describes %.4g parameters, and the safetensors files hold %.4g", wanted, held);
+    throw InvalidArgument(model_dir + "/config.json " + line +
+                          ": the config does not fit the weights (check vocab_size, hidden_size, "
+                          "intermediate_size and num_hidden_layers)");
+  }
 }
 
 // Blocks of seq_len tokens, labels = inputs (causalLmLoss shifts them).
@@ -157,34 +265,30 @@ double evaluate(Accelerator& acc, LlamaForCausalLM& model, const torch::Tensor& 
   return total[0].item<double>() / total[1].item<double>();
 }
 
+// The line names the compute precision: the same weights evaluated in bf16 and in fp32 differ
+// in the fourth decimal (docs/finetune.md, "The eval figures").
 void printEval(Accelerator& acc, double loss, const std::string& what) {
-  char line[160];
-  std::snprintf(line, sizeof(line), "eval loss %.4f perplexity %.3f  (%s)", loss, std::exp(loss),
-                what.c_str());
+  char line[320];
+  std::snprintf(line, sizeof(line), "eval loss %.4f perplexity %.3f  (%s; %s compute)", loss,
+                std::exp(loss), what.c_str(),
+                acc.precision().mixed() ? acc.precision().name.c_str() : "fp32");
   acc.print(line);
 }
 
-// Writes the model and the folder's other files under OUT.partial, then renames it to OUT.
-void writeOutput(Accelerator& acc, const Flags& f) {
-  const std::string partial = f.output_dir + ".partial";
-  if (acc.isMainProcess()) fs::remove_all(partial);  // a crashed run's leftovers
-  acc.saveModel(partial);
+// Writes the model and the folder's other files under OUT.partial, then renames it to OUT. A
+// failure on the way (a full disk, a file replaced since the check) removes OUT.partial.
+void writeOutput(Accelerator& acc, const Flags& f, const std::vector<CopiedFile>& files) {
+  examples::PartialDir partial(f.output_dir, acc.isMainProcess());
+  acc.saveModel(partial.path());
   // config.json verbatim (the architecture is the same; its other keys, token ids and all, stay),
   // and the tokenizer, so that OUT is a complete HF folder.
-  for (const char* name :
-       {"config.json", "tokenizer.model", "tokenizer.json", "tokenizer_config.json",
-        "special_tokens_map.json", "generation_config.json"}) {
-    const std::string from = f.model_dir + "/" + name;
-    if (acc.isMainProcess() && fs::exists(from)) {
-      acc.save(partial + "/" + name, examples::readWhole(from, "the model's"));
-    }
+  for (const CopiedFile& file : files) {
+    if (!acc.isMainProcess()) continue;
+    acc.save(partial.path() + "/" + file.name,
+             readRegularFile(f.model_dir + "/" + file.name, "the model's " + std::string(file.name),
+                             file.max_bytes));
   }
-  std::string error;
-  if (acc.isMainProcess()) {
-    std::error_code ec;
-    fs::rename(partial, f.output_dir, ec);  // replaces an empty OUT
-    if (ec) error = "cannot rename " + partial + " to " + f.output_dir + ": " + ec.message();
-  }
+  const std::string error = partial.commit();
   // Rank 0's verdict reaches every rank (none waits for a collective rank 0 left).
   const auto failed = acc.gather(torch::tensor({error.empty() ? 0 : 1}, torch::kInt));
   if (failed[0].item<int>() != 0) {
@@ -193,11 +297,11 @@ void writeOutput(Accelerator& acc, const Flags& f) {
 }
 
 int finetune(const Flags& f) {
+  refuseUnhonouredSettings();
   const LlamaConfig config = readConfig(f);
-  if (f.steps > 0 && (fs::exists(f.output_dir) && !fs::is_empty(f.output_dir))) {
-    throw InvalidArgument("--output_dir '" + f.output_dir +
-                          "' exists and is not empty; give a new folder");
-  }
+  const std::vector<CopiedFile> copied =
+      f.steps > 0 ? filesToCopy(f.model_dir) : std::vector<CopiedFile>{};
+  requireWeightsFor(config, f.model_dir);
   const auto [tokens, tokenizer] = examples::tokenizeFile(f.model_dir, f.data, config.vocab_size);
   const auto total_blocks = static_cast<int64_t>(tokens.size()) / f.seq_len;
   const int64_t eval_blocks = std::max<int64_t>(
@@ -236,8 +340,12 @@ int finetune(const Flags& f) {
   acc.print("data ", f.data, ": ", tokens.size(), " tokens (", tokenizer, "), ", total_blocks,
             " blocks of ", f.seq_len, ": ", train_blocks, " to train on, ", eval_blocks,
             " held out");
-  acc.print("fine-tuning on ", acc.worldSize(), " process(es), ",
-            acc.describeBatch(static_cast<size_t>(f.batch_size)), "; ", acc.describeStrategy());
+  if (f.steps > 0) {
+    acc.print("fine-tuning on ", acc.worldSize(), " process(es), ",
+              acc.describeBatch(static_cast<size_t>(f.batch_size)), "; ", acc.describeStrategy());
+  } else {
+    acc.print("evaluating on ", acc.worldSize(), " process(es); ", acc.describeStrategy());
+  }
   acc.initTrackers(f.run_name, {{"model_dir", f.model_dir},
                                 {"model_type", config.model_type},
                                 {"parameters", numel},
@@ -250,7 +358,7 @@ int finetune(const Flags& f) {
                                 {"seed", f.seed},
                                 {"strategy (resolved)", acc.describeStrategy()}});
   const double eval_before = evaluate(acc, model, eval_set, f.batch_size);
-  printEval(acc, eval_before, "before training");
+  printEval(acc, eval_before, f.steps > 0 ? "before training" : f.model_dir);
   acc.log({{"eval/loss", eval_before}}, 0);
   if (f.steps == 0) return 0;
 
@@ -258,7 +366,7 @@ int finetune(const Flags& f) {
                                       static_cast<size_t>(f.batch_size));
   const auto started = std::chrono::steady_clock::now();
   auto last = started;
-  int64_t examples_since = 0, loss_count = 0;
+  int64_t examples_since = 0, loss_count = 0, window_first = 1;
   double loss_sum = 0;
   auto step_start = started;  // this optimizer step's, for the trackers
   int64_t step_examples = 0, step_losses = 0;
@@ -296,13 +404,21 @@ int finetune(const Flags& f) {
         const double seconds = std::chrono::duration<double>(now - last).count();
         const double tokens_per_s =
             static_cast<double>(examples_since * f.seq_len * acc.worldSize()) / seconds;
-        char line[256];
+        // The loss printed is the mean over rank 0's micro-batches since the last line, which
+        // says so when it spans several steps; the trackers get each step's own.
+        char window[64] = "";
+        if (window_first < step) {
+          std::snprintf(window, sizeof(window), " (mean of steps %lld-%lld)",
+                        static_cast<long long>(window_first), static_cast<long long>(step));
+        }
+        char line[320];
         std::snprintf(line, sizeof(line),
-                      "step %4lld/%lld  loss %.4f  lr %.2e  %.0f tokens/s  (%s)",
+                      "step %4lld/%lld  loss %.4f%s  lr %.2e  %.0f tokens/s  (%s)",
                       static_cast<long long>(step), static_cast<long long>(f.steps),
-                      loss_sum / static_cast<double>(loss_count), f.lr, tokens_per_s,
+                      loss_sum / static_cast<double>(loss_count), window, f.lr, tokens_per_s,
                       acc.describeBatch(static_cast<size_t>(f.batch_size)).c_str());
         acc.print(line);
+        window_first = step + 1;
         last = now;
         examples_since = loss_count = 0;
         loss_sum = 0;
@@ -315,10 +431,11 @@ int finetune(const Flags& f) {
   const double eval_after = evaluate(acc, model, eval_set, f.batch_size);
   printEval(acc, eval_after, "after " + std::to_string(f.steps) + " steps");
   acc.log({{"eval/loss", eval_after}}, f.steps);
-  writeOutput(acc, f);
-  // The export read back: its figure is what `--steps 0 --model_dir OUT` reports, 16-bit
-  // rounding included. Only where every rank sees OUT (nodes without a shared filesystem do not).
-  const bool seen = fs::exists(f.output_dir + "/config.json");
+  writeOutput(acc, f, copied);
+  // The export read back: its figure is what `--steps 0 --model_dir OUT` reports at the same
+  // mixed precision, 16-bit rounding included. Only where every rank sees OUT (nodes without a
+  // shared filesystem do not).
+  const bool seen = present(f.output_dir + "/config.json");
   if (acc.gather(torch::tensor({seen ? 1 : 0}, torch::kInt)).min().item<int>() == 1) {
     acc.loadModel(f.output_dir);
     printEval(acc, evaluate(acc, model, eval_set, f.batch_size), f.output_dir + " read back");
@@ -339,5 +456,11 @@ int main(int argc, char** argv) {
   // exit code 2 (InvalidArgument) or 1 (runtime/error_report.h), also before the Accelerator.
   const char* error_file = std::getenv(env::kErrorFile);  // NOLINT(concurrency-mt-unsafe)
   installUncaughtErrorReport(error_file != nullptr ? error_file : "");
-  return finetune(parse(argc, argv));
+  try {
+    return finetune(parse(argc, argv));
+  } catch (...) {
+    // An exception nobody catches unwinds nothing: caught and rethrown here, the destructors on
+    // the way run first (OUT.partial is removed), then the error report takes it.
+    throw;
+  }
 }

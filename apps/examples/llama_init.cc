@@ -11,16 +11,21 @@
 //   llama_init --output_dir /tmp/copy --config /path/to/config.json --dtype bf16
 //
 // One process, no launcher needed (a plain Accelerator is a world of one). The same --seed gives
-// the same weights. Exit codes: 0 written; 2 a usage mistake (bad flags, an inconsistent or
-// unreadable config, an output folder that is not empty), nothing written; 1 anything else.
+// the same weights. The folder is written as OUT.partial and renamed to OUT at the end; a failure
+// (a full disk) removes OUT.partial. Exit codes: 0 written; 2 a usage mistake (bad flags, an
+// inconsistent or unreadable config, a model larger than the machine's memory, an output folder
+// that is not absent or empty, or is a symbolic link), nothing written; 1 anything else (a full
+// disk), nothing left behind.
 
 #include <torch/torch.h>
+#include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
-#include <filesystem>
 #include <iostream>
 #include <string>
 
+#include "apps/examples/output_dir.h"
 #include "common/command_line.h"
 #include "common/env_names.h"
 #include "common/error.h"
@@ -68,7 +73,27 @@ Flags parse(int argc, char** argv) {
   add("max_file_bytes", f.max_file_bytes, "largest safetensors file; more weights: shards");
   add("seed", f.seed, "random seed of the initialisation");
   cli::parseOrExit(app, argc, argv);
+  // Before any work: OUT/ and OUT name one folder; a file, a link or a full folder is refused.
+  f.output_dir = examples::checkOutputDir(f.output_dir, "--output_dir");
   return f;
+}
+
+// The model is built whole, in fp32, in this process: refused before anything is allocated
+// when that is more than the machine's memory (a num_hidden_layers or vocab_size typed with
+// extra zeros would otherwise allocate, or grow module by module, until killed).
+void requireMemoryFor(const LlamaConfig& config) {
+  const double bytes = config.parameterCount() * 4;
+  const double memory = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) *
+                        static_cast<double>(::sysconf(_SC_PAGE_SIZE));
+  if (memory > 0 && !(bytes <= memory)) {
+    char line[200];
+    std::snprintf(line, sizeof(line),
+                  "%.4g parameters, %.4g GiB in fp32, more than this machine's %.4g GiB of memory",
+                  config.parameterCount(), bytes / (1 << 30), memory / (1 << 30));
+    throw InvalidArgument(std::string("the architecture has ") + line +
+                          ": check vocab_size, hidden_size, intermediate_size and "
+                          "num_hidden_layers");
+  }
 }
 
 c10::ScalarType dtypeOf(const std::string& name) {
@@ -93,22 +118,10 @@ LlamaConfig configOf(const Flags& f) {
   return LlamaConfig::fromJson(arch.toJson(), "the architecture flags");
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  // An error this main does not catch becomes one `error:` line and exit code 2 (InvalidArgument)
-  // or 1 (runtime/error_report.h), also for what is thrown before the Accelerator exists.
-  const char* error_file = std::getenv(env::kErrorFile);  // NOLINT(concurrency-mt-unsafe)
-  installUncaughtErrorReport(error_file != nullptr ? error_file : "");
-  const Flags f = parse(argc, argv);
+int writeModel(const Flags& f) {
   const LlamaConfig config = configOf(f);
   const c10::ScalarType dtype = dtypeOf(f.dtype);
-  namespace fs = std::filesystem;
-  if (fs::exists(f.output_dir) &&
-      (!fs::is_directory(f.output_dir) || !fs::is_empty(f.output_dir))) {
-    throw InvalidArgument("--output_dir '" + f.output_dir +
-                          "' exists and is not an empty folder; give a new one");
-  }
+  requireMemoryFor(config);
   torch::set_num_threads(1);
   Accelerator acc;
   if (acc.worldSize() != 1) {
@@ -121,9 +134,31 @@ int main(int argc, char** argv) {
   // prepare wants an optimizer to drive; none ever steps here (saveModel needs a prepared model).
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.0));
   acc.prepare(model.ptr(), optimizer);
-  acc.saveModel(f.output_dir, f.max_file_bytes, dtype);
-  acc.save(f.output_dir + "/config.json", config.toJson());
+  // Under OUT.partial, renamed at the end (as finetune writes): a kill or a full disk never
+  // leaves an OUT that looks written, and a failure removes what was written.
+  examples::PartialDir partial(f.output_dir, /*owner=*/true);
+  acc.saveModel(partial.path(), f.max_file_bytes, dtype);
+  acc.save(partial.path() + "/config.json", config.toJson());
+  if (const std::string error = partial.commit(); !error.empty()) {
+    throw std::runtime_error(error);
+  }
   acc.print("wrote ", f.output_dir, ": ", config.model_type, " with ", numel, " parameters in ",
             c10::toString(dtype));
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // An error this main does not catch becomes one `error:` line and exit code 2 (InvalidArgument)
+  // or 1 (runtime/error_report.h), also for what is thrown before the Accelerator exists.
+  const char* error_file = std::getenv(env::kErrorFile);  // NOLINT(concurrency-mt-unsafe)
+  installUncaughtErrorReport(error_file != nullptr ? error_file : "");
+  try {
+    return writeModel(parse(argc, argv));
+  } catch (...) {
+    // An exception nobody catches unwinds nothing: caught and rethrown here, the destructors on
+    // the way run first (OUT.partial is removed), then the error report takes it.
+    throw;
+  }
 }

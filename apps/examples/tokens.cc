@@ -2,17 +2,18 @@
 
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
+#include <limits>
 #include <stdexcept>
 
 #include "common/error.h"
+#include "common/file.h"
 
 namespace cxxlaunch::examples {
 namespace {
@@ -79,33 +80,28 @@ std::vector<int64_t> sentencePieceTokens(const std::string& sp_model, const std:
 
 }  // namespace
 
-std::string readWhole(const std::string& path, const std::string& what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw InvalidArgument("cannot read " + what + " '" + path + "': " + std::strerror(errno));
-  std::ostringstream bytes;
-  bytes << in.rdbuf();
-  return bytes.str();
-}
-
 Tokens tokenizeFile(const std::string& model_dir, const std::string& data, int64_t vocab_size) {
   Tokens out;
   std::vector<int64_t>& tokens = out.ids;
   const std::string sp_model = model_dir + "/tokenizer.model";
-  if (!fs::exists(sp_model)) {
+  struct stat st {};
+  // lstat: a dangling or looping link named tokenizer.model is an error below, not "no model".
+  if (::lstat(sp_model.c_str(), &st) != 0) {
     if (vocab_size < 256) {
       throw InvalidArgument(model_dir + " has no tokenizer.model, and its vocab_size " +
                             std::to_string(vocab_size) +
                             " is below 256: byte tokens need 256 (add a SentencePiece model)");
     }
     out.tokenizer = "bytes";
-    const std::string text = readWhole(data, "--data");
+    const std::string text = readRegularFile(data, "--data", std::numeric_limits<size_t>::max());
     tokens.reserve(text.size());
     for (const char c : text) tokens.push_back(static_cast<unsigned char>(c));
     return out;
   }
-  // Unreadable: the error the bytes path gives (readWhole throws it); not read twice otherwise.
-  if (!std::ifstream(data, std::ios::binary)) (void)readWhole(data, "--data");
+  // Both checked here, so that what is wrong with them is said in this process's words; the
+  // helper opens them the same way.
+  (void)openRegularFile(sp_model, "tokenizer.model", kMaxTokenizerBytes);
+  (void)openRegularFile(data, "--data");
   int64_t pieces = 0;
   tokens = sentencePieceTokens(sp_model, data, pieces);
   if (pieces > vocab_size) {

@@ -7,6 +7,7 @@
 //
 // Thread-safety: none needed (no shared state); each call may start a process.
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -18,11 +19,14 @@ struct Tokens {
   std::string tokenizer;  // "bytes" or "SentencePiece <path>", for the log
 };
 
-// Throws InvalidArgument for an unreadable `data` or tokenizer.model, a vocabulary below 256
-// without a tokenizer.model, or a tokenizer with more pieces than `vocab_size`.
-Tokens tokenizeFile(const std::string& model_dir, const std::string& data, int64_t vocab_size);
+// The largest tokenizer.model or tokenizer.json read or copied (the largest vocabularies' are
+// tens of MiB).
+inline constexpr size_t kMaxTokenizerBytes = size_t{256} << 20;
 
-// The file's bytes; InvalidArgument naming it as `what` (e.g. "--data") when it cannot be read.
-std::string readWhole(const std::string& path, const std::string& what);
+// Throws InvalidArgument for an unreadable `data` or tokenizer.model (each opened as
+// common/file.h's openRegularFile does: a directory, a FIFO or a device is refused at once), a
+// vocabulary below 256 without a tokenizer.model, or a tokenizer with more pieces than
+// `vocab_size`.
+Tokens tokenizeFile(const std::string& model_dir, const std::string& data, int64_t vocab_size);
 
 }  // namespace cxxlaunch::examples

@@ -15,6 +15,7 @@
 
 #include "common/atomic_file.h"
 #include "common/error.h"
+#include "common/file.h"
 #include "runtime/checkpoint/files.h"
 #include "runtime/checkpoint/safetensors_file.h"
 #include "runtime/host_memory.h"
@@ -66,18 +67,11 @@ const char* safetensorsDtypeName(c10::ScalarType t) {
 
 class SafetensorsReader::File {
  public:
+  // Opened as every file a user names is (a FIFO in a file's place is refused, not waited on).
   explicit File(const std::string& path) : path_(path) {
-    // O_NONBLOCK: a FIFO in a file's place must not block the open; it fails the check below.
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd_ < 0) {
-      throw InvalidArgument("safetensors '" + path + "': " + std::strerror(errno));
-    }
-    struct stat st {};
-    if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
-      ::close(fd_);
-      throw InvalidArgument("safetensors '" + path + "' is not a regular file");
-    }
-    size_ = static_cast<uint64_t>(st.st_size);
+    OpenFile file = openRegularFile(path, "safetensors");
+    size_ = file.size();
+    fd_ = file.release();
   }
   ~File() { ::close(fd_); }
   File(const File&) = delete;

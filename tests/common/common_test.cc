@@ -1,5 +1,6 @@
 // common/: host:port text, the atomic writer, the token reader and the command-line conventions.
 
+#include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -176,6 +177,41 @@ TEST_CASE("A token file gives its first line, and an empty one is refused", "[co
                       Catch::Contains("has no token"));
   REQUIRE_THROWS_WITH(readTokenFile("/dev/zero", "--token-file"),
                       Catch::Contains("not a regular file"));
+}
+
+TEST_CASE("openRegularFile opens a regular file, and refuses FIFOs, folders and big files at once",
+          "[common][file]") {
+  testing::TempDir dir;
+  const std::string path = dir.path() + "/data";
+  std::ofstream(path) << "twelve bytes";
+  const OpenFile file = openRegularFile(path, "--data", 12);
+  CHECK(file.size() == 12);
+  char bytes[16] = {};
+  CHECK(::read(file.fd(), bytes, sizeof(bytes)) == 12);
+  CHECK(std::string(bytes) == "twelve bytes");
+  REQUIRE_THROWS_WITH(openRegularFile(path, "--data", 11),
+                      "--data '" + path + "': is 12 bytes, more than the 11 such a file may have");
+  const std::string fifo = dir.path() + "/fifo";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  REQUIRE_THROWS_WITH(
+      openRegularFile(fifo, "tokenizer.json"),
+      "tokenizer.json '" + fifo + "': is not a regular file (a FIFO, socket or device)");
+  REQUIRE_THROWS_WITH(openRegularFile(dir.path(), "config"),
+                      "config '" + dir.path() + "': is a directory, not a file");
+  const std::string loop = dir.path() + "/loop";
+  std::filesystem::create_symlink(loop, loop);
+  REQUIRE_THROWS_WITH(openRegularFile(loop, "--model_dir"),
+                      Catch::Contains("cannot open it: Too many levels of symbolic links"));
+  // The descriptor is handed over, or closed with the object.
+  int fd = -1;
+  {
+    OpenFile moved = openRegularFile(path, "--data");
+    OpenFile owner(std::move(moved));
+    CHECK(moved.fd() == -1);
+    fd = owner.fd();
+    CHECK(::fcntl(fd, F_GETFD) != -1);
+  }
+  CHECK(::fcntl(fd, F_GETFD) == -1);
 }
 
 TEST_CASE("Command lines: both spellings, both value forms, one-line errors", "[common][cli]") {

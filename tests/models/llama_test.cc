@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <set>
@@ -20,6 +21,7 @@
 using namespace cxxlaunch;
 using namespace cxxlaunch::models;
 using cxxlaunch::testing::onRanks;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -104,6 +106,23 @@ TEST_CASE("A config.json reads as HF writes it, and what does not fit is one cle
                     Catch::Contains("the heads do not fit"));
   CHECK_THROWS_WITH(LlamaConfig::fromFile("/nonexistent/config.json"),
                     Catch::Contains("has its config.json"));
+  // A value of the wrong JSON type: one line naming the key, never the JSON library's text.
+  CHECK_THROWS_WITH(LlamaConfig::fromJson(R"({"model_type": 7, "hidden_size": 8})"),
+                    Catch::Contains("model_type is 7, not a name such as \"llama\""));
+  const std::string sized = R"({"model_type": "llama", "hidden_size": 8, "intermediate_size": 8,
+      "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 5)";
+  CHECK_NOTHROW(LlamaConfig::fromJson(sized + R"(, "use_sliding_window": "yes"})"));
+  CHECK_THROWS_WITH(LlamaConfig::fromJson(sized + R"(, "rope_scaling": {"type": 3}})"),
+                    Catch::Contains("rope_scaling {\"type\":3} scales the rotary embedding") &&
+                        !Catch::Contains("json.exception"));
+  // config.json read as every named file is: a folder or an oversized file is said to be one.
+  cxxlaunch::testing::TempDir dir;
+  fs::create_directory(dir.path() + "/config.json");
+  CHECK_THROWS_WITH(LlamaConfig::fromFile(dir.path() + "/config.json"),
+                    Catch::Contains("is a directory"));
+  std::ofstream(dir.path() + "/big.json") << std::string(LlamaConfig::kMaxConfigBytes + 1, ' ');
+  CHECK_THROWS_WITH(LlamaConfig::fromFile(dir.path() + "/big.json"),
+                    Catch::Contains("more than the 16777216"));
   // Math this model does not do is refused, not loaded wrong.
   const std::string base = R"({"model_type": "llama", "hidden_size": 8, "intermediate_size": 8,
       "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 5)";
@@ -123,6 +142,23 @@ TEST_CASE("A config.json reads as HF writes it, and what does not fit is one cle
   CHECK(mistral.sliding_window == 4);
   CHECK_THROWS_WITH(LlamaForCausalLM(mistral)(torch::zeros({1, 5}, torch::kLong)),
                     Catch::Contains("longer than the model's sliding_window 4"));
+}
+
+TEST_CASE("parameterCount is the number of parameters the model builds", "[models]") {
+  for (const bool tied : {false, true}) {
+    for (const char* type : {"llama", "qwen2"}) {
+      INFO(type << (tied ? " tied" : ""));
+      const LlamaConfig config = small(type, 2, tied);
+      LlamaForCausalLM model(config);
+      int64_t numel = 0;
+      for (const auto& p : model->parameters()) numel += p.numel();
+      CHECK(config.parameterCount() == static_cast<double>(numel));
+    }
+  }
+  // Sizes no int64 product holds still count, for the callers to refuse.
+  LlamaConfig huge = small("llama", 2, false);
+  huge.vocab_size = int64_t{1} << 62;
+  CHECK(huge.parameterCount() > 1e20);
 }
 
 TEST_CASE("The parameters have Hugging Face's names", "[models]") {
