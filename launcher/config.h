@@ -151,6 +151,10 @@ void applyDeepSpeedConfigFile(Config& config);
 // Impossible combinations (fp16 on CPU, num_processes not divisible by num_machines, ...):
 // throws ConfigError naming the setting at fault.
 void validateConfig(const Config& config);
+// What validateConfig cannot know from the file alone: whether this machine, with `gpus` GPUs
+// visible (HostInfo::gpus), can run it. Without a GPU the workers train on CPUs whatever
+// use_cpu says, so fp16 (which needs one) is a ConfigError here, before any worker starts.
+void validateConfigOnMachine(const Config& config, int gpus);
 
 // The training settings the workers read (common/env_names.h, "training settings"), derived
 // from the config. A CXXLAUNCH_* variable of that name in `env` wins over a value derived from

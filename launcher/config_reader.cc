@@ -10,6 +10,7 @@
 #include "common/file.h"
 #include "launcher/config.h"
 #include "launcher/config_internal.h"
+#include "launcher/doc_reference.h"
 
 namespace cxxlaunch::launcher {
 
@@ -46,7 +47,7 @@ class Loader {
     if (unknown_.size() == 1) {
       throw ConfigError(position(name_, first.mark) + ": unknown key '" + first.key + "'" +
                         (first.best.empty() ? "" : "; did you mean " + first.best + "?") +
-                        " (see docs/config.md)");
+                        " (see " + docReference("config.md") + ")");
     }
     std::string message =
         position(name_, first.mark) + ": " + std::to_string(unknown_.size()) + " unknown keys: ";
@@ -55,7 +56,7 @@ class Loader {
       message += (i == 0 ? "'" : ", '") + u.key + "' (line " + std::to_string(u.mark.line + 1) +
                  (u.best.empty() ? "" : "; did you mean " + u.best + "?") + ")";
     }
-    throw ConfigError(message + " (see docs/config.md)");
+    throw ConfigError(message + " (see " + docReference("config.md") + ")");
   }
 
   void loadMap(const YAML::Node& map, const std::string& prefix) {

@@ -116,7 +116,7 @@ std::vector<KeySpec> buildSchema() {
               "precision are read as these keys"),
       textKey("deepspeed_config.deepspeed_hostfile", K::kText, "", "hostfile", "CXXLAUNCH_HOSTFILE",
               "DeepSpeed's hostfile ('HOST slots=N' lines): start one launcher per host over ssh "
-              "(docs/clusters.md; from the file only with num_machines > 1, as accelerate)"),
+              "(the clusters guide; from the file only with num_machines > 1, as accelerate)"),
       textKey("deepspeed_config.deepspeed_inclusion_filter", K::kText, "", "include",
               "CXXLAUNCH_INCLUDE", "hostfile: only these hosts and slots, e.g. node1:0,1@node2"),
       textKey("deepspeed_config.deepspeed_exclusion_filter", K::kText, "", "exclude",
@@ -125,7 +125,7 @@ std::vector<KeySpec> buildSchema() {
                 {"pdsh", "standard", "openmpi", "mvapich", "mpich", "impi", "nossh", "slurm"},
                 "pdsh", "deepspeed_multinode_launcher", "CXXLAUNCH_DEEPSPEED_MULTINODE_LAUNCHER",
                 "pdsh: the hostfile's hosts over ssh; standard, nossh: a launcher on each "
-                "machine; MPI and slurm: refused, use mpirun or srun (docs/clusters.md)"),
+                "machine; MPI and slurm: refused, use mpirun or srun (the clusters guide)"),
       choiceKey("fsdp_config.fsdp_sharding_strategy", kShardingStrategies, "FULL_SHARD",
                 "fsdp_sharding_strategy", "CXXLAUNCH_FSDP_SHARDING_STRATEGY",
                 "FSDP only (1-5 also accepted, accelerate's old numbering)"),
@@ -186,13 +186,13 @@ std::vector<KeySpec> buildSchema() {
                "0: all"),
       textKey("cxxlaunch.log_with", K::kText, "", "log_with", "CXXLAUNCH_LOG_WITH",
               "trackers acc.log writes to, a comma list of tensorboard, csv, jsonl (or all); "
-              "unset: none (docs/observability.md)"),
+              "unset: none (the observability guide)"),
       textKey("cxxlaunch.project_dir", K::kText, "", "project_dir", "CXXLAUNCH_PROJECT_DIR",
               "folder the trackers and report.html are written into"),
       boolKey("cxxlaunch.checkpoint_async", "false", "checkpoint_async",
               "CXXLAUNCH_CHECKPOINT_ASYNC",
               "saves return once the state is copied to host memory; a background thread writes "
-              "it (docs/checkpoints.md)"),
+              "it (the checkpoints guide)"),
       textKey("cxxlaunch.log_dir", K::kText, "", "", "CXXLAUNCH_LOG_DIR",
               "per-rank logs (--log_dir; unset: $TMPDIR/cxxlaunch-UID)"),
       choiceKey("cxxlaunch.progress", {"auto", "on", "off"}, "auto", "progress",
@@ -207,7 +207,7 @@ std::vector<KeySpec> buildSchema() {
               "job id, the same on every node (--rdzv_id; unset: from main_process_ip/port)"),
       boolKey("cxxlaunch.use_cluster_env", "true", "use_cluster_env", "CXXLAUNCH_USE_CLUSTER_ENV",
               "take nodes, node rank, rendezvous host, run id and workers per node from Slurm's "
-              "or MPI's variables (docs/clusters.md)"),
+              "or MPI's variables (the clusters guide)"),
       rangeKey("cxxlaunch.num_nodes", K::kInt, 1, 65536, "", "num_nodes", "CXXLAUNCH_NUM_NODES",
                "hostfile: its first N hosts (DeepSpeed's --num_nodes)"),
       rangeKey("cxxlaunch.num_gpus", K::kInt, 1, 65536, "", "num_gpus", "CXXLAUNCH_NUM_GPUS",

@@ -93,4 +93,14 @@ void validateConfig(const Config& c) {
   }
 }
 
+void validateConfigOnMachine(const Config& c, int gpus) {
+  if (gpus > 0 || c.text("mixed_precision") != "fp16") return;
+  // Refused already (and better said) by validateConfig when the config itself asks for CPUs.
+  if (c.flag("use_cpu") || c.text("distributed_type") == "MULTI_CPU") return;
+  throw ConfigError(originName(c.origin("mixed_precision")) +
+                    ": fp16 needs a GPU, but this machine has none visible (no NVIDIA GPU in "
+                    "/proc/driver/nvidia/gpus, or CUDA_VISIBLE_DEVICES names none), so the "
+                    "workers would train on CPUs; use bf16 or no here");
+}
+
 }  // namespace cxxlaunch::launcher

@@ -10,6 +10,7 @@
 
 #include "common/atomic_file.h"
 #include "common/error.h"
+#include "common/utf8.h"
 #include "launcher/process.h"
 #include "launcher/progress.h"
 
@@ -26,6 +27,17 @@ std::string isoTime(std::chrono::system_clock::time_point time) {
 }
 
 std::string firstLine(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+// Every string of run-summary.json comes from bytes the launcher does not control (a program's
+// arguments, a host name, a worker's stderr cut at any byte): nlohmann's dump throws on invalid
+// UTF-8, which would lose the summary and the job's exit code.
+nlohmann::json text(const std::string& bytes) { return backslashReplaceInvalidUtf8(bytes); }
+
+nlohmann::json texts(const std::vector<std::string>& lines) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& line : lines) out.push_back(text(line));
+  return out;
+}
 
 }  // namespace
 
@@ -104,24 +116,24 @@ void writeRunSummary(const std::string& path, const RunReport& report, mode_t mo
     failures.push_back(
         {{"rank", f.global_rank},
          {"local_rank", f.local_rank},
-         {"host", f.host},
+         {"host", text(f.host)},
          {"pid", f.pid},
          {"exit_code", f.signal != 0 ? nlohmann::json() : nlohmann::json(f.exit_code)},
          {"signal", f.signal != 0 ? nlohmann::json(signalName(f.signal)) : nlohmann::json()},
          {"time", isoTime(f.time)},
-         {"error", f.error_message},
-         {"stderr_tail", f.stderr_tail}});
+         {"error", text(f.error_message)},
+         {"stderr_tail", texts(f.stderr_tail)}});
   }
-  nlohmann::json json = {{"run_id", report.run_id},
-                         {"program", report.program},
-                         {"args", report.args},
-                         {"status", report.status},
+  nlohmann::json json = {{"run_id", text(report.run_id)},
+                         {"program", text(report.program)},
+                         {"args", texts(report.args)},
+                         {"status", text(report.status)},
                          {"exit_code", report.exit_code},
                          {"restarts", report.restarts},
                          {"max_restarts", report.max_restarts},
                          {"world_size", report.world_size},
-                         {"log_dir", report.log_dir},
-                         {"confinement", report.confinement},
+                         {"log_dir", text(report.log_dir)},
+                         {"confinement", text(report.confinement)},
                          {"failures", failures}};
   if (!report.failures.empty()) json["root_cause_rank"] = rootCause(report.failures).global_rank;
   // Per rank: its mean step time, and its work (the step less the waits for its peers) that

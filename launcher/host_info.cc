@@ -23,8 +23,12 @@ HostInfo HostInfo::detect() {
   // Count NVIDIA devices without loading CUDA: the launcher must start in milliseconds.
   const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");  // NOLINT(concurrency-mt-unsafe)
   if (visible != nullptr) {
-    std::string text(visible);
-    host.gpus = text.empty() ? 0 : static_cast<int>(split(text, ',').size());
+    // CUDA reads the list up to its first invalid entry: "" and "-1" (the usual way to hide
+    // every GPU) leave none.
+    for (const auto& id : split(visible, ',')) {
+      if (id.empty() || id[0] == '-') break;
+      ++host.gpus;
+    }
   } else {
     std::error_code ec;
     for (const auto& entry : std::filesystem::directory_iterator("/proc/driver/nvidia/gpus", ec)) {

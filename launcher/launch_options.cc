@@ -220,4 +220,30 @@ void validateLaunch(LaunchOptions& options, bool nproc_explicit) {
   validateRendezvous(options);
 }
 
+void warnOversubscription(const Config& c, LaunchOptions& options, const HostInfo& host) {
+  const int workers = options.nproc_per_node;
+  const bool cpu = c.flag("use_cpu") || c.text("distributed_type") == "MULTI_CPU";
+  const std::string count = std::to_string(workers) + " worker processes";
+  if (!cpu && host.gpus > 0) {
+    // --gpus (gpu_ids) names exactly one per worker (validateLaunch); only a count can exceed.
+    if (options.gpus.empty() && workers > host.gpus) {
+      options.warnings.push_back(
+          count + " on " + std::to_string(host.gpus) +
+          " GPU(s): a program that takes cuda:LOCAL_RANK fails on local ranks " +
+          std::to_string(host.gpus) +
+          " and above, and workers that share a GPU run slower and split its memory; use "
+          "--nproc_per_node " +
+          std::to_string(host.gpus) + " or fewer, or --cpu");
+    }
+    return;
+  }
+  if (workers > host.cpus) {
+    options.warnings.push_back(
+        count + " on " + std::to_string(host.cpus) +
+        " CPU core(s) available to this launcher: the workers will share cores "
+        "(oversubscribed), so each step runs slower than with " +
+        std::to_string(host.cpus) + " worker(s) or fewer; lower --nproc_per_node or num_processes");
+  }
+}
+
 }  // namespace cxxlaunch::launcher

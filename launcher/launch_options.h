@@ -44,4 +44,9 @@ void checkProcessCounts(const Config& c, LaunchOptions& options);
 // together; throws UsageError.
 void validateLaunch(LaunchOptions& options, bool nproc_explicit);
 
+// More workers on this machine than it has cores (a CPU run: use_cpu, MULTI_CPU, or no GPU) or
+// GPUs (a GPU run) still starts, as accelerate and torchrun do, with a warning in
+// options.warnings that says what follows: the workers share them and each runs slower.
+void warnOversubscription(const Config& c, LaunchOptions& options, const HostInfo& host);
+
 }  // namespace cxxlaunch::launcher

@@ -95,7 +95,10 @@ struct LaunchOptions {
   // environment over anything inherited.
   std::map<std::string, std::string> worker_env;
   std::vector<std::string> config_notes;  // ignored keys and adjusted values, for the user
-  std::optional<RemoteLaunch> remote;     // --hostfile: start these hosts' agents instead
+  // What will run, but probably not as meant (more workers than cores, the program `true`):
+  // printed as `cxxlaunch: warning: ...`; the job still starts.
+  std::vector<std::string> warnings;
+  std::optional<RemoteLaunch> remote;  // --hostfile: start these hosts' agents instead
 
   // Whether local rank `r`'s `stream` (kOut or kErr) is echoed to the console.
   bool onConsole(int local_rank, int stream) const;

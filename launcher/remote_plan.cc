@@ -7,6 +7,7 @@
 #include "common/host.h"
 #include "launcher/cli.h"
 #include "launcher/config.h"
+#include "launcher/doc_reference.h"
 #include "launcher/flag_values.h"
 #include "launcher/remote.h"
 
@@ -79,12 +80,14 @@ std::optional<RemoteLaunch> planRemoteLaunch(const RemotePlan& plan) {
     if (launcher == "slurm") {
       throw UsageError(at +
                        ": deepspeed_multinode_launcher slurm: run srun cxxlaunch run ... "
-                       "inside the allocation instead (docs/clusters.md#slurm)");
+                       "inside the allocation instead (see " +
+                       docReference("clusters.md", "Slurm") + ")");
     }
     if (launcher == "openmpi" || launcher == "mvapich" || launcher == "mpich" ||
         launcher == "impi") {
       throw UsageError(at + ": deepspeed_multinode_launcher " + launcher +
-                       ": run mpirun -np NODES cxxlaunch run ... instead (docs/clusters.md#mpi)");
+                       ": run mpirun -np NODES cxxlaunch run ... instead (see " +
+                       docReference("clusters.md", "MPI") + ")");
     }
   }
   if (hostfile.empty() || (from_file && !multi)) return std::nullopt;

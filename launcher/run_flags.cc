@@ -6,10 +6,12 @@
 #include <cctype>
 #include <functional>
 #include <map>
+#include <optional>
 
 #include "common/command_line.h"
 #include "launcher/cli.h"
 #include "launcher/config.h"
+#include "launcher/doc_reference.h"
 #include "launcher/flag_values.h"
 #include "launcher/launch_options.h"
 #include "launcher/process.h"
@@ -20,8 +22,10 @@ namespace cxxlaunch::launcher {
 namespace {
 
 struct FlagSpec {
-  std::string names;       // comma-separated, under_score form; a one-letter name is a short flag
-  std::string value_name;  // empty: a switch that takes no value
+  std::string names;  // comma-separated, under_score form; a one-letter name is a short flag
+  // Empty: a boolean flag, whose value is optional (`--flag` is `--flag=true`); `apply` gets
+  // "true" or "false".
+  std::string value_name;
   std::string help;
   std::function<void(RunFlags&, const std::string& flag, const std::string& value)> apply;
   // Config flags (accelerate's) feed the config's flag layer and are read first; torchrun's
@@ -32,9 +36,15 @@ struct FlagSpec {
 // accelerate's `launch` flags: one per config key that has one, plus its hardware and paradigm
 // switches.
 std::vector<FlagSpec> configFlags() {
-  auto setKey = [](std::string key, std::string value) {
-    return [key, value](RunFlags& p, const std::string& flag, const std::string& given) {
-      p.config_flags.push_back({key, value.empty() ? given : value, "--" + flag});
+  auto setKey = [](std::string key) {
+    return [key](RunFlags& p, const std::string& flag, const std::string& given) {
+      p.config_flags.push_back({key, given, "--" + flag});
+    };
+  };
+  // A paradigm switch sets distributed_type when on; off, it leaves the config's.
+  auto setType = [](std::string type) {
+    return [type](RunFlags& p, const std::string& flag, const std::string& given) {
+      if (given == "true") p.config_flags.push_back({"distributed_type", type, "--" + flag});
     };
   };
   std::vector<FlagSpec> flags = {
@@ -45,18 +55,15 @@ std::vector<FlagSpec> configFlags() {
          p.config_file = v;
        },
        true},
-      {"cpu", "", "train on CPUs (use_cpu: true)", setKey("use_cpu", "true"), true},
-      {"multi_gpu", "", "distributed_type: MULTI_GPU", setKey("distributed_type", "MULTI_GPU"),
-       true},
+      {"cpu", "", "train on CPUs (use_cpu: true)", setKey("use_cpu"), true},
+      {"multi_gpu", "", "distributed_type: MULTI_GPU", setType("MULTI_GPU"), true},
       {"use_deepspeed", "", "distributed_type: DEEPSPEED (ZeRO; see --zero_stage)",
-       setKey("distributed_type", "DEEPSPEED"), true},
-      {"use_fsdp", "", "distributed_type: FSDP", setKey("distributed_type", "FSDP"), true},
+       setType("DEEPSPEED"), true},
+      {"use_fsdp", "", "distributed_type: FSDP", setType("FSDP"), true},
   };
   for (const auto& spec : configSchema()) {
     if (spec.flag.empty()) continue;
-    const bool is_switch =
-        spec.key == "use_cpu" || spec.key == "debug" || spec.key == "cxxlaunch.checkpoint_async";
-    std::string value_name = spec.type == KeyType::kBool     ? "true|false"
+    std::string value_name = spec.type == KeyType::kBool     ? ""
                              : spec.type == KeyType::kText   ? "TEXT"
                              : spec.type == KeyType::kGpuIds ? "IDS|all"
                                                              : "N";
@@ -65,9 +72,8 @@ std::vector<FlagSpec> configFlags() {
       for (const auto& choice : spec.choices)
         value_name += (value_name.empty() ? "" : "|") + choice;
     }
-    flags.push_back({spec.flag, is_switch ? "" : value_name,
-                     spec.help + " (config: " + spec.key + ")",
-                     setKey(spec.key, is_switch ? "true" : ""), true});
+    flags.push_back(
+        {spec.flag, value_name, spec.help + " (config: " + spec.key + ")", setKey(spec.key), true});
   }
   return flags;
 }
@@ -85,7 +91,9 @@ const std::vector<FlagSpec>& flagTable() {
          p.options.gpus = parseIntList(f, v);
        }},
       {"standalone", "", "single-node job with a private rendezvous (the default here)",
-       [](RunFlags& p, const std::string&, const std::string&) { p.options.standalone = true; }},
+       [](RunFlags& p, const std::string&, const std::string& v) {
+         p.options.standalone = v == "true";
+       }},
       {"max_restarts", "N", "restarts of the worker group before failing (default 0)",
        [](RunFlags& p, const std::string& f, const std::string& v) {
          p.options.max_restarts = parseInt(f, v, 0, 1'000'000, "a number >= 0");
@@ -196,21 +204,80 @@ const std::vector<FlagSpec>& flagTable() {
 constexpr const char* kRunDescription =
     "Starts --nproc_per_node workers of PROGRAM with torchrun's environment.\n"
     "Flags take --dash-form or --under_score form, and --flag VALUE or --flag=VALUE.\n"
+    "A boolean flag alone is on; it also takes true or false (yes/no, on/off, 1/0):\n"
+    "--debug, --debug true, --debug=false.\n"
     "The first argument that is not a flag is PROGRAM; it and everything after it go to the\n"
     "workers verbatim. In ARGS, ${local_rank} becomes each worker's local rank.";
 
-// The app for `cxxlaunch run`, one option per row of the table; `specs` maps them back.
+bool isBoolean(const FlagSpec& spec) { return spec.value_name.empty(); }
+
+// `text` as a boolean flag's value, "true" or "false"; nullopt when it is none of the words
+// the config's booleans take (true/false, yes/no, on/off, y/n, 1/0), as --zero3_init_flag always
+// took them.
+std::optional<std::string> booleanWord(const std::string& text) {
+  KeySpec spec;
+  spec.type = KeyType::kBool;
+  std::string value, why;
+  if (!parseValue(spec, text, value, why)) return std::nullopt;
+  return value;
+}
+
+// The app for `cxxlaunch run`, one option per row of the table; `specs` maps them back. A
+// boolean flag is an option that always has its value: joinBooleanValues supplies it.
 void addRunFlags(CLI::App& app, std::map<const CLI::Option*, const FlagSpec*>& specs) {
   cli::useConventions(app);
   app.prefix_command();  // the first argument it does not know starts the program
+  app.footer("More in " + docReference("launcher.md") +
+             "; the guides named above (the clusters guide, ...) are beside it.");
   for (const FlagSpec& spec : flagTable()) {
-    CLI::Option* option =
-        spec.value_name.empty()
-            ? app.add_flag(cli::spellings(spec.names))->disable_flag_override()
-            : app.add_option(cli::spellings(spec.names))->type_name(spec.value_name);
+    CLI::Option* option = app.add_option(cli::spellings(spec.names))
+                              ->type_name(isBoolean(spec) ? "[true|false]" : spec.value_name);
     option->description(spec.help);
     specs[option] = &spec;
   }
+}
+
+// Boolean flags take an optional value: `--flag`, `--flag=V`, or `--flag V` when V is a boolean
+// word. CLI11 cannot take an optional value without taking the program's name for one, so the
+// value is joined to its flag here (`--flag V` -> `--flag=V`, `--flag` -> `--flag=true`) before
+// it parses. The scan reads the flags as CLI11 will and stops where it stops: at the first
+// argument that is neither a flag nor a flag's value (the program), at `--`, or at a flag it
+// does not know (which CLI11 reports).
+std::vector<std::string> joinBooleanValues(const std::vector<std::string>& args) {
+  std::map<std::string, const FlagSpec*> by_name;
+  for (const FlagSpec& spec : flagTable()) {
+    for (const auto& name : split(cli::spellings(spec.names), ',')) by_name[name] = &spec;
+  }
+  std::vector<std::string> out;
+  size_t i = 0;
+  for (; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--" || arg.size() < 2 || arg[0] != '-') break;
+    const bool long_flag = arg.starts_with("--");
+    const size_t eq = long_flag ? arg.find('=') : std::string::npos;
+    const auto it = by_name.find(long_flag ? arg.substr(0, eq) : arg.substr(0, 2));
+    if (it == by_name.end()) break;
+    out.push_back(arg);
+    if (isBoolean(*it->second)) {
+      // CLI11 would take the next argument as the value of a `--flag=` left empty.
+      if (eq != std::string::npos && eq + 1 == arg.size()) {
+        failFlag(it->second->names.substr(0, it->second->names.find(',')), "",
+                 "true or false (also yes/no, on/off, 1/0)");
+      }
+      if (eq != std::string::npos) continue;
+      if (i + 1 < args.size() && booleanWord(args[i + 1])) {
+        out.back() += "=" + args[++i];
+      } else {
+        out.back() += "=true";
+      }
+      continue;
+    }
+    // A flag that takes a value: the rest of this argument (--flag=V, -rV), else the next one.
+    const bool inline_value = long_flag ? eq != std::string::npos : arg.size() > 2;
+    if (!inline_value && i + 1 < args.size()) out.push_back(args[++i]);
+  }
+  out.insert(out.end(), args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
+  return out;
 }
 
 // --hostfile (launcher/remote.h): the user's flags go on to every host's agent.
@@ -224,8 +291,10 @@ std::optional<RemoteLaunch> planRemote(const Config& config, const std::vector<c
     const FlagSpec* spec = specs.at(option);
     const std::string name = spec->names.substr(0, spec->names.find(','));
     endpoint_flag = endpoint_flag || name == "rdzv_endpoint";
-    plan.given.emplace_back(
-        name, spec->value_name.empty() ? std::nullopt : std::optional<std::string>(value));
+    // A boolean flag that is on goes on as the switch it was (most likely) typed as.
+    plan.given.emplace_back(name, isBoolean(*spec) && value == "true"
+                                      ? std::nullopt
+                                      : std::optional<std::string>(value));
   }
   if (endpoint_flag || config.isSet("cxxlaunch.rdzv_endpoint"))
     plan.endpoint = options.rdzv.endpoint;
@@ -244,7 +313,7 @@ LaunchOptions parseRunArgs(const std::vector<std::string>& args, const HostInfo&
   std::vector<std::string> rest;
   std::vector<cli::Given> given;
   try {
-    cli::parse(app, args);
+    cli::parse(app, joinBooleanValues(args));
     rest = app.remaining();
     if (!rest.empty() && rest[0] != "--" && rest[0].size() > 1 && rest[0][0] == '-') {
       cli::throwUnknownFlag(app, rest[0]);
@@ -254,6 +323,16 @@ LaunchOptions parseRunArgs(const std::vector<std::string>& args, const HostInfo&
     throw;
   } catch (const InvalidArgument& e) {
     throw UsageError(e.what());
+  }
+  for (auto& [option, value] : given) {
+    const FlagSpec* spec = specs.at(option);
+    if (!isBoolean(*spec)) continue;
+    const auto word = booleanWord(value);
+    if (!word) {
+      failFlag(spec->names.substr(0, spec->names.find(',')), value,
+               "true or false (also yes/no, on/off, 1/0)");
+    }
+    value = *word;
   }
   if (!rest.empty() && rest[0] == "--") rest.erase(rest.begin());
   if (rest.empty()) throw UsageError("no program given: cxxlaunch run [flags] PROGRAM [ARGS...]");
@@ -289,13 +368,24 @@ LaunchOptions parseRunArgs(const std::vector<std::string>& args, const HostInfo&
     spec->apply(parsed, spec->names.substr(0, spec->names.find(',')), value);
   }
   LaunchOptions options = std::move(parsed.options);
+  if (rest[0] == "true" || rest[0] == "false") {
+    // Most likely a boolean flag's value cut off from its flag (`--flag VALUE` with a flag that
+    // takes none): /bin/true would "train" and succeed.
+    options.warnings.push_back("the program to launch is '" + rest[0] +
+                               "', which does nothing but exit " + (rest[0] == "true" ? "0" : "1") +
+                               "; if it was meant as a flag's value, write --FLAG=" + rest[0] +
+                               " before the program");
+  }
   if (auto remote = planRemote(config, given, specs, options, rest, host)) {
     options.remote = std::move(remote);
     return options;
   }
+  // The workers start here: the config must be one this machine can run.
+  validateConfigOnMachine(config, host.gpus);
   options.nproc_per_node = resolveNproc(parsed.nproc_text, options, host);
   if (parsed.nproc_given) checkProcessCounts(config, options);
   validateLaunch(options, parsed.nproc_explicit);
+  warnOversubscription(config, options, host);
   if (options.run_id.empty()) options.run_id = randomHex(12);
   options.program = findProgram(rest[0], host.path);
   options.args.assign(rest.begin() + 1, rest.end());

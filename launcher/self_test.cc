@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <iostream>
 
 #include "launcher/agent.h"
 #include "launcher/cli.h"
@@ -34,6 +35,9 @@ int runSelfTest(const std::vector<std::string>& args, std::ostream& out) {
   HostInfo host = HostInfo::detect();
   host.default_nproc = 2;
   const LaunchOptions options = parseRunArgs(run_args, host);
+  for (const auto& warning : options.warnings) {
+    std::cerr << "cxxlaunch: warning: " << warning << "\n";
+  }
   blockAgentSignals();
   auto rendezvous = makeNodeRendezvous(options);
   const int code = runAgent(options, *rendezvous);

@@ -223,12 +223,21 @@ Config askConfig(int in_fd, int out_fd, const HostInfo& host) {
   Config c;
   const Origin answer{Origin::kFile, "your answers"};
   c.set("compute_environment", "LOCAL_MACHINE", answer);
-  const std::vector<std::string> types = {"NO", "MULTI_CPU", "MULTI_GPU"};
+  // Only what this machine can run is offered: without a GPU, no multi-GPU (and below, no fp16
+  // and no offload to host memory).
+  const bool has_gpu = host.gpus > 0;
+  std::vector<std::string> types = {"NO", "MULTI_CPU", "MULTI_GPU"};
+  std::vector<std::string> type_names = {"No distributed training", "multi-CPU", "multi-GPU"};
+  if (!has_gpu) {
+    types.pop_back();
+    type_names.pop_back();
+  }
   const size_t type =
-      p.choose("Which type of machine are you using?",
-               {"No distributed training", "multi-CPU", "multi-GPU"}, host.gpus > 1 ? 2 : 0);
+      p.choose("Which type of machine are you using?", type_names, host.gpus > 1 ? 2 : 0);
   c.set("distributed_type", types[type], answer);
   const bool multi = type != 0;
+  // accelerate's rule: multi-CPU is use_cpu: true, multi-GPU false, one process asks.
+  if (multi) c.set("use_cpu", type == 1 ? "true" : "false", answer);
   int machines = 1;
   if (multi) {
     askKey(p, c, "num_machines",
@@ -265,9 +274,12 @@ Config askConfig(int in_fd, int out_fd, const HostInfo& host) {
              "Should distributed operations be checked while running for errors? This can avoid "
              "timeout issues but will be slower.",
              false);
-  } else {
+  } else if (has_gpu) {
     yesNoKey(p, c, "use_cpu",
              "Do you want to run your training on CPU only (even if a GPU is available)?", false);
+  } else {
+    p.write("No GPU found on this machine: training runs on CPUs (use_cpu: true).\n");
+    c.set("use_cpu", "true", answer);
   }
   const bool gpu = type == 2;
   // Sharding runs on CPUs too (over Gloo): a multi-CPU machine is offered it as a GPU one is.
@@ -363,9 +375,8 @@ Config askConfig(int in_fd, int out_fd, const HostInfo& host) {
                         : "name " + std::to_string(per_node) + " GPU(s), one per process, or all";
            });
   }
-  const bool cpu = c.flag("use_cpu") || c.text("distributed_type") == "MULTI_CPU";
   std::vector<std::string> precisions = {"no", "fp16", "bf16"};
-  if (cpu) precisions = {"no", "bf16"};  // fp16 needs a GPU
+  if (c.flag("use_cpu") || !has_gpu) precisions = {"no", "bf16"};  // fp16 needs a GPU
   chooseKey(p, c, "mixed_precision", "Do you wish to use mixed precision?", precisions, "no");
   validateConfig(c);
   return c;
@@ -426,6 +437,7 @@ std::string runConfigCommand(const ConfigCommand& command, const HostInfo& host)
     layers.cluster = host.cluster.settings;
     layers.env = host.env;
     Config config = resolveConfig(layers);
+    validateConfigOnMachine(config, host.gpus);
     std::string notes;
     for (const auto& note : config.notes) notes += "note: " + note + "\n";
     return "config file: " + (layers.file.empty() ? "none (" + path + " does not exist)" : path) +

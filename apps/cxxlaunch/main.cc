@@ -83,6 +83,9 @@ int reportError(const std::string& command) {
 int run(const Args& args) {
   LaunchOptions options = parseRunArgs(args, HostInfo::detect());
   for (const auto& note : options.config_notes) std::cerr << "cxxlaunch: note: " << note << "\n";
+  for (const auto& warning : options.warnings) {
+    std::cerr << "cxxlaunch: warning: " << warning << "\n";
+  }
   blockAgentSignals();                                 // before the rendezvous starts any thread
   if (options.remote) std::_Exit(runRemote(options));  // --hostfile: the hosts' agents over ssh
   armStopDeadline(options.shutdown_grace);

@@ -140,11 +140,14 @@ TEST_CASE(
       write(dir, "answers", "2\n1\n\nyes\n9\n3\n1\n1\n4\nyes\n0.5\nyes\n\n2\n0,1\n2\n");
   const std::string command =
       std::string(CXXLAUNCH_BIN) + " config --config_file " + file + " < " + answers;
-  auto result = run({"/bin/sh", "-c", command}, isolated(dir));
+  // Two GPUs, as the launcher counts them: multi-GPU is offered only where there are GPUs.
+  const Env gpus = isolated(dir, {{"CUDA_VISIBLE_DEVICES", "0,1"}});
+  auto result = run({"/bin/sh", "-c", command}, gpus);
   INFO(result.out << result.err);
   REQUIRE(result.exit_code == 0);
+  // Several GPUs: multi-GPU is the default, as accelerate's.
   REQUIRE_THAT(result.out, Catch::Contains("  [0] No distributed training\n  [1] multi-CPU\n  [2] "
-                                           "multi-GPU\nchoose 0-2 [0]: "));
+                                           "multi-GPU\nchoose 0-2 [2]: "));
   REQUIRE_THAT(result.out, Catch::Contains("  '9' is not one of the numbers 0 to 3; try again."));
   const auto config = cxxlaunch::launcher::loadConfigFile(file);
   const auto env = cxxlaunch::launcher::workerSettings(config, {});
@@ -158,11 +161,11 @@ TEST_CASE(
   REQUIRE(config.text("gpu_ids") == "0,1");
 
   const std::string before = readFile(file);
-  auto again = run({"/bin/sh", "-c", command}, isolated(dir));
+  auto again = run({"/bin/sh", "-c", command}, gpus);
   REQUIRE(again.exit_code == 2);
   REQUIRE_THAT(again.err, Catch::Contains(file + " already exists; pass --force to replace it"));
   REQUIRE(readFile(file) == before);
-  auto forced = run({"/bin/sh", "-c", command + " --force"}, isolated(dir));
+  auto forced = run({"/bin/sh", "-c", command + " --force"}, gpus);
   REQUIRE(forced.exit_code == 0);
 }
 
@@ -199,6 +202,90 @@ TEST_CASE("The wizard offers DeepSpeed and FSDP on CPUs, with every value their 
   CHECK(fsdp.text("distributed_type") == "FSDP");
   CHECK(fsdp.text("fsdp_config.fsdp_sharding_strategy") == "HYBRID_SHARD_ZERO2");
   CHECK(fsdp.text("fsdp_config.fsdp_state_dict_type") == "FULL_STATE_DICT");
+}
+
+TEST_CASE("The wizard offers only what this machine can run, and records use_cpu as accelerate",
+          "[wizard]") {
+  TempDir dir;
+  // `visible`: the launcher's CUDA_VISIBLE_DEVICES, "" for a machine without a GPU.
+  auto answer = [&](const std::string& name, const std::string& visible,
+                    const std::string& answers) {
+    const std::string file = dir.path() + "/" + name + ".yaml";
+    auto result = run({"/bin/sh", "-c",
+                       std::string(CXXLAUNCH_BIN) + " config --config_file " + file + " < " +
+                           write(dir, name + ".answers", answers)},
+                      isolated(dir, {{"CUDA_VISIBLE_DEVICES", visible}}));
+    INFO(result.out << result.err);
+    REQUIRE(result.exit_code == 0);
+    return std::make_pair(result.out, cxxlaunch::launcher::loadConfigFile(file));
+  };
+  // No GPU, one process: neither multi-GPU nor fp16 is offered, and CPU is not a question.
+  const auto [cpu_out, cpu] = answer("cpu", "", "0\n1\n");
+  CHECK_THAT(cpu_out,
+             Catch::Contains("  [0] No distributed training\n  [1] multi-CPU\nchoose 0-1"));
+  CHECK_THAT(cpu_out, !Catch::Contains("multi-GPU") && !Catch::Contains("fp16"));
+  CHECK_THAT(cpu_out, !Catch::Contains("CPU only"));
+  CHECK_THAT(cpu_out, Catch::Contains("No GPU found on this machine: training runs on CPUs "
+                                      "(use_cpu: true).\n"));
+  CHECK_THAT(cpu_out,
+             Catch::Contains("Do you wish to use mixed precision?\n  [0] no\n  [1] bf16\n"));
+  CHECK(cpu.text("use_cpu") == "true");
+  CHECK(cpu.isSet("use_cpu"));
+  CHECK(cpu.text("mixed_precision") == "bf16");
+  // No GPU, multi-CPU: use_cpu: true in the file.
+  const auto [multi_out, multi] = answer("multi", "", "1\n1\n\n\n\n2\n0\n");
+  CHECK(multi.text("distributed_type") == "MULTI_CPU");
+  CHECK(multi.isSet("use_cpu"));
+  CHECK(multi.text("use_cpu") == "true");
+  // Two GPUs, but multi-CPU with DeepSpeed (ZeRO-2, the rest by default, 2 processes): CPU
+  // workers, so use_cpu: true and no fp16 (which once was offered here, and failed in workers).
+  const auto [ds_out, ds] = answer("ds", "0,1", "1\n1\n\nyes\n2\n0\n\n\n2\n1\n");
+  CHECK(ds.text("distributed_type") == "DEEPSPEED");
+  CHECK(ds.text("use_cpu") == "true");
+  CHECK(ds.text("mixed_precision") == "bf16");
+  CHECK_THAT(ds_out, !Catch::Contains("fp16"));
+  // One GPU, one process: CPU only is a question again, and fp16 is offered.
+  const auto [gpu_out, gpu] = answer("gpu", "0", "0\nno\n1\n");
+  CHECK_THAT(gpu_out, Catch::Contains("[2] multi-GPU"));
+  CHECK_THAT(gpu_out, Catch::Contains("Do you want to run your training on CPU only"));
+  CHECK_THAT(gpu_out, Catch::Contains("  [0] no\n  [1] fp16\n  [2] bf16\n"));
+  CHECK(gpu.text("use_cpu") == "false");
+  CHECK(gpu.text("mixed_precision") == "fp16");
+}
+
+TEST_CASE(
+    "A config that needs a GPU is refused by config --print, test and run where there is none",
+    "[config][wizard]") {
+  TempDir dir;
+  const std::string file = write(dir, "fp16.yaml", "mixed_precision: fp16\n");
+  const std::string marker = dir.path() + "/spawned";
+  const std::string error =
+      file +
+      ":1:18: fp16 needs a GPU, but this machine has none visible (no NVIDIA GPU in "
+      "/proc/driver/nvidia/gpus, or CUDA_VISIBLE_DEVICES names none), so the workers would train "
+      "on CPUs; use bf16 or no here\n";
+  // "" and -1: the ways to hide every GPU from CUDA.
+  for (const std::string visible : {"", "-1"}) {
+    const Env none =
+        isolated(dir, {{"CUDA_VISIBLE_DEVICES", visible}, {"CXXLAUNCH_SELFTEST", TEST_WORKER}});
+    auto print = run({CXXLAUNCH_BIN, "config", "--print", "--config_file", file}, none);
+    CHECK(print.exit_code == 2);
+    CHECK(print.err == "cxxlaunch config: error: " + error);
+    auto test = run({CXXLAUNCH_BIN, "test", "--config_file", file, "--", "env"}, none);
+    CHECK(test.exit_code == 2);
+    CHECK(test.err == "cxxlaunch test: error: " + error);
+    CHECK(test.out.empty());  // no worker started
+    auto launched =
+        run({CXXLAUNCH_BIN, "run", "--config_file", file, "/usr/bin/touch", marker}, none);
+    CHECK(launched.exit_code == 2);
+    CHECK(launched.err == "cxxlaunch run: error: " + error);
+    CHECK_FALSE(fs::exists(marker));
+  }
+  // Where a GPU is visible the file is fine.
+  auto gpu = run({CXXLAUNCH_BIN, "config", "--print", "--config_file", file},
+                 isolated(dir, {{"CUDA_VISIBLE_DEVICES", "0"}}));
+  CHECK(gpu.exit_code == 0);
+  CHECK_THAT(gpu.out, Catch::Contains("fp16"));
 }
 
 TEST_CASE("The wizard's questions for several machines", "[wizard]") {

@@ -171,10 +171,15 @@ TEST_CASE("Without threads or processes to be had (ulimit -u) the launcher says 
                  {{"TMPDIR", tmp.path()}}, 30s);
     INFO("limit " << limit << ": " << r.err);
     CHECK(r.exit_code == 1);
-    CHECK(r.err.starts_with("cxxlaunch run: "));
-    CHECK(r.err.ends_with(" (no thread or process could be started: this user may run " +
-                          std::to_string(limit) + " at most, ulimit -u)\n"));
-    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    // On a machine with fewer than 8 cores a warning line says so first.
+    std::string err = r.err;
+    if (err.starts_with("cxxlaunch: warning: 8 worker processes on ")) {
+      err.erase(0, err.find('\n') + 1);
+    }
+    CHECK(err.starts_with("cxxlaunch run: "));
+    CHECK(err.ends_with(" (no thread or process could be started: this user may run " +
+                        std::to_string(limit) + " at most, ulimit -u)\n"));
+    CHECK(std::count(err.begin(), err.end(), '\n') == 1);
   }
 }
 

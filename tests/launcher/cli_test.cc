@@ -169,7 +169,7 @@ TEST_CASE("Bad command lines fail with one clear message", "[cli]") {
       {{"--monitor_interval=0", "true"}, "a number of seconds > 0"},
       {{"--run_id", "../etc", "true"}, "letters, digits"},
       {{"--redirects", "4", "true"}, "0-3 or a per-local-rank map"},
-      {{"--standalone=1", "true"}, "--standalone takes no value"},
+      {{"--standalone=maybe", "true"}, "--standalone: 'maybe' is not true or false"},
       {{"--role"}, "--role needs a value"},
       {{"no-such-program-here"}, "'no-such-program-here' was not found on PATH"},
       {{"/etc/passwd"}, "is not an executable file"},

@@ -148,16 +148,19 @@ TEST_CASE("A value of the wrong type names the value's position and what fits",
 }
 
 TEST_CASE("An unknown key names its position and the closest known key", "[config][errors]") {
+  // The guide by its real path (doc_reference_test.cc), here the source tree's.
+  const std::string see = " (see the config guide: " + std::string(CONFIG_DOC) + ")";
   REQUIRE(errorOf("distributed_type: MULTI_GPU\nnum_proceses: 2\n") ==
-          "c.yaml:2:1: unknown key 'num_proceses'; did you mean num_processes? (see "
-          "docs/config.md)");
+          "c.yaml:2:1: unknown key 'num_proceses'; did you mean num_processes?" + see);
   REQUIRE(errorOf("fsdp_config:\n  fsdp_sharding_stratgy: FULL_SHARD\n") ==
           "c.yaml:2:3: unknown key 'fsdp_config.fsdp_sharding_stratgy'; did you mean "
-          "fsdp_config.fsdp_sharding_strategy? (see docs/config.md)");
+          "fsdp_config.fsdp_sharding_strategy?" +
+              see);
   REQUIRE(errorOf("cxxlaunch:\n  join_timout: 5\n") ==
-          "c.yaml:2:3: unknown key 'cxxlaunch.join_timout'; did you mean cxxlaunch.join_timeout? "
-          "(see docs/config.md)");
-  REQUIRE(errorOf("zzzzzzzz: 1\n") == "c.yaml:1:1: unknown key 'zzzzzzzz' (see docs/config.md)");
+          "c.yaml:2:3: unknown key 'cxxlaunch.join_timout'; did you mean "
+          "cxxlaunch.join_timeout?" +
+              see);
+  REQUIRE(errorOf("zzzzzzzz: 1\n") == "c.yaml:1:1: unknown key 'zzzzzzzz'" + see);
 }
 
 TEST_CASE("Several unknown keys are named in one error", "[config][errors]") {
@@ -165,7 +168,8 @@ TEST_CASE("Several unknown keys are named in one error", "[config][errors]") {
                   "  fsdp_sharding_stratgy: FULL_SHARD\n") ==
           "c.yaml:1:1: 3 unknown keys: 'num_proceses' (line 1; did you mean num_processes?), "
           "'zzzzzzzz' (line 3), 'fsdp_config.fsdp_sharding_stratgy' (line 5; did you mean "
-          "fsdp_config.fsdp_sharding_strategy?) (see docs/config.md)");
+          "fsdp_config.fsdp_sharding_strategy?) (see the config guide: " +
+              std::string(CONFIG_DOC) + ")");
 }
 
 TEST_CASE("Impossible combinations name the setting at fault", "[config][errors]") {

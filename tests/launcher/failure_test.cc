@@ -82,3 +82,29 @@ TEST_CASE("The failure table and run-summary.json name the root cause", "[failur
   REQUIRE_THAT(json, Catch::Contains(R"("exit_code": 139)"));
   REQUIRE_THAT(json, Catch::Contains(R"("confinement": "process groups")"));
 }
+
+TEST_CASE("run-summary.json escapes bytes that are not UTF-8, as Python's backslashreplace",
+          "[failure]") {
+  TempDir dir;
+  RunReport report;
+  report.run_id = "job";
+  report.program = "/bin/tr\xc3";
+  report.args = {"x\xff", "caf\xc3\xa9"};
+  report.status = "failed";
+  report.exit_code = 3;
+  report.log_dir = dir.path() + "/\xfe";
+  report.failures.resize(1);
+  report.failures[0].exit_code = 3;
+  report.failures[0].host = "h\x80";
+  report.failures[0].error_message = "bad \xe2\x82";
+  report.failures[0].stderr_tail = {"cut mid-character \xe2\x82", "fine"};
+  writeRunSummary(dir.path() + "/run-summary.json", report);
+  const std::string json = readFile(dir.path() + "/run-summary.json");
+  REQUIRE_THAT(json, Catch::Contains(R"("program": "/bin/tr\\xc3")"));
+  REQUIRE_THAT(json, Catch::Contains(R"("x\\xff")"));
+  REQUIRE_THAT(json, Catch::Contains("\"caf\xc3\xa9\""));  // valid text is kept as it is
+  REQUIRE_THAT(json, Catch::Contains(R"(/\\xfe")"));
+  REQUIRE_THAT(json, Catch::Contains(R"("host": "h\\x80")"));
+  REQUIRE_THAT(json, Catch::Contains(R"("error": "bad \\xe2\\x82")"));
+  REQUIRE_THAT(json, Catch::Contains(R"("cut mid-character \\xe2\\x82")"));
+}
