@@ -261,3 +261,45 @@ TEST_CASE("finetune refuses bad input with one error line, exit 2 and nothing wr
   CHECK_FALSE(fs::exists(out));
   CHECK_FALSE(fs::exists(out + ".partial"));
 }
+
+namespace {
+
+// "total 1.7 MiB" / "KiB" in the line, in bytes.
+double reportedTotal(const std::string& line) {
+  std::smatch m;
+  REQUIRE(std::regex_search(line, m, std::regex("total ([0-9.]+) (KiB|MiB)")));
+  return std::stod(m[1]) * (m[2] == "KiB" ? 1024.0 : 1048576.0);
+}
+
+}  // namespace
+
+// The model-state memory finetune reports after training, the export and its read back (a
+// model-only load, which once dropped DDP's Adam state from the count) is what estimate-memory
+// says for the same parameters and mode.
+TEST_CASE("finetune's memory report agrees with estimate-memory in every mode",
+          "[finetune][integration][estimate]") {
+  TempDir dir;
+  const std::string model = fixture(dir, "m1", {});
+  const std::string text = writeText(dir, 60);
+  const Finished table = run(
+      {CXXLAUNCH_BIN, "estimate-memory", "--params", "112448", "--num_processes", "2", "--dtypes",
+       "fp32"});
+  REQUIRE(table.exit_code == 0);
+  for (const std::string strategy : {"ddp", "zero1", "zero2", "zero3", "fsdp_full_shard"}) {
+    const std::string out = dir.path() + "/out-" + strategy;
+    Args argv = {CXXLAUNCH_BIN, "run", "--nproc_per_node", "2", "--cpu"};
+    const Args tune = finetuneArgs(model, text, 2, out);
+    argv.insert(argv.end(), tune.begin(), tune.end());
+    const Finished f = run(argv, {{"CXXLAUNCH_STRATEGY", strategy}}, 120s);
+    INFO(strategy << "\n" << f.out << f.err << table.out);
+    REQUIRE(f.exit_code == 0);
+    REQUIRE_THAT(f.out, Catch::Contains("(llama, 112448 parameters)"));
+    std::smatch done;
+    REQUIRE(std::regex_search(f.out, done, std::regex("done: [^\n]*")));
+    const std::string row = strategy == "fsdp_full_shard" ? "zero3" : strategy;
+    std::smatch m;
+    REQUIRE(std::regex_search(table.out, m, std::regex("fp32 +" + row + " +([0-9.]+) ")));
+    const double ratio = reportedTotal(done.str()) / (std::stod(m[1]) * 1e6);
+    CHECK(std::abs(ratio - 1) < 0.05);
+  }
+}
