@@ -7,10 +7,15 @@
 #include <limits>
 #include <sstream>
 
+#include "common/utf8.h"
+
 namespace cxxlaunch::runtime {
 namespace {
 
 constexpr size_t kMaxPlotted = 2000;
+// Up to this many values each get a marker: a series of a few points (an evaluation before and
+// after training) is then read as points, not as a line that claims values in between.
+constexpr size_t kMarkedPoints = 50;
 
 std::string utcTime(double seconds) {
   const auto t = static_cast<time_t>(seconds);
@@ -77,7 +82,8 @@ std::string shown(double value) {
 std::string htmlEscape(const std::string& text) {
   std::string out;
   out.reserve(text.size());
-  for (const char c : text) {
+  // The page is UTF-8: bytes that are not (a path, a name) are shown as \xHH, not as U+FFFD.
+  for (const char c : backslashReplaceInvalidUtf8(text)) {
     switch (c) {
       case '&':
         out += "&amp;";
@@ -159,11 +165,13 @@ std::string svgPlot(const ReportSeries& series, int width, int height) {
   }
   svg << "<path class=\"series\" d=\"" << path.str()
       << "\" fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"2\"/>\n";
-  if (drawn == 1) {  // a single value: a dot, since a path of one point draws nothing
-    const auto& only = *std::find_if(points.begin(), points.end(),
-                                     [](const auto& p) { return std::isfinite(p.second); });
-    svg << "<circle cx=\"" << x_of(static_cast<double>(only.first)) << "\" cy=\""
-        << y_of(only.second) << "\" r=\"4\" fill=\"#1f77b4\"/>\n";
+  // A marker on every value of a short series (a single value would otherwise draw nothing).
+  if (drawn <= kMarkedPoints) {
+    for (const auto& [step, value] : points) {
+      if (!std::isfinite(value)) continue;
+      svg << "<circle class=\"point\" cx=\"" << x_of(static_cast<double>(step)) << "\" cy=\""
+          << y_of(value) << "\" r=\"" << (drawn == 1 ? 4 : 3) << "\" fill=\"#1f77b4\"/>\n";
+    }
   }
   svg << "<text x=\"" << left + plot_w / 2 << "\" y=\"" << height - 3
       << "\" text-anchor=\"middle\" font-size=\"10\" fill=\"#666\">step</text>\n</svg>";
