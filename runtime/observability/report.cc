@@ -139,16 +139,19 @@ std::string svgPlot(const ReportSeries& series, int width, int height) {
   if (x_max == x_min) x_max = x_min + 1;
   const auto x_of = [&](double step) { return left + (step - x_min) / (x_max - x_min) * plot_w; };
   const auto y_of = [&](double v) { return top + (y_max - v) / (y_max - y_min) * plot_h; };
-  // Grid and labels: five ticks on each axis.
+  // Grid and labels: five ticks on each axis. Steps are whole numbers: each step label stands at
+  // its own step (a few steps get fewer ticks), never at a fraction it was rounded from.
+  double last_step = -std::numeric_limits<double>::infinity();
   for (int i = 0; i <= 4; ++i) {
     const double v = y_min + (y_max - y_min) * i / 4, y = y_of(v);
     svg << "<line x1=\"" << left << "\" y1=\"" << y << "\" x2=\"" << left + plot_w << "\" y2=\""
         << y << "\" stroke=\"#e4e4e4\"/><text x=\"" << left - 6 << "\" y=\"" << y + 4
         << "\" text-anchor=\"end\" font-size=\"11\" fill=\"#444\">" << label(v) << "</text>\n";
-    const double s = x_min + (x_max - x_min) * i / 4, x = x_of(s);
-    svg << "<text x=\"" << x << "\" y=\"" << height - 18
-        << "\" text-anchor=\"middle\" font-size=\"11\" fill=\"#444\">" << label(std::round(s))
-        << "</text>\n";
+    const double s = std::round(x_min + (x_max - x_min) * i / 4);
+    if (s == last_step || s > x_max) continue;
+    last_step = s;
+    svg << "<text class=\"step\" x=\"" << x_of(s) << "\" y=\"" << height - 18
+        << "\" text-anchor=\"middle\" font-size=\"11\" fill=\"#444\">" << label(s) << "</text>\n";
   }
   // The line, broken at values that are not finite.
   std::ostringstream path;

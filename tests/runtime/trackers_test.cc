@@ -410,3 +410,19 @@ TEST_CASE("A project or run folder that others can write is refused, nothing wri
   // A folder made here is the user's own: 0755 whatever the umask lets through.
   rt::Trackers trackers({{"csv"}, tmp.path() + "/new/project", "r", 10}, {}, {});
 }
+
+TEST_CASE("Each step label of a plot stands at its own step", "[trackers]") {
+  // Five evenly spaced ticks over steps 1..4 fall at 1.75, 2.5 and 3.25: labelled as rounded,
+  // "2" and "3" stood between steps, and "3" twice.
+  const auto svg = rt::svgPlot({"loss", {{1, 0.5}, {2, 0.4}, {3, 0.45}, {4, 0.3}}}, 480, 220);
+  const double left = 64, plot_w = 480 - 64 - 16;
+  std::vector<int> labels;
+  for (size_t at = svg.find("<text class=\"step\" x=\""); at != std::string::npos;
+       at = svg.find("<text class=\"step\" x=\"", at + 1)) {
+    const double x = std::stod(svg.substr(at + 22));
+    const int step = std::stoi(svg.substr(svg.find('>', at) + 1));
+    CHECK(x == Approx(left + (step - 1) / 3.0 * plot_w).margin(0.01));
+    labels.push_back(step);
+  }
+  CHECK(labels == std::vector<int>{1, 2, 3, 4});
+}
