@@ -37,19 +37,21 @@ std::string tfRecord(std::string_view data) {
   return record;
 }
 
-EventFileWriter::EventFileWriter(const std::string& dir) {
+EventFileWriter::EventFileWriter(int dir_fd, const std::string& dir) {
   const auto now = std::chrono::system_clock::now().time_since_epoch();
   const double wall_time = std::chrono::duration<double>(now).count();
   char seconds[32];
   std::snprintf(
       seconds, sizeof(seconds), "%010lld",
       static_cast<long long>(std::chrono::duration_cast<std::chrono::seconds>(now).count()));
-  path_ = dir + "/events.out.tfevents." + seconds + "." + hostName();
-  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+  std::string name = "events.out.tfevents." + std::string(seconds) + "." + hostName();
+  constexpr int kFlags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW;
+  fd_ = ::openat(dir_fd, name.c_str(), kFlags, 0644);
   if (fd_ < 0 && errno == EEXIST) {
-    path_ += "." + std::to_string(::getpid());
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+    name += "." + std::to_string(::getpid());
+    fd_ = ::openat(dir_fd, name.c_str(), kFlags, 0644);
   }
+  path_ = dir + "/" + name;
   if (fd_ < 0) throw SystemError("open " + path_, errno);
   append(tfRecord(tensorboard::fileVersionEvent(wall_time)));
 }

@@ -24,9 +24,10 @@ std::string tfRecord(std::string_view data);
 
 class EventFileWriter {
  public:
-  // Creates a new event file in the existing folder `dir` (never overwriting one: a second
-  // writer within the same second gets the pid appended). Throws SystemError naming the path.
-  explicit EventFileWriter(const std::string& dir);
+  // Creates a new event file in the open folder `dir_fd`, whose path is `dir` (never
+  // overwriting a file and never following a symlink: a second writer within the same second
+  // gets the pid appended). Throws SystemError naming the path.
+  EventFileWriter(int dir_fd, const std::string& dir);
   ~EventFileWriter();
   EventFileWriter(const EventFileWriter&) = delete;
   EventFileWriter& operator=(const EventFileWriter&) = delete;

@@ -7,10 +7,15 @@
 #include <limits>
 #include <sstream>
 
+#include "common/utf8.h"
+
 namespace cxxlaunch::runtime {
 namespace {
 
 constexpr size_t kMaxPlotted = 2000;
+// Up to this many values each get a marker: a series of a few points (an evaluation before and
+// after training) is then read as points, not as a line that claims values in between.
+constexpr size_t kMarkedPoints = 50;
 
 std::string utcTime(double seconds) {
   const auto t = static_cast<time_t>(seconds);
@@ -77,7 +82,8 @@ std::string shown(double value) {
 std::string htmlEscape(const std::string& text) {
   std::string out;
   out.reserve(text.size());
-  for (const char c : text) {
+  // The page is UTF-8: bytes that are not (a path, a name) are shown as \xHH, not as U+FFFD.
+  for (const char c : backslashReplaceInvalidUtf8(text)) {
     switch (c) {
       case '&':
         out += "&amp;";
@@ -133,16 +139,19 @@ std::string svgPlot(const ReportSeries& series, int width, int height) {
   if (x_max == x_min) x_max = x_min + 1;
   const auto x_of = [&](double step) { return left + (step - x_min) / (x_max - x_min) * plot_w; };
   const auto y_of = [&](double v) { return top + (y_max - v) / (y_max - y_min) * plot_h; };
-  // Grid and labels: five ticks on each axis.
+  // Grid and labels: five ticks on each axis. Steps are whole numbers: each step label stands at
+  // its own step (a few steps get fewer ticks), never at a fraction it was rounded from.
+  double last_step = -std::numeric_limits<double>::infinity();
   for (int i = 0; i <= 4; ++i) {
     const double v = y_min + (y_max - y_min) * i / 4, y = y_of(v);
     svg << "<line x1=\"" << left << "\" y1=\"" << y << "\" x2=\"" << left + plot_w << "\" y2=\""
         << y << "\" stroke=\"#e4e4e4\"/><text x=\"" << left - 6 << "\" y=\"" << y + 4
         << "\" text-anchor=\"end\" font-size=\"11\" fill=\"#444\">" << label(v) << "</text>\n";
-    const double s = x_min + (x_max - x_min) * i / 4, x = x_of(s);
-    svg << "<text x=\"" << x << "\" y=\"" << height - 18
-        << "\" text-anchor=\"middle\" font-size=\"11\" fill=\"#444\">" << label(std::round(s))
-        << "</text>\n";
+    const double s = std::round(x_min + (x_max - x_min) * i / 4);
+    if (s == last_step || s > x_max) continue;
+    last_step = s;
+    svg << "<text class=\"step\" x=\"" << x_of(s) << "\" y=\"" << height - 18
+        << "\" text-anchor=\"middle\" font-size=\"11\" fill=\"#444\">" << label(s) << "</text>\n";
   }
   // The line, broken at values that are not finite.
   std::ostringstream path;
@@ -159,11 +168,13 @@ std::string svgPlot(const ReportSeries& series, int width, int height) {
   }
   svg << "<path class=\"series\" d=\"" << path.str()
       << "\" fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"2\"/>\n";
-  if (drawn == 1) {  // a single value: a dot, since a path of one point draws nothing
-    const auto& only = *std::find_if(points.begin(), points.end(),
-                                     [](const auto& p) { return std::isfinite(p.second); });
-    svg << "<circle cx=\"" << x_of(static_cast<double>(only.first)) << "\" cy=\""
-        << y_of(only.second) << "\" r=\"4\" fill=\"#1f77b4\"/>\n";
+  // A marker on every value of a short series (a single value would otherwise draw nothing).
+  if (drawn <= kMarkedPoints) {
+    for (const auto& [step, value] : points) {
+      if (!std::isfinite(value)) continue;
+      svg << "<circle class=\"point\" cx=\"" << x_of(static_cast<double>(step)) << "\" cy=\""
+          << y_of(value) << "\" r=\"" << (drawn == 1 ? 4 : 3) << "\" fill=\"#1f77b4\"/>\n";
+    }
   }
   svg << "<text x=\"" << left + plot_w / 2 << "\" y=\"" << height - 3
       << "\" text-anchor=\"middle\" font-size=\"10\" fill=\"#666\">step</text>\n</svg>";

@@ -31,11 +31,12 @@ struct ReportContent {
 std::string renderReport(const ReportContent& content);
 
 // One series as an SVG line plot, `width` x `height` pixels, with labelled axes. Values that are
-// not finite break the line; a series of thousands of points is drawn from at most ~2000 of them
-// (each kept point the extreme of its stretch, so spikes stay visible).
+// not finite break the line; a series of at most 50 values has a marker on each; a series of
+// thousands of points is drawn from at most ~2000 of them (each kept point the extreme of its
+// stretch, so spikes stay visible).
 std::string svgPlot(const ReportSeries& series, int width, int height);
 
-// `text` with HTML's special characters escaped.
+// `text` with HTML's special characters escaped, and bytes that are not UTF-8 written as \xHH.
 std::string htmlEscape(const std::string& text);
 
 }  // namespace cxxlaunch::runtime

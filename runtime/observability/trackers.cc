@@ -1,5 +1,6 @@
 #include "runtime/observability/trackers.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -7,13 +8,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <string_view>
 
-#include "common/atomic_file.h"
 #include "common/error.h"
+#include "common/private_folder.h"
+#include "common/utf8.h"
 #include "runtime/observability/event_file.h"
 #include "runtime/observability/report.h"
 
@@ -24,42 +26,48 @@ double wallTime() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-// A file a tracker appends lines to; each write goes to the kernel at once.
+// A file a tracker appends lines to, in the run folder `dir` (open, checked): never through a
+// symlink, never a FIFO (common/private_folder.h). Each write goes to the kernel at once.
 class LineFile {
  public:
-  explicit LineFile(const std::string& path) : path_(path), out_(path, std::ios::app) {
-    if (!out_) throw SystemError("open " + path, errno);
-  }
-  void write(const std::string& lines) {
-    out_ << lines << std::flush;
-    if (!out_) throw SystemError("write " + path_, errno);
-  }
+  LineFile(int dir, const std::string& dir_path, const std::string& name)
+      : path_(dir_path + "/" + name),
+        fd_(openFileAt(dir, name, O_WRONLY | O_APPEND | O_CREAT, 0644, path_)) {}
+  void write(const std::string& lines) { writeAll(fd_.get(), lines, path_); }
   bool empty() const {
     struct stat st {};
-    return ::stat(path_.c_str(), &st) != 0 || st.st_size == 0;
+    return ::fstat(fd_.get(), &st) != 0 || st.st_size == 0;
   }
 
  private:
   std::string path_;
-  std::ofstream out_;
+  UniqueFd fd_;
 };
 
-std::string csvField(const std::string& text) {
-  if (text.find_first_of(",\"\n\r") == std::string::npos) return text;
-  std::string quoted = "\"";
+// A cell of the CSV's text column.
+std::string csvTextCell(const std::string& text) {
+  // OWASP's CSV injection guidance: a spreadsheet runs a cell that starts with one of these as a
+  // formula; a leading single quote, inside double quotes, makes it text. A ';' is another
+  // locale's separator: unquoted, what follows it would start a cell.
+  const bool formula =
+      !text.empty() && std::string_view("=+-@\t\r").find(text[0]) != std::string::npos;
+  if (!formula && text.find_first_of(",;\"\n\r") == std::string::npos) return text;
+  std::string quoted = formula ? "\"'" : "\"";
   for (const char c : text) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
   return quoted + "\"";
 }
 
 class CsvTracker final : public Tracker {
  public:
-  explicit CsvTracker(const std::string& dir) : file_(dir + "/metrics.csv") {
+  CsvTracker(int dir, const std::string& dir_path) : file_(dir, dir_path, "metrics.csv") {
     if (file_.empty()) file_.write("step,wall_time,name,value\n");
   }
   void log(const Scalars& scalars, int64_t step, double wall_time) override {
+    // The name is the one text column; step, wall_time and value are numbers formatted here
+    // (formatNumber: digits, '.', 'e', a leading '-', nan, inf), left as they are.
     std::string rows;
     for (const auto& [name, value] : scalars) {
-      rows += std::to_string(step) + "," + formatNumber(wall_time) + "," + csvField(name) + "," +
+      rows += std::to_string(step) + "," + formatNumber(wall_time) + "," + csvTextCell(name) + "," +
               formatNumber(value) + "\n";
     }
     file_.write(rows);
@@ -71,7 +79,7 @@ class CsvTracker final : public Tracker {
 
 class JsonlTracker final : public Tracker {
  public:
-  explicit JsonlTracker(const std::string& dir) : file_(dir + "/metrics.jsonl") {}
+  JsonlTracker(int dir, const std::string& dir_path) : file_(dir, dir_path, "metrics.jsonl") {}
   void log(const Scalars& scalars, int64_t step, double wall_time) override {
     // Written by hand to keep the log's order; JSON has no NaN or infinity: those are null.
     std::string line =
@@ -89,7 +97,7 @@ class JsonlTracker final : public Tracker {
 
 class TensorBoardTracker final : public Tracker {
  public:
-  explicit TensorBoardTracker(const std::string& dir) : writer_(dir) {}
+  TensorBoardTracker(int dir, const std::string& dir_path) : writer_(dir, dir_path) {}
   void log(const Scalars& scalars, int64_t step, double wall_time) override {
     writer_.writeScalars(wall_time, step, scalars);
   }
@@ -112,6 +120,25 @@ void makeFolders(const std::string& path) {
   if (!S_ISDIR(st.st_mode)) throw SystemError("mkdir " + path, ENOTDIR);
 }
 
+const char* const kWhereProject = "--project_dir (or CXXLAUNCH_PROJECT_DIR, cxxlaunch.project_dir)";
+
+// The project folder: the user's path, made as needed and followed as given (symlinks in it are
+// the user's choice, as --log_dir's are), then used only when it is ours and no one else may
+// write it: anyone who can write it can put a symlink under the name of a file this run writes.
+UniqueFd openProjectFolder(const std::string& path) {
+  makeFolders(path);
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd.valid()) throw SystemError("open " + path, errno);
+  if (const std::string why = whyNotPrivate(fd.get()); !why.empty()) {
+    throw InvalidArgument("the project folder '" + path + "' is " + why +
+                          ": refusing to write there, as another user could turn this run's "
+                          "writes onto a file of their choice; give a folder of your own that "
+                          "only you can write (chmod go-w) with " +
+                          kWhereProject);
+  }
+  return fd;
+}
+
 }  // namespace
 
 ConfigValue::ConfigValue(long long number) : text_(std::to_string(number)), kind_(Kind::kNumber) {}
@@ -121,7 +148,8 @@ ConfigValue::ConfigValue(double number)
     : text_(formatNumber(number)), kind_(std::isfinite(number) ? Kind::kNumber : Kind::kText) {}
 
 std::string ConfigValue::json() const {
-  return kind_ == Kind::kText ? nlohmann::json(text_).dump() : text_;
+  // A path or an argument need not be UTF-8, and JSON must be (nlohmann throws).
+  return kind_ == Kind::kText ? nlohmann::json(backslashReplaceInvalidUtf8(text_)).dump() : text_;
 }
 
 std::string formatNumber(double value) {
@@ -137,6 +165,10 @@ struct Trackers::History {
   int64_t logs = 0;
   std::vector<ReportSeries> series;
   std::map<std::string, size_t> index;  // name -> its place in `series`
+  // Not history, but kept here with it to leave trackers.h as it is: the project and run folders,
+  // opened and checked once. Every file is written through them, so that a folder renamed or
+  // replaced by a symlink after the check changes nothing.
+  UniqueFd project, run;
 };
 
 Trackers::Trackers(TrackerOptions options, RunConfig config, RunConfig summary)
@@ -161,25 +193,34 @@ Trackers::Trackers(TrackerOptions options, RunConfig config, RunConfig summary)
   }
   run_dir_ = options_.project_dir + "/" + run;
   try {
-    makeFolders(run_dir_);
+    history_->project = openProjectFolder(options_.project_dir);
+    PrivateFolder run_folder = openPrivateFolder(history_->project.get(), run, 0755, run_dir_);
+    if (!run_folder.why.empty()) {
+      throw InvalidArgument("the run folder '" + run_dir_ + "' is " + run_folder.why +
+                            ": refusing to write there; remove it, or give another run name or " +
+                            kWhereProject);
+    }
+    history_->run = std::move(run_folder.fd);
+    const int dir = history_->run.get();
     for (const auto& name : options_.trackers) {
-      if (name == "tensorboard")
-        trackers_.push_back(std::make_unique<TensorBoardTracker>(run_dir_));
-      if (name == "csv") trackers_.push_back(std::make_unique<CsvTracker>(run_dir_));
-      if (name == "jsonl") trackers_.push_back(std::make_unique<JsonlTracker>(run_dir_));
+      if (name == "tensorboard") {
+        trackers_.push_back(std::make_unique<TensorBoardTracker>(dir, run_dir_));
+      }
+      if (name == "csv") trackers_.push_back(std::make_unique<CsvTracker>(dir, run_dir_));
+      if (name == "jsonl") trackers_.push_back(std::make_unique<JsonlTracker>(dir, run_dir_));
     }
     std::string json = "{";
     for (size_t i = 0; i < config_.size(); ++i) {
-      json += (i ? ",\n  " : "\n  ") + nlohmann::json(config_[i].first).dump() + ": " +
+      json += (i ? ",\n  " : "\n  ") +
+              nlohmann::json(backslashReplaceInvalidUtf8(config_[i].first)).dump() + ": " +
               config_[i].second.json();
     }
-    writeFileAtomically(run_dir_ + "/config.json", json + "\n}\n", Durability::kProcessCrash);
+    replaceFileAt(dir, "config.json", json + "\n}\n", 0644, run_dir_ + "/config.json");
     writeReport(false);
   } catch (const SystemError& e) {
     throw InvalidArgument("the project folder '" + options_.project_dir + "' cannot be written (" +
-                          e.what() +
-                          "): give a folder this user can create and write with --project_dir "
-                          "(or CXXLAUNCH_PROJECT_DIR, cxxlaunch.project_dir)");
+                          e.what() + "): give a folder this user can create and write with " +
+                          kWhereProject);
   }
 }
 
@@ -200,11 +241,18 @@ void Trackers::log(const Scalars& scalars, int64_t step) {
                             "wall_time); give it another name");
     }
   }
+  // Names as valid UTF-8 for every tracker: JSON must be, TensorBoard's reader decodes a tag as
+  // UTF-8 (a bad one loses the whole event), and a CSV reader decodes the file.
+  Scalars named;
+  named.reserve(scalars.size());
+  for (const auto& [name, value] : scalars) {
+    named.emplace_back(backslashReplaceInvalidUtf8(name), value);
+  }
   const double now = wallTime();
-  for (const auto& tracker : trackers_) tracker->log(scalars, step, now);
+  for (const auto& tracker : trackers_) tracker->log(named, step, now);
   auto& h = *history_;
   ++h.logs;
-  for (const auto& [name, value] : scalars) {
+  for (const auto& [name, value] : named) {
     auto [it, added] = h.index.emplace(name, h.series.size());
     if (added) h.series.push_back({name, {}});
     h.series[it->second].points.emplace_back(step, value);
@@ -234,7 +282,7 @@ void Trackers::writeReport(bool finished) {
   content.summary.emplace_back("run folder", run_dir_);
   content.config = config_;
   content.series = history_->series;
-  writeFileAtomically(reportPath(), renderReport(content), Durability::kProcessCrash);
+  replaceFileAt(history_->project.get(), "report.html", renderReport(content), 0644, reportPath());
 }
 
 }  // namespace cxxlaunch::runtime

@@ -85,8 +85,10 @@ TEST_CASE("The example trainer logs to every tracker from rank 0 only",
                                           "memory/parameters_mib",
                                           "memory/gradients_mib",
                                           "memory/optimizer_state_mib",
-                                          "memory/model_state_mib",
-                                          "memory/device_peak_mib"};
+                                          "memory/model_state_mib"};
+  // The GPU's peak is logged only where there is one: never as a series of zeros.
+  const std::string device_peak = "memory/device_peak_mib";
+  bool on_gpu = false;
 
   // JSON lines: one object per step, every name, and the values the CSV and TensorBoard hold.
   const auto jsonl = lines(readFile(run_dir + "/metrics.jsonl"));
@@ -102,9 +104,15 @@ TEST_CASE("The example trainer logs to every tracker from rank 0 only",
     CHECK(j["loss"].get<double>() > 0);
     CHECK(j["tokens_per_s"].get<double>() > 0);
     CHECK(j["memory/parameters_mib"].get<double>() > 0);
+    if (i == 0) on_gpu = j.contains(device_peak);
+    CHECK(j.contains(device_peak) == on_gpu);
+    if (on_gpu) {
+      CHECK(j[device_peak].get<double>() > 0);
+      values[{i + 1, device_peak}] = j[device_peak].get<double>();
+    }
   }
   const auto csv = lines(readFile(run_dir + "/metrics.csv"));
-  REQUIRE(csv.size() == 1 + steps * names.size());
+  REQUIRE(csv.size() == 1 + steps * (names.size() + (on_gpu ? 1 : 0)));
   for (size_t i = 1; i < csv.size(); ++i) {
     std::vector<std::string> cells;
     std::istringstream in(csv[i]);
@@ -118,7 +126,7 @@ TEST_CASE("The example trainer logs to every tracker from rank 0 only",
   INFO(tb.err);
   REQUIRE(tb.exit_code == 0);
   const auto tb_lines = lines(tb.out);
-  REQUIRE(tb_lines.size() == 2 + steps * names.size());
+  REQUIRE(tb_lines.size() == 2 + steps * (names.size() + (on_gpu ? 1 : 0)));
   for (size_t i = 2; i < tb_lines.size(); ++i) {
     std::istringstream in(tb_lines[i]);
     int64_t step = 0;
@@ -138,6 +146,7 @@ TEST_CASE("The example trainer logs to every tracker from rank 0 only",
   const auto report = readFile(project + "/report.html");
   CHECK_THAT(report, Catch::Contains("class=\"finished\""));
   for (const auto& name : names) CHECK_THAT(report, Catch::Contains("<h3>" + name + "</h3>"));
+  CHECK((report.find("<h3>" + device_peak + "</h3>") != std::string::npos) == on_gpu);
   CHECK_THAT(report, Catch::Contains("launch.world_size"));
 }
 

@@ -1,7 +1,8 @@
 // `cxxlaunch run` on a machine it shares with other local users: one who plants folders and
-// symlinks where the launcher writes its logs, and one whose process limit (ulimit -u) leaves
-// the launcher no threads. The other user is uid 65534 (nobody); the tests need root to become
-// it (CI runs as root): elsewhere the program exits 77 and ctest reports them as skipped.
+// symlinks where the launcher writes its logs or the trackers their files, and one whose process
+// limit (ulimit -u) leaves the launcher no threads. The other user is uid 65534 (nobody); the
+// tests need root to become it (CI runs as root): elsewhere the program exits 77 and ctest
+// reports them as skipped.
 
 #define CATCH_CONFIG_RUNNER
 #include <grp.h>
@@ -158,6 +159,41 @@ TEST_CASE("A symlink planted below --log_dir is refused with one line and exit c
                      "(remove it, or choose --log_dir)\n");
   CHECK(readFile(victim + "/run-summary.json") == "precious");
   CHECK(std::distance(fs::directory_iterator(victim), fs::directory_iterator()) == 1);
+}
+
+TEST_CASE("Another user's project folder, or one they can write, is refused by the trackers",
+          "[observability][integration][trackers]") {
+  SharedTmp tmp;
+  // Root's file, readable by root alone, that the other user wants a root job to write into.
+  const std::string secret = tmp.path() + "/root-only";
+  writeText(secret, "precious\n");
+  fs::permissions(secret, fs::perms::owner_read | fs::perms::owner_write);
+  // Theirs: runs/train/metrics.csv -> the file. Open to all: a symlink of theirs named train.
+  const std::string theirs = tmp.path() + "/theirs", open = tmp.path() + "/open";
+  fs::create_directory(open);
+  fs::permissions(open, fs::perms::all);
+  REQUIRE(asNobody([&] {
+            std::error_code ec;
+            fs::create_directories(theirs + "/train", ec);
+            fs::create_symlink(secret, theirs + "/train/metrics.csv", ec);
+            fs::create_directory_symlink(tmp.path(), open + "/train", ec);
+            return ec ? 1 : 0;
+          }) == 0);
+  for (const auto& [project, why] :
+       {std::pair<std::string, std::string>{theirs, "owned by uid 65534"},
+        {open, "writable by others (mode 0777)"}}) {
+    auto r = run(
+        {CXXLAUNCH_BIN, "run", "--nproc_per_node=1", "--log_with", "csv", "--project_dir", project,
+         TRAIN_BIN, "--model", "mlp", "--steps", "3", "--warmup", "1", "--run_name", "train"},
+        {}, 120s);
+    INFO(r.out << r.err);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains("the project folder '" + project + "' is " + why +
+                                      ": refusing to write there"));
+    CHECK(r.out.find("step ") == std::string::npos);  // refused before the first step
+    CHECK(readFile(secret) == "precious\n");
+    CHECK(!fs::exists(project + "/report.html"));
+  }
 }
 
 TEST_CASE("Without threads or processes to be had (ulimit -u) the launcher says so and exits 1",

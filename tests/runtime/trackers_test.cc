@@ -7,10 +7,12 @@
 
 #include <dirent.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -20,6 +22,7 @@
 #include "common/error.h"
 #include "common/host.h"
 #include "common/tracker_names.h"
+#include "common/utf8.h"
 #include "runtime/observability/event_file.h"
 #include "runtime/observability/report.h"
 #include "support/subprocess.h"
@@ -238,4 +241,188 @@ TEST_CASE("A long series is plotted from a bounded number of points, its spikes 
   const auto segments = std::count(d.begin(), d.begin() + static_cast<long>(d.find('"', 3)), 'L');
   CHECK(segments < 2100);
   CHECK(svg.find(">100<") != std::string::npos);  // the spike sets the axis' top
+}
+
+TEST_CASE("A short series has a marker on each value; a long one is a line only", "[trackers]") {
+  const auto markers = [](const rt::ReportSeries& series) {
+    const auto svg = rt::svgPlot(series, 480, 220);
+    size_t count = 0;
+    for (size_t at = svg.find("class=\"point\""); at != std::string::npos;
+         at = svg.find("class=\"point\"", at + 1)) {
+      ++count;
+    }
+    return count;
+  };
+  // An evaluation before and after training: two points, each drawn, not only a line between.
+  CHECK(markers({"eval/loss", {{0, 3.17}, {100, 2.41}}}) == 2);
+  CHECK(markers({"eval/loss", {{5, 3.17}}}) == 1);
+  CHECK(markers({"loss", {{1, 1.0}, {2, std::nan("")}, {3, 0.5}}}) == 2);  // none at a gap
+  rt::ReportSeries fifty{"loss", {}}, longer{"loss", {}};
+  for (int i = 0; i < 50; ++i) fifty.points.emplace_back(i, 1.0 / (i + 1));
+  for (int i = 0; i < 51; ++i) longer.points.emplace_back(i, 1.0 / (i + 1));
+  CHECK(markers(fifty) == 50);
+  CHECK(markers(longer) == 0);
+}
+
+TEST_CASE("Bytes that are not UTF-8 in the config are escaped, not thrown on", "[trackers]") {
+  TempDir tmp;
+  // A --data path in Latin-1, as finetune records it; and a key of such bytes.
+  const std::string data = "corpus-\xe9t\xe9.txt";
+  {
+    rt::Trackers trackers({cxxlaunch::parseTrackerList("all", "test"), tmp.path(), "r", 10},
+                          {{"data", data}, {"k\xff", 1}}, {{"host", "h\xfe"}});
+  }
+  const auto config = nlohmann::json::parse(readFile(tmp.path() + "/r/config.json"));
+  CHECK(config["data"] == "corpus-\\xe9t\\xe9.txt");
+  CHECK(config["k\\xff"] == 1);
+  const auto report = readFile(tmp.path() + "/report.html");
+  CHECK(cxxlaunch::isValidUtf8(report));
+  CHECK(report.find("corpus-\\xe9t\\xe9.txt") != std::string::npos);
+  CHECK(report.find("h\\xfe") != std::string::npos);
+}
+
+TEST_CASE("A metric name that is not UTF-8 is escaped in every tracker's file", "[trackers]") {
+  TempDir tmp;
+  {
+    rt::Trackers trackers({cxxlaunch::parseTrackerList("all", "test"), tmp.path(), "r", 10}, {},
+                          {});
+    trackers.log({{"loss\xff", 1.5}, {"caf\xc3\xa9", 2.5}}, 1);  // the second is valid UTF-8
+  }
+  const std::string dir = tmp.path() + "/r";
+  const auto j = nlohmann::json::parse(lines(readFile(dir + "/metrics.jsonl")).at(0));
+  CHECK(j["loss\\xff"] == 1.5);
+  CHECK(j["caf\xc3\xa9"] == 2.5);
+  const auto csv = lines(readFile(dir + "/metrics.csv"));
+  REQUIRE(csv.size() == 3);
+  CHECK(csv[1].find(",loss\\xff,1.5") != std::string::npos);
+  CHECK(csv[2].find(",caf\xc3\xa9,2.5") != std::string::npos);
+  // TensorBoard's reader decodes a tag as UTF-8; Protobuf's parser refuses one that is not.
+  const auto read = run({"/usr/bin/python3", READ_TFEVENTS_PY, eventFileIn(dir)});
+  INFO(read.err);
+  REQUIRE(read.exit_code == 0);
+  CHECK(read.out.find("1 loss\\xff 1.5\n") != std::string::npos);
+  CHECK(read.out.find("1 caf\xc3\xa9 2.5\n") != std::string::npos);
+  const auto report = readFile(tmp.path() + "/report.html");
+  CHECK(cxxlaunch::isValidUtf8(report));
+  CHECK(report.find("<h3>loss\\xff</h3>") != std::string::npos);
+}
+
+TEST_CASE("CSV name cells a spreadsheet would run as formulas are quoted; numbers are not",
+          "[trackers]") {
+  TempDir tmp;
+  {
+    rt::Trackers trackers({{"csv"}, tmp.path(), "r", 10}, {}, {});
+    trackers.log({{"=HYPERLINK(\"http://x\",\"y\")", 1},
+                  {"+1", 2},
+                  {"-2", 3},
+                  {"@SUM(A1)", 4},
+                  {"\tx", 5},
+                  {"\rx", 6},
+                  {"a;=1", 7},
+                  {"a-b=c", 8},
+                  {"loss", -3.5},
+                  {"eval/loss", -INFINITY}},
+                 -1);
+  }
+  const auto text = readFile(tmp.path() + "/r/metrics.csv");
+  // OWASP: a leading single quote, inside double quotes, double quotes doubled.
+  for (const std::string row :
+       {"\"'=HYPERLINK(\"\"http://x\"\",\"\"y\"\")\",1\n", "\"'+1\",2\n", "\"'-2\",3\n",
+        "\"'@SUM(A1)\",4\n", "\"'\tx\",5\n", "\"'\rx\",6\n"}) {
+    CHECK(text.find("," + row) != std::string::npos);
+  }
+  CHECK(text.find(",\"a;=1\",7\n") != std::string::npos);  // ';' separates cells elsewhere
+  CHECK(text.find(",a-b=c,8\n") != std::string::npos);     // nothing to fear inside a cell
+  // The value column is a number we format: -3.5 stays -3.5, and the step -1 stays -1.
+  CHECK(text.find("\n-1,") != std::string::npos);
+  CHECK(text.find(",loss,-3.5\n") != std::string::npos);
+  CHECK(text.find(",eval/loss,-inf\n") != std::string::npos);
+}
+
+TEST_CASE("A symlink or a FIFO where a tracker writes is never written through", "[trackers]") {
+  TempDir tmp;
+  const std::string victim = tmp.path() + "/victim";
+  std::ofstream(victim) << "precious";
+  ::chmod(victim.c_str(), 0600);
+  const std::string project = tmp.path() + "/project";
+  ::mkdir(project.c_str(), 0755);
+  for (const std::string name : {"metrics.csv", "metrics.jsonl"}) {
+    INFO(name);
+    const std::string run_dir = project + "/" + name.substr(8);
+    ::mkdir(run_dir.c_str(), 0755);
+    REQUIRE(::symlink(victim.c_str(), (run_dir + "/" + name).c_str()) == 0);
+    CHECK_THROWS_WITH(rt::Trackers({{"csv", "jsonl"}, project, name.substr(8), 10}, {}, {}),
+                      Catch::Contains("'" + run_dir + "/" + name + "' is a symlink"));
+  }
+  // A FIFO: refused at once, not waited on.
+  ::mkdir((project + "/fifo").c_str(), 0755);
+  REQUIRE(::mkfifo((project + "/fifo/metrics.csv").c_str(), 0644) == 0);
+  CHECK_THROWS_WITH(rt::Trackers({{"csv"}, project, "fifo", 10}, {}, {}),
+                    Catch::Contains("not a regular file"));
+  // A run folder that is a symlink: refused.
+  REQUIRE(::symlink(tmp.path().c_str(), (project + "/linked").c_str()) == 0);
+  CHECK_THROWS_WITH(rt::Trackers({{"csv"}, project, "linked", 10}, {}, {}),
+                    Catch::Contains("the run folder '" + project + "/linked' is a symlink"));
+  // config.json and report.html are replaced whole: a symlink there is replaced, not followed.
+  ::mkdir((project + "/cfg").c_str(), 0755);
+  REQUIRE(::symlink(victim.c_str(), (project + "/cfg/config.json").c_str()) == 0);
+  ::unlink((project + "/report.html").c_str());
+  REQUIRE(::symlink(victim.c_str(), (project + "/report.html").c_str()) == 0);
+  { rt::Trackers trackers({{"csv"}, project, "cfg", 10}, {{"lr", 0.5}}, {}); }
+  CHECK(readFile(victim) == "precious");
+  struct stat st {};
+  REQUIRE(::lstat((project + "/report.html").c_str(), &st) == 0);
+  CHECK(S_ISREG(st.st_mode));
+  CHECK(nlohmann::json::parse(readFile(project + "/cfg/config.json"))["lr"] == 0.5);
+  // No temporary file left behind.
+  for (const auto& name : filesIn(project)) CHECK(name.find(".tmp.") == std::string::npos);
+}
+
+TEST_CASE("A project or run folder that others can write is refused, nothing written in it",
+          "[trackers]") {
+  TempDir tmp;
+  for (const mode_t mode : {0777, 01777, 0775, 0757}) {
+    const std::string project = tmp.path() + "/p" + std::to_string(mode);
+    ::mkdir(project.c_str(), 0700);
+    ::chmod(project.c_str(), mode);
+    char shown[8];
+    std::snprintf(shown, sizeof(shown), "%04o", static_cast<unsigned>(mode));
+    INFO(shown);
+    try {
+      rt::Trackers trackers({{"csv"}, project, "r", 10}, {}, {});
+      FAIL("no error");
+    } catch (const InvalidArgument& e) {
+      const std::string m = e.what();
+      CHECK(m.find("the project folder '" + project + "' is writable by others (mode " + shown +
+                   ")") != std::string::npos);
+      CHECK(m.find("--project_dir") != std::string::npos);
+    }
+    CHECK(filesIn(project).empty());
+  }
+  const std::string project = tmp.path() + "/ok";
+  ::mkdir(project.c_str(), 0755);
+  ::mkdir((project + "/shared").c_str(), 0755);
+  ::chmod((project + "/shared").c_str(), 0777);
+  CHECK_THROWS_WITH(
+      rt::Trackers({{"csv"}, project, "shared", 10}, {}, {}),
+      Catch::Contains("the run folder '" + project + "/shared' is writable by others (mode 0777)"));
+  CHECK(filesIn(project + "/shared").empty());
+  // A folder made here is the user's own: 0755 whatever the umask lets through.
+  rt::Trackers trackers({{"csv"}, tmp.path() + "/new/project", "r", 10}, {}, {});
+}
+
+TEST_CASE("Each step label of a plot stands at its own step", "[trackers]") {
+  // Five evenly spaced ticks over steps 1..4 fall at 1.75, 2.5 and 3.25: labelled as rounded,
+  // "2" and "3" stood between steps, and "3" twice.
+  const auto svg = rt::svgPlot({"loss", {{1, 0.5}, {2, 0.4}, {3, 0.45}, {4, 0.3}}}, 480, 220);
+  const double left = 64, plot_w = 480 - 64 - 16;
+  std::vector<int> labels;
+  for (size_t at = svg.find("<text class=\"step\" x=\""); at != std::string::npos;
+       at = svg.find("<text class=\"step\" x=\"", at + 1)) {
+    const double x = std::stod(svg.substr(at + 22));
+    const int step = std::stoi(svg.substr(svg.find('>', at) + 1));
+    CHECK(x == Approx(left + (step - 1) / 3.0 * plot_w).margin(0.01));
+    labels.push_back(step);
+  }
+  CHECK(labels == std::vector<int>{1, 2, 3, 4});
 }
