@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <filesystem>
+#include <iostream>
 #include <utility>
 
 #include "common/atomic_file.h"
@@ -154,12 +156,19 @@ std::string Accelerator::loadState(const std::string& path) {
   // name or shape, a permission) sends every rank on to the next one, with a note; the one loaded
   // last overwrites whatever a failed one had read. Two agreements, so that a rank that cannot
   // even open the files never meets the others' collectives inside the restore.
-  std::vector<std::string> skipped;
-  for (const std::string& dir : checkpoint::complete(path, /*checksums=*/false)) {
+  std::vector<std::string> skipped, notes;
+  // The checkpoints that are not complete (a manifest damaged, missing or failing its checksum, a
+  // rank file cut short) are skipped with a note: the same on every rank, said once.
+  const auto candidates = checkpoint::complete(path, /*checksums=*/false, &notes);
+  if (rank() == 0) {
+    for (const auto& note : notes) std::cerr << "cxxlaunch: note: " << note << "\n";
+  }
+  for (const std::string& dir : candidates) {
     std::string problem;
     std::optional<checkpoint::Reader> reader;
     try {
       reader.emplace(dir);
+      reader->checkCounters(rank(), worldSize());
       if (!reader->checksReads() && !checkpoint::verifyShare(dir, rank(), worldSize())) {
         problem = "a file does not match its checksum";
       }
@@ -181,17 +190,17 @@ std::string Accelerator::loadState(const std::string& path) {
       // The file is to blame when it no longer matches its manifest; else it does not fit.
       const bool intact = checkpoint::verifyShare(dir, 0, 1);
       std::cerr << "cxxlaunch: checkpoint '" << dir << "' cannot be loaded on rank " << rank()
-                << (intact ? " (its files are intact: was it saved from another model?): "
-                           : " (it is corrupt): ")
+                << (intact ? " (its files match their manifest): " : " (it is corrupt): ")
                 << problem << "; trying the previous one\n";
     }
     skipped.push_back(
         dir + (problem.empty() ? " (rank " + std::to_string(failed) + ")" : ": " + problem));
   }
   std::string why;
+  for (const auto& s : notes) why += "\n  " + s;
   for (const auto& s : skipped) why += "\n  " + s;
   throw InvalidArgument(
-      skipped.empty()
+      skipped.empty() && notes.empty()
           ? "no complete checkpoint at '" + path +
                 "' (a checkpoint directory has a manifest; a folder of them is searched for the "
                 "newest complete one)"
