@@ -30,6 +30,8 @@
 namespace cxxlaunch::runtime {
 
 namespace {
+namespace fs = std::filesystem;
+
 // The generators a checkpoint keeps: the CPU's, and the GPU's of a GPU worker (its dropout and
 // random initialisations), as accelerate saves both.
 std::vector<std::pair<std::string, at::Generator>> generatorsOf(const torch::Device& device) {
@@ -83,6 +85,9 @@ void Accelerator::saveState(const std::string& dir) {
     counters["lr:" + std::to_string(g)] = lr;
   }
   if (scaler_) counters["loss_scaler"] = scaler_->save();
+  if (!model_source_.empty()) {
+    counters[checkpoint::kModelSourceCounter] = checkpoint::encodeCounterValue(model_source_);
+  }
   // A buffer's blob is its bytes; `cxxlaunch merge-weights` writes it as a tensor, from this.
   for (const auto& item : model_->named_buffers()) {
     std::string layout;
@@ -226,6 +231,10 @@ void Accelerator::restoreFrom(const checkpoint::Reader& reader) {
   }
   std::optional<LossScaler> scaler = scaler_;
   if (const auto state = reader.counter("loss_scaler"); state && scaler) scaler->restore(*state);
+  std::optional<std::string> model_source;
+  if (const auto text = reader.counter(checkpoint::kModelSourceCounter)) {
+    model_source = checkpoint::decodeCounterValue(*text);
+  }
 
   checkpoint::StateLoad load(reader, *world_.backend);
   strategy_->fillState(load);
@@ -263,6 +272,7 @@ void Accelerator::restoreFrom(const checkpoint::Reader& reader) {
   }
   if (scheduler_ != nullptr) scheduler_->setStepCount(scheduler_steps);
   scaler_ = scaler;
+  if (model_source) model_source_ = *model_source;
   strategy_->zeroGrad();
 }
 
@@ -342,6 +352,13 @@ void Accelerator::loadModel(const std::string& dir) {
   }
   optimizer_steps_ = 0;
   micro_step_ = 0;
+  // The folder (a file names its own): an export folder's config and tokenizer files lie beside
+  // its weights.
+  std::error_code ec;
+  fs::path folder = fs::absolute(dir, ec).lexically_normal();
+  if (!folder.has_filename()) folder = folder.parent_path();  // "model/"
+  if (fs::is_regular_file(folder, ec)) folder = folder.parent_path();
+  model_source_ = folder.string();
 }
 
 void Accelerator::save(const std::string& path, const std::string& bytes) const {

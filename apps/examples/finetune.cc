@@ -42,6 +42,7 @@
 #include "common/error.h"
 #include "models/llama.h"
 #include "runtime/accelerator.h"
+#include "runtime/checkpoint/model_folder.h"
 #include "runtime/error_report.h"
 #include "runtime/fused_adamw.h"
 
@@ -170,10 +171,8 @@ void writeOutput(Accelerator& acc, const Flags& f) {
   if (acc.isMainProcess()) fs::remove_all(partial);  // a crashed run's leftovers
   acc.saveModel(partial);
   // config.json verbatim (the architecture is the same; its other keys, token ids and all, stay),
-  // and the tokenizer, so that OUT is a complete HF folder.
-  for (const char* name :
-       {"config.json", "tokenizer.model", "tokenizer.json", "tokenizer_config.json",
-        "special_tokens_map.json", "generation_config.json"}) {
+  // and the tokenizer, so that OUT is a complete HF folder: the files merge-weights copies too.
+  for (const char* name : checkpoint::kModelFolderFiles) {
     const std::string from = f.model_dir + "/" + name;
     if (acc.isMainProcess() && fs::exists(from)) {
       acc.save(partial + "/" + name, examples::readWhole(from, "the model's"));
