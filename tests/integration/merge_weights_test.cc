@@ -503,9 +503,11 @@ TEST_CASE("merge-weights of a job that loaded a model folder writes a model fold
     std::ofstream out(text);
     for (int i = 0; i < 40; ++i) out << "The quick brown fox jumps over the lazy dog.\n";
   }
-  // A job that loads the folder, takes a step and saves a checkpoint.
-  const std::string ckpt = dir.path() + "/ckpt/checkpoint_1";
-  {
+  // A job that loads the folder, takes a step and saves a checkpoint; a second job resumes from
+  // it without loading the folder, and its checkpoint names the folder all the same.
+  const std::string first = dir.path() + "/first/checkpoint_1";
+  const std::string ckpt = dir.path() + "/ckpt/checkpoint_2";
+  for (const bool resumed : {false, true}) {
     auto fake = makeFakeWorld(1);
     torch::manual_seed(3);
     LlamaForCausalLM net(LlamaConfig::fromFile(model + "/config.json"));
@@ -516,11 +518,15 @@ TEST_CASE("merge-weights of a job that loaded a model folder writes a model fold
     world.backend = makeFakeBackend(fake, 0);
     Accelerator acc(std::move(world), {});
     acc.prepare(net.ptr(), optimizer);
-    acc.loadModel(model + "/");
+    if (resumed) {
+      acc.loadState(first);
+    } else {
+      acc.loadModel(model + "/");
+    }
     const auto x = torch::randint(0, 300, {2, 8});
     acc.backward(cxxlaunch::models::causalLmLoss(net->forward(x), x));
     REQUIRE(acc.step());
-    acc.saveState(ckpt);
+    acc.saveState(resumed ? ckpt : first);
   }
   const std::string out = dir.path() + "/merged";
   const Finished merged = mergeWeights({dir.path() + "/ckpt", out});
