@@ -65,6 +65,9 @@ int runMergeWeights(const std::vector<std::string>& args, std::ostream& out, std
   const MergeWeightsOptions options = parseMergeWeightsArgs(args);
   const auto result = runtime::checkpoint::mergeWeights(options);
   for (const auto& note : result.notes) err << "cxxlaunch merge-weights: note: " << note << "\n";
+  for (const auto& warning : result.warnings) {
+    err << "cxxlaunch merge-weights: warning: " << warning << "\n";
+  }
   char size[32];
   const double bytes = static_cast<double>(result.bytes);
   std::snprintf(size, sizeof(size), bytes >= 1e9 ? "%.3f GB" : "%.3f MB",

@@ -348,7 +348,9 @@ class Accelerator {
   // the mixed precision's dtype, bf16 without one). Rank 0 writes; a collective. loadModel reads
   // such an export (or another tool's) into the model, every rank, casting to the parameters'
   // dtype; the optimizer state starts afresh. Throws InvalidArgument for a file that is corrupt
-  // or, listing the names, holds another model's tensors.
+  // or, listing the names, holds another model's tensors. The folder it read is recorded in the
+  // checkpoints saved after it (and kept by a load of one), so that `cxxlaunch merge-weights`
+  // can copy its config.json and tokenizer files.
   void saveModel(const std::string& dir, uint64_t max_file_bytes = 5'000'000'000ull,
                  std::optional<c10::ScalarType> dtype = std::nullopt);
   void loadModel(const std::string& dir);
@@ -414,6 +416,7 @@ class Accelerator {
   torch::optim::Optimizer* optimizer_ = nullptr;  // the trainer's, from prepare on
   std::shared_ptr<torch::nn::Module> model_;      // its buffers go into checkpoints
   std::string checkpoint_dir_;
+  std::string model_source_;  // the folder loadModel read (absolute), for checkpoints to name
   int64_t checkpoint_total_limit_ = 0;
   std::unique_ptr<checkpoint::AsyncSaver> async_saver_;  // with checkpoint_async
   bool prune_when_committed_ = false;                    // the save in flight is saveCheckpoint's

@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <filesystem>
+#include <iostream>
 #include <utility>
 
 #include "common/atomic_file.h"
@@ -28,6 +30,8 @@
 namespace cxxlaunch::runtime {
 
 namespace {
+namespace fs = std::filesystem;
+
 // The generators a checkpoint keeps: the CPU's, and the GPU's of a GPU worker (its dropout and
 // random initialisations), as accelerate saves both.
 std::vector<std::pair<std::string, at::Generator>> generatorsOf(const torch::Device& device) {
@@ -81,6 +85,9 @@ void Accelerator::saveState(const std::string& dir) {
     counters["lr:" + std::to_string(g)] = lr;
   }
   if (scaler_) counters["loss_scaler"] = scaler_->save();
+  if (!model_source_.empty()) {
+    counters[checkpoint::kModelSourceCounter] = checkpoint::encodeCounterValue(model_source_);
+  }
   // A buffer's blob is its bytes; `cxxlaunch merge-weights` writes it as a tensor, from this.
   for (const auto& item : model_->named_buffers()) {
     std::string layout;
@@ -154,12 +161,19 @@ std::string Accelerator::loadState(const std::string& path) {
   // name or shape, a permission) sends every rank on to the next one, with a note; the one loaded
   // last overwrites whatever a failed one had read. Two agreements, so that a rank that cannot
   // even open the files never meets the others' collectives inside the restore.
-  std::vector<std::string> skipped;
-  for (const std::string& dir : checkpoint::complete(path, /*checksums=*/false)) {
+  std::vector<std::string> skipped, notes;
+  // The checkpoints that are not complete (a manifest damaged, missing or failing its checksum, a
+  // rank file cut short) are skipped with a note: the same on every rank, said once.
+  const auto candidates = checkpoint::complete(path, /*checksums=*/false, &notes);
+  if (rank() == 0) {
+    for (const auto& note : notes) std::cerr << "cxxlaunch: note: " << note << "\n";
+  }
+  for (const std::string& dir : candidates) {
     std::string problem;
     std::optional<checkpoint::Reader> reader;
     try {
       reader.emplace(dir);
+      reader->checkCounters(rank(), worldSize());
       if (!reader->checksReads() && !checkpoint::verifyShare(dir, rank(), worldSize())) {
         problem = "a file does not match its checksum";
       }
@@ -181,17 +195,17 @@ std::string Accelerator::loadState(const std::string& path) {
       // The file is to blame when it no longer matches its manifest; else it does not fit.
       const bool intact = checkpoint::verifyShare(dir, 0, 1);
       std::cerr << "cxxlaunch: checkpoint '" << dir << "' cannot be loaded on rank " << rank()
-                << (intact ? " (its files are intact: was it saved from another model?): "
-                           : " (it is corrupt): ")
+                << (intact ? " (its files match their manifest): " : " (it is corrupt): ")
                 << problem << "; trying the previous one\n";
     }
     skipped.push_back(
         dir + (problem.empty() ? " (rank " + std::to_string(failed) + ")" : ": " + problem));
   }
   std::string why;
+  for (const auto& s : notes) why += "\n  " + s;
   for (const auto& s : skipped) why += "\n  " + s;
   throw InvalidArgument(
-      skipped.empty()
+      skipped.empty() && notes.empty()
           ? "no complete checkpoint at '" + path +
                 "' (a checkpoint directory has a manifest; a folder of them is searched for the "
                 "newest complete one)"
@@ -217,6 +231,10 @@ void Accelerator::restoreFrom(const checkpoint::Reader& reader) {
   }
   std::optional<LossScaler> scaler = scaler_;
   if (const auto state = reader.counter("loss_scaler"); state && scaler) scaler->restore(*state);
+  std::optional<std::string> model_source;
+  if (const auto text = reader.counter(checkpoint::kModelSourceCounter)) {
+    model_source = checkpoint::decodeCounterValue(*text);
+  }
 
   checkpoint::StateLoad load(reader, *world_.backend);
   strategy_->fillState(load);
@@ -254,6 +272,7 @@ void Accelerator::restoreFrom(const checkpoint::Reader& reader) {
   }
   if (scheduler_ != nullptr) scheduler_->setStepCount(scheduler_steps);
   scaler_ = scaler;
+  if (model_source) model_source_ = *model_source;
   strategy_->zeroGrad();
 }
 
@@ -333,6 +352,13 @@ void Accelerator::loadModel(const std::string& dir) {
   }
   optimizer_steps_ = 0;
   micro_step_ = 0;
+  // The folder (a file names its own): an export folder's config and tokenizer files lie beside
+  // its weights.
+  std::error_code ec;
+  fs::path folder = fs::absolute(dir, ec).lexically_normal();
+  if (!folder.has_filename()) folder = folder.parent_path();  // "model/"
+  if (fs::is_regular_file(folder, ec)) folder = folder.parent_path();
+  model_source_ = folder.string();
 }
 
 void Accelerator::save(const std::string& path, const std::string& bytes) const {

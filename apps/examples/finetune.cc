@@ -54,6 +54,7 @@
 #include "common/file.h"
 #include "models/llama.h"
 #include "runtime/accelerator.h"
+#include "runtime/checkpoint/model_folder.h"
 #include "runtime/checkpoint/safetensors.h"
 #include "runtime/env.h"
 #include "runtime/error_report.h"
@@ -145,19 +146,18 @@ void refuseUnhonouredSettings() {
   }
 }
 
-// The files of the model folder that OUT gets besides the weights, checked before training (a
-// FIFO or a directory in a tokenizer file's place is refused now, not at the export), each at
-// most `max_bytes`.
+// The files of the model folder that OUT gets besides the weights (checkpoint/model_folder.h),
+// checked before training (a FIFO or a directory in a tokenizer file's place is refused now, not
+// at the export), each at most `max_bytes`.
 struct CopiedFile {
   const char* name;
   size_t max_bytes;
 };
-constexpr CopiedFile kCopiedFiles[] = {{"config.json", LlamaConfig::kMaxConfigBytes},
-                                       {"tokenizer.model", examples::kMaxTokenizerBytes},
-                                       {"tokenizer.json", examples::kMaxTokenizerBytes},
-                                       {"tokenizer_config.json", LlamaConfig::kMaxConfigBytes},
-                                       {"special_tokens_map.json", LlamaConfig::kMaxConfigBytes},
-                                       {"generation_config.json", LlamaConfig::kMaxConfigBytes}};
+// A tokenizer file's cap, or a JSON file's.
+size_t maxBytesOf(std::string_view name) {
+  return name.starts_with("tokenizer.") ? examples::kMaxTokenizerBytes
+                                        : LlamaConfig::kMaxConfigBytes;
+}
 
 // Whether `path` names anything, a dangling or looping link included (which then fails loudly
 // when opened, rather than being skipped).
@@ -168,7 +168,8 @@ bool present(const std::string& path) {
 
 std::vector<CopiedFile> filesToCopy(const std::string& model_dir) {
   std::vector<CopiedFile> files;
-  for (const CopiedFile& file : kCopiedFiles) {
+  for (const char* name : runtime::checkpoint::kModelFolderFiles) {
+    const CopiedFile file{name, maxBytesOf(name)};
     const std::string path = model_dir + "/" + file.name;
     if (!present(path)) continue;
     (void)openRegularFile(path, "the model's " + std::string(file.name), file.max_bytes);
@@ -281,7 +282,7 @@ void writeOutput(Accelerator& acc, const Flags& f, const std::vector<CopiedFile>
   examples::PartialDir partial(f.output_dir, acc.isMainProcess());
   acc.saveModel(partial.path());
   // config.json verbatim (the architecture is the same; its other keys, token ids and all, stay),
-  // and the tokenizer, so that OUT is a complete HF folder.
+  // and the tokenizer, so that OUT is a complete HF folder: the files merge-weights copies too.
   for (const CopiedFile& file : files) {
     if (!acc.isMainProcess()) continue;
     acc.save(partial.path() + "/" + file.name,

@@ -98,7 +98,7 @@ std::string AsyncSaver::begin(Backend& backend, const std::string& dir,
   flight_.emplace();
   flight_->dir = dir;
   flight_->counters = std::move(counters);
-  flight_->blobs = std::move(blobs);
+  flight_->blobs = withCounters(std::move(blobs), flight_->counters);
   flight_->began = began;
   return staging;
 }

@@ -34,6 +34,12 @@ void agree(Backend& backend, bool ok, const std::string& what, const std::string
 
 }  // namespace
 
+std::vector<std::pair<std::string, std::string>> withCounters(
+    std::vector<std::pair<std::string, std::string>> blobs, const Counters& counters) {
+  blobs.emplace_back(kCountersBlob, countersText(counters));
+  return blobs;
+}
+
 std::string stage(Backend& backend, const std::string& dir) {
   const std::string staging = dir + ".tmp";
   std::string error;
@@ -118,7 +124,7 @@ uint64_t save(Backend& backend, const std::string& dir, const StateStream& state
     std::optional<ShardFileWriter> writer;
     std::string error;
     try {
-      writer.emplace(path, state.layout, blobs);
+      writer.emplace(path, state.layout, withCounters(blobs, counters));
     } catch (const std::exception& e) {
       error = e.what();
     }

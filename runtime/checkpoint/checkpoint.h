@@ -46,6 +46,10 @@ uint64_t save(Backend& backend, const std::string& dir, const StateStream& state
               const std::vector<std::pair<std::string, std::string>>& blobs,
               const Counters& counters);
 
+// `blobs` and the blob of the counters that a rank file records beside them (manifest.h).
+std::vector<std::pair<std::string, std::string>> withCounters(
+    std::vector<std::pair<std::string, std::string>> blobs, const Counters& counters);
+
 // The protocol's two halves around the writing of the rank files, for a save that writes them
 // later (async_save.h); save() is stage(), this rank's file, commit(). Both are collectives.
 // stage() is step 1 and returns the staging directory. commit() is steps 2 and 3, given this

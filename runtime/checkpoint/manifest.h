@@ -1,8 +1,13 @@
 #pragma once
 // A checkpoint directory's manifest (checkpoint.h): written last, it makes the checkpoint
-// complete. Text, one item a line: "cxxlaunch-checkpoint-manifest 1", "world <N>",
-// "counter <key> <value>" ..., "file rank<r>.bin <bytes> <CRC-32C>" for each rank, "end". And
-// finding the complete checkpoints of a folder. No LibTorch: `cxxlaunch merge-weights` uses it.
+// complete. Text, one item a line: "cxxlaunch-checkpoint-manifest 2", "world <N>",
+// "counter <key> <value>" ..., "file rank<r>.bin <bytes> <CRC-32C>" for each rank, "end", and
+// last "crc32c <8 hex digits>": the CRC-32C of every byte before that line, so that a manifest
+// damaged or edited after the save (a counter changed, a line cut) is never read as another
+// valid one. Format 1 (no checksum line) is still read: checkpoints of earlier builds resume.
+// Each rank file also records the counters (blob kCountersBlob), which a load compares with the
+// manifest's (reader.h). And finding the complete checkpoints of a folder, with the reason each
+// other one was skipped. No LibTorch: `cxxlaunch merge-weights` uses it.
 //
 // Thread-safety: none needed (free functions over the file system).
 
@@ -19,28 +24,47 @@ namespace cxxlaunch::runtime::checkpoint {
 using Counters = std::map<std::string, std::string>;
 
 inline constexpr char kManifestName[] = "manifest";
-std::string rankFileName(int rank);  // rank<r>.bin
+inline constexpr int kManifestFormat = 2;  // written; 1 and 2 are read
+std::string rankFileName(int rank);        // rank<r>.bin
+
+// The blob of every rank file that holds the counters of its save, as countersText writes them.
+inline constexpr char kCountersBlob[] = "counters";
+// The counter naming the model folder the saved job loaded (Accelerator::loadModel), encoded by
+// encodeCounterValue; merge-weights copies that folder's config and tokenizer files.
+inline constexpr char kModelSourceCounter[] = "model_source";
 
 struct Manifest {
+  int format = kManifestFormat;
   int world = 0;
   Counters counters;
   std::vector<std::pair<std::string, std::pair<uint64_t, uint32_t>>> files;  // name, size, CRC
 };
 
 // The manifest of checkpoint `dir`, or nullopt if there is none or it is incomplete (no "end"
-// line) or malformed.
-std::optional<Manifest> readManifest(const std::string& dir);
+// line), malformed or fails its checksum; then `why`, if given, says which, naming the file.
+std::optional<Manifest> readManifest(const std::string& dir, std::string* why = nullptr);
 // The manifest's text for rank files of these sizes and CRC-32C, in rank order.
 std::string manifestText(int world, const Counters& counters,
                          const std::vector<std::pair<uint64_t, uint32_t>>& files);
+// The counters as "counter <key> <value>" lines (the manifest's), and back; nullopt for text
+// that is not such lines.
+std::string countersText(const Counters& counters);
+std::optional<Counters> parseCounters(const std::string& text);
+// A counter value for any bytes (a path with spaces): '%', white space, control characters and
+// bytes past ASCII as %XX. decodeCounterValue gives nullopt for a malformed escape.
+std::string encodeCounterValue(const std::string& text);
+std::optional<std::string> decodeCounterValue(const std::string& value);
 // The whole number `text` is, all of it, or nullopt.
 std::optional<int64_t> wholeNumber(const std::string& text);
 
 // The complete checkpoints `path` names, best first (checkpoint.h): `path` itself, `<path>.old`,
 // then the subdirectories of `path` by step, newest first. Without `checksums` files are checked
 // by size only (verifyShare, or a format 2/3 file's reads, then check the CRCs). A subdirectory
-// that is a symbolic link is never taken: a checkpoint lies inside its folder.
-std::vector<std::string> complete(const std::string& path, bool checksums = true);
+// that is a symbolic link is never taken: a checkpoint lies inside its folder. `skipped`, if
+// given, gets a line for each checkpoint that is not complete (one with a manifest, or named
+// checkpoint_<step>), naming it and why ("checkpoint 'D' skipped: ..."), newest first.
+std::vector<std::string> complete(const std::string& path, bool checksums = true,
+                                  std::vector<std::string>* skipped = nullptr);
 // The first of complete(); throws InvalidArgument when there is none.
 std::string find(const std::string& path, bool checksums = true);
 bool hasComplete(const std::string& path, bool checksums = true);

@@ -14,7 +14,10 @@
 
 #include "common/atomic_file.h"
 #include "common/error.h"
+#include "common/file.h"
 #include "runtime/checkpoint/manifest.h"
+#include "runtime/checkpoint/merge_output.h"
+#include "runtime/checkpoint/model_folder.h"
 #include "runtime/checkpoint/reader.h"
 #include "runtime/checkpoint/safetensors_file.h"
 #include "runtime/checkpoint/safetensors_header.h"
@@ -29,8 +32,9 @@ namespace fs = std::filesystem;
 constexpr int64_t kBlockElements = 4 * kChunkElements;
 
 // The checkpoint directory `path` names: itself when it has a manifest (and must then be
-// complete), else the newest complete checkpoint in it, as Accelerator::loadState picks.
-std::string checkpointDirectory(const std::string& path) {
+// complete), else the newest complete checkpoint in it, as Accelerator::loadState picks (the
+// incomplete ones it skipped go to `notes`).
+std::string checkpointDirectory(const std::string& path, std::vector<std::string>& notes) {
   std::error_code ec;
   // A crash between a save's two renames leaves `<dir>.old` complete (checkpoint.h).
   if (!fs::exists(path, ec) && fs::exists(path + ".old", ec) && !whyIncomplete(path + ".old")) {
@@ -41,22 +45,68 @@ std::string checkpointDirectory(const std::string& path) {
     throw InvalidArgument("'" + path + "' is not a checkpoint directory (one with a manifest) " +
                           "nor a folder of them");
   }
-  if (fs::exists(fs::path(path) / kManifestName, ec)) {
+  if (fs::exists(fs::symlink_status(fs::path(path) / kManifestName, ec))) {
     if (auto why = whyIncomplete(path)) {
-      throw InvalidArgument("checkpoint '" + path + "' is incomplete: " + *why);
+      throw InvalidArgument("checkpoint '" + path + "' is incomplete or damaged: " + *why);
     }
     return path;
   }
-  const auto found = complete(path, /*checksums=*/false);  // checked below as the data is read
-  if (!found.empty()) return found.front();
+  std::vector<std::string> skipped;
+  const auto found = complete(path, /*checksums=*/false, &skipped);  // read below, checked
+  if (!found.empty()) {
+    notes.insert(notes.end(), skipped.begin(), skipped.end());
+    return found.front();
+  }
   if (holdsCheckpoints(path)) {
-    throw InvalidArgument("'" + path +
-                          "' holds no complete checkpoint: each lacks its manifest "
-                          "or a rank file (saves that did not finish?)");
+    std::string why;
+    for (const auto& s : skipped) why += "; " + s;
+    throw InvalidArgument("'" + path + "' holds no complete checkpoint" + why);
   }
   throw InvalidArgument("'" + path + "' is no checkpoint: '" +
                         (fs::path(path) / kManifestName).string() +
                         "' is missing, and it holds no checkpoint_<step> directory");
+}
+
+// Copies the model folder's config and tokenizer files (model_folder.h) the checkpoint's job
+// loaded into `staging`: what makes the output a model folder. A folder that is gone, or a file
+// that cannot be copied, is a warning: the weights are written all the same.
+void copyModelFolderFiles(const Reader& reader, const std::string& staging,
+                          MergeWeightsResult& result) {
+  const auto counter = reader.counter(kModelSourceCounter);
+  if (!counter) return;  // not from a model folder, or saved before checkpoints recorded it
+  const auto source = decodeCounterValue(*counter);
+  if (!source || source->empty()) {
+    result.warnings.push_back(
+        "the checkpoint's model folder counter is malformed: only the "
+        "weights are written (no config.json)");
+    return;
+  }
+  std::error_code ec;
+  const std::string advice =
+      ": the output holds the weights only, and is no model folder until config.json (and the "
+      "tokenizer files) are copied into it from that folder or a copy of it";
+  if (!fs::is_directory(*source, ec)) {
+    result.warnings.push_back("the checkpoint was trained from the model folder '" + *source +
+                              "', which is gone" + advice);
+    return;
+  }
+  for (const char* name : kModelFolderFiles) {
+    const std::string from = *source + "/" + name;
+    if (!fs::exists(fs::symlink_status(from, ec))) {
+      if (std::string(name) == "config.json") {
+        result.warnings.push_back("the checkpoint's model folder '" + *source +
+                                  "' has no config.json any more" + advice);
+      }
+      continue;
+    }
+    try {
+      writeFileAtomically(staging + "/" + name,
+                          readRegularFile(from, "the model folder's", kMaxModelFolderFileBytes));
+      result.files.push_back(name);
+    } catch (const InvalidArgument& e) {
+      result.warnings.push_back(std::string(e.what()) + ": " + name + " is not written");
+    }
+  }
 }
 
 // A buffer as the checkpoint's counter "buffer:<name>" describes it: "<dtype>:<d0>,<d1>,...".
@@ -140,8 +190,11 @@ MergeWeightsResult mergeWeights(const MergeWeightsOptions& options) {
     throw InvalidArgument("dtype " + options.dtype + " is not F32, BF16 or F16");
   }
   MergeWeightsResult result;
-  result.checkpoint = checkpointDirectory(options.checkpoint);
-  // The output is checked before anything is read: a mistake costs no time.
+  // The output is checked before anything is read: a mistake costs no time. It may not overlap
+  // the checkpoint, nor the folder of checkpoints named (--overwrite would remove them).
+  refuseOverlap(options.output, options.checkpoint);
+  result.checkpoint = checkpointDirectory(options.checkpoint, result.notes);
+  refuseOverlap(options.output, result.checkpoint);
   fs::path output = fs::absolute(options.output).lexically_normal();
   if (!output.has_filename()) output = output.parent_path();  // "model/"
   std::error_code ec;
@@ -153,6 +206,7 @@ MergeWeightsResult mergeWeights(const MergeWeightsOptions& options) {
   }
 
   const Reader reader(result.checkpoint);  // parses every rank file's header
+  reader.checkCounters(0, 1);              // every file saved with this manifest
   result.world = reader.worldSize();
   // Files of format 1 have no checksums of their own: their manifest's CRC-32C, up front.
   for (const auto& file : reader.files()) {
@@ -198,11 +252,15 @@ MergeWeightsResult mergeWeights(const MergeWeightsOptions& options) {
   // Staging beside the output, so that the final rename stays on one file system.
   const fs::path parent = output.parent_path();
   fs::create_directories(parent);
+  for (const auto& path : removeLeftovers(output, output_exists)) {
+    result.notes.push_back("removed '" + path + "', left by a merge that was killed");
+  }
   Staging staging{
       (parent / ("." + output.filename().string() + ".merge-" + std::to_string(::getpid())))
           .string()};
   fs::remove_all(staging.path);
   fs::create_directories(staging.path);
+  const FolderLock lock(staging.path);  // tells other merges that this one runs
 
   std::vector<float> block;
   std::vector<uint16_t> scratch;
@@ -257,6 +315,7 @@ MergeWeightsResult mergeWeights(const MergeWeightsOptions& options) {
     writeSafetensorsIndex(staging.path, result.bytes, weight_map);
     result.files.push_back(kSafetensorsIndexName);
   }
+  copyModelFolderFiles(reader, staging.path, result);
   fsyncDirectory(staging.path);
 
   // The swap: an output being replaced is moved aside first, so that a crash leaves either it
@@ -270,6 +329,9 @@ MergeWeightsResult mergeWeights(const MergeWeightsOptions& options) {
   staging.done = true;
   fsyncDirectory(parent.string());
   fs::remove_all(aside, ec);
+  for (const auto& path : removeLeftovers(output, /*output_in_place=*/true)) {
+    result.notes.push_back("removed '" + path + "', left by a merge that was killed");
+  }
   return result;
 }
 

@@ -9,7 +9,11 @@
 // a few blocks whatever the model's size. Nothing is half-done: the files are written into a
 // staging folder beside the output, which is renamed to the output once every file is complete;
 // a corrupt checkpoint (a chunk that fails its checksum) stops it before the rename.
-// No LibTorch: the launcher links it.
+// When the checkpoint's job loaded a model folder (Accelerator::loadModel: manifest counter
+// model_source), that folder's config.json and tokenizer files (model_folder.h) are copied too,
+// so that the output is a model folder again; a folder that is gone is a warning. OUTPUT may not
+// be, contain or lie inside the checkpoint; leftovers of killed merges into the same OUTPUT are
+// removed (merge_output.h). No LibTorch: the launcher links it.
 //
 // Thread-safety: none; one call at a time per output.
 
@@ -28,16 +32,18 @@ struct MergeWeightsOptions {
 };
 
 struct MergeWeightsResult {
-  std::string checkpoint;          // the checkpoint directory read
-  int world = 0;                   // the world size that saved it
-  size_t tensors = 0;              // parameters and buffers written
-  uint64_t bytes = 0;              // of tensor data
-  std::vector<std::string> files;  // written into the output, the index last
-  std::vector<std::string> notes;  // what was left out, and why
+  std::string checkpoint;             // the checkpoint directory read
+  int world = 0;                      // the world size that saved it
+  size_t tensors = 0;                 // parameters and buffers written
+  uint64_t bytes = 0;                 // of tensor data
+  std::vector<std::string> files;     // written into the output, in the order written
+  std::vector<std::string> notes;     // what was left out or skipped, and why
+  std::vector<std::string> warnings;  // what keeps the output from being a model folder
 };
 
 // Throws InvalidArgument naming the file or what is missing for a missing, incomplete or corrupt
-// checkpoint and for an output that is not empty; SystemError for an I/O error on the output.
+// checkpoint, for an output that is not empty and for one that overlaps the checkpoint;
+// SystemError for an I/O error on the output.
 // Either way the output is as it was.
 MergeWeightsResult mergeWeights(const MergeWeightsOptions& options);
 

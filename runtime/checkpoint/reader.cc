@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <exception>
+#include <iterator>
 #include <mutex>
 #include <thread>
 
@@ -13,9 +14,11 @@
 namespace cxxlaunch::runtime::checkpoint {
 
 Reader::Reader(const std::string& dir) : dir_(dir) {
-  const auto m = readManifest(dir);
-  if (!m) throw InvalidArgument("'" + dir + "' is no complete checkpoint (no valid manifest)");
+  std::string why;
+  const auto m = readManifest(dir, &why);
+  if (!m) throw InvalidArgument("'" + dir + "' is no complete checkpoint: " + why);
   world_ = m->world;
+  format_ = m->format;
   counters_ = m->counters;
   for (const auto& [name, expected] : m->files) {
     files_.push_back(std::make_unique<ShardFileReader>(dir + "/" + name));
@@ -26,6 +29,7 @@ Reader::Reader(const std::string& dir) : dir_(dir) {
       }
     }
   }
+  if (!files_.empty()) checkCountersOf(0, /*all=*/true);
   // Each element has one owner when saved: slices that overlap (each file's CRCs may be right)
   // would leave part of a parameter unread while plan() counted it covered.
   for (auto& [key, pieces] : pieces_) {
@@ -46,6 +50,54 @@ Reader::Reader(const std::string& dir) : dir_(dir) {
       }
       if (reach == nullptr || p.end > reach->end) reach = &p;
     }
+  }
+}
+
+namespace {
+
+// The counters whose values every rank holds alike: the run's position.
+constexpr const char* kPositionCounters[] = {"optimizer_steps", "micro_step", "scheduler_steps"};
+
+std::string valueOrNone(const Counters& counters, const std::string& key) {
+  auto it = counters.find(key);
+  return it == counters.end() ? "absent" : "'" + it->second + "'";
+}
+
+}  // namespace
+
+void Reader::checkCountersOf(size_t index, bool all) const {
+  if (format_ < 2) return;  // saved by a build that did not record them in the rank files
+  const ShardFileReader& file = *files_.at(index);
+  auto refuse = [&](const std::string& why) {
+    throw InvalidArgument("checkpoint '" + dir_ + "': " + why +
+                          ": its manifest was changed after the save or comes from another "
+                          "checkpoint");
+  };
+  if (!file.hasBlob(kCountersBlob)) refuse("'" + file.path() + "' has no record of its counters");
+  const auto saved = parseCounters(file.blob(kCountersBlob));
+  if (auto problem = file.corruption()) {
+    throw InvalidArgument(*problem + ": the checkpoint is corrupt");
+  }
+  if (!saved) refuse("'" + file.path() + "' has a malformed record of its counters");
+  std::vector<std::string> keys;
+  if (all) {
+    for (const auto& [key, value] : counters_) keys.push_back(key);
+    for (const auto& [key, value] : *saved) keys.push_back(key);
+  } else {
+    keys.assign(std::begin(kPositionCounters), std::end(kPositionCounters));
+  }
+  for (const auto& key : keys) {
+    const std::string in_manifest = valueOrNone(counters_, key), in_file = valueOrNone(*saved, key);
+    if (in_manifest != in_file) {
+      refuse("its manifest's counter '" + key + "' is " + in_manifest + " where '" + file.path() +
+             "' recorded " + in_file);
+    }
+  }
+}
+
+void Reader::checkCounters(int rank, int world) const {
+  for (size_t i = static_cast<size_t>(rank); i < files_.size(); i += static_cast<size_t>(world)) {
+    if (i != 0) checkCountersOf(i, /*all=*/false);  // the constructor checked rank 0's
   }
 }
 

@@ -48,8 +48,14 @@ class Source {
 
 class Reader final : public Source {
  public:
-  // Opens a complete checkpoint directory (as find() returns); checks the manifest.
+  // Opens a complete checkpoint directory (as find() returns); checks the manifest, and that
+  // rank 0's file recorded the same counters (format 2 manifests: a manifest changed after the
+  // save, or put there from another checkpoint, is refused).
   explicit Reader(const std::string& dir);
+  // Throws InvalidArgument, naming the counter, when one of the files of this share (every
+  // world-th from rank, as verifyShare) records other positions (optimizer_steps, micro_step,
+  // scheduler_steps) than the manifest: a rank file from another save. Format 1: nothing.
+  void checkCounters(int rank, int world) const;
 
   const std::string& directory() const { return dir_; }
   int worldSize() const { return world_; }
@@ -94,8 +100,12 @@ class Reader final : public Source {
   };
   void plan(const std::string& param, const std::string& array, int64_t begin, int64_t end,
             const std::vector<int64_t>& shape, float* out, std::vector<PieceRead>& reads) const;
+  // Throws unless file `index` recorded the manifest's counters: all of them (`all`) or the
+  // positions.
+  void checkCountersOf(size_t index, bool all) const;
   std::string dir_;
   int world_ = 0;
+  int format_ = 0;  // the manifest's
   Counters counters_;
   std::vector<std::unique_ptr<ShardFileReader>> files_;
   std::map<std::pair<std::string, std::string>, std::vector<Piece>> pieces_;  // (param, array)

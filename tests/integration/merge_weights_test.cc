@@ -6,7 +6,11 @@
 
 #include "runtime/checkpoint/merge_weights.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/wait.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <catch2/catch.hpp>
@@ -15,11 +19,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "models/llama.h"
 #include "runtime/accelerator.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/checkpoint/safetensors.h"
@@ -322,3 +328,233 @@ TEST_CASE("merge-weights rounds to bf16 and fp16 as LibTorch does", "[merge_weig
     CHECK_THROWS_AS(checkpoint::parseByteSize(bad), cxxlaunch::InvalidArgument);
   }
 }
+
+namespace {
+
+// Every file under `root` (links not followed) with its bytes, and every folder: what a refused
+// merge must leave as it was.
+std::map<std::string, std::string> tree(const std::string& root) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(root)) {
+    const std::string path = e.path().string();
+    if (e.is_symlink()) {
+      out[path] = "-> " + fs::read_symlink(e.path()).string();
+    } else if (e.is_regular_file()) {
+      out[path] = cxxlaunch::testing::readFile(path);
+    } else {
+      out[path] = "<folder>";
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("merge-weights refuses an output that is, contains or lies inside the checkpoint",
+          "[merge_weights]") {
+  torch::set_num_threads(1);
+  TempDir dir;
+  const std::string ck = dir.path() + "/ck9", ck3 = ck + "/checkpoint_3";
+  trainAndSave("ddp", "sharded", ck3, ck + "/checkpoint_1");
+  fs::create_directory_symlink(ck, dir.path() + "/link");
+  fs::create_directory_symlink(ck3, dir.path() + "/link3");
+  const auto before = tree(dir.path());
+  const std::vector<std::vector<std::string>> refused = {
+      {ck3, ck, "--overwrite"},                    // the issue's: the folder of checkpoints
+      {ck3, ck3, "--overwrite"},                   // the checkpoint itself
+      {ck3, ck + "/", "--overwrite"},              // a trailing slash
+      {ck3, ck3 + "/../", "--overwrite"},          // `..`
+      {ck3, ck3 + "/merged"},                      // inside it, not there yet
+      {ck3, dir.path() + "/link", "--overwrite"},  // a link to the folder
+      {ck3, dir.path() + "/link3/new"},            // inside it through a link
+      {ck3, dir.path(), "--overwrite"},            // far above it
+      {ck, ck + "/checkpoint_1", "--overwrite"},   // another checkpoint of the folder named
+      {dir.path() + "/link", ck3 + "/x"},          // the input through a link
+  };
+  for (const auto& args : refused) {
+    INFO(args[0] << " -> " << args[1]);
+    const std::string line = oneErrorLine(mergeWeights(args));
+    CHECK(line.find("merge-weights never writes where it reads") != std::string::npos);
+    CHECK(line.find(args[1]) != std::string::npos);
+    CHECK(tree(dir.path()) == before);
+  }
+  // Beside it is fine.
+  const Finished beside = mergeWeights({ck3, ck + "/../merged"});
+  INFO(beside.err);
+  CHECK(beside.exit_code == 0);
+  CHECK(fs::exists(dir.path() + "/merged/model.safetensors"));
+}
+
+namespace {
+
+// A process id that no process has: a child that has exited and been reaped.
+pid_t deadPid() {
+  const pid_t pid = ::fork();
+  if (pid == 0) ::_exit(0);
+  ::waitpid(pid, nullptr, 0);
+  return pid;
+}
+
+// A leftover folder `.<output>.merge-<pid>[suffix]` beside `output`, holding a file.
+std::string leftover(const std::string& output, pid_t pid, const std::string& suffix = "") {
+  const fs::path out(output);
+  const std::string path = (out.parent_path() / ("." + out.filename().string() + ".merge-" +
+                                                 std::to_string(pid) + suffix))
+                               .string();
+  fs::create_directories(path);
+  std::ofstream(path + "/model.safetensors") << "half-written";
+  return path;
+}
+
+// Waits until process `pid` runs a program whose command line holds `word`.
+bool runs(pid_t pid, const std::string& word) {
+  return cxxlaunch::testing::eventually(
+      [&] {
+        std::ifstream in("/proc/" + std::to_string(pid) + "/cmdline");
+        const std::string text{std::istreambuf_iterator<char>(in), {}};
+        return text.find(word) != std::string::npos;
+      },
+      std::chrono::seconds(10));
+}
+
+}  // namespace
+
+TEST_CASE("merge-weights removes what killed merges into its output left, and nothing else",
+          "[merge_weights]") {
+  torch::set_num_threads(1);
+  TempDir dir;
+  const std::string ckpt = dir.path() + "/ckpt", out = dir.path() + "/out";
+  trainAndSave("ddp", "sharded", ckpt);
+  const pid_t dead = deadPid();
+  const std::string staged = leftover(out, dead), aside = leftover(out, dead, ".old");
+  const std::string other = leftover(dir.path() + "/other", dead);  // another output's
+  // A process id reused by a program that is no merge: its leftover is over too.
+  cxxlaunch::testing::Subprocess sleeper({"/bin/sleep", "60"});
+  REQUIRE(runs(sleeper.pid(), "sleep"));
+  const std::string reused = leftover(out, sleeper.pid());
+  // A merge that runs (its command line says merge-weights): left alone.
+  cxxlaunch::testing::Subprocess merging({"/bin/sh", "-c", "sleep 60; exit 0", "merge-weights"});
+  REQUIRE(runs(merging.pid(), "merge-weights"));
+  const std::string running = leftover(out, merging.pid());
+  // A staging folder whose lock is held: a merge runs there, whatever its id says.
+  const std::string held = leftover(out, deadPid());
+  const int fd = ::open(held.c_str(), O_RDONLY | O_DIRECTORY);
+  REQUIRE(fd >= 0);
+  REQUIRE(::flock(fd, LOCK_EX) == 0);
+
+  // A merge that fails (a corrupt checkpoint) removes the dead staging folders, but keeps an
+  // aside while no output is in place: it may be the only copy of the output it replaced.
+  const std::string corrupt = dir.path() + "/corrupt";
+  fs::copy(ckpt, corrupt);
+  {  // one byte of a parameter flipped: found only while reading, after the leftovers' check
+    uint64_t at = 0;
+    {
+      const checkpoint::ShardFileReader file(corrupt + "/rank1.bin");
+      REQUIRE(!file.slices().empty());
+      at = file.slices().front().arrays.front().second + 5;
+    }
+    std::string bytes = cxxlaunch::testing::readFile(corrupt + "/rank1.bin");
+    bytes[at] = static_cast<char>(bytes[at] ^ 0x10);
+    std::ofstream(corrupt + "/rank1.bin", std::ios::binary | std::ios::trunc) << bytes;
+  }
+  const Finished failed = mergeWeights({corrupt, out});
+  CHECK(failed.exit_code == 2);
+  CHECK(!fs::exists(staged));
+  CHECK(fs::exists(aside));
+  CHECK(!fs::exists(out));
+
+  const Finished f = mergeWeights({ckpt, out});
+  INFO(f.err);
+  REQUIRE(f.exit_code == 0);
+  CHECK(fs::exists(out + "/model.safetensors"));
+  CHECK(!fs::exists(aside));   // the output is in place now
+  CHECK(!fs::exists(reused));  // its id runs another program
+  CHECK(fs::exists(running));  // a merge may still be writing it
+  CHECK(fs::exists(held));     // locked
+  CHECK(fs::exists(other));    // not this output's
+  CHECK(f.err.find("removed '" + aside + "'") != std::string::npos);
+  ::close(fd);
+  // Released, and its process gone: the next merge removes it.
+  CHECK(mergeWeights({ckpt, out, "--overwrite"}).exit_code == 0);
+  CHECK(!fs::exists(held));
+}
+
+#ifdef FINETUNE_BIN
+TEST_CASE("merge-weights of a job that loaded a model folder writes a model folder finetune reads",
+          "[merge_weights]") {
+  using cxxlaunch::models::LlamaConfig;
+  using cxxlaunch::models::LlamaForCausalLM;
+  torch::set_num_threads(1);
+  TempDir dir;
+  // A space in the name: the manifest records the folder whatever its bytes.
+  const std::string model = dir.path() + "/tiny model", text = dir.path() + "/text.txt";
+  const Finished init = cxxlaunch::testing::run(
+      {LLAMA_INIT_BIN, "--output_dir", model, "--hidden_size", "32", "--intermediate_size", "64",
+       "--num_hidden_layers", "2", "--num_attention_heads", "4", "--num_key_value_heads", "2",
+       "--vocab_size", "300"});
+  INFO(init.err);
+  REQUIRE(init.exit_code == 0);
+  const std::map<std::string, std::string> extra = {
+      {"tokenizer_config.json", "{\"model_max_length\": 64}\n"},
+      {"special_tokens_map.json", "{}\n"},
+      {"generation_config.json", "{\"do_sample\": false}\n"}};
+  for (const auto& [name, body] : extra) std::ofstream(model + "/" + name) << body;
+  {
+    std::ofstream out(text);
+    for (int i = 0; i < 40; ++i) out << "The quick brown fox jumps over the lazy dog.\n";
+  }
+  // A job that loads the folder, takes a step and saves a checkpoint; a second job resumes from
+  // it without loading the folder, and its checkpoint names the folder all the same.
+  const std::string first = dir.path() + "/first/checkpoint_1";
+  const std::string ckpt = dir.path() + "/ckpt/checkpoint_2";
+  for (const bool resumed : {false, true}) {
+    auto fake = makeFakeWorld(1);
+    torch::manual_seed(3);
+    LlamaForCausalLM net(LlamaConfig::fromFile(model + "/config.json"));
+    torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(1e-3));
+    World world;
+    world.env.rank = 0;
+    world.env.world_size = 1;
+    world.backend = makeFakeBackend(fake, 0);
+    Accelerator acc(std::move(world), {});
+    acc.prepare(net.ptr(), optimizer);
+    if (resumed) {
+      acc.loadState(first);
+    } else {
+      acc.loadModel(model + "/");
+    }
+    const auto x = torch::randint(0, 300, {2, 8});
+    acc.backward(cxxlaunch::models::causalLmLoss(net->forward(x), x));
+    REQUIRE(acc.step());
+    acc.saveState(resumed ? ckpt : first);
+  }
+  const std::string out = dir.path() + "/merged";
+  const Finished merged = mergeWeights({dir.path() + "/ckpt", out});
+  INFO(merged.err);
+  REQUIRE(merged.exit_code == 0);
+  CHECK(merged.err.empty());
+  CHECK(merged.out.find("config.json") != std::string::npos);
+  CHECK(cxxlaunch::testing::readFile(out + "/config.json") ==
+        cxxlaunch::testing::readFile(model + "/config.json"));
+  for (const auto& [name, body] : extra)
+    CHECK(cxxlaunch::testing::readFile(out + "/" + name) == body);
+  CHECK(!fs::exists(out + "/tokenizer.json"));  // the folder has none
+  const Finished evaluated =
+      cxxlaunch::testing::run({FINETUNE_BIN, "--model_dir", out, "--data", text, "--steps", "0",
+                               "--seq_len", "16", "--batch_size", "2"},
+                              {}, std::chrono::seconds(120));
+  INFO(evaluated.out << evaluated.err);
+  CHECK(evaluated.exit_code == 0);
+  CHECK(evaluated.out.find("eval loss") != std::string::npos);
+
+  // The folder moved away since: the weights all the same, and a warning that names it.
+  fs::rename(model, model + " moved");
+  const Finished gone = mergeWeights({ckpt, dir.path() + "/weights-only"});
+  INFO(gone.err);
+  CHECK(gone.exit_code == 0);
+  CHECK(gone.err.rfind("cxxlaunch merge-weights: warning: ", 0) == 0);
+  CHECK(gone.err.find("'" + model + "', which is gone") != std::string::npos);
+  CHECK(fs::exists(dir.path() + "/weights-only/model.safetensors"));
+  CHECK(!fs::exists(dir.path() + "/weights-only/config.json"));
+}
+#endif

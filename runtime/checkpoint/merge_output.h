@@ -1,0 +1,49 @@
+#pragma once
+// The output side of `cxxlaunch merge-weights` (merge_weights.h): an OUTPUT that would overlap
+// the checkpoint it reads is refused, the staging folder beside OUTPUT is locked while a merge
+// writes it, and what killed merges left beside OUTPUT is removed. Internal to merge_weights.cc.
+//
+// Leftovers: a merge writes `.<OUTPUT's name>.merge-<pid>` beside OUTPUT and, when it replaces
+// an OUTPUT, moves the old one aside to `.<name>.merge-<pid>.old` until the new one is in place. A
+// merge that was killed leaves them. One is removed when its merge is over: its process is gone
+// (kill(pid, 0) fails with ESRCH), or that process id now belongs to a process that is not a
+// merge (its command line has no `merge-weights` argument: the id was reused), and, for a staging
+// folder, no process holds its lock (a running merge holds an exclusive flock on its staging
+// folder; where the file system has no such locks, the process rule alone decides). An aside
+// (the replaced OUTPUT) is removed only while a complete OUTPUT is in place: until then it may
+// be the only copy of the old one. Only OUTPUT's own leftovers are touched.
+//
+// Thread-safety: none needed (free functions over the file system).
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace cxxlaunch::runtime::checkpoint {
+
+// `path` as the file system resolves it: absolute, symbolic links and `..` resolved as far as
+// the path exists (the rest lexically), no trailing separator.
+std::filesystem::path realPath(const std::string& path);
+
+// Throws InvalidArgument when `output` is `input`, lies inside it or contains it, by their real
+// paths: merging must never write over what it reads (`--overwrite` would remove it).
+void refuseOverlap(const std::string& output, const std::string& input);
+
+// Removes the leftovers of merges into `output` (an absolute path) that are over, as the header
+// says; asides only with `output_in_place`. Returns the paths removed.
+std::vector<std::string> removeLeftovers(const std::filesystem::path& output, bool output_in_place);
+
+// An exclusive flock on the folder `path` for as long as this lives (see above); a file system
+// without such locks gives none, silently.
+class FolderLock {
+ public:
+  explicit FolderLock(const std::string& path);
+  ~FolderLock();
+  FolderLock(const FolderLock&) = delete;
+  FolderLock& operator=(const FolderLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+}  // namespace cxxlaunch::runtime::checkpoint
