@@ -13,8 +13,6 @@ char32_t lastCodePoint(std::string_view text) {
   return nextCodePoint(text, start);
 }
 
-bool isWordChar(char32_t c) { return c == U'_' || isAlphanumeric(c); }
-
 }  // namespace
 
 void AddedVocabulary::Trie::insert(std::string_view content, int32_t token) {
@@ -86,9 +84,10 @@ std::vector<Segment> AddedVocabulary::split(std::string_view text, bool normaliz
     const AddedToken& token = tokens_[index];
     size_t begin = at;
     if (token.single_word) {
-      const bool space_before = begin == 0 || !isWordChar(lastCodePoint(text.substr(0, begin)));
+      const bool space_before =
+          begin == 0 || !isWordCharacter(lastCodePoint(text.substr(0, begin)));
       size_t after = end;
-      const bool space_after = end == text.size() || !isWordChar(nextCodePoint(text, after));
+      const bool space_after = end == text.size() || !isWordCharacter(nextCodePoint(text, after));
       if (!space_before || !space_after) {
         // Dropped, and its bytes are not searched again: the library's match iterator has
         // already moved past them.

@@ -143,7 +143,7 @@ Tokenizer Tokenizer::fromJson(std::string_view tokenizer_json,
       token.id = static_cast<int32_t>(id);
       token.content = stringField(entry, "content", where);
       token.special = boolField(entry, "special", false, where);
-      token.normalized = boolField(entry, "normalized", !token.special, where);
+      token.normalized = boolField(entry, "normalized", true, where);  // the library's default
       token.lstrip = boolField(entry, "lstrip", false, where);
       token.rstrip = boolField(entry, "rstrip", false, where);
       token.single_word = boolField(entry, "single_word", false, where);

@@ -124,11 +124,13 @@ std::string utf8Lossy(std::string_view bytes) {
 
 bool isWhitespace(char32_t c) { return u_isUWhiteSpace(static_cast<UChar32>(c)); }
 
-bool isAlphanumeric(char32_t c) {
+bool isWordCharacter(char32_t c) {
   const auto cp = static_cast<UChar32>(c);
-  if (u_isUAlphabetic(cp)) return true;
+  if (u_isUAlphabetic(cp) || u_hasBinaryProperty(cp, UCHAR_JOIN_CONTROL)) return true;
   const int8_t type = u_charType(cp);
-  return type == U_DECIMAL_DIGIT_NUMBER || type == U_LETTER_NUMBER || type == U_OTHER_NUMBER;
+  return type == U_NON_SPACING_MARK || type == U_COMBINING_SPACING_MARK ||
+         type == U_ENCLOSING_MARK || type == U_DECIMAL_DIGIT_NUMBER ||
+         type == U_CONNECTOR_PUNCTUATION;
 }
 
 void normalizeInPlace(std::string& text, NormalForm form) {

@@ -29,10 +29,11 @@ void appendUtf8(std::string& out, char32_t c);
 // recommended practice, as Rust's from_utf8_lossy and Python's "replace" handler do).
 std::string utf8Lossy(std::string_view bytes);
 
-// Rust's char::is_whitespace (the White_Space property) and char::is_alphanumeric (Alphabetic,
-// or a number: Nd, Nl, No).
+// `\s` and `\w` of Rust's regex crate, which added tokens' lstrip/rstrip and single_word use:
+// the White_Space property, and UTS #18's word characters (Alphabetic, marks, decimal digits,
+// connector punctuation such as '_', Join_Control).
 bool isWhitespace(char32_t c);
-bool isAlphanumeric(char32_t c);
+bool isWordCharacter(char32_t c);
 
 enum class NormalForm { kNfc, kNfd, kNfkc, kNfkd };
 

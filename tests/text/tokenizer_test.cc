@@ -62,6 +62,11 @@ TEST_CASE("Added tokens honour lstrip and single_word", "[text]") {
   // "ab" alone is the token; inside "cab" it is not.
   CHECK(tok.encode("ab cab ab", false) == Ids{302, 32, 99, 97, 98, 32, 302});
   CHECK(tok.encode("abc", false) == Ids{97, 98, 99});
+  // Word characters are those of \w in Rust's regex: '_', digits and marks too.
+  CHECK(tok.encode("ab.", false) == Ids{302, 46});
+  CHECK(tok.encode("ab_", false) == Ids{97, 98, 95});
+  CHECK(tok.encode("2ab", false) == Ids{50, 97, 98});
+  CHECK(tok.encode("ab\u0301", false) == Ids{97, 98, 204, 129});  // a combining acute
 }
 
 TEST_CASE("NFC runs before the pre-tokenizer", "[text]") {
