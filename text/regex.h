@@ -4,7 +4,7 @@
 // (UTF and Unicode properties on, JIT-compiled). Both are backtracking engines with leftmost-first
 // alternation, and `\p{L}`, `\p{N}`, `(?i:...)` and lookahead mean the same in both. `\s` and
 // `\S` outside a character class and `\s` inside one are rewritten to Oniguruma's set (the
-// White_Space property), because PCRE2's differs in two characters (U+0085, U+180E).
+// White_Space property), because PCRE2's also has U+180E (its \h keeps that former space).
 //
 // A Regex is immutable after construction; findAll() may be called from any number of threads.
 
