@@ -149,6 +149,33 @@ class Strip final : public Decoder {
   size_t stop_;
 };
 
+// Metaspace: `replacement` back to spaces; in the first token it is dropped instead, unless the
+// pre-tokenizer never prepends one.
+class Metaspace final : public Decoder {
+ public:
+  Metaspace(char32_t replacement, bool drop_in_first)
+      : replacement_(replacement), drop_in_first_(drop_in_first) {}
+  void decodeChain(std::vector<std::string>& tokens) const override {
+    for (size_t t = 0; t < tokens.size(); ++t) {
+      std::string out;
+      const std::string& token = tokens[t];
+      for (size_t i = 0; i < token.size();) {
+        const size_t start = i;
+        if (nextCodePoint(token, i) != replacement_) {
+          out.append(token, start, i - start);
+        } else if (t != 0 || !drop_in_first_) {
+          out += ' ';
+        }
+      }
+      tokens[t].swap(out);
+    }
+  }
+
+ private:
+  char32_t replacement_;
+  bool drop_in_first_;
+};
+
 class Sequence final : public Decoder {
  public:
   explicit Sequence(std::vector<std::unique_ptr<Decoder>> steps) : steps_(std::move(steps)) {}
@@ -187,6 +214,17 @@ std::unique_ptr<Decoder> makeDecoder(const nlohmann::json& spec, const std::stri
     if (start < 0 || stop < 0)
       throw InvalidArgument(where + ": Strip's start and stop must be >= 0");
     return std::make_unique<Strip>(c, static_cast<size_t>(start), static_cast<size_t>(stop));
+  }
+  if (type == "Metaspace") {
+    const std::string replacement = stringField(spec, "replacement", where);
+    if (replacement.empty()) throw InvalidArgument(where + ": Metaspace's replacement is empty");
+    size_t i = 0;
+    const char32_t c = nextCodePoint(replacement, i);
+    bool prepends = boolField(spec, "add_prefix_space", true, where);
+    if (spec.contains("prepend_scheme") && spec["prepend_scheme"].is_string()) {
+      prepends = spec["prepend_scheme"].get<std::string>() != "never";
+    }
+    return std::make_unique<Metaspace>(c, prepends);
   }
   if (type == "Sequence") {
     std::vector<std::unique_ptr<Decoder>> steps;

@@ -16,11 +16,18 @@ namespace {
 constexpr const char* kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
-void applyToEach(std::vector<std::string>& pieces,
-                 const std::function<void(std::string&, std::vector<std::string>&)>& split) {
+// Runs `split` on each piece; keeps `first_at_start` only when the first piece's output begins
+// where it did.
+void applyToEach(std::vector<std::string>& pieces, bool& first_at_start,
+                 const std::function<void(std::string&, std::vector<std::string>&, bool&)>& split) {
   std::vector<std::string> out;
   out.reserve(pieces.size());
-  for (auto& piece : pieces) split(piece, out);
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const size_t before = out.size();
+    bool starts_at_zero = true;
+    split(pieces[i], out, starts_at_zero);
+    if (i == 0) first_at_start = first_at_start && starts_at_zero && out.size() > before;
+  }
   pieces.swap(out);
 }
 
@@ -30,18 +37,21 @@ class Split final : public PreTokenizer {
       : literal_(std::move(pattern)), behavior_(behavior), invert_(invert) {
     if (is_regex) regex_ = std::make_unique<Regex>(literal_);
   }
-  void preTokenize(std::vector<std::string>& pieces) const override {
+  void preTokenize(std::vector<std::string>& pieces, bool& first_at_start) const override {
     std::vector<std::pair<size_t, size_t>> matches;
-    applyToEach(pieces, [&](std::string& piece, std::vector<std::string>& out) {
-      matches.clear();
-      if (regex_) {
-        regex_->findAll(piece, matches);
-      } else {
-        findAllLiteral(piece, literal_, matches);
-      }
-      for (auto& p : splitByMatches(piece, matches, behavior_, invert_))
-        out.push_back(std::move(p));
-    });
+    applyToEach(
+        pieces, first_at_start,
+        [&](std::string& piece, std::vector<std::string>& out, bool& starts_at_zero) {
+          matches.clear();
+          if (regex_) {
+            regex_->findAll(piece, matches);
+          } else {
+            findAllLiteral(piece, literal_, matches);
+          }
+          for (auto& p : splitByMatches(piece, matches, behavior_, invert_, &starts_at_zero)) {
+            out.push_back(std::move(p));
+          }
+        });
   }
 
  private:
@@ -56,23 +66,24 @@ class ByteLevel final : public PreTokenizer {
   ByteLevel(bool add_prefix_space, bool use_regex) : add_prefix_space_(add_prefix_space) {
     if (use_regex) regex_ = std::make_unique<Regex>(kGpt2Pattern);
   }
-  void preTokenize(std::vector<std::string>& pieces) const override {
+  void preTokenize(std::vector<std::string>& pieces, bool& first_at_start) const override {
     if (add_prefix_space_ || regex_) {
       std::vector<std::pair<size_t, size_t>> matches;
-      applyToEach(pieces, [&](std::string& piece, std::vector<std::string>& out) {
-        // As NormalizedString::prepend: nothing is put before an empty piece.
-        if (add_prefix_space_ && !piece.empty() && piece[0] != ' ')
-          piece.insert(piece.begin(), ' ');
-        if (!regex_) {
-          if (!piece.empty()) out.push_back(std::move(piece));
-          return;
-        }
-        matches.clear();
-        regex_->findAll(piece, matches);
-        for (auto& p : splitByMatches(piece, matches, SplitBehavior::kIsolated, false)) {
-          out.push_back(std::move(p));
-        }
-      });
+      applyToEach(
+          pieces, first_at_start, [&](std::string& piece, std::vector<std::string>& out, bool&) {
+            // As NormalizedString::prepend: nothing is put before an empty piece.
+            if (add_prefix_space_ && !piece.empty() && piece[0] != ' ')
+              piece.insert(piece.begin(), ' ');
+            if (!regex_) {
+              if (!piece.empty()) out.push_back(std::move(piece));
+              return;
+            }
+            matches.clear();
+            regex_->findAll(piece, matches);
+            for (auto& p : splitByMatches(piece, matches, SplitBehavior::kIsolated, false)) {
+              out.push_back(std::move(p));
+            }
+          });
     }
     for (auto& piece : pieces) {
       std::string mapped;
@@ -87,11 +98,57 @@ class ByteLevel final : public PreTokenizer {
   std::unique_ptr<Regex> regex_;
 };
 
+// Metaspace: SentencePiece's view of spaces.
+class Metaspace final : public PreTokenizer {
+ public:
+  enum class Prepend { kAlways, kFirst, kNever };
+  Metaspace(std::string replacement, Prepend prepend, bool split)
+      : replacement_(std::move(replacement)), prepend_(prepend), split_(split) {}
+  void preTokenize(std::vector<std::string>& pieces, bool& first_at_start) const override {
+    std::vector<std::pair<size_t, size_t>> matches;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      std::string& piece = pieces[i];
+      if (piece.find(' ') != std::string::npos) {
+        std::string replaced;
+        for (const char c : piece) {
+          if (c == ' ') {
+            replaced += replacement_;
+          } else {
+            replaced += c;
+          }
+        }
+        piece.swap(replaced);
+      }
+      const bool prepend =
+          prepend_ == Prepend::kAlways || (prepend_ == Prepend::kFirst && i == 0 && first_at_start);
+      // As NormalizedString::prepend: nothing is put before an empty piece.
+      if (prepend && !piece.empty() && piece.compare(0, replacement_.size(), replacement_) != 0) {
+        piece.insert(0, replacement_);
+      }
+    }
+    if (!split_) return;
+    applyToEach(pieces, first_at_start,
+                [&](std::string& piece, std::vector<std::string>& out, bool& starts_at_zero) {
+                  matches.clear();
+                  findAllLiteral(piece, replacement_, matches);
+                  for (auto& p : splitByMatches(piece, matches, SplitBehavior::kMergedWithNext,
+                                                false, &starts_at_zero)) {
+                    out.push_back(std::move(p));
+                  }
+                });
+  }
+
+ private:
+  std::string replacement_;
+  Prepend prepend_;
+  bool split_;
+};
+
 class Sequence final : public PreTokenizer {
  public:
   explicit Sequence(std::vector<std::unique_ptr<PreTokenizer>> steps) : steps_(std::move(steps)) {}
-  void preTokenize(std::vector<std::string>& pieces) const override {
-    for (const auto& step : steps_) step->preTokenize(pieces);
+  void preTokenize(std::vector<std::string>& pieces, bool& first_at_start) const override {
+    for (const auto& step : steps_) step->preTokenize(pieces, first_at_start);
   }
 
  private:
@@ -112,7 +169,7 @@ SplitBehavior behaviorOf(const std::string& name, const std::string& where) {
 
 std::vector<std::string> splitByMatches(const std::string& text,
                                         const std::vector<std::pair<size_t, size_t>>& matches,
-                                        SplitBehavior behavior, bool invert) {
+                                        SplitBehavior behavior, bool invert, bool* starts_at_zero) {
   // The whole text as alternating ranges, each flagged as a match or not.
   struct Range {
     size_t begin, end;
@@ -179,7 +236,9 @@ std::vector<std::string> splitByMatches(const std::string& text,
   std::vector<std::string> pieces;
   pieces.reserve(outs.size());
   for (const auto& o : outs) {
-    if (!o.removed && o.end > o.begin) pieces.push_back(text.substr(o.begin, o.end - o.begin));
+    if (o.removed || o.end == o.begin) continue;
+    if (pieces.empty() && starts_at_zero != nullptr) *starts_at_zero = o.begin == 0;
+    pieces.push_back(text.substr(o.begin, o.end - o.begin));
   }
   return pieces;
 }
@@ -199,6 +258,26 @@ std::unique_ptr<PreTokenizer> makePreTokenizer(const nlohmann::json& spec,
     return std::make_unique<ByteLevel>(boolField(spec, "add_prefix_space", true, where),
                                        boolField(spec, "use_regex", true, where));
   }
+  if (type == "Metaspace") {
+    // Files written before prepend_scheme existed say add_prefix_space instead.
+    auto prepend = boolField(spec, "add_prefix_space", true, where) ? Metaspace::Prepend::kAlways
+                                                                    : Metaspace::Prepend::kNever;
+    if (spec.contains("prepend_scheme") && !spec["prepend_scheme"].is_null()) {
+      const std::string scheme = stringField(spec, "prepend_scheme", where);
+      if (scheme == "always") {
+        prepend = Metaspace::Prepend::kAlways;
+      } else if (scheme == "first") {
+        prepend = Metaspace::Prepend::kFirst;
+      } else if (scheme == "never") {
+        prepend = Metaspace::Prepend::kNever;
+      } else {
+        throwUnsupported(where + " prepend_scheme", scheme, {"always", "first", "never"});
+      }
+    }
+    const std::string replacement = stringField(spec, "replacement", where);
+    if (replacement.empty()) throw InvalidArgument(where + ": Metaspace's replacement is empty");
+    return std::make_unique<Metaspace>(replacement, prepend, boolField(spec, "split", true, where));
+  }
   if (type == "Sequence") {
     std::vector<std::unique_ptr<PreTokenizer>> steps;
     for (const auto& step : arrayField(spec, "pretokenizers", where)) {
@@ -207,7 +286,7 @@ std::unique_ptr<PreTokenizer> makePreTokenizer(const nlohmann::json& spec,
     }
     return std::make_unique<Sequence>(std::move(steps));
   }
-  throwUnsupported(where, type, {"Split", "ByteLevel", "Sequence"});
+  throwUnsupported(where, type, {"Split", "ByteLevel", "Metaspace", "Sequence"});
 }
 
 }  // namespace cxxlaunch::text

@@ -216,7 +216,8 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
         continue;
       }
       pieces.assign(1, normalized.substr(segment.begin, segment.end - segment.begin));
-      if (impl.pre_tokenizer) impl.pre_tokenizer->preTokenize(pieces);
+      bool at_start = raw.begin == 0 && segment.begin == 0;
+      if (impl.pre_tokenizer) impl.pre_tokenizer->preTokenize(pieces, at_start);
       for (const auto& piece : pieces) impl.model->tokenize(piece, ids);
     }
   }

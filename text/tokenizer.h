@@ -1,6 +1,7 @@
 #pragma once
 // A Hugging Face tokenizer.json run as the tokenizers library runs it, for the byte-level BPE
-// files of Llama 3.x, Qwen2/2.5/3 and the SentencePiece-style BPE files of Mistral/Llama 2:
+// files of Llama 3.x, Qwen2/2.5/3 and the SentencePiece-style BPE files of Mistral/Llama 2
+// (Prepend/Replace or Metaspace):
 //
 //   added tokens split off -> normalizer -> pre-tokenizer -> BPE model -> post-processor
 //

