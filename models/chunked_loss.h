@@ -39,8 +39,9 @@ namespace cxxlaunch::models {
 struct ChunkedLossOptions {
   // Tokens per chunk; 0: as many as keep one chunk's fp32 logits within chunk_bytes.
   int64_t chunk_tokens = 0;
-  // A chunk's fp32 logits, [tokens, vocab] * 4 bytes. The step's extra memory is about two to
-  // three of these (the chunk's logits, their softmax gradient, a matmul's output).
+  // A chunk's fp32 logits, [tokens, vocab] * 4 bytes. The step's own memory is the head's
+  // gradient plus one to two of these in fp32 (measured: bench/chunked_loss.cc), more with a
+  // bf16 head (its casts of the chunk).
   int64_t chunk_bytes = int64_t{128} << 20;
 };
 
