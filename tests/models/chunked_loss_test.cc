@@ -163,8 +163,10 @@ TEST_CASE("A chunk's fp32 logits stay within the byte budget", "[models][chunked
 }
 
 // The head's gradient reaches the parameters' accumulators once per backward: DDP's and ZeRO-3's
-// gradient hooks fire (a missing one leaves the step waiting, a second throws), and under ZeRO-3
-// lm_head is gathered again for the backward. One SGD step with each loss ends at the same model.
+// gradient hooks fire (a second gradient throws; one that missed the hook would be reduced as
+// unused, and the step would differ), and under ZeRO-3 lm_head is gathered for the loss and again
+// for its backward (without, the head's freed storage fails the matmul). One SGD step with each
+// loss ends at the same model.
 TEST_CASE("Under DDP and ZeRO-3 a step with the chunked loss equals one with the plain loss",
           "[models][chunked_loss]") {
   torch::set_num_threads(1);
