@@ -361,7 +361,8 @@ class Interpreter {
       }
       return undefinedNamed(typeName(obj) + " object' has no attribute '" + toStr(key));
     }
-    throw TemplateError("'" + typeName(obj) + "' object is not subscriptable");
+    // Jinja2 gives undefined, not an error, for an item of None or a number.
+    return undefinedNamed(typeName(obj) + " object' has no attribute '" + toStr(key));
   }
 
   static bool contains(const Value& container, const Value& item) {

@@ -211,6 +211,8 @@ class Parser {
     } else if (name == "break" || name == "continue") {
       node->kind = name == "break" ? Node::Kind::kBreak : Node::Kind::kContinue;
       expectStmtClose();
+    } else if (name == "elif" || name == "else" || name.rfind("end", 0) == 0) {
+      throwAt(keyword.line, "unexpected '{% " + name + " %}': no open block it belongs to");
     } else {
       throwAt(keyword.line, "statement '" + name + "' is not supported");
     }

@@ -151,6 +151,10 @@ TEST_CASE("A construct outside the subset is an error naming it and its line", "
   CHECK(error("\n{{ raise_exception('Roles must alternate') }}") ==
         "chat_template line 2: raise_exception: Roles must alternate");
   CHECK(error("{{ x.y }}") == "chat_template line 1: 'x' is undefined");
+  CHECK(error("{% if x %}{% endfor %}") ==
+        "chat_template line 1: unexpected '{% endfor %}': no open block it belongs to");
+  // An item or attribute of None is undefined in Jinja2, not an error.
+  CHECK(error("{{ n['k'] }}{{ n.k }}{{ n.k is defined }}", {{"n", nullptr}}) == "no error");
   CHECK(error("{% set x.y = 1 %}", {{"x", {{"y", 0}}}}) ==
         "chat_template line 1: cannot assign attribute 'y' of 'x': it is not a namespace()");
 }
