@@ -4,13 +4,14 @@
 // @huggingface/jinja (the JavaScript Jinja made for these templates, pinned in scripts/setup.sh)
 // on a set of conversations: system or not, one and several turns, add_generation_prompt true
 // and false, unicode, padding the templates trim, tool calls where the template has them, and
-// conversations the template refuses (raise_exception). Any difference fails and names the
-// template, the conversation and both renderings.
+// conversations the template refuses (raise_exception), and 60 seeded random conversations. Any
+// difference fails and names the template, the conversation and both renderings.
 
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <sstream>
 
 #include "common/error.h"
@@ -52,6 +53,69 @@ std::vector<json> conversations() {
   };
 }
 
+// Seeded random conversations: an optional system message, then user and assistant turns (now
+// and then out of order), contents drawn from pools of what templates touch: padding they trim,
+// newlines, quotes, braces, Jinja-looking text, <think> markup, unicode. The whitespace that
+// Python's strip() and JavaScript's trim() disagree on (U+FEFF, U+001C-U+001F, U+0085) is left
+// out: there we follow Python, and the peer cannot. `newline_only` leaves out all whitespace but
+// "\n", for templates that call strip('\n')/lstrip('\n') (Qwen3): @huggingface/jinja ignores
+// the characters argument and strips all whitespace, Python only the characters given.
+std::vector<json> randomConversations(size_t count, bool newline_only) {
+  static const std::vector<std::string> kPieces = {"Hello",
+                                                   "world",
+                                                   " ",
+                                                   "  ",
+                                                   "\n",
+                                                   "\n\n",
+                                                   "\t",
+                                                   "\u00a0",
+                                                   "\u3000",
+                                                   "'",
+                                                   "\"",
+                                                   "{{ x }}",
+                                                   "{% if %}",
+                                                   "<think>",
+                                                   "</think>",
+                                                   "<tool_response>",
+                                                   "</tool_response>",
+                                                   "é",
+                                                   "日本",
+                                                   "😀",
+                                                   "[INST]",
+                                                   "<|im_end|>",
+                                                   "\\",
+                                                   "0.5",
+                                                   "-",
+                                                   "#",
+                                                   "Ünï",
+                                                   "a",
+                                                   "b"};
+  static const std::vector<std::string> kRoles = {"user", "assistant"};
+  std::mt19937 rng(20261205);
+  auto pick = [&](size_t n) { return std::uniform_int_distribution<size_t>(0, n - 1)(rng); };
+  auto content = [&] {
+    std::string text;
+    for (size_t k = pick(12); k > 0; --k) {
+      const std::string& piece = kPieces[pick(kPieces.size())];
+      if (newline_only && piece.find_first_of(" \t\xc2\xe3") != std::string::npos) continue;
+      text += piece;
+    }
+    return text;
+  };
+  std::vector<json> out;
+  for (size_t c = 0; c < count; ++c) {
+    json conv = json::array();
+    if (pick(2) == 0) conv.push_back(msg("system", content()));
+    const size_t turns = 1 + pick(6);
+    for (size_t t = 0; t < turns; ++t) {
+      const std::string& role = pick(10) == 0 ? kRoles[pick(2)] : kRoles[t % 2];
+      conv.push_back(msg(role, content()));
+    }
+    out.push_back(conv);
+  }
+  return out;
+}
+
 json toolConversation() {
   return json::array(
       {msg("user", "Weather in Paris?"),
@@ -88,7 +152,8 @@ std::vector<std::string> lines(const std::string& text) {
 // Renders every case with both and compares. `variables` are the special tokens; `extras` are
 // further variable sets, each rendered on top of every conversation.
 void compareWithPeer(const std::string& name, const std::string& source, const json& variables,
-                     std::vector<json> extras = {json::object()}, bool with_tools = false) {
+                     std::vector<json> extras = {json::object()}, bool with_tools = false,
+                     bool newline_only = false) {
   if (std::string(NODE_BIN).empty() ||
       !std::filesystem::exists(std::string(NPM_FIXTURES) + "/@huggingface/jinja/package.json")) {
     FAIL(
@@ -97,6 +162,7 @@ void compareWithPeer(const std::string& name, const std::string& source, const j
   }
   auto convs = conversations();
   if (with_tools) convs.push_back(toolConversation());
+  for (auto& conv : randomConversations(60, newline_only)) convs.push_back(std::move(conv));
   json cases = json::array();
   for (const auto& extra : extras) {
     for (const auto& conv : convs) {
@@ -186,7 +252,7 @@ TEST_CASE("Qwen3's real chat template renders as @huggingface/jinja renders it",
   const json config = npmConfig("tokenizer-qwen3");
   compareWithPeer("qwen3", config["chat_template"], {{"eos_token", config["eos_token"]}},
                   {json::object(), {{"enable_thinking", false}}, {{"tools", tools()}}},
-                  /*with_tools=*/true);
+                  /*with_tools=*/true, /*newline_only=*/true);
 }
 
 TEST_CASE("The Qwen2, Qwen2.5, Llama 3.1 and Mistral templates render as @huggingface/jinja does",

@@ -121,11 +121,11 @@ TEST_CASE("Expressions: slices, subscripts, tests, in, conditionals, filters and
                "|{{ ['code_interpreter', 'x'] | reject('equalto', 'code_interpreter') | join }}",
                json::object(), m) == "U1,U2|2|x");
   CHECK(render("{{ ' a,b '.strip().split(',') }}{{ 'a  b'.split() }}{{ '\\n\\nx\\n'.lstrip('\\n') "
-               "| trim }}"
+               "| trim }}{{ '\\n\\t x'.lstrip('\\n') | length }}"
                "{{ 'xab'.rstrip('b') }}{{ 'abc'.startswith('ab') }}{{ 'abc'.endswith(('x', 'c')) }}"
                "{{ 'a b'.title() }}{{ 'a-b'.replace('-', '+') }}{{ d.get('k') }}{{ d.get('z', 0) }}"
                "{{ d.keys() | list }}{{ d.values() | list }}",
-               {{"d", {{"k", 1}}}}) == "['a', 'b']['a', 'b']xxaTrueTrueA Ba+b10['k'][1]");
+               {{"d", {{"k", 1}}}}) == "['a', 'b']['a', 'b']x3xaTrueTrueA Ba+b10['k'][1]");
 }
 
 TEST_CASE("A construct outside the subset is an error naming it and its line", "[text][chat]") {
