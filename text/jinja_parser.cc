@@ -126,6 +126,7 @@ class Parser {
     const std::string name = next().value;
     auto node = std::make_unique<Node>();
     node->line = keyword.line;
+    if (++depth_ > kMaxDepth) throwAt(node->line, "blocks nested too deeply");
     if (name == "if") {
       node->kind = Node::Kind::kIf;
       ExprPtr condition = parseExpression();
@@ -216,10 +217,19 @@ class Parser {
     } else {
       throwAt(keyword.line, "statement '" + name + "' is not supported");
     }
+    --depth_;
     return node;
   }
 
   ExprPtr parseExpression(bool with_condition = true) {
+    // Nesting costs stack; no real template nests deeper than a handful.
+    struct Depth {
+      int& d;
+      explicit Depth(int& depth, int line) : d(depth) {
+        if (++d > kMaxDepth) throwAt(line, "expressions nested too deeply");
+      }
+      ~Depth() { --d; }
+    } depth(depth_, peek().line);
     ExprPtr e = parseOr();
     while (with_condition && isName("if")) {
       const int line = next().line;
@@ -265,7 +275,9 @@ class Parser {
     if (isName("not")) {
       auto e = makeExpr(Expr::Kind::kUnary, next().line);
       e->name = "not";
+      if (++depth_ > kMaxDepth) throwAt(e->line, "expressions nested too deeply");
       e->children.push_back(parseNot());
+      --depth_;
       return e;
     }
     return parseCompare();
@@ -331,7 +343,9 @@ class Parser {
       const Token& op = next();
       e = makeExpr(Expr::Kind::kUnary, op.line);
       e->name = op.value;
+      if (++depth_ > kMaxDepth) throwAt(e->line, "expressions nested too deeply");
       e->children.push_back(parseUnary(false));
+      --depth_;
     } else {
       e = parsePostfix(parsePrimary());
     }
@@ -530,8 +544,10 @@ class Parser {
     return true;
   }
 
+  static constexpr int kMaxDepth = 200;
   const std::vector<Token>& t_;
   size_t pos_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace

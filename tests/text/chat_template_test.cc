@@ -151,6 +151,14 @@ TEST_CASE("A construct outside the subset is an error naming it and its line", "
   CHECK(error("\n{{ raise_exception('Roles must alternate') }}") ==
         "chat_template line 2: raise_exception: Roles must alternate");
   CHECK(error("{{ x.y }}") == "chat_template line 1: 'x' is undefined");
+  CHECK(error("{{ " + std::string(1000, '(') + "1" + std::string(1000, ')') + " }}") ==
+        "chat_template line 1: expressions nested too deeply");
+  CHECK(error("{{ " + std::string(1000, '-') + "1 }}") ==
+        "chat_template line 1: expressions nested too deeply");
+  std::string nested;
+  for (int k = 0; k < 1000; ++k) nested += "{% if true %}";
+  CHECK_THAT(error(nested),
+             Catch::StartsWith("chat_template line 1: ") && Catch::EndsWith("nested too deeply"));
   CHECK(error("{% if x %}{% endfor %}") ==
         "chat_template line 1: unexpected '{% endfor %}': no open block it belongs to");
   // An item or attribute of None is undefined in Jinja2, not an error.
