@@ -15,6 +15,7 @@ packages=(
   # classes, JIT) and ICU gives the normalization forms and character properties.
   libpcre2-dev libicu-dev
   nodejs  # runs transformers.js, the peer of the tokenizer exactness test (below)
+  python3-jinja2  # the reference renderer of the chat-template exactness test
   etcd-server etcd-client  # a real etcd for the etcd rendezvous backend's tests and benchmark
   python3-torch  # the peer for benchmarks and the PyTorch compatibility test, never a dependency
   # The trackers' tests (docs/observability.md): Protobuf's Python parser reads our TensorBoard

@@ -401,11 +401,13 @@ bool applyTest(const std::string& name, const Value& v, const CallArgs& args) {
   if (name == "equalto" || name == "eq" || name == "==") return equals(v, other);
   if (name == "ne") return !equals(v, other);
   if (name == "sameas") {
+    // Python's `is`: the same object. Literal strings and small numbers are interned there, so
+    // equal scalars count as the same; containers only when they are one object.
     if (v.kind != other.kind) return false;
-    if (v.kind == K::kBool) return v.b == other.b;
-    if (v.kind == K::kNone || v.kind == K::kUndefined) return true;
-    return v.list == other.list && v.dict == other.dict && v.kind != K::kString &&
-           v.kind != K::kInt;
+    if (v.isList()) return v.list == other.list;
+    if (v.dict) return v.dict == other.dict;
+    if (v.kind == K::kFunction) return v.fn == other.fn;
+    return equals(v, other);
   }
   if (name == "divisibleby") {
     const int64_t d = toInt(other, 0);

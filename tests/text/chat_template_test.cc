@@ -60,6 +60,8 @@ TEST_CASE("Values print as Python's str() and tojson as json.dumps(ensure_ascii=
   CHECK(render("{{ none }} {{ true }} {{ 1.0 }} {{ 2.5e20 }} {{ 7 // 2 }} {{ -7 // 2 }} "
                "{{ 7 / 2 }} {{ -7 % 3 }} {{ 2 ** 10 }}") ==
         "None True 1.0 2.5e+20 3 -4 3.5 2 1024");
+  CHECK(render("{{ 0.1 + 0.2 }} {{ 1e16 }} {{ 1e-5 }} {{ 123456789.0 }} {{ 'a'\n 'b' }}") ==
+        "0.30000000000000004 1e+16 1e-05 123456789.0 ab");
   CHECK(render("{{ [1, 'a', none, {'k': \"it's\"}] }}") == "[1, 'a', None, {'k': \"it's\"}]");
   CHECK(render("{{ undefined_name }}|{{ x.y if false }}|") == "||");
   const json data = {{"b", 1}, {"a", {1.5, "é\n\"", nullptr, true}}, {"e", json::object()}};
@@ -88,6 +90,8 @@ TEST_CASE("for: loop variables, else, the if filter and per-iteration scope", "[
       render("{% set n = 0 %}{% set ns = namespace(t=0) %}{% for x in [1,2,3] %}"
              "{{ n }}{% set n = n + x %}{% set ns.t = ns.t + x %}{% endfor %}{{ n }} {{ ns.t }}") ==
       "0000 6");
+  CHECK(render("{% for x in [1,2] %}{% if loop.first %}{% set y = 5 %}{% endif %}{{ y }};"
+               "{% endfor %}") == "5;;");
   CHECK(render("{% for k, v in d | items %}{{ k }}={{ v }};{% endfor %}"
                "{% for k in d %}{{ k }}{% endfor %}{% for k, v in d.items() %}{{ v }}{% endfor %}",
                {{"d", {{"b", 1}, {"a", 2}}}}) == "b=1;a=2;ba12");
@@ -107,7 +111,7 @@ TEST_CASE("Expressions: slices, subscripts, tests, in, conditionals, filters and
   CHECK(render("{{ x is none }}{{ x is not none }}{{ y is string }}{{ y is defined }}"
                "{{ z is defined }}{{ d is mapping }}{{ 3 is odd }}{{ 'a' is sameas 'a' }}",
                {{"x", nullptr}, {"y", "s"}, {"d", json::object()}}) ==
-        "TrueFalseTrueTrueFalseTrueTrueFalse");
+        "TrueFalseTrueTrueFalseTrueTrueTrue");
   CHECK(render("{{ 'a' if false else 'b' }}{{ not 0 and 'x' or 'y' }}{{ '' or 'e' }}") == "bxe");
   CHECK(render(
             "{{ '  a b  ' | trim }}|{{ 'hi THERE-you' | title }}|{{ 'ab' | upper }}|"
