@@ -306,3 +306,51 @@ TEST_CASE(
   compareWithPeers("mistral-v0.3", readText(templatePath("mistral-v0.3.jinja")), mistral,
                    {json::object(), {{"tools", tools()}}}, true);
 }
+
+// Small templates that each exercise a few constructs of the subset (jinja_snippets.json:
+// whitespace control, printing, tojson, loops and scoping, slices, tests, filters, methods,
+// errors), rendered by us and by Python's Jinja2 as transformers sets it up.
+TEST_CASE("Jinja snippets render as Python's Jinja2 renders them", "[text][chat]") {
+  if (std::string(PYTHON_BIN).empty()) FAIL("python3 is missing: run scripts/setup.sh");
+  const json snippets = json::parse(readText(std::string(TEXT_TEST_DIR) + "/jinja_snippets.json"));
+  REQUIRE(snippets.size() >= 30);
+  testing::TempDir dir;
+  const std::string path = dir.path() + "/snippets.json";
+  std::ofstream(path) << json{{"snippets", snippets}}.dump();
+  const auto py = testing::run({PYTHON_BIN, std::string(TEXT_TEST_DIR) + "/py_render.py", path}, {},
+                               std::chrono::seconds(60));
+  if (py.err.find("No module named 'jinja2'") != std::string::npos) {
+    FAIL("Python's jinja2 is missing: run scripts/setup.sh (installs python3-jinja2)");
+  }
+  INFO("python's stderr: " << py.err);
+  REQUIRE(py.exit_code == 0);
+  const auto expected = lines(py.out);
+  REQUIRE(expected.size() == snippets.size());
+  size_t mismatches = 0;
+  for (size_t k = 0; k < snippets.size(); ++k) {
+    const std::string source = snippets[k]["template"];
+    const json vars = snippets[k].value("variables", json::object());
+    const json peer = json::parse(expected[k]);
+    std::string ours;
+    bool ours_raised = false;
+    try {
+      ours = text::ChatTemplate::fromString(source).render(json::array(), false, vars);
+      if (vars.contains("messages")) {
+        json extra = vars;
+        extra.erase("messages");
+        ours = text::ChatTemplate::fromString(source).render(vars["messages"], false, extra);
+      }
+    } catch (const InvalidArgument& e) {
+      ours = e.what();
+      ours_raised = true;
+    }
+    const bool same =
+        peer.is_object() ? ours_raised : !ours_raised && ours == peer.get<std::string>();
+    if (!same) {
+      ++mismatches;
+      UNSCOPED_INFO("snippet " << k << ": " << json(source).dump() << "\n  ours: "
+                               << json(ours).dump() << "\n  Jinja2: " << expected[k]);
+    }
+  }
+  CHECK(mismatches == 0);
+}

@@ -6,6 +6,7 @@
 # when the template raised.
 #   python3 py_render.py CASES_JSON
 # CASES_JSON: {"template": "...", "cases": [{"messages": [...], "add_generation_prompt": ..., ...}]}
+#         or: {"snippets": [{"template": "...", "variables": {...}}, ...]}
 import json
 import sys
 from datetime import datetime
@@ -46,11 +47,21 @@ env.globals["strftime_now"] = strftime_now
 
 with open(sys.argv[1], encoding="utf-8") as f:
     data = json.load(f)
-template = env.from_string(data["template"])
+# One template over many variable sets, or (with "snippets") many small templates, each with its
+# own variables.
+if "snippets" in data:
+    jobs = [(s["template"], s.get("variables", {})) for s in data["snippets"]]
+else:
+    jobs = [(data["template"], v) for v in data["cases"]]
+compiled = {}
 out = []
-for variables in data["cases"]:
+for source, variables in jobs:
     try:
-        out.append(json.dumps(template.render(**variables), ensure_ascii=False))
+        if source not in compiled:
+            compiled[source] = env.from_string(source)
+        out.append(json.dumps(compiled[source].render(**variables), ensure_ascii=False))
     except jinja2.exceptions.TemplateError as e:
         out.append(json.dumps({"error": str(e)}))
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError, ZeroDivisionError) as e:
+        out.append(json.dumps({"error": type(e).__name__ + ": " + str(e)}))
 sys.stdout.write("\n".join(out) + "\n")
