@@ -25,6 +25,7 @@ struct Scope {
 
 enum class Flow { kNormal, kBreak, kContinue };
 
+// An undefined value that remembers why, in Jinja2's words, for the error when it is used.
 Value undefinedNamed(std::string what) {
   Value v;
   v.s = std::move(what);  // for "'x' is undefined" messages; prints as ""
@@ -186,8 +187,9 @@ class Interpreter {
       loop.set("length", Value::integer(n));
       loop.set("depth", Value::integer(1));
       loop.set("depth0", Value::integer(0));
-      loop.set("previtem", k > 0 ? items[k - 1] : undefinedNamed("loop.previtem"));
-      loop.set("nextitem", k + 1 < n ? items[k + 1] : undefinedNamed("loop.nextitem"));
+      loop.set("previtem", k > 0 ? items[k - 1] : undefinedNamed("'loop.previtem' is undefined"));
+      loop.set("nextitem",
+               k + 1 < n ? items[k + 1] : undefinedNamed("'loop.nextitem' is undefined"));
       body.vars.set("loop", Value::makeDict(std::move(loop)));
       bindTargets(node, body, items[k]);
       if (run(node.body, body) == Flow::kBreak) break;
@@ -218,7 +220,7 @@ class Interpreter {
   }
 
   [[noreturn]] static void undefinedError(const Value& v) {
-    throw TemplateError("'" + (v.s.empty() ? std::string("value") : v.s) + "' is undefined");
+    throw TemplateError(v.s.empty() ? std::string("a value is undefined") : v.s);
   }
 
   Value evalInner(const Expr& e, Scope& scope) {
@@ -228,7 +230,7 @@ class Interpreter {
         return e.literal;
       case K::kName: {
         const Value* v = scope.find(e.name);
-        return v ? *v : undefinedNamed(e.name);
+        return v ? *v : undefinedNamed("'" + e.name + "' is undefined");
       }
       case K::kList: {
         List items;
@@ -250,7 +252,7 @@ class Interpreter {
         if (obj.dict) {
           if (const Value* v = obj.dict->find(e.name)) return *v;
         }
-        return undefinedNamed(typeName(obj) + " object' has no attribute '" + e.name);
+        return undefinedNamed("'" + typeName(obj) + " object' has no attribute '" + e.name + "'");
       }
       case K::kSubscript:
         return subscript(eval(*e.children[0], scope), eval(*e.children[1], scope));
@@ -338,31 +340,32 @@ class Interpreter {
     if (obj.isUndefined()) undefinedError(obj);
     if (obj.isList() || obj.isString()) {
       if (key.kind != Value::Kind::kInt) {
-        if (obj.isList()) return undefinedNamed("list object' has no attribute '" + toStr(key));
+        if (obj.isList())
+          return undefinedNamed("'list object' has no attribute '" + toStr(key) + "'");
         throw TemplateError("string indices must be integers");
       }
       if (obj.isList()) {
         const int64_t n = static_cast<int64_t>(obj.list->size());
         const int64_t k = key.i < 0 ? key.i + n : key.i;
         if (k < 0 || k >= n)
-          return undefinedNamed("list object' has no element " + std::to_string(key.i));
+          return undefinedNamed("list object has no element " + std::to_string(key.i));
         return (*obj.list)[k];
       }
       const auto cps = codePoints(obj.s);
       const int64_t n = static_cast<int64_t>(cps.size());
       const int64_t k = key.i < 0 ? key.i + n : key.i;
       if (k < 0 || k >= n)
-        return undefinedNamed("str object' has no element " + std::to_string(key.i));
+        return undefinedNamed("str object has no element " + std::to_string(key.i));
       return Value::string(cps[k]);
     }
     if (obj.dict) {
       if (key.isString()) {
         if (const Value* v = obj.dict->find(key.s)) return *v;
       }
-      return undefinedNamed(typeName(obj) + " object' has no attribute '" + toStr(key));
+      return undefinedNamed("'" + typeName(obj) + " object' has no attribute '" + toStr(key) + "'");
     }
     // Jinja2 gives undefined, not an error, for an item of None or a number.
-    return undefinedNamed(typeName(obj) + " object' has no attribute '" + toStr(key));
+    return undefinedNamed("'" + typeName(obj) + " object' has no attribute '" + toStr(key) + "'");
   }
 
   static bool contains(const Value& container, const Value& item) {

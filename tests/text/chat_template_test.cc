@@ -155,6 +155,10 @@ TEST_CASE("A construct outside the subset is an error naming it and its line", "
   CHECK(error("\n{{ raise_exception('Roles must alternate') }}") ==
         "chat_template line 2: raise_exception: Roles must alternate");
   CHECK(error("{{ x.y }}") == "chat_template line 1: 'x' is undefined");
+  CHECK(error("\n{{ messages[0]['role'] }}") ==
+        "chat_template line 2: list object has no element 0");
+  CHECK(error("{{ d.a.b }}", {{"d", json::object()}}) ==
+        "chat_template line 1: 'dict object' has no attribute 'a'");
   CHECK(error("{{ " + std::string(1000, '(') + "1" + std::string(1000, ')') + " }}") ==
         "chat_template line 1: expressions nested too deeply");
   CHECK(error("{{ " + std::string(1000, '-') + "1 }}") ==
