@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "common/utf8.h"
 #include "text/jinja_interpreter.h"
 
 namespace cxxlaunch::text {
@@ -14,7 +15,11 @@ struct ChatTemplate::Impl {
   jinja::Template compiled;
   jinja::Dict special_tokens;
   Impl(std::string text, jinja::Dict tokens)
-      : source(std::move(text)), compiled(source), special_tokens(std::move(tokens)) {}
+      : source(checkedUtf8(std::move(text))), compiled(source), special_tokens(std::move(tokens)) {}
+  static std::string checkedUtf8(std::string text) {
+    if (!isValidUtf8(text)) throw InvalidArgument("the chat template is not valid UTF-8");
+    return text;
+  }
 };
 
 namespace {

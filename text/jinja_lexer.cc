@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "text/jinja_builtins.h"
 #include "text/unicode.h"
 
 namespace cxxlaunch::text::jinja {
@@ -15,6 +16,22 @@ namespace {
 
 bool isSpace(char c) {
   return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
+
+// Whitespace control strips what Python's re `\s` matches: Unicode whitespace, not only ASCII.
+size_t spaceAt(const std::string& s, size_t i, size_t end) {
+  if (isSpace(s[i])) return 1;
+  if (static_cast<unsigned char>(s[i]) < 0x80) return 0;
+  size_t next = i;
+  const char32_t c = nextCodePoint(s, next);
+  return next <= end && isPySpace(c) ? next - i : 0;
+}
+
+size_t spaceBefore(const std::string& s, size_t end) {
+  if (end == 0) return 0;
+  size_t start = end - 1;
+  while (start > 0 && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) --start;
+  return spaceAt(s, start, end) == end - start ? end - start : 0;
 }
 bool isNameStart(char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '_'; }
 bool isNameChar(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
@@ -60,7 +77,11 @@ class Lexer {
       size_t start = pos_;
       const size_t end = tag == std::string::npos ? src_.size() : tag;
       if (strip_next) {
-        while (start < end && isSpace(src_[start])) ++start;
+        while (start < end) {
+          const size_t n = spaceAt(src_, start, end);
+          if (n == 0) break;
+          start += n;
+        }
       }
       std::string text = src_.substr(start, end - start);
       countLines(pos_, start);
@@ -70,12 +91,18 @@ class Lexer {
         const char kind = src_[tag + 1];
         const char mark = tag + 2 < src_.size() ? src_[tag + 2] : '\0';
         if (mark == '-') {
-          while (!text.empty() && isSpace(text.back())) text.pop_back();
+          while (const size_t n = spaceBefore(text, text.size())) text.resize(text.size() - n);
         } else if (mark != '+' && options_.lstrip_blocks && kind != '{') {
           const size_t nl = text.rfind('\n');
           const size_t from = nl == std::string::npos ? 0 : nl + 1;
           const bool line_start = nl != std::string::npos || start == 0 || src_[start - 1] == '\n';
-          if (line_start && text.find_first_not_of(" \t", from) == std::string::npos) {
+          size_t blank = from;
+          while (blank < text.size()) {
+            const size_t n = spaceAt(text, blank, text.size());
+            if (n == 0) break;
+            blank += n;
+          }
+          if (line_start && blank == text.size()) {
             text.erase(from);
           }
         }

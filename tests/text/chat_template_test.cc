@@ -193,6 +193,7 @@ TEST_CASE("ChatTemplate reads tokenizer_config.json as transformers does", "[tex
   CHECK_THROWS_WITH(
       ChatTemplate::fromConfigJson(R"({"chat_template": [{"name": "rag", "template": ""}]})"),
       Catch::Contains("without a template named 'default'"));
+  CHECK_THROWS_WITH(ChatTemplate::fromString("\xff"), "the chat template is not valid UTF-8");
   CHECK_THROWS_WITH(ChatTemplate::fromString("x").render(json::object(), false),
                     Catch::Contains("messages must be a JSON array"));
 }
