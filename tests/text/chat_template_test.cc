@@ -4,10 +4,12 @@
 
 #include "text/chat_template.h"
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "common/error.h"
 #include "support/subprocess.h"
@@ -227,4 +229,19 @@ TEST_CASE("Qwen2.5, Llama 3.1 and Mistral templates give the renderings written 
                                                  {{"bos_token", "<s>"}, {"eos_token", "</s>"}});
   CHECK(mistral2.render(conv({{"system", "S"}, {"user", "Q"}, {"assistant", "A"}}), false) ==
         "<s> [INST] S\n\nQ [/INST] A</s>");
+}
+
+TEST_CASE("One ChatTemplate renders from several threads at once", "[text][chat]") {
+  const auto chat = ChatTemplate::fromString(fixture("qwen2.5.jinja"));
+  const json messages = conv({{"system", "S"}, {"user", "Q"}, {"assistant", "A"}});
+  const std::string expected = chat.render(messages, true);
+  std::vector<std::thread> threads;
+  std::atomic<int> wrong{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int k = 0; k < 50; ++k) wrong += chat.render(messages, true) != expected;
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  CHECK(wrong == 0);
 }
