@@ -301,6 +301,12 @@ TEST_CASE(
                     {{"date_string", "05 Dec 2026"}},
                     {{"tools", tools()}, {"tools_in_user_message", false}}},
                    true);
+  // builtin_tools takes the `reject` filter, which @huggingface/jinja lacks: Jinja2 alone.
+  compareWithPeer(Peer::kJinja2, "llama3.1", readText(templatePath("llama3.1.jinja")), llama,
+                  {{{"builtin_tools", {"brave_search", "code_interpreter"}}}}, true, false);
+  // Llama 3.2 dates its system message with strftime_now unless date_string is given.
+  compareWithPeers("llama3.2", readText(templatePath("llama3.2.jinja")), llama,
+                   {json::object(), {{"date_string", "05 Dec 2026"}}, {{"tools", tools()}}}, true);
   compareWithPeers("mistral-v0.1", readText(templatePath("mistral-v0.1.jinja")), mistral);
   compareWithPeers("mistral-v0.2", readText(templatePath("mistral-v0.2.jinja")), mistral);
   compareWithPeers("mistral-v0.3", readText(templatePath("mistral-v0.3.jinja")), mistral,
