@@ -60,9 +60,10 @@ Options parse(int argc, char** argv) {
       ->required();
   app.add_option(cli::spellings("data"), o.data, "a UTF-8 text file, one example per line")
       ->required();
-  app.add_flag(cli::spellings("add_special_tokens"), o.add_special_tokens,
-               "add what the tokenizer's post-processor adds (BOS/EOS), as transformers' "
-               "add_special_tokens=True");
+  auto* special_flag =
+      app.add_flag(cli::spellings("add_special_tokens"), o.add_special_tokens,
+                   "add what the tokenizer's post-processor adds (BOS/EOS), as transformers' "
+                   "add_special_tokens=True");
   bool render = false;
   auto* render_flag = app.add_flag(cli::spellings("render"), render,
                                    "FILE is JSON lines with \"messages\": print each rendered by "
@@ -70,6 +71,8 @@ Options parse(int argc, char** argv) {
   app.add_flag(cli::spellings("add_generation_prompt"), o.add_generation_prompt,
                "with --render: end with the assistant's header, as add_generation_prompt=True")
       ->needs(render_flag);
+  // A rendering is text: the template writes its own BOS.
+  render_flag->excludes(special_flag);
   cli::parseOrExit(app, argc, argv);
   if (render) o.mode = Mode::kRender;
   return o;

@@ -140,6 +140,9 @@ TEST_CASE("tokenize --render: a bad line or a refused conversation is one error 
   expectError(run({TOKENIZE_BIN, "--model_dir", dir.path(), "--data", dir.path() + "/d.jsonl",
                    "--add_generation_prompt"}),
               "--add_generation_prompt");
+  expectError(run({TOKENIZE_BIN, "--model_dir", dir.path(), "--data", dir.path() + "/d.jsonl",
+                   "--render", "--add_special_tokens"}),
+              "--add_special_tokens excludes --render");
   write(dir.path() + "/tokenizer_config.json", R"({"chat_template": "{{ x | wordcount }}"})");
   expectError(render(ok), "chat_template line 1: filter 'wordcount' is not supported");
   write(dir.path() + "/tokenizer_config.json", R"({"eos_token": "</s>"})");
