@@ -1,7 +1,7 @@
 # The installable package (docs/install.md): `cmake --install build --prefix P` puts in place
 #   bin/                       cxxlaunch, cxxlaunchd, cxxlaunch_selftest (`cxxlaunch test` runs the
 #                              self-test found next to its own binary), finetune (and its
-#                              finetune_tokenize), llama_init
+#                              finetune_tokenize), llama_init, tokenize (text/'s CLI)
 #   include/cxxlaunch/         the public headers under their in-tree paths (runtime/..., common/...),
 #                              so a trainer writes #include "runtime/accelerator.h" as ours do
 #   lib/                       the static libraries: the runtime and ours that it links
@@ -19,11 +19,13 @@ set(CXXLAUNCH_INSTALL_INCLUDEDIR ${CMAKE_INSTALL_INCLUDEDIR}/cxxlaunch)
 # LibTorch unpacked elsewhere), which CMake strips by default.
 # The user-facing programs: the launcher, the daemon, the self-test, and the fine-tuning tools
 # (docs/finetune.md): finetune with its tokenizer process finetune_tokenize (finetune runs it from
-# its own folder), and llama_init.
+# its own folder), llama_init, and tokenize (docs/text.md).
 set(_cxxlaunch_programs cxxlaunch cxxlaunchd cxxlaunch_selftest finetune llama_init)
-if(TARGET finetune_tokenize)
-  list(APPEND _cxxlaunch_programs finetune_tokenize)
-endif()
+foreach(_optional finetune_tokenize tokenize)  # built where SentencePiece / PCRE2 and ICU are
+  if(TARGET ${_optional})
+    list(APPEND _cxxlaunch_programs ${_optional})
+  endif()
+endforeach()
 set_target_properties(${_cxxlaunch_programs} PROPERTIES INSTALL_RPATH_USE_LINK_PATH ON)
 install(TARGETS ${_cxxlaunch_programs} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 # The user guide, where the messages' "see docs/config.md" finds it: share/doc/cxxlaunch/.

@@ -26,7 +26,7 @@ cmake --install "$build_dir" --prefix "$prefix" >"$work/install.log" || {
   cat "$work/install.log"
   fail "cmake --install failed"
 }
-for f in bin/cxxlaunch bin/cxxlaunchd bin/cxxlaunch_selftest bin/finetune bin/llama_init \
+for f in bin/cxxlaunch bin/cxxlaunchd bin/cxxlaunch_selftest bin/finetune bin/llama_init bin/tokenize \
   include/cxxlaunch/runtime/accelerator.h include/cxxlaunch/common/error.h \
   lib/libcxxlaunch_runtime.a lib/cmake/cxxlaunch/cxxlaunchConfig.cmake \
   lib/cmake/cxxlaunch/cxxlaunchConfigVersion.cmake lib/pkgconfig/cxxlaunch.pc \
