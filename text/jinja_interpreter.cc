@@ -125,24 +125,12 @@ class Interpreter {
     target->dict->set(node.attr, std::move(v));
   }
 
+  // What a for loop walks: builtins' iterate, with the template's line on its error.
   List iterable(const Value& v, int line) {
-    switch (v.kind) {
-      case Value::Kind::kList:
-        return *v.list;
-      case Value::Kind::kDict: {
-        List keys;
-        for (const auto& [k, _] : v.dict->items) keys.push_back(Value::string(k));
-        return keys;
-      }
-      case Value::Kind::kString: {
-        List chars;
-        for (auto& cp : codePoints(v.s)) chars.push_back(Value::string(std::move(cp)));
-        return chars;
-      }
-      case Value::Kind::kUndefined:
-        return {};
-      default:
-        throwAt(line, "'" + typeName(v) + "' object is not iterable");
+    try {
+      return iterate(v, "for");
+    } catch (const TemplateError& err) {
+      throwAt(line, err.what());
     }
   }
 

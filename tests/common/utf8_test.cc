@@ -22,8 +22,9 @@ TEST_CASE("Well-formed UTF-8 is recognised, malformed sequences are not", "[comm
   CHECK_FALSE(isValidUtf8("\x80"));              // a lone continuation byte
 }
 
-TEST_CASE("Invalid bytes become \\xHH, as Python's backslashreplace writes them",
-          "[common][utf8]") {
+TEST_CASE(
+    "Invalid bytes become backslash-x and two hex digits as Python's backslashreplace writes them",
+    "[common][utf8]") {
   CHECK(backslashReplaceInvalidUtf8("x\xff") == "x\\xff");
   CHECK(backslashReplaceInvalidUtf8("\xc3\xa9\xc3") == "\xc3\xa9\\xc3");
   CHECK(backslashReplaceInvalidUtf8("a\xe4\xb8"

@@ -281,9 +281,8 @@ TEST_CASE("finetune's memory report agrees with estimate-memory in every mode",
   TempDir dir;
   const std::string model = fixture(dir, "m1", {});
   const std::string text = writeText(dir, 60);
-  const Finished table = run(
-      {CXXLAUNCH_BIN, "estimate-memory", "--params", "112448", "--num_processes", "2", "--dtypes",
-       "fp32"});
+  const Finished table = run({CXXLAUNCH_BIN, "estimate-memory", "--params", "112448",
+                              "--num_processes", "2", "--dtypes", "fp32"});
   REQUIRE(table.exit_code == 0);
   for (const std::string strategy : {"ddp", "zero1", "zero2", "zero3", "fsdp_full_shard"}) {
     const std::string out = dir.path() + "/out-" + strategy;

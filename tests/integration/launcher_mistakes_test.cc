@@ -25,7 +25,7 @@ std::vector<std::string> lines(const std::string& text) {
 
 }  // namespace
 
-TEST_CASE("--flag true before the program is the flag's value, not the program",
+TEST_CASE("A boolean flag followed by true takes it as its value and not as the program",
           "[launcher][integration][bool_flags]") {
   TempDir dir;
   for (const std::string value : {"true", "false"}) {

@@ -33,7 +33,7 @@ std::vector<std::string> booleanFlags() {
 
 }  // namespace
 
-TEST_CASE("Every boolean flag takes no value, a separate value, or =value; then the program",
+TEST_CASE("Every boolean flag takes no value or a separate value or =value and then the program",
           "[cli][bool_flags]") {
   const auto flags = booleanFlags();
   for (const char* name : {"cpu", "use_cpu", "debug", "checkpoint_async", "zero3_init_flag",

@@ -243,7 +243,7 @@ TEST_CASE("A long series is plotted from a bounded number of points, its spikes 
   CHECK(svg.find(">100<") != std::string::npos);  // the spike sets the axis' top
 }
 
-TEST_CASE("A short series has a marker on each value; a long one is a line only", "[trackers]") {
+TEST_CASE("A short series has a marker on each value and a long one is a line only", "[trackers]") {
   const auto markers = [](const rt::ReportSeries& series) {
     const auto svg = rt::svgPlot(series, 480, 220);
     size_t count = 0;
@@ -307,7 +307,7 @@ TEST_CASE("A metric name that is not UTF-8 is escaped in every tracker's file", 
   CHECK(report.find("<h3>loss\\xff</h3>") != std::string::npos);
 }
 
-TEST_CASE("CSV name cells a spreadsheet would run as formulas are quoted; numbers are not",
+TEST_CASE("CSV name cells a spreadsheet would run as formulas are quoted but numbers are not",
           "[trackers]") {
   TempDir tmp;
   {

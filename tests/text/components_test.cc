@@ -75,7 +75,8 @@ TEST_CASE("The Llama 3 pattern splits as the tokenizers library does", "[text]")
   CHECK(pieces(regex, "\xE4\xBD\xA0\xE5\xA5\xBD!") == Strings{"\xE4\xBD\xA0\xE5\xA5\xBD", "!"});
 }
 
-TEST_CASE("Oniguruma's \\s is the White_Space property, spelled out for PCRE2", "[text]") {
+TEST_CASE("Oniguruma's whitespace class is the White_Space property spelled out for PCRE2",
+          "[text]") {
   const std::string translated = translateOnigurumaPattern(R"(\s+(?!\S)|[^\s\p{L}])");
   CHECK(translated.find("\\s") == std::string::npos);
   CHECK(translated.find("\\S") == std::string::npos);
