@@ -52,6 +52,7 @@
 #include "common/env_names.h"
 #include "common/error.h"
 #include "common/file.h"
+#include "models/chunked_loss.h"
 #include "models/llama.h"
 #include "runtime/accelerator.h"
 #include "runtime/checkpoint/model_folder.h"
@@ -377,7 +378,10 @@ int finetune(const Flags& f) {
       std::vector<torch::Tensor> rows;
       for (auto& e : batch) rows.push_back(e.data);
       const torch::Tensor x = torch::stack(rows).to(acc.device());
-      const torch::Tensor loss = models::causalLmLoss(model->forward(x), x);
+      // The LM head and the loss chunk by chunk: the [tokens, vocabulary] logits never exist
+      // (models/chunked_loss.h). Evaluation keeps the plain path: a rank without rows runs the
+      // model's forward to stay in step with the others' gathers.
+      const torch::Tensor loss = models::chunkedCausalLmLoss(model, x, x);
       const double loss_value = loss.item<double>();
       loss_sum += loss_value;
       ++loss_count;
