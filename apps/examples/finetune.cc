@@ -8,7 +8,8 @@
 //       --output_dir OUT [--eval_fraction 0.1] [--seed 1234] [--print_every 10]
 //   build/bin/finetune --model_dir OUT --data train.txt --seq_len 512 --steps 0   # load + eval
 //
-// Tokens: the folder's tokenizer.model through SentencePiece when there is one (each line of the
+// Tokens: the folder's tokenizer.json through text/ when there is one, else its tokenizer.model
+// through SentencePiece (either way each line of the
 // file encoded on its own, newlines dropped, no BOS: as HF's run_clm example feeds lines; in the
 // process finetune_tokenize, beside this binary, which says why), else
 // bytes (token = byte value; the vocabulary must hold 256). Every rank tokenises the whole file.

@@ -14,6 +14,9 @@
 
 #include "common/error.h"
 #include "common/file.h"
+#ifdef CXXLAUNCH_WITH_TEXT
+#include "text/tokenizer.h"
+#endif
 
 namespace cxxlaunch::examples {
 namespace {
@@ -83,8 +86,42 @@ std::vector<int64_t> sentencePieceTokens(const std::string& sp_model, const std:
 Tokens tokenizeFile(const std::string& model_dir, const std::string& data, int64_t vocab_size) {
   Tokens out;
   std::vector<int64_t>& tokens = out.ids;
-  const std::string sp_model = model_dir + "/tokenizer.model";
   struct stat st {};
+#ifdef CXXLAUNCH_WITH_TEXT
+  // tokenizer.json first, as transformers' AutoTokenizer prefers the fast tokenizer: the only
+  // tokenizer of Llama 3 and Qwen2/2.5/3 folders (text/, docs/text.md).
+  const std::string hf_json = model_dir + "/tokenizer.json";
+  if (::lstat(hf_json.c_str(), &st) == 0) {
+    const text::Tokenizer tokenizer = text::Tokenizer::fromFolder(model_dir);
+    if (tokenizer.vocabSize() > vocab_size) {
+      throw InvalidArgument(hf_json + " has " + std::to_string(tokenizer.vocabSize()) +
+                            " tokens, more than the model's vocab_size " +
+                            std::to_string(vocab_size));
+    }
+    // Each line on its own, without its newline and without BOS/EOS, as the SentencePiece path
+    // below and HF's run_clm example feed lines.
+    const std::string text = readRegularFile(data, "--data", std::numeric_limits<size_t>::max());
+    size_t line_number = 0;
+    for (size_t begin = 0; begin < text.size();) {
+      size_t end = text.find('\n', begin);
+      if (end == std::string::npos) end = text.size();
+      ++line_number;
+      try {
+        for (const int32_t id : tokenizer.encode(std::string_view(text).substr(begin, end - begin),
+                                                 /*add_special_tokens=*/false)) {
+          tokens.push_back(id);
+        }
+      } catch (const InvalidArgument& e) {
+        throw InvalidArgument("--data '" + data + "' line " + std::to_string(line_number) + ": " +
+                              e.what());
+      }
+      begin = end + 1;
+    }
+    out.tokenizer = "tokenizer.json " + hf_json;
+    return out;
+  }
+#endif
+  const std::string sp_model = model_dir + "/tokenizer.model";
   // lstat: a dangling or looping link named tokenizer.model is an error below, not "no model".
   if (::lstat(sp_model.c_str(), &st) != 0) {
     if (vocab_size < 256) {

