@@ -9,21 +9,13 @@
 #include <sstream>
 
 #include "support/subprocess.h"
+#include "support/text_lines.h"
 
 using namespace cxxlaunch::testing;
 using Args = std::vector<std::string>;
 namespace fs = std::filesystem;
 
-namespace {
-
-std::vector<std::string> lines(const std::string& text) {
-  std::vector<std::string> out;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) out.push_back(line);
-  return out;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 TEST_CASE("A boolean flag followed by true takes it as its value and not as the program",
           "[launcher][integration][bool_flags]") {

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "support/subprocess.h"
+#include "support/text_lines.h"
 
 using namespace cxxlaunch::testing;
 using namespace std::chrono_literals;
@@ -26,13 +27,6 @@ Finished launch(const Args& flags, const std::string& program, const Args& args)
   argv.push_back(program);
   argv.insert(argv.end(), args.begin(), args.end());
   return run(argv, {}, 240s);
-}
-
-std::vector<std::string> lines(const std::string& text) {
-  std::vector<std::string> out;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) out.push_back(line);
-  return out;
 }
 
 std::string eventFileIn(const std::string& dir) {

@@ -26,6 +26,9 @@
 #include "runtime/observability/event_file.h"
 #include "runtime/observability/report.h"
 #include "support/subprocess.h"
+#include "support/text_lines.h"
+
+using cxxlaunch::testing::lines;
 
 using cxxlaunch::InvalidArgument;
 using cxxlaunch::testing::readFile;
@@ -52,13 +55,6 @@ std::string eventFileIn(const std::string& dir) {
     if (name.rfind("events.out.tfevents.", 0) == 0) return dir + "/" + name;
   }
   return "";
-}
-
-std::vector<std::string> lines(const std::string& text) {
-  std::vector<std::string> out;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) out.push_back(line);
-  return out;
 }
 
 // Values whose float and decimal forms are exact, so every file must hold them to the digit.

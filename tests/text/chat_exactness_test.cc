@@ -18,6 +18,9 @@
 
 #include "common/error.h"
 #include "support/subprocess.h"
+#include "support/text_lines.h"
+
+using cxxlaunch::testing::lines;
 #include "text/chat_template.h"
 
 using namespace cxxlaunch;
@@ -142,13 +145,6 @@ json tools() {
                           {{"type", "object"},
                            {"properties", {{"city", {{"type", "string"}}}}},
                            {"required", json::array({"city"})}}}}}}});
-}
-
-std::vector<std::string> lines(const std::string& text) {
-  std::vector<std::string> out;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) out.push_back(line);
-  return out;
 }
 
 // The programs that give the expected renderings, run on the same template and variables.

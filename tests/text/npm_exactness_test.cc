@@ -15,18 +15,14 @@
 #include <tuple>
 
 #include "support/subprocess.h"
+#include "support/text_lines.h"
+
+using cxxlaunch::testing::lines;
 #include "text/tokenizer.h"
 
 using namespace cxxlaunch;
 
 namespace {
-
-std::vector<std::string> lines(const std::string& text) {
-  std::vector<std::string> out;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) out.push_back(line);
-  return out;
-}
 
 // Random strings drawn from pools that stress the pipeline: contraction letters next to
 // apostrophes, digit runs, whitespace of several kinds, marks, many scripts, emoji with ZWJ,
