@@ -1,0 +1,48 @@
+#!/usr/bin/env python3
+"""The user guides (docs/*.md and the README) are guides, not run logs: no dates, clock times or
+load averages. A dated run belongs in bench/results/, which a guide may link to (the link's file
+name carries the run's date; that is the one place a date may appear).
+
+usage: guides_check.py REPO
+Exit 0: no dated line; 1: the dated lines listed, as FILE:LINE: TEXT.
+"""
+import glob
+import os
+import re
+import sys
+
+DATED = [
+    re.compile(r"\b(19|20)\d\d-[01]\d-[0-3]\d\b"),                 # 2026-12-04
+    re.compile(r"\b[0-2]?\d:[0-5]\d(:[0-5]\d)?\s*(UTC|GMT|Z\b|[ap]\.?m\.?)", re.I),  # 23:39 UTC
+    re.compile(r"\b(at|since|until|from)\s+[0-2]?\d:[0-5]\d\b", re.I),   # at 23:39
+    re.compile(r"\bload average", re.I),
+    re.compile(r"\b(January|February|March|April|May|June|July|August|September|October|"
+               r"November|December)\s+\d{1,2},?\s+(19|20)\d\d\b"),
+]
+RESULTS_LINK = re.compile(r"bench/results/[\w.-]+")
+
+
+def dated_lines(path):
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, 1):
+            text = RESULTS_LINK.sub("bench/results/RUN", line)
+            if any(p.search(text) for p in DATED):
+                yield number, line.rstrip("\n")
+
+
+def main():
+    repo = sys.argv[1]
+    guides = sorted(glob.glob(os.path.join(repo, "docs", "**", "*.md"), recursive=True))
+    guides.append(os.path.join(repo, "README.md"))
+    found = [(os.path.relpath(g, repo), n, t) for g in guides for n, t in dated_lines(g)]
+    for path, number, text in found:
+        print(f"{path}:{number}: {text}")
+    if found:
+        print(f"{len(found)} dated line(s) in the guides: move the run to bench/results/ and link "
+              "it, or say it without the date")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
