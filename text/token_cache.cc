@@ -185,9 +185,16 @@ void writeCacheFile(const std::string& path, const Digest& key,
   for (const auto& e : examples) h.tokens += e.input_ids.size();
   AtomicFile file(path, Durability::kPowerLoss, Writes::kThroughPageCache, 0644);
   Sha256 checksum;
+  // Examples are small: gathered into 1 MiB writes rather than one system call each.
+  std::string buffer;
+  auto flush = [&] {
+    file.append(buffer.data(), buffer.size());
+    checksum.update(buffer.data(), buffer.size());
+    buffer.clear();
+  };
   auto append = [&](const void* data, size_t bytes) {
-    file.append(data, bytes);
-    checksum.update(data, bytes);
+    buffer.append(static_cast<const char*>(data), bytes);
+    if (buffer.size() >= (size_t{1} << 20)) flush();
   };
   append(&h, sizeof(h));
   for (const auto& e : examples) {
@@ -196,6 +203,7 @@ void writeCacheFile(const std::string& path, const Digest& key,
   }
   for (const auto& e : examples) append(e.input_ids.data(), e.input_ids.size() * 4);
   for (const auto& e : examples) append(e.labels.data(), e.labels.size() * 4);
+  flush();
   const Digest sum = checksum.final();
   file.append(sum.data(), sum.size());
   file.commit();

@@ -1,8 +1,8 @@
 // Training examples on the real Qwen3 and Llama 3 tokenizers (the pinned npm fixtures) with the
 // Qwen2.5 and Llama 3.1 templates of tests/text/templates: the ids are those of the rendered
 // conversation, and the tokens that carry loss are exactly each assistant turn's content and the
-// end of its turn, as the {% generation %} blocks of TRL's training templates for these families
-// mark them (Qwen: "CONTENT<|im_end|>\n"; Llama: "CONTENT<|eot_id|>").
+// end of its turn (Qwen: "CONTENT<|im_end|>\n"; Llama: "CONTENT<|eot_id|>", the span of the
+// {% generation %} block in TRL's training variant of the Llama 3 template).
 
 #include <catch2/catch.hpp>
 #include <filesystem>
