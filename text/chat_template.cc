@@ -111,6 +111,22 @@ ChatTemplate ChatTemplate::fromFolder(const std::string& dir) {
       std::make_shared<Impl>(std::move(text), specialTokens(config, config_path.string())));
 }
 
+std::optional<ChatTemplate> ChatTemplate::fromFolderIfAny(const std::string& dir) {
+  const std::filesystem::path folder(dir);
+  const auto config_path = folder / "tokenizer_config.json";
+  if (!std::filesystem::exists(folder / "chat_template.jinja")) {
+    if (!std::filesystem::exists(config_path)) return std::nullopt;
+    // A config that does not parse is fromFolder's error to report.
+    const auto config =
+        nlohmann::json::parse(readFile(config_path), nullptr, /*allow_exceptions=*/false);
+    if (config.is_object() &&
+        (!config.contains("chat_template") || config["chat_template"].is_null())) {
+      return std::nullopt;
+    }
+  }
+  return fromFolder(dir);
+}
+
 ChatTemplate ChatTemplate::fromConfigJson(std::string_view tokenizer_config_json,
                                           const std::string& source) {
   const nlohmann::json config = parseConfig(tokenizer_config_json, source);

@@ -21,6 +21,7 @@
 
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -35,6 +36,11 @@ class ChatTemplate {
   // DIR/chat_template.jinja if present, else DIR/tokenizer_config.json's chat_template; the
   // special tokens from tokenizer_config.json. InvalidArgument when there is no template.
   static ChatTemplate fromFolder(const std::string& dir);
+
+  // fromFolder(dir) when the folder ships a template (chat_template.jinja, or a chat_template in
+  // tokenizer_config.json); nullopt when it ships none. A template that is there but broken
+  // throws as fromFolder does.
+  static std::optional<ChatTemplate> fromFolderIfAny(const std::string& dir);
 
   // From tokenizer_config.json's text: `chat_template` a string, or a list of {name, template}
   // of which "default" is used. `source` names the file in messages.

@@ -11,10 +11,19 @@
 //
 // prints, per JSON line {"messages": [...]}, one JSON string: the messages as the folder's chat
 // template renders them (`tok.apply_chat_template(messages, tokenize=False, ...)`).
+//
+//   tokenize --model_dir DIR --data FILE.jsonl --labels [--max_length N [--truncation]]
+//
+// prints, per example of FILE ({"text"}, {"prompt", "completion"} or {"messages"} lines; blank
+// lines skipped), {"input_ids": [...], "labels": [...]}: exactly what finetune trains on
+// (text/sft_data.h, docs/text.md "Training data"), with -100 where the loss is masked: the
+// prompt, and all but the assistant's turns of a conversation.
+//
 // Exit codes: 0 done; 2 a user's mistake (a bad flag, a folder without a supported
 // tokenizer.json or chat template, an unreadable file, a line that is not UTF-8, not JSON or
-// without messages, a conversation the template refuses), with one `error:` line on stderr and
-// nothing on stdout; 1 anything else (stdout could not be written).
+// without the fields, a conversation the template refuses, an example longer than --max_length
+// without --truncation, ...), with one `error:` line on stderr and nothing on stdout; 1 anything
+// else (stdout could not be written).
 
 #include <cstdio>
 #include <fstream>
@@ -29,22 +38,23 @@
 #include "common/error.h"
 #include "common/utf8.h"
 #include "text/chat_template.h"
+#include "text/sft_data.h"
 #include "text/tokenizer.h"
 
 using namespace cxxlaunch;
 
 namespace {
 
-// What is printed per example: the ids of each text line, or the chat template's rendering of
-// each JSON line. The labels finetune trains on (--labels) will be a third mode over the same
-// JSON lines (readJsonLines).
-enum class Mode { kIds, kRender };
+// What is printed per example: the ids of each text line, the chat template's rendering of each
+// JSON line, or the ids and labels finetune trains on.
+enum class Mode { kIds, kRender, kLabels };
 
 struct Options {
   std::string model_dir;
   std::string data;
   bool add_special_tokens = false;
   bool add_generation_prompt = false;
+  text::DataOptions data_options;
   Mode mode = Mode::kIds;
 };
 
@@ -71,10 +81,28 @@ Options parse(int argc, char** argv) {
   app.add_flag(cli::spellings("add_generation_prompt"), o.add_generation_prompt,
                "with --render: end with the assistant's header, as add_generation_prompt=True")
       ->needs(render_flag);
-  // A rendering is text: the template writes its own BOS.
+  bool labels = false;
+  auto* labels_flag = app.add_flag(
+      cli::spellings("labels"), labels,
+      "FILE is JSON lines of {\"text\"}, {\"prompt\", \"completion\"} or {\"messages\"}: print "
+      "each example as finetune trains on it, {\"input_ids\": [...], \"labels\": [...]} with "
+      "-100 where no loss is taken");
+  app.add_option(cli::spellings("max_length"), o.data_options.max_length,
+                 "with --labels: the most tokens an example may have (0: no limit), as "
+                 "finetune's --max_length")
+      ->needs(labels_flag)
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag(cli::spellings("truncation"), o.data_options.truncation,
+               "with --labels: keep the first --max_length tokens of a longer example instead of "
+               "refusing it, as finetune's --truncation")
+      ->needs(labels_flag);
+  // A rendering is text: the template writes its own BOS. The labels follow TRL's rules for BOS.
   render_flag->excludes(special_flag);
+  labels_flag->excludes(special_flag);
+  labels_flag->excludes(render_flag);
   cli::parseOrExit(app, argc, argv);
   if (render) o.mode = Mode::kRender;
+  if (labels) o.mode = Mode::kLabels;
   return o;
 }
 
@@ -154,7 +182,40 @@ std::string renderAll(const text::ChatTemplate& chat, const Options& o,
   return out;
 }
 
+void appendIds(std::string& out, const std::vector<int32_t>& ids) {
+  out += '[';
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i > 0) out += ',';
+    out += std::to_string(ids[i]);
+  }
+  out += ']';
+}
+
+// Every example is made before anything is printed: a bad line prints nothing.
+int printLabels(const Options& o) {
+  const text::Tokenizer tokenizer = text::Tokenizer::fromFolder(o.model_dir);
+  const auto chat = text::ChatTemplate::fromFolderIfAny(o.model_dir);
+  const auto examples =
+      text::readTrainingExamples(o.data, tokenizer, chat ? &*chat : nullptr, o.data_options);
+  std::string out;
+  for (const auto& e : examples) {
+    out += "{\"input_ids\": ";
+    appendIds(out, e.input_ids);
+    out += ", \"labels\": ";
+    appendIds(out, e.labels);
+    out += "}\n";
+    if (out.size() >= (1u << 20)) {
+      writeOut(out);
+      out.clear();
+    }
+  }
+  writeOut(out);
+  if (std::fflush(stdout) != 0) throw Error("cannot write to stdout");
+  return 0;
+}
+
 int run(const Options& o) {
+  if (o.mode == Mode::kLabels) return printLabels(o);
   if (o.mode == Mode::kRender) {
     const text::ChatTemplate chat = text::ChatTemplate::fromFolder(o.model_dir);
     const std::string data = readFile(o.data);
@@ -168,13 +229,8 @@ int run(const Options& o) {
   const auto lines = linesOf(data, o.data);
   std::string out;
   for (const auto line : lines) {
-    const auto ids = tokenizer.encode(line, o.add_special_tokens);
-    out += '[';
-    for (size_t i = 0; i < ids.size(); ++i) {
-      if (i > 0) out += ',';
-      out += std::to_string(ids[i]);
-    }
-    out += "]\n";
+    appendIds(out, tokenizer.encode(line, o.add_special_tokens));
+    out += '\n';
     if (out.size() >= (1u << 20)) {
       writeOut(out);
       out.clear();
