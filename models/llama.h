@@ -11,6 +11,7 @@
 //   acc.prepare(model.ptr(), optimizer);
 //   acc.loadModel(dir);                                 // each rank reads its shards' bytes
 //   auto logits = model(input_ids);                     // [B, T] int64 -> [B, T, vocab]
+//   auto packed = model->forward(input_ids, {}, position_ids);   // rows of packed examples
 //   acc.backward(cxxlaunch::models::causalLmLoss(logits, labels));
 //
 // The decoder layers run through unitForward (runtime/strategy/unit.h) themselves: their type
