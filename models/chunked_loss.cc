@@ -180,7 +180,14 @@ torch::Tensor chunkedCausalLmLoss(const torch::Tensor& hidden, const torch::Tens
 torch::Tensor chunkedCausalLmLoss(LlamaForCausalLM& model, const torch::Tensor& input_ids,
                                   const torch::Tensor& labels, const torch::Tensor& attention_mask,
                                   const ChunkedLossOptions& options) {
-  const torch::Tensor hidden = model->model(input_ids, attention_mask);
+  return chunkedCausalLmLoss(model, input_ids, labels, attention_mask, torch::Tensor(), options);
+}
+
+torch::Tensor chunkedCausalLmLoss(LlamaForCausalLM& model, const torch::Tensor& input_ids,
+                                  const torch::Tensor& labels, const torch::Tensor& attention_mask,
+                                  const torch::Tensor& position_ids,
+                                  const ChunkedLossOptions& options) {
+  const torch::Tensor hidden = model->model(input_ids, attention_mask, position_ids);
   if (!model->lm_head) {
     return chunkedCausalLmLoss(hidden, model->model->embed_tokens->weight, labels, options);
   }

@@ -69,5 +69,11 @@ torch::Tensor chunkedCausalLmLoss(LlamaForCausalLM& model, const torch::Tensor& 
                                   const torch::Tensor& labels,
                                   const torch::Tensor& attention_mask = {},
                                   const ChunkedLossOptions& options = {});
+// The same for packed rows: causalLmLoss(model(input_ids, attention_mask, position_ids), labels)
+// without the logits (position_ids as LlamaForCausalLM's forward takes them; undefined: 0..T-1).
+torch::Tensor chunkedCausalLmLoss(LlamaForCausalLM& model, const torch::Tensor& input_ids,
+                                  const torch::Tensor& labels, const torch::Tensor& attention_mask,
+                                  const torch::Tensor& position_ids,
+                                  const ChunkedLossOptions& options = {});
 
 }  // namespace cxxlaunch::models

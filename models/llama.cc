@@ -10,6 +10,7 @@
 #include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "common/error.h"
 #include "common/file.h"
@@ -54,6 +55,20 @@ torch::nn::Linear linear(int64_t in, int64_t out, bool bias) {
 torch::Tensor rotateHalf(const torch::Tensor& x) {
   const int64_t half = x.size(-1) / 2;
   return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+// The rotary angles position * inv_freq, for fp32 positions of any shape [...]: [..., head_dim]
+// (the frequencies twice, as HF's cat((freqs, freqs))).
+torch::Tensor rotaryAngles(const LlamaConfig& c, const torch::Tensor& positions) {
+  const int64_t dim = c.headDim();
+  const torch::Tensor inv_freq =
+      1.0 /
+      torch::pow(
+          c.rope_theta,
+          torch::arange(0, dim, 2, positions.options().dtype(torch::kLong)).to(torch::kFloat) /
+              static_cast<double>(dim));
+  const torch::Tensor freqs = positions.unsqueeze(-1) * inv_freq;
+  return torch::cat({freqs, freqs}, -1);
 }
 
 }  // namespace
@@ -320,7 +335,8 @@ LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c)
 }
 
 torch::Tensor LlamaModelImpl::forward(const torch::Tensor& input_ids,
-                                      const torch::Tensor& attention_mask) {
+                                      const torch::Tensor& attention_mask,
+                                      const torch::Tensor& position_ids) {
   if (input_ids.dim() != 2 || input_ids.scalar_type() != torch::kLong) {
     throw InvalidArgument("LlamaModel: input_ids must be int64 of shape [batch, length]");
   }
@@ -331,19 +347,36 @@ torch::Tensor LlamaModelImpl::forward(const torch::Tensor& input_ids,
                           std::to_string(config_.sliding_window) +
                           ", which this build does not implement; use shorter sequences");
   }
-  const auto [cos, sin] = rotaryTables(config_, length, input_ids.device());
+  torch::Tensor cos, sin;
   // What each query must not see: the future, and padding keys. [T, T] or [B, 1, T, T].
   torch::Tensor masked =
       torch::ones({length, length},
                   torch::TensorOptions().dtype(torch::kBool).device(input_ids.device()))
           .triu(1);
+  if (position_ids.defined()) {
+    if (position_ids.sizes() != input_ids.sizes() || position_ids.scalar_type() != torch::kLong) {
+      throw InvalidArgument(
+          "LlamaModel: position_ids must be int64 of input_ids' shape [batch, length]");
+    }
+    const torch::Tensor positions = position_ids.to(input_ids.device());
+    std::tie(cos, sin) = rotaryTables(config_, positions);
+    // Packed examples (HF's padding-free convention): an example starts wherever its position is
+    // 0, and a query sees only the keys of its own example. Segment ids by a running count of the
+    // starts: one comparison per query-key pair, no loop over examples.
+    const torch::Tensor segment = (positions == 0).cumsum(1);
+    const torch::Tensor other = segment.unsqueeze(2) != segment.unsqueeze(1);  // [B, T, T]
+    masked = (masked.unsqueeze(0) | other).view({batch, 1, length, length});
+  } else {
+    std::tie(cos, sin) = rotaryTables(config_, length, input_ids.device());
+  }
   if (attention_mask.defined()) {
     if (attention_mask.sizes() != input_ids.sizes()) {
       throw InvalidArgument(
           "LlamaModel: attention_mask must have input_ids' shape [batch, length]");
     }
     const torch::Tensor padding = (attention_mask == 0).to(input_ids.device());
-    masked = (masked.unsqueeze(0) | padding.view({batch, 1, length})).unsqueeze(1);
+    masked = masked.dim() == 2 ? masked.unsqueeze(0) : masked.squeeze(1);
+    masked = (masked | padding.view({batch, 1, length})).unsqueeze(1);
   }
   torch::Tensor h = runtime::unitForward(embed_tokens, input_ids);
   for (auto& layer : decoder_) h = runtime::unitForward(layer, h, cos, sin, masked);
@@ -358,23 +391,27 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c)
 }
 
 torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& input_ids,
-                                            const torch::Tensor& attention_mask) {
-  const torch::Tensor h = model(input_ids, attention_mask);
+                                            const torch::Tensor& attention_mask,
+                                            const torch::Tensor& position_ids) {
+  const torch::Tensor h = model(input_ids, attention_mask, position_ids);
   return lm_head ? runtime::unitForward(lm_head, h)
                  : torch::matmul(h, model->embed_tokens->weight.t());
 }
 
 std::pair<torch::Tensor, torch::Tensor> rotaryTables(const LlamaConfig& c, int64_t length,
                                                      const torch::Device& device) {
-  const int64_t dim = c.headDim();
-  const auto f32 = torch::TensorOptions().dtype(torch::kFloat).device(device);
-  const torch::Tensor inv_freq =
-      1.0 /
-      torch::pow(c.rope_theta, torch::arange(0, dim, 2, f32.dtype(torch::kLong)).to(torch::kFloat) /
-                                   static_cast<double>(dim));
-  const torch::Tensor freqs = torch::outer(torch::arange(length, f32), inv_freq);
-  const torch::Tensor emb = torch::cat({freqs, freqs}, -1);
+  const torch::Tensor positions =
+      torch::arange(length, torch::TensorOptions().dtype(torch::kFloat).device(device));
+  const torch::Tensor emb = rotaryAngles(c, positions);
   return {emb.cos(), emb.sin()};
+}
+
+std::pair<torch::Tensor, torch::Tensor> rotaryTables(const LlamaConfig& c,
+                                                     const torch::Tensor& position_ids) {
+  // [B, T] -> [B, 1, T, head_dim]: one table per row, broadcast over the heads. Each angle is the
+  // same fp32 product as the [T] form's, so a packed example's tables equal its own run's.
+  const torch::Tensor emb = rotaryAngles(c, position_ids.to(torch::kFloat));
+  return {emb.cos().unsqueeze(1), emb.sin().unsqueeze(1)};
 }
 
 torch::Tensor causalLmLoss(const torch::Tensor& logits, const torch::Tensor& labels) {

@@ -11,6 +11,7 @@
 //   acc.prepare(model.ptr(), optimizer);
 //   acc.loadModel(dir);                                 // each rank reads its shards' bytes
 //   auto logits = model(input_ids);                     // [B, T] int64 -> [B, T, vocab]
+//   auto packed = model->forward(input_ids, {}, position_ids);   // rows of packed examples
 //   acc.backward(cxxlaunch::models::causalLmLoss(logits, labels));
 //
 // The decoder layers run through unitForward (runtime/strategy/unit.h) themselves: their type
@@ -98,8 +99,8 @@ TORCH_MODULE(LlamaRMSNorm);
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
   explicit LlamaAttentionImpl(const LlamaConfig& config);
-  // x [B, T, hidden]; cos and sin [T, head_dim] (rotaryTables); `masked`: true where a query
-  // must not see a key, [T, T] or [B, 1, T, T].
+  // x [B, T, hidden]; cos and sin [T, head_dim] or, per row, [B, 1, T, head_dim] (rotaryTables);
+  // `masked`: true where a query must not see a key, [T, T] or [B, 1, T, T].
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                         const torch::Tensor& masked);
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
@@ -166,8 +167,9 @@ TORCH_MODULE(LlamaLMHead);
 class LlamaModelImpl : public torch::nn::Module {
  public:
   explicit LlamaModelImpl(const LlamaConfig& config);
-  // [B, T] -> hidden states [B, T, H]; attention_mask as LlamaForCausalLM's.
-  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {});
+  // [B, T] -> hidden states [B, T, H]; attention_mask and position_ids as LlamaForCausalLM's.
+  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {},
+                        const torch::Tensor& position_ids = {});
   LlamaEmbedding embed_tokens{nullptr};
   torch::nn::ModuleList layers;
   LlamaRMSNorm norm{nullptr};
@@ -183,7 +185,14 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   explicit LlamaForCausalLMImpl(const LlamaConfig& config);
   // [B, T] int64 -> logits [B, T, V]. attention_mask (optional, HF's): [B, T], 1 for tokens,
   // 0 for padding, which no query attends to (left or right padding; positions stay 0..T-1).
-  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {});
+  // position_ids (optional): [B, T] int64, each token's rotary position; undefined means 0..T-1
+  // in every row. Given, they also say where packed examples start, as HF's padding-free
+  // batches do: a new example begins at every position 0, and a query attends only to the keys
+  // of its own example at or before it (a block-diagonal causal mask). Rows of examples packed
+  // so (text/packing.h) train as the examples would one by one: the same loss and gradients, to
+  // rounding, when each example's first label is -100.
+  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask = {},
+                        const torch::Tensor& position_ids = {});
   const LlamaConfig& config() const { return config_; }
   LlamaModel model{nullptr};
   LlamaLMHead lm_head{nullptr};  // null when tie_word_embeddings: embed_tokens' weight
@@ -196,6 +205,10 @@ TORCH_MODULE(LlamaForCausalLM);
 // cos and sin of the rotary embedding for positions 0..length-1: [length, head_dim], fp32.
 std::pair<torch::Tensor, torch::Tensor> rotaryTables(const LlamaConfig& config, int64_t length,
                                                      const torch::Device& device);
+// The same at each row's own positions, position_ids [B, T] (any integer or floating dtype):
+// [B, 1, T, head_dim], fp32, on position_ids' device.
+std::pair<torch::Tensor, torch::Tensor> rotaryTables(const LlamaConfig& config,
+                                                     const torch::Tensor& position_ids);
 
 // HF's causal-LM loss: logits [B, T, V] at position t predict labels [B, T] at t + 1; labels
 // -100 are ignored; the mean over the rest, in fp32.

@@ -7,7 +7,10 @@ only the Python standard library and torch (no transformers, no safetensors pack
 
 Usage: llama_reference.py CASE.safetensors CONFIG.json
 CASE holds the weights by HF's names, input_ids, labels, our logits and loss, and optionally
-attention_mask (I64, 1 = token, 0 = padding), applied as HF's eager attention does.
+attention_mask (I64, 1 = token, 0 = padding), applied as HF's eager attention does, and
+position_ids (I64, [B, T]): each token's rotary position, and packed examples as HF's
+padding-free batches mark them (an example starts at every position 0; a token attends only to
+earlier tokens of its own example).
 Exit 0: logits and loss match; 1: they do not (or a parameter is missing/extra/misshapen);
 2: bad input.
 """
@@ -16,7 +19,7 @@ import torch
 
 DTYPES = {"F32": torch.float32, "I64": torch.int64}
 INPUTS = {"input_ids": "I64", "logits": "F32", "labels": "I64", "loss": "F32"}
-OPTIONAL = {"attention_mask": "I64"}
+OPTIONAL = {"attention_mask": "I64", "position_ids": "I64"}
 
 def read_safetensors(path):
     with open(path, "rb") as f:
@@ -61,15 +64,33 @@ def rotate_half(x):
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
-def forward(c, W, input_ids, attention_mask=None):
+def packed_mask(position_ids):
+    """[B, 1, T, T] additive mask: a key is visible if it is at or before the query and no
+    example starts (position 0) after the key and at or before the query."""
+    B, T = position_ids.shape
+    mask = torch.full((B, 1, T, T), torch.finfo(torch.float32).min)
+    for b in range(B):
+        start = 0
+        for q in range(T):
+            if position_ids[b, q].item() == 0:
+                start = q
+            mask[b, 0, q, start:q + 1] = 0.0
+    return mask
+
+def forward(c, W, input_ids, attention_mask=None, position_ids=None):
     B, T = input_ids.shape
     nq, nkv, hd, eps = c["num_attention_heads"], c["num_key_value_heads"], head_dim(c), c["rms_norm_eps"]
     inv_freq = 1.0 / (c["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
-    freqs = torch.outer(torch.arange(T, dtype=torch.int64).float(), inv_freq)
+    if position_ids is None:
+        freqs = torch.outer(torch.arange(T, dtype=torch.int64).float(), inv_freq)
+    else:  # HF's rotary embedding: [B, T] positions -> [B, 1, T, hd] tables
+        freqs = (inv_freq[None, :, None] @ position_ids[:, None, :].float()).transpose(1, 2)[:, None]
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos(), emb.sin()
     # HF's 4D mask: the lowest float above the diagonal, and on every padding key.
     mask = torch.full((T, T), torch.finfo(torch.float32).min).triu(1)[None, None]
+    if position_ids is not None:
+        mask = packed_mask(position_ids)
     if attention_mask is not None:
         padding = mask + attention_mask[:, None, None, :].float()
         mask = mask.masked_fill(padding == 0, torch.finfo(torch.float32).min)
@@ -125,7 +146,8 @@ def main(argv):
     W = {n: t for n, (_, t) in params.items()}
     ids, ours, labels, our_loss = (tensors[n][1] for n in ("input_ids", "logits", "labels", "loss"))
     with torch.no_grad():
-        logits = forward(c, W, ids, tensors["attention_mask"][1] if "attention_mask" in tensors else None)
+        optional = {n: tensors[n][1] if n in tensors else None for n in OPTIONAL}
+        logits = forward(c, W, ids, optional["attention_mask"], optional["position_ids"])
         loss = causal_lm_loss(logits, labels).item()
     if ours.shape != logits.shape or our_loss.numel() != 1:
         print("shape mismatch: logits %s vs ours %s, loss numel %d" % (list(logits.shape), list(ours.shape),
