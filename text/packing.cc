@@ -20,7 +20,7 @@ struct Piece {
   size_t size;
 };
 
-std::vector<Piece> pieces(const std::vector<TokenizedExample>& examples,
+std::vector<Piece> pieces(const std::vector<TrainingExample>& examples,
                           const PackingOptions& options) {
   if (options.length < 1) {
     throw InvalidArgument("the packing length is " + std::to_string(options.length) +
@@ -30,7 +30,7 @@ std::vector<Piece> pieces(const std::vector<TokenizedExample>& examples,
   std::vector<Piece> out;
   out.reserve(examples.size());
   for (size_t i = 0; i < examples.size(); ++i) {
-    const TokenizedExample& e = examples[i];
+    const TrainingExample& e = examples[i];
     const size_t size = e.input_ids.size();
     if (e.labels.size() != size) {
       throw InvalidArgument("example " + std::to_string(i) + " has " + std::to_string(size) +
@@ -60,12 +60,12 @@ std::vector<Piece> pieces(const std::vector<TokenizedExample>& examples,
   return out;
 }
 
-// `mask_first`: the piece's first label becomes kIgnoreLabel, in a packed row, so that no
+// `mask_first`: the piece's first label becomes kIgnoreIndex, in a packed row, so that no
 // token is trained to predict the next example's first token.
-void append(Row& row, const TokenizedExample& e, const Piece& piece, bool mask_first) {
+void append(Row& row, const TrainingExample& e, const Piece& piece, bool mask_first) {
   for (size_t k = 0; k < piece.size; ++k) {
     row.input_ids.push_back(e.input_ids[piece.begin + k]);
-    row.labels.push_back(k == 0 && mask_first ? kIgnoreLabel : e.labels[piece.begin + k]);
+    row.labels.push_back(k == 0 && mask_first ? kIgnoreIndex : e.labels[piece.begin + k]);
     row.position_ids.push_back(static_cast<int32_t>(k));
   }
   row.examples.push_back(piece.example);
@@ -78,7 +78,7 @@ void pad(Row& row, const PackingOptions& options, bool restart) {
   int32_t position = restart ? 0 : static_cast<int32_t>(row.position_ids.size());
   while (row.input_ids.size() < length) {
     row.input_ids.push_back(options.pad_id);
-    row.labels.push_back(kIgnoreLabel);
+    row.labels.push_back(kIgnoreIndex);
     row.position_ids.push_back(position++);
   }
 }
@@ -94,7 +94,7 @@ Row emptyRow(const PackingOptions& options) {
 
 }  // namespace
 
-std::vector<Row> packExamples(const std::vector<TokenizedExample>& examples,
+std::vector<Row> packExamples(const std::vector<TrainingExample>& examples,
                               const PackingOptions& options) {
   const std::vector<Piece> all = pieces(examples, options);
   std::vector<size_t> order(all.size());
@@ -126,7 +126,7 @@ std::vector<Row> packExamples(const std::vector<TokenizedExample>& examples,
   return rows;
 }
 
-std::vector<Row> padExamples(const std::vector<TokenizedExample>& examples,
+std::vector<Row> padExamples(const std::vector<TrainingExample>& examples,
                              const PackingOptions& options) {
   std::vector<Row> rows;
   for (const Piece& piece : pieces(examples, options)) {

@@ -32,17 +32,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "text/sft_data.h"
+
 namespace cxxlaunch::text {
-
-// The label a token gets when the loss ignores it (PyTorch's and HF's ignore_index).
-inline constexpr int32_t kIgnoreLabel = -100;
-
-// One tokenized example: input_ids and labels of the same length, labels kIgnoreLabel where the
-// loss is masked (a prompt under a completion-only loss).
-struct TokenizedExample {
-  std::vector<int32_t> input_ids;
-  std::vector<int32_t> labels;
-};
 
 // One row of `length` tokens.
 struct Row {
@@ -71,14 +63,14 @@ struct PackingOptions {
 // have no token to train on). Throws InvalidArgument for a length < 1, an example whose labels
 // are not as long as its input_ids (naming it), and under Overlong::kError an example longer than
 // `length` (naming it and both lengths).
-std::vector<Row> packExamples(const std::vector<TokenizedExample>& examples,
+std::vector<Row> packExamples(const std::vector<TrainingExample>& examples,
                               const PackingOptions& options);
 
-// One example per row, in input order, right-padded to `length` (pad_id, labels kIgnoreLabel);
+// One example per row, in input order, right-padded to `length` (pad_id, labels kIgnoreIndex);
 // position_ids 0..length-1, as an unpacked row's default. Labels are kept as given (the first is
 // dropped by the label shift). Empty examples are left out; errors and overlong examples as
 // packExamples' (kSplit: one row per piece).
-std::vector<Row> padExamples(const std::vector<TokenizedExample>& examples,
+std::vector<Row> padExamples(const std::vector<TrainingExample>& examples,
                              const PackingOptions& options);
 
 }  // namespace cxxlaunch::text

@@ -51,13 +51,13 @@ TEST_CASE("Rows from text::packExamples train as their examples one by one", "[m
   // 14 examples of 1 to 12 tokens, a prompt of a third of each masked; one of a single token
   // (nothing to predict, alone or packed).
   std::mt19937 rng(5);
-  std::vector<text::TokenizedExample> examples;
+  std::vector<text::TrainingExample> examples;
   for (int i = 0; i < 14; ++i) {
-    text::TokenizedExample e;
+    text::TrainingExample e;
     const size_t n = i == 0 ? 1 : 1 + rng() % 12;
     for (size_t k = 0; k < n; ++k) e.input_ids.push_back(static_cast<int32_t>(1 + rng() % 52));
     e.labels = e.input_ids;
-    for (size_t k = 0; k < n / 3; ++k) e.labels[k] = text::kIgnoreLabel;
+    for (size_t k = 0; k < n / 3; ++k) e.labels[k] = text::kIgnoreIndex;
     examples.push_back(e);
   }
 

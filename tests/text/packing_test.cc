@@ -16,12 +16,12 @@ using Ids = std::vector<int32_t>;
 
 namespace {
 
-constexpr int32_t X = kIgnoreLabel;
+constexpr int32_t X = kIgnoreIndex;
 
 // An example of `size` tokens whose ids are base, base + 1, ... and labels the same ids (every
 // token trained), so that a token's origin reads off its id.
-TokenizedExample example(int32_t base, int32_t size) {
-  TokenizedExample e;
+TrainingExample example(int32_t base, int32_t size) {
+  TrainingExample e;
   for (int32_t k = 0; k < size; ++k) e.input_ids.push_back(base + k);
   e.labels = e.input_ids;
   return e;
@@ -33,7 +33,7 @@ TEST_CASE("Packing places examples best-fit decreasing, as TRL's bfd", "[text][p
   // Sizes 5, 3, 4, 2, 6, 1 into rows of 8. Longest first: 6 opens row 0 (room 2), 5 opens row 1
   // (room 3), 4 opens row 2 (room 4), 3 fits row 1 best (room 3 -> 0), 2 fits row 0 best
   // (room 2 -> 0), 1 goes to row 2 (the only room left, 4 -> 3).
-  const std::vector<TokenizedExample> examples = {example(100, 5), example(200, 3),
+  const std::vector<TrainingExample> examples = {example(100, 5), example(200, 3),
                                                   example(300, 4), example(400, 2),
                                                   example(500, 6), example(600, 1)};
   const auto rows = packExamples(examples, {.length = 8, .pad_id = 7});
@@ -58,7 +58,7 @@ TEST_CASE("Best fit: the row with the least room that fits, the first opened amo
           "[text][packing]") {
   // Sizes 7, 6, 6, 2, 2 into rows of 10: rows 0 (room 3), 1 (room 4), 2 (room 4). The first 2
   // goes to row 0 (room 3, the least that fits), the second to row 1 (room 4, opened before 2).
-  const std::vector<TokenizedExample> examples = {example(10, 7), example(20, 6), example(30, 6),
+  const std::vector<TrainingExample> examples = {example(10, 7), example(20, 6), example(30, 6),
                                                   example(40, 2), example(50, 2)};
   const auto rows = packExamples(examples, {.length = 10});
   REQUIRE(rows.size() == 3);
@@ -73,10 +73,10 @@ TEST_CASE("Best fit: the row with the least room that fits, the first opened amo
 TEST_CASE("Masked labels are kept, every row is the full length, and every token is placed once",
           "[text][packing]") {
   std::mt19937 rng(7);
-  std::vector<TokenizedExample> examples;
+  std::vector<TrainingExample> examples;
   size_t tokens = 0;
   for (int32_t i = 0; i < 200; ++i) {
-    TokenizedExample e = example(i * 1000, static_cast<int32_t>(1 + rng() % 64));
+    TrainingExample e = example(i * 1000, static_cast<int32_t>(1 + rng() % 64));
     // A prompt of a few tokens under a completion-only loss.
     for (size_t k = 0; k < e.labels.size() / 3; ++k) e.labels[k] = X;
     tokens += e.input_ids.size();
@@ -86,7 +86,7 @@ TEST_CASE("Masked labels are kept, every row is the full length, and every token
   const auto rows = packExamples(examples, options);
   std::vector<int> seen(examples.size(), 0);
   size_t placed = 0, labelled = 0, expected_labelled = 0;
-  for (const TokenizedExample& e : examples) {
+  for (const TrainingExample& e : examples) {
     for (size_t k = 1; k < e.labels.size(); ++k) expected_labelled += e.labels[k] != X;
   }
   for (const Row& row : rows) {
@@ -135,7 +135,7 @@ TEST_CASE("Masked labels are kept, every row is the full length, and every token
 
 TEST_CASE("An example longer than the row: an error, truncated, or split, as asked",
           "[text][packing]") {
-  const std::vector<TokenizedExample> examples = {example(10, 3), example(100, 10)};
+  const std::vector<TrainingExample> examples = {example(10, 3), example(100, 10)};
   CHECK_THROWS_MATCHES(packExamples(examples, {.length = 4}), InvalidArgument,
                        Catch::Message("example 1 has 10 tokens, more than the row length 4; "
                                       "truncate the data to the row length or pack with longer "
@@ -169,7 +169,7 @@ TEST_CASE("An example longer than the row: an error, truncated, or split, as ask
 }
 
 TEST_CASE("Bad input is one clear error; empty examples are left out", "[text][packing]") {
-  TokenizedExample odd = example(1, 3);
+  TrainingExample odd = example(1, 3);
   odd.labels.pop_back();
   CHECK_THROWS_MATCHES(packExamples({example(5, 2), odd}, {.length = 8}), InvalidArgument,
                        Catch::Message("example 1 has 3 input ids but 2 labels; give one label "
@@ -177,7 +177,7 @@ TEST_CASE("Bad input is one clear error; empty examples are left out", "[text][p
   CHECK_THROWS_MATCHES(packExamples({example(5, 2)}, {.length = 0}), InvalidArgument,
                        Catch::Message("the packing length is 0; give a row length of at least 1 "
                                       "token"));
-  const auto rows = packExamples({TokenizedExample{}, example(5, 2)}, {.length = 3, .pad_id = 9});
+  const auto rows = packExamples({TrainingExample{}, example(5, 2)}, {.length = 3, .pad_id = 9});
   REQUIRE(rows.size() == 1);
   CHECK(rows[0].examples == std::vector<size_t>{1});
   CHECK(rows[0].input_ids == Ids{5, 6, 9});
@@ -185,7 +185,7 @@ TEST_CASE("Bad input is one clear error; empty examples are left out", "[text][p
 }
 
 TEST_CASE("Unpacked: one example per row, right-padded, labels kept", "[text][packing]") {
-  TokenizedExample prompted = example(10, 4);
+  TrainingExample prompted = example(10, 4);
   prompted.labels[0] = prompted.labels[1] = X;
   const auto rows = padExamples({prompted, example(20, 2)}, {.length = 5, .pad_id = 3});
   REQUIRE(rows.size() == 2);
