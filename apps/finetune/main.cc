@@ -130,7 +130,7 @@ int run(const Flags& f) {
   const int64_t world = acc.worldSize(), rows = data.train.size();
   const int64_t batches = ((rows + world - 1) / world + f.per_device_train_batch_size - 1) /
                           f.per_device_train_batch_size;
-  const Plan plan = planOf(f, batches, acc.gradientAccumulationSteps());
+  const Plan plan = f.evaluateOnly() ? Plan{} : planOf(f, batches, acc.gradientAccumulationSteps());
   std::optional<runtime::LrScheduler> scheduler;
   if (!f.evaluateOnly())
     scheduler.emplace(optimizer, plan.kind, plan.warmup_steps, plan.total_steps);

@@ -163,6 +163,15 @@ class Staged {
   std::vector<std::string> moved_;
 };
 
+// Rank 0's verdict reaches every rank (none waits for a collective rank 0 left): throws on every
+// rank when rank 0 failed. A collective.
+void agree(runtime::Accelerator& acc, const std::string& error, const std::string& out) {
+  const auto failed = acc.gather(torch::tensor({error.empty() ? 0 : 1}, torch::kInt));
+  if (failed[0].item<int>() != 0) {
+    throw std::runtime_error(error.empty() ? "rank 0 could not write " + out : error);
+  }
+}
+
 }  // namespace
 
 void writeModel(runtime::Accelerator& acc, const std::string& out, const std::string& model_dir,
@@ -174,15 +183,15 @@ void writeModel(runtime::Accelerator& acc, const std::string& out, const std::st
   } catch (const std::exception& e) {
     error = e.what();
   }
+  agree(acc, error, out);
   // Every rank takes part in saveModel's gathers; rank 0 writes. config.json verbatim (the
   // architecture is the same; its other keys, token ids and all, stay) and the tokenizer, so
   // that OUT is a complete HF folder: the files merge-weights copies too.
-  const std::string staging = out + "/" + kExportStaging;
-  acc.saveModel(staging);
-  if (staged && error.empty()) {
+  acc.saveModel(staged ? staged->path() : out + "/" + kExportStaging);
+  if (staged) {
     try {
       for (const CopiedFile& file : files) {
-        acc.save(staging + "/" + file.name,
+        acc.save(staged->path() + "/" + file.name,
                  readRegularFile(model_dir + "/" + file.name,
                                  "the model's " + std::string(file.name), file.max_bytes));
       }
@@ -192,11 +201,7 @@ void writeModel(runtime::Accelerator& acc, const std::string& out, const std::st
     }
   }
   staged.reset();  // removes what an uncommitted export wrote
-  // Rank 0's verdict reaches every rank (none waits for a collective rank 0 left).
-  const auto failed = acc.gather(torch::tensor({error.empty() ? 0 : 1}, torch::kInt));
-  if (failed[0].item<int>() != 0) {
-    throw std::runtime_error(error.empty() ? "rank 0 could not write " + out : error);
-  }
+  agree(acc, error, out);
 }
 
 }  // namespace cxxlaunch::finetune

@@ -91,6 +91,16 @@ TEST_CASE("finetune's lr follows Trainer's schedules, warmup_steps winning over 
     CHECK(printedLrs(done.out) == expected);
     fs::remove_all(dir.path() + "/out");
   }
+  // --eval_steps: an evaluation every that many steps besides before and after training.
+  const Finished evaluated = run(recipeArgs(model, text, dir.path() + "/out",
+                                            {"--max_steps", "4", "--eval_steps", "2",
+                                             "--save_steps", "0", "--logging_steps", "4"}),
+                                 {}, 60s);
+  INFO(evaluated.out << evaluated.err);
+  REQUIRE(evaluated.exit_code == 0);
+  CHECK(evalLosses(evaluated.out).size() == 4);  // before, at step 2, after, read back
+  CHECK_THAT(evaluated.out,
+             Catch::Contains("(at step 2; fp32 compute)") && !Catch::Contains("(at step 4;"));
 }
 
 TEST_CASE("finetune counts its steps from the epochs as Trainer does, and --max_steps wins",
