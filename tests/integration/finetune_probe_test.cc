@@ -225,6 +225,21 @@ TEST_CASE("Absurd or mistyped configs and flags are one error line before anythi
     args.insert(args.end(), {"--lr", lr});
     requireRefused(run(args), "a finite --learning_rate > 0");
   }
+  // Trainer's flags out of their range: named, before training.
+  for (const auto& [flags, said] : std::vector<std::pair<Args, std::string>>{
+           {{"--lr_scheduler_type", "polynomial"},
+            "--lr_scheduler_type 'polynomial' is not linear, cosine, constant or "
+            "constant_with_warmup"},
+           {{"--warmup_steps", "10", "--lr_scheduler_type", "linear"},
+            "--warmup_steps 10 is more than the run's 2 optimizer steps"},
+           {{"--adam_beta2", "1"}, "--adam_beta2 must be in [0, 1) (got 1)"},
+           {{"--warmup_ratio", "1.5"}, "--warmup_ratio must be in [0, 1]"},
+           {{"--max_steps", "0", "--resume_from_checkpoint", "latest"},
+            "drop --resume_from_checkpoint"}}) {
+    Args args = finetuneArgs(model, text, 2, flags[1] == "0" ? "" : out);
+    args.insert(args.end(), flags.begin(), flags.end());
+    requireRefused(run(args), said);
+  }
   CHECK_FALSE(fs::exists(out));
 }
 
