@@ -6,7 +6,7 @@ killed at the cap without it). All runs at world 2 on CPUs, launched by `cxxlaun
 models are random HF-layout folders written by llama_init (cached in --work_dir), the data the
 repository's docs/*.md as byte tokens. Three parts, each selectable (default all):
 
-speed   apps/examples/finetune under DDP (no config) against bench/finetune_peer.py (the same
+speed   apps/finetune under DDP (no config) against bench/finetune_peer.py (the same
         Llama in Python: PyTorch DDP on Gloo, same folder, blocks, batch per process, seq_len,
         AdamW with weight decay 0 and a constant lr, one thread per worker), run alternately
         ours/peer --repeat times. tokens/s of the --steps after --warmup steps (finetune's own
@@ -124,8 +124,11 @@ def part_speed(a, work, scratch, data):
     model = make_model(a, work, "speed", c, "f32")
     steps = a.warmup + a.steps
     common = ["--model_dir", model, "--data", data, "--steps", str(steps), "--seq_len",
-              str(a.seq_len), "--batch_size", str(a.batch_size), "--lr", "1e-4",
-              "--eval_fraction", "0.01", "--print_every", str(a.warmup)]
+              str(a.seq_len), "--batch_size", str(a.batch_size), "--per_device_eval_batch_size",
+              str(a.batch_size), "--lr", "1e-4",
+              "--eval_fraction", "0.01", "--print_every", str(a.warmup),
+              # The peer's recipe: a constant lr, no clipping, no checkpoints.
+              "--lr_scheduler_type", "constant", "--max_grad_norm", "0", "--save_steps", "0"]
     launch = [os.path.join(a.bin_dir, "cxxlaunch"), "run", "--nproc_per_node", "2", "--cpu",
               "--mixed_precision", a.mixed_precision]
     log(f"speed: Llama {llama_params(c) / 1e6:.1f}M parameters (hidden {a.hidden_size}, "
@@ -187,8 +190,10 @@ def zero3_run(a, model, data, scratch, init_flag, steps, cap=None, seq_len=64, b
                  f'&& echo $$ > "$d/cgroup.procs" && exec "$@"', "capped"]
     argv += ["/usr/bin/time", "-f", "peak_rss_kib %M", os.path.join(a.bin_dir, "finetune"),
              "--model_dir", model, "--data", data, "--steps", str(steps), "--seq_len",
-             str(seq_len), "--batch_size", str(batch_size), "--lr", "1e-5",
-             "--eval_fraction", "0.05", "--print_every", "1"]
+             str(seq_len), "--batch_size", str(batch_size), "--per_device_eval_batch_size",
+             str(batch_size), "--lr", "1e-5",
+             "--eval_fraction", "0.05", "--print_every", "1", "--lr_scheduler_type", "constant",
+             "--max_grad_norm", "0", "--save_steps", "0"]
     if steps > 0:
         argv += ["--output_dir", out]
     rc, text, s = run(argv)

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The peer of apps/examples/finetune in plain PyTorch: the same Llama (Hugging Face's math, as
+"""The peer of apps/finetune in plain PyTorch: the same Llama (Hugging Face's math, as
 transformers' modeling_llama computes it in eager mode: RMSNorm in fp32, rotary embeddings by
 rotate_half, grouped-query attention, causal mask, softmax in fp32, SwiGLU MLP; HF's parameter
 names, so that it loads the same safetensors folder), the same byte tokens of the same data file

@@ -4,7 +4,7 @@ layers, 8 heads, intermediate 1408, vocab 2048; batch 2, sequence 256, one threa
 bench/finetune_peer.py's plain-PyTorch Llama, under torch.profiler.
 
 Prints the step time, the share of the step's self time spent in matrix products (aten::mm,
-addmm, bmm: LibTorch's MKL/oneDNN kernels, the same ones apps/examples/finetune calls) and the
+addmm, bmm: LibTorch's MKL/oneDNN kernels, the same ones apps/finetune calls) and the
 operators that take the most. That share bounds what any runtime around the same kernels can
 gain: with every other operator free, a step could be at most 1/share faster.
 

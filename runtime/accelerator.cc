@@ -47,12 +47,18 @@ Accelerator::Accelerator(World world, AcceleratorOptions options)
       bucket_bytes_(options.bucket_bytes),
       find_unused_(options.find_unused_parameters),
       checkpoint_dir_(options.checkpoint_dir.value_or(world_.env.checkpoint_dir)),
+      checkpoint_prefix_(options.checkpoint_prefix),
       checkpoint_total_limit_(
           options.checkpoint_total_limit.value_or(world_.env.checkpoint_total_limit)) {
   if (checkpoint_total_limit_ < 0) {
     throw InvalidArgument(
         "AcceleratorOptions::checkpoint_total_limit is negative; give the "
         "number of checkpoints to keep, or 0 for all");
+  }
+  if (checkpoint_prefix_ != "checkpoint_" && checkpoint_prefix_ != "checkpoint-") {
+    throw InvalidArgument("AcceleratorOptions::checkpoint_prefix '" + checkpoint_prefix_ +
+                          "' is neither \"checkpoint_\" (accelerate's) nor \"checkpoint-\" "
+                          "(Trainer's): resume and pruning find only those");
   }
   log_with_ = options.log_with ? parseTrackerList(*options.log_with, "AcceleratorOptions::log_with")
                                : world_.env.log_with;

@@ -69,6 +69,10 @@ struct AcceleratorOptions {
   // for one more small collective per step.
   bool find_unused_parameters = false;
   std::optional<std::string> checkpoint_dir;  // default: CXXLAUNCH_CHECKPOINT_DIR
+  // What saveCheckpoint names its checkpoints: <prefix><optimizer steps>. "checkpoint_" as
+  // accelerate's save_state(automatic naming) does, or "checkpoint-" as HF Trainer does; resume
+  // and pruning find both (checkpoint/manifest.h). Anything else is InvalidArgument.
+  std::string checkpoint_prefix = "checkpoint_";
   // saveCheckpoint keeps the newest this many (accelerate's total_limit); 0: all of them.
   // Unset: the launch's (--checkpoint_total_limit, CXXLAUNCH_CHECKPOINT_TOTAL_LIMIT,
   // cxxlaunch.checkpoint_total_limit), else 0.
@@ -366,10 +370,11 @@ class Accelerator {
 
   // With a checkpoint folder configured (--checkpoint_dir, CXXLAUNCH_CHECKPOINT_DIR, the
   // config's cxxlaunch.checkpoint_dir, or AcceleratorOptions): saveCheckpoint saves into
-  // <folder>/checkpoint_<optimizer steps> and removes the oldest beyond checkpoint_total_limit
-  // (never the newest complete one); resume loads the folder's newest complete checkpoint if
-  // there is one (a restarted or re-formed job) and returns it. Both are collectives; without a
-  // folder saveCheckpoint throws InvalidArgument and resume returns nullopt.
+  // <folder>/checkpoint_<optimizer steps> (or checkpoint-<steps>: checkpoint_prefix) and removes
+  // the oldest beyond checkpoint_total_limit (never the newest complete one); resume loads the
+  // folder's newest complete checkpoint if there is one (a restarted or re-formed job) and returns
+  // it. Both are collectives; without a folder saveCheckpoint throws InvalidArgument and resume
+  // returns nullopt.
   //
   //   if (auto from = acc.resume()) acc.print("resumed from ", *from);
   //   ... if (acc.step() && acc.optimizerSteps() % 100 == 0) acc.saveCheckpoint();
@@ -416,7 +421,8 @@ class Accelerator {
   torch::optim::Optimizer* optimizer_ = nullptr;  // the trainer's, from prepare on
   std::shared_ptr<torch::nn::Module> model_;      // its buffers go into checkpoints
   std::string checkpoint_dir_;
-  std::string model_source_;  // the folder loadModel read (absolute), for checkpoints to name
+  std::string checkpoint_prefix_;  // checkpoint_ or checkpoint-
+  std::string model_source_;       // the folder loadModel read (absolute), for checkpoints to name
   int64_t checkpoint_total_limit_ = 0;
   std::unique_ptr<checkpoint::AsyncSaver> async_saver_;  // with checkpoint_async
   bool prune_when_committed_ = false;                    // the save in flight is saveCheckpoint's

@@ -134,7 +134,7 @@ int writeModel(const Flags& f) {
   // prepare wants an optimizer to drive; none ever steps here (saveModel needs a prepared model).
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.0));
   acc.prepare(model.ptr(), optimizer);
-  // Under OUT.partial, renamed at the end (as finetune writes): a kill or a full disk never
+  // Under OUT.partial, renamed at the end: a kill or a full disk never
   // leaves an OUT that looks written, and a failure removes what was written.
   examples::PartialDir partial(f.output_dir, /*owner=*/true);
   acc.saveModel(partial.path(), f.max_file_bytes, dtype);

@@ -1,7 +1,8 @@
 #pragma once
-// The output folder of finetune and llama_init: checked before any work is done, written under
-// OUT.partial beside it and renamed into place at the end, and removed again when the writing
-// fails, so that an OUT that exists is complete and a failed run leaves nothing behind.
+// The output folder of llama_init (finetune stages its export inside OUT: apps/finetune/output.h):
+// checked before any work is done, written under OUT.partial beside it and renamed into place
+// at the end, and removed again when the writing fails, so that an OUT that exists is complete
+// and a failed run leaves nothing behind.
 //
 // Thread-safety: none needed (no shared state).
 

@@ -236,11 +236,12 @@ bool endsWith(const std::string& name, const std::string& suffix) {
          name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// The step in a name saveCheckpoint gives (checkpoint_<step>, or checkpoint_<step>.old between a
-// save's two renames), or nullopt.
+// The step in a name saveCheckpoint gives (checkpoint_<step> as accelerate names them, or
+// checkpoint-<step> as HF Trainer does; or either with .old between a save's two renames), or
+// nullopt.
 std::optional<int64_t> namedStep(std::string name) {
   if (endsWith(name, ".old")) name.resize(name.size() - 4);
-  if (name.rfind("checkpoint_", 0) != 0) return std::nullopt;
+  if (name.rfind("checkpoint_", 0) != 0 && name.rfind("checkpoint-", 0) != 0) return std::nullopt;
   return wholeNumber(name.substr(11));
 }
 
@@ -362,8 +363,7 @@ bool holdsCheckpoints(const std::string& path) {
   }
   for (const auto& entry : checkpointEntries(path)) {
     const std::string name = entry.path().filename().string();
-    const bool named = name.rfind("checkpoint_", 0) == 0 && wholeNumber(name.substr(11));
-    if (named || fs::exists(entry.path() / kManifestName, ec)) return true;
+    if (namedStep(name) || fs::exists(entry.path() / kManifestName, ec)) return true;
   }
   return false;
 }

@@ -62,14 +62,16 @@ std::optional<int64_t> wholeNumber(const std::string& text);
 // by size only (verifyShare, or a format 2/3 file's reads, then check the CRCs). A subdirectory
 // that is a symbolic link is never taken: a checkpoint lies inside its folder. `skipped`, if
 // given, gets a line for each checkpoint that is not complete (one with a manifest, or named
-// checkpoint_<step>), naming it and why ("checkpoint 'D' skipped: ..."), newest first.
+// checkpoint_<step> or checkpoint-<step>), naming it and why ("checkpoint 'D' skipped: ..."),
+// newest first.
 std::vector<std::string> complete(const std::string& path, bool checksums = true,
                                   std::vector<std::string>* skipped = nullptr);
 // The first of complete(); throws InvalidArgument when there is none.
 std::string find(const std::string& path, bool checksums = true);
 bool hasComplete(const std::string& path, bool checksums = true);
 // Whether `path` is or holds a checkpoint, complete or not (a manifest, or a directory named
-// `checkpoint_<step>` as saveCheckpoint names them); staging directories do not count.
+// `checkpoint_<step>` or `checkpoint-<step>` as saveCheckpoint names them); staging directories
+// do not count.
 bool holdsCheckpoints(const std::string& path);
 // Whether the files of checkpoint `dir` that fall to `rank` (every world-th, from rank) have
 // their manifest's CRC-32C.

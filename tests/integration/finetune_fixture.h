@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <string>
 #include <vector>
@@ -52,29 +53,22 @@ inline std::string writeConfig(const TempDir& dir, const std::string& name,
 
 inline Args finetuneArgs(const std::string& model, const std::string& data, int steps,
                          const std::string& out) {
-  Args args = {FINETUNE_BIN,
-               "--model_dir",
-               model,
-               "--data",
-               data,
-               "--steps",
-               std::to_string(steps),
-               "--seq_len",
-               "32",
-               "--lr",
-               "3e-3",
-               "--batch_size",
-               "4",
-               "--print_every",
-               "1"};
+  Args args = {FINETUNE_BIN, "--model_dir", model, "--data", data, "--steps", std::to_string(steps),
+               "--seq_len", "32", "--lr", "3e-3", "--batch_size", "4", "--print_every", "1",
+               // The recipe these tests were written for: a constant lr, the config's clipping
+               // (none); Trainer's defaults are a linear decay and clipping at 1.0.
+               "--lr_scheduler_type", "constant", "--max_grad_norm", "0"};
   if (!out.empty()) args.insert(args.end(), {"--output_dir", out});
   return args;
 }
 
-inline Finished launch(const std::string& config, const Args& finetune) {
+inline Finished launch(const std::string& config, const Args& finetune,
+                       const std::map<std::string, std::string>& env = {},
+                       const Args& launcher = {}) {
   Args argv = {CXXLAUNCH_BIN, "run", "--nproc_per_node", "2", "--config_file", config};
+  argv.insert(argv.end(), launcher.begin(), launcher.end());
   argv.insert(argv.end(), finetune.begin(), finetune.end());
-  return run(argv, {}, 120s);
+  return run(argv, env, 120s);
 }
 
 // The figures of the `eval loss L perplexity P` lines, in order.

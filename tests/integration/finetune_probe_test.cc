@@ -1,8 +1,8 @@
 // finetune and llama_init against what a careless user or an adversarial probe gives them (issue
 // 48's items 6, 8, 9, 13, 14, 15, 20, 21, 22): FIFOs where files should be, output folders that
-// cannot take the result, configs whose sizes are absurd, launcher settings finetune does not
-// honour, a full disk. Each is one `error:` line, exit 2 (1 for the full disk), at once, with
-// nothing written or left behind; and the figures finetune prints say what they are.
+// cannot take the result, configs whose sizes are absurd, a full disk; and the launcher's
+// checkpoint settings, honoured. Each is one `error:` line, exit 2 (1 for the full disk), at once,
+// with nothing written or left behind; and the figures finetune prints say what they are.
 
 #include <sys/stat.h>
 
@@ -57,36 +57,46 @@ Finished runWithFileLimit(const Args& argv, int kib) {
 
 }  // namespace
 
-TEST_CASE("finetune refuses launcher settings it does not honour (checkpoints)",
+// Refused before finetune saved checkpoints; honoured since: the launch's folder instead of OUT,
+// its limit where --save_total_limit is not given, its asynchronous saves.
+TEST_CASE("finetune honours the launcher's checkpoint folder, limit and asynchronous saves",
           "[finetune][integration]") {
   TempDir dir;
   const std::string model = fixture(dir, "model", {});
   const std::string text = writeText(dir, 150);
-  const std::string out = dir.path() + "/out";
   const std::string checkpoints = dir.path() + "/ck";
-  // What `cxxlaunch run --checkpoint_dir D` passes (common/env_names.h), and the other two
-  // settings that only apply to checkpoints.
-  for (const auto& [name, value, said] :
-       std::vector<std::tuple<std::string, std::string, std::string>>{
-           {"CXXLAUNCH_CHECKPOINT_DIR", checkpoints, "--checkpoint_dir"},
-           {"CXXLAUNCH_CHECKPOINT_TOTAL_LIMIT", "2", "--checkpoint_total_limit"},
-           {"CXXLAUNCH_CHECKPOINT_ASYNC", "true", "--checkpoint_async"}}) {
-    INFO(name);
-    requireRefused(run(finetuneArgs(model, text, 2, out), {{name, value}}),
-                   "finetune saves no checkpoints, so the launcher's " + said);
+  Args ft = finetuneArgs(model, text, 3, dir.path() + "/out");
+  ft.insert(ft.end(), {"--save_steps", "1"});
+  const Finished limited = run(ft,
+                               {{"CXXLAUNCH_CHECKPOINT_DIR", checkpoints},
+                                {"CXXLAUNCH_CHECKPOINT_TOTAL_LIMIT", "2"},
+                                {"CXXLAUNCH_CHECKPOINT_ASYNC", "true"}},
+                               60s);
+  INFO(limited.out << limited.err);
+  REQUIRE(limited.exit_code == 0);
+  for (int step = 1; step <= 3; ++step) {
+    CHECK_THAT(limited.out,
+               Catch::Contains("saved " + checkpoints + "/checkpoint-" + std::to_string(step)));
   }
-  // Through the launcher itself.
-  Args argv = {CXXLAUNCH_BIN, "run", "--nproc_per_node", "1", "--checkpoint_dir", checkpoints};
-  const Args ft = finetuneArgs(model, text, 2, out);
+  CHECK_FALSE(fs::exists(checkpoints + "/checkpoint-1"));
+  CHECK(fs::exists(checkpoints + "/checkpoint-2/manifest"));
+  CHECK(fs::exists(checkpoints + "/checkpoint-3/manifest"));
+  CHECK(fs::exists(dir.path() + "/out/config.json"));
+  CHECK_FALSE(fs::exists(dir.path() + "/out/checkpoint-3"));
+
+  // Through the launcher itself; --save_total_limit wins over its limit.
+  const std::string launched_dir = dir.path() + "/ck2";
+  Args argv = {CXXLAUNCH_BIN,      "run",        "--nproc_per_node",         "1",
+               "--checkpoint_dir", launched_dir, "--checkpoint_total_limit", "1"};
+  ft = finetuneArgs(model, text, 3, dir.path() + "/out2");
+  ft.insert(ft.end(), {"--save_steps", "1", "--save_total_limit", "3"});
   argv.insert(argv.end(), ft.begin(), ft.end());
   const Finished launched = run(argv, {}, 60s);
   INFO(launched.out << launched.err);
-  CHECK(launched.exit_code == 2);
-  CHECK_THAT(launched.out + launched.err,
-             Catch::Contains("CXXLAUNCH_CHECKPOINT_DIR=" + checkpoints));
-  CHECK_FALSE(fs::exists(out));
-  CHECK_FALSE(fs::exists(out + ".partial"));
-  CHECK_FALSE(fs::exists(checkpoints));
+  REQUIRE(launched.exit_code == 0);
+  for (int step = 1; step <= 3; ++step) {
+    CHECK(fs::exists(launched_dir + "/checkpoint-" + std::to_string(step) + "/manifest"));
+  }
 }
 
 TEST_CASE("A FIFO where finetune or llama_init expects a file is refused at once",
@@ -213,7 +223,22 @@ TEST_CASE("Absurd or mistyped configs and flags are one error line before anythi
   for (const char* lr : {"inf", "nan", "-inf"}) {
     Args args = finetuneArgs(model, text, 2, out);
     args.insert(args.end(), {"--lr", lr});
-    requireRefused(run(args), "a finite --lr > 0");
+    requireRefused(run(args), "a finite --learning_rate > 0");
+  }
+  // Trainer's flags out of their range: named, before training.
+  for (const auto& [flags, said] : std::vector<std::pair<Args, std::string>>{
+           {{"--lr_scheduler_type", "polynomial"},
+            "--lr_scheduler_type 'polynomial' is not linear, cosine, constant or "
+            "constant_with_warmup"},
+           {{"--warmup_steps", "10", "--lr_scheduler_type", "linear"},
+            "--warmup_steps 10 is more than the run's 2 optimizer steps"},
+           {{"--adam_beta2", "1"}, "--adam_beta2 must be in [0, 1) (got 1)"},
+           {{"--warmup_ratio", "1.5"}, "--warmup_ratio must be in [0, 1]"},
+           {{"--max_steps", "0", "--resume_from_checkpoint", "latest"},
+            "drop --resume_from_checkpoint"}}) {
+    Args args = finetuneArgs(model, text, 2, flags[1] == "0" ? "" : out);
+    args.insert(args.end(), flags.begin(), flags.end());
+    requireRefused(run(args), said);
   }
   CHECK_FALSE(fs::exists(out));
 }
@@ -225,7 +250,9 @@ TEST_CASE("A full disk leaves no OUT.partial behind, and llama_init writes under
   const std::string text = writeText(dir, 150);
   // The fp32 export is about 450 KiB in one file; files may grow to 256 KiB.
   const std::string out = dir.path() + "/out";
-  const Finished full = runWithFileLimit(finetuneArgs(model, text, 1, out), 256);
+  Args no_checkpoints = finetuneArgs(model, text, 1, out);
+  no_checkpoints.insert(no_checkpoints.end(), {"--save_steps", "0"});  // the export alone
+  const Finished full = runWithFileLimit(no_checkpoints, 256);
   INFO(full.out << full.err);
   CHECK(full.exit_code == 1);
   CHECK_THAT(full.err, Catch::Contains("error: ") && Catch::Contains("File too large"));

@@ -1838,6 +1838,73 @@ TEST_CASE("An asynchronous save is committed by a later step, the next save, a l
   }
 }
 
+// HF Trainer names its checkpoints checkpoint-<step> (finetune saves them so); accelerate names
+// them checkpoint_<step>. Saving, pruning, finding and resuming treat both alike, mixed too.
+TEST_CASE("Trainer's checkpoint-<step> names are saved, pruned and resumed as accelerate's",
+          "[checkpoint]") {
+  torch::set_num_threads(1);
+  cxxlaunch::testing::TempDir dir;
+  const std::string root = dir.path() + "/out";
+  // A folder whose only checkpoint is a directory of that name (its manifest never written by a
+  // save that died between its renames) still holds one: resuming must not start at step 0.
+  const std::string bare = dir.path() + "/bare";
+  fs::create_directories(bare + "/checkpoint-7");
+  CHECK(checkpoint::holdsCheckpoints(bare));
+  std::vector<std::string> skipped;
+  CHECK(checkpoint::complete(bare, true, &skipped).empty());
+  REQUIRE(skipped.size() == 1);
+  CHECK_THAT(skipped[0], Catch::Contains("checkpoint '" + bare + "/checkpoint-7' skipped"));
+
+  auto fake = makeFakeWorld(2);
+  std::mutex construction;
+  onRanks(2, [&](int r) {
+    AcceleratorOptions options;
+    options.checkpoint_dir = root;
+    options.checkpoint_total_limit = 2;
+    options.checkpoint_async = false;
+    options.checkpoint_prefix = "checkpoint-";
+    AsyncRank job(fake, r, construction, options);
+    Accelerator& acc = *job.acc;
+    for (int s = 1; s <= 3; ++s) {
+      job.step();
+      RANK_REQUIRE(acc.saveCheckpoint() == root + "/checkpoint-" + std::to_string(s));
+    }
+    acc.waitForEveryone();
+    if (r == 0) {
+      const std::vector<std::string> newest = {root + "/checkpoint-3", root + "/checkpoint-2"};
+      RANK_REQUIRE(checkpoint::complete(root) == newest);  // checkpoint-1 pruned
+    }
+    acc.waitForEveryone();
+    job.step();
+    RANK_REQUIRE(acc.resume() == root + "/checkpoint-3");
+    RANK_REQUIRE(acc.optimizerSteps() == 3);
+  });
+  // accelerate's spelling in the same folder: the newest step wins whatever its name, and the
+  // limit counts both.
+  auto again = makeFakeWorld(2);
+  onRanks(2, [&](int r) {
+    AcceleratorOptions options;
+    options.checkpoint_dir = root;
+    options.checkpoint_total_limit = 2;
+    options.checkpoint_async = false;
+    AsyncRank job(again, r, construction, options);
+    Accelerator& acc = *job.acc;
+    RANK_REQUIRE(acc.resume() == root + "/checkpoint-3");
+    job.step();
+    RANK_REQUIRE(acc.saveCheckpoint() == root + "/checkpoint_4");
+  });
+  const std::vector<std::string> mixed = {root + "/checkpoint_4", root + "/checkpoint-3"};
+  CHECK(checkpoint::complete(root) == mixed);
+  CHECK_FALSE(fs::exists(root + "/checkpoint-2"));
+
+  AcceleratorOptions wrong;
+  wrong.checkpoint_prefix = "ckpt-";
+  World world;
+  world.backend = makeFakeBackend(makeFakeWorld(1), 0);
+  CHECK_THROWS_WITH(Accelerator(std::move(world), wrong),
+                    Catch::Contains("checkpoint_prefix 'ckpt-' is neither"));
+}
+
 TEST_CASE("A background write that fails is an error on every rank, naming the checkpoint",
           "[checkpoint][async]") {
   // The files may not grow past 1 KiB (RLIMIT_FSIZE, SIGXFSZ ignored: the write fails with
