@@ -40,7 +40,21 @@ Flags parseFlags(int argc, char** argv) {
   add("data", f.data, "a text file to train and evaluate on")->required();
   add("output_dir", f.output_dir,
       "where the fine-tuned HF folder goes, and this run's checkpoints (checkpoint-<step>)");
-  add("seq_len", f.seq_len, "tokens per block");
+  add("seq_len", f.seq_len, "a text file's tokens per block");
+  int64_t max_length = kDefaultMaxLength;
+  auto* max_length_flag =
+      add("max_length", max_length,
+          "a .jsonl's longest example in tokens, and a packed row's length (default 1024, at "
+          "most the model's max_position_embeddings)");
+  app.add_flag(cli::spellings("truncation"), f.truncation,
+               "cut a .jsonl example longer than --max_length to its first --max_length tokens "
+               "(without it such an example is an error)");
+  app.add_flag(cli::spellings("packing"), f.packing,
+               "pack several .jsonl examples per row of --max_length tokens, each attending "
+               "only to itself");
+  add("dataset_cache_dir", f.dataset_cache_dir,
+      "the token cache's folder (default $XDG_CACHE_HOME/cxxlaunch/tokens, else "
+      "~/.cache/cxxlaunch/tokens)");
   add("eval_fraction", f.eval_fraction, "the last fraction of the blocks, held out for eval");
   add("run_name", f.run_name, "the trackers' run folder under --project_dir (with --log_with)");
   add("learning_rate,lr", f.learning_rate, "AdamW's peak learning rate");
@@ -84,6 +98,7 @@ Flags parseFlags(int argc, char** argv) {
   if (clip->count() > 0) f.max_grad_norm = max_grad_norm;
   if (accumulate->count() > 0) f.gradient_accumulation_steps = accumulation;
   if (limit->count() > 0) f.save_total_limit = total_limit;
+  if (max_length_flag->count() > 0) f.max_length = max_length;
 
   requireFinite(f.learning_rate, "learning_rate", true);
   requireFinite(f.num_train_epochs, "num_train_epochs", true);
@@ -102,13 +117,15 @@ Flags parseFlags(int argc, char** argv) {
   if (f.max_steps < -1)
     throw InvalidArgument("--max_steps must be -1 (from the epochs), 0 or more");
   if (f.per_device_train_batch_size < 1 || f.per_device_eval_batch_size < 1 || f.seq_len < 2 ||
-      f.logging_steps < 1 || f.warmup_steps < 0 || f.eval_steps < 0 || f.save_steps < 0 ||
+      (f.max_length && *f.max_length < 2) || f.logging_steps < 1 || f.warmup_steps < 0 ||
+      f.eval_steps < 0 || f.save_steps < 0 ||
       (f.gradient_accumulation_steps && *f.gradient_accumulation_steps < 1) ||
       (f.save_total_limit && *f.save_total_limit < 1)) {
     throw InvalidArgument(
         "need --per_device_train_batch_size, --per_device_eval_batch_size, --logging_steps, "
-        "--gradient_accumulation_steps and --save_total_limit >= 1, --seq_len >= 2, and "
-        "--warmup_steps, --eval_steps, --save_steps >= 0");
+        "--gradient_accumulation_steps and --save_total_limit >= 1, --seq_len and --max_length >= "
+        "2, "
+        "and --warmup_steps, --eval_steps, --save_steps >= 0");
   }
   if (f.lr_scheduler_type != "linear" && f.lr_scheduler_type != "cosine" &&
       f.lr_scheduler_type != "constant" && f.lr_scheduler_type != "constant_with_warmup") {

@@ -18,7 +18,14 @@ struct Flags {
   std::string model_dir;
   std::string data;
   std::string output_dir;
-  int64_t seq_len = 512;
+  int64_t seq_len = 512;  // a text file's block length
+  // A .jsonl's examples (text/sft_data.h), with TRL's SFTConfig names and defaults.
+  // The longest example, and a packed row's length; unset: TRL's 1024, at most the model's
+  // max_position_embeddings.
+  std::optional<int64_t> max_length;
+  bool truncation = false;        // cut longer examples to max_length (else refuse them)
+  bool packing = false;           // several examples per row (text/packing.h)
+  std::string dataset_cache_dir;  // the token cache's folder; "": text/token_cache.h's default
   double eval_fraction = 0.1;
   std::string run_name = "finetune";  // the trackers' run folder (with the launcher's --log_with)
 
@@ -53,6 +60,7 @@ Flags parseFlags(int argc, char** argv);
 
 // Trainer's defaults where neither the command line nor the launch sets a value.
 inline constexpr double kDefaultMaxGradNorm = 1.0;
+inline constexpr int64_t kDefaultMaxLength = 1024;  // TRL's SFTConfig
 
 // The Accelerator's settings for `flags` under the launch `env` (docs/finetune.md, "Flags and
 // the launch's YAML"):

@@ -98,7 +98,8 @@ int run(const Flags& f) {
   // Every check of the input and of OUT before the model is built: a run must not train for
   // hours to fail at the end.
   const std::string out = f.evaluateOnly() ? "" : checkOutputDir(f.output_dir);
-  const LlamaConfig config = readConfig(f.model_dir, f.seq_len);
+  // --seq_len cuts a text file; a .jsonl's rows are --max_length long at most (data.cc checks).
+  const LlamaConfig config = readConfig(f.model_dir, isJsonLines(f.data) ? 0 : f.seq_len);
   const std::vector<CopiedFile> copied =
       f.evaluateOnly() ? std::vector<CopiedFile>{} : filesToCopy(f.model_dir);
   requireWeightsFor(config, f.model_dir);
@@ -106,7 +107,13 @@ int run(const Flags& f) {
                                       .data = f.data,
                                       .seq_len = f.seq_len,
                                       .eval_fraction = f.eval_fraction,
-                                      .vocab_size = config.vocab_size});
+                                      .vocab_size = config.vocab_size,
+                                      .max_position_embeddings = config.max_position_embeddings,
+                                      .max_length = f.max_length.value_or(std::min(
+                                          kDefaultMaxLength, config.max_position_embeddings)),
+                                      .truncation = f.truncation,
+                                      .packing = f.packing,
+                                      .cache_dir = f.dataset_cache_dir});
   Flags resolved = f;
   resolved.output_dir = out;
   runtime::AcceleratorOptions options = acceleratorOptions(resolved, runtime::readWorkerEnv());
@@ -142,6 +149,7 @@ int run(const Flags& f) {
   acc.print("loaded ", f.model_dir, " (", config.model_type, ", ", numel, " parameters) in ",
             std::round(load_s * 1000) / 1000, " s; ", acc.memoryReport().str());
   acc.print("data ", f.data, ": ", data.summary);
+  if (!data.note.empty()) acc.print("note: token cache: ", data.note);
   const auto batch = static_cast<size_t>(f.per_device_train_batch_size);
   if (f.evaluateOnly()) {
     acc.print("evaluating on ", acc.worldSize(), " process(es); ", acc.describeStrategy());

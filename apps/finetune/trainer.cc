@@ -52,6 +52,16 @@ Plan planOf(const Flags& f, int64_t batches_per_epoch, int accumulation) {
 // pad with repeats). Every rank runs the same number of forward passes, since under ZeRO-3 /
 // FULL_SHARD a forward is a collective: a rank whose share ran out runs row 0 and does not count
 // it.
+namespace {
+
+// The positions a packed batch's rows give the model (its attention then stays inside each
+// example); undefined for unpacked rows, whose positions are 0..T-1 anyway.
+torch::Tensor positionsOf(const Rows& rows, const torch::Device& device) {
+  return rows.packed ? rows.position_ids.to(device) : torch::Tensor();
+}
+
+}  // namespace
+
 double evaluate(Accelerator& acc, models::LlamaForCausalLM& model, const Rows& rows,
                 int64_t batch_size) {
   torch::NoGradGuard no_grad;
@@ -77,7 +87,8 @@ double evaluate(Accelerator& acc, models::LlamaForCausalLM& model, const Rows& r
       (void)model->forward(batch.input_ids.to(acc.device()));
       continue;
     }
-    const torch::Tensor logits = model->forward(batch.input_ids.to(acc.device()));
+    const torch::Tensor logits =
+        model->forward(batch.input_ids.to(acc.device()), {}, positionsOf(batch, acc.device()));
     sum += models::causalLmLoss(logits, labels).item<double>() * static_cast<double>(tokens);
     count += static_cast<double>(tokens);
   }
@@ -142,12 +153,14 @@ void train(Accelerator& acc, models::LlamaForCausalLM& model, LrScheduler& sched
   int64_t line_first = first_step;
   while (acc.optimizerSteps() < plan.total_steps) {
     for (auto& examples : *loader) {
-      const Rows batch = stack(examples);
+      Rows batch = stack(examples);
+      batch.packed = data.train.packed;
       const torch::Tensor ids = batch.input_ids.to(acc.device());
       const torch::Tensor labels = batch.labels.to(acc.device());
       // The LM head and the loss chunk by chunk: the [tokens, vocabulary] logits never exist
       // (models/chunked_loss.h). Evaluation keeps the plain path.
-      const torch::Tensor loss = models::chunkedCausalLmLoss(model, ids, labels);
+      const torch::Tensor loss =
+          models::chunkedCausalLmLoss(model, ids, labels, {}, positionsOf(batch, acc.device()));
       const double loss_value = loss.item<double>();
       line.add(loss_value, ids.size(0));
       step_window.add(loss_value, ids.size(0));
