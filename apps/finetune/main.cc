@@ -1,5 +1,6 @@
-// finetune: fine-tunes a Hugging Face-layout Llama / Qwen2 / Mistral folder on a text file with
-// HF Trainer's recipe, and writes the result as an HF folder again. The same binary runs as one
+// finetune: fine-tunes a Hugging Face-layout Llama / Qwen2 / Mistral folder on a text file or on
+// JSON lines in TRL's formats (chat `messages`, `prompt`/`completion`, `text`) with HF Trainer's
+// recipe, and writes the result as an HF folder again. The same binary runs as one
 // process or under `cxxlaunch run` with any accelerate YAML (DDP, DeepSpeed ZeRO-1/2/3, FSDP);
 // the strategy, the mixed precision and the 16-bit export are the config's.
 //
@@ -17,7 +18,9 @@
 // Tokens: the folder's tokenizer.json through text/ when there is one, else its tokenizer.model
 // through SentencePiece (in the process finetune_tokenize), else bytes; each line of the file on
 // its own, newlines dropped, no BOS, cut into rows of --seq_len (data.h); the last
-// --eval_fraction of the rows (at least one) are held out.
+// --eval_fraction of the rows (at least one) are held out. A .jsonl: TRL's examples with the loss
+// where TRL takes it (text/sft_data.h; `tokenize --labels` prints them), through the token cache,
+// one a row or, with --packing, several per row of --max_length (data.h).
 // Training (trainer.h): AdamW with Trainer's weight-decay groups, the LR schedule with warmup,
 // clipping and accumulation from the flags or the launch's YAML (flags.h says which wins), the
 // loss through the chunked LM head. Evaluation: the token-weighted loss over the held-out rows
@@ -35,7 +38,8 @@
 // writes nothing.
 //
 // Exit codes: 0 done; 2 a usage or input mistake (unknown flag, a non-finite number, a folder
-// without config.json, another architecture, sizes the weights do not hold, data too short,
+// without config.json, another architecture, sizes the weights do not hold, data too short, a
+// .jsonl line TRL would refuse (named),
 // --seq_len too long, a checkpoint that does not match or is truncated, an OUT that holds a
 // finished model or files not its own, a flag that disagrees with the launch's YAML,
 // --resume_from_checkpoint latest without a checkpoint), one `error:` line
