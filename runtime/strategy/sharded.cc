@@ -71,8 +71,7 @@ ShardedStrategy::ShardedStrategy(std::shared_ptr<Backend> backend,
   shards_ = backend_;
   if (options_.hybrid) connectHybridGroups();
   buildUnits();
-  // The parameters' old storage, now that they live in flat buffers (DDP's stay where they are).
-  if (!replicated_) releaseFreedHostMemory();
+  if (!replicated_) releaseFreedHostMemory();  // the old storage of parameters now flat
 }
 
 ShardedStrategy::~ShardedStrategy() {
@@ -131,8 +130,7 @@ void ShardedStrategy::buildUnits() {
     shard_numels.push_back(FlatParameter::shardNumelOf(numel, flat_world));
   }
   const auto on = torch::TensorOptions().dtype(torch::kFloat);
-  if (replicated_) {
-    // No fp32 shards to keep: the parameters are the model's own tensors.
+  if (replicated_) {  // no fp32 shards: the parameters are the model's own tensors
   } else if (!options_.nvme_optimizer_dir.empty() || !options_.nvme_param_dir.empty()) {
     store_ = std::make_unique<NvmeStore>(*optimizer_, on.device(device_), options_.stage,
                                          options_.nvme_optimizer_dir, options_.nvme_param_dir,
