@@ -6,7 +6,7 @@
 //  - Zero-copy: buffers from registerBuffer() are shared memory every rank maps. When every
 //    rank's buffer lies there, each rank reduces its share of the buffer straight from the peers'
 //    buffers and writes the result into all of them: no copy in, no copy out, one barrier before
-//    and one after. DDP's gradient buckets live there (strategy/ddp.h).
+//    and one after. DDP's gradient buckets live there (strategy/sharded.h).
 //  - Otherwise (any rank's buffer is ordinary memory): through one segment, chunk by chunk, as
 //    NCCL's SHM transport and DeepSpeed's CPU allreduce do: each rank copies its chunk into its
 //    slot (a registered one is read in place), every rank reduces its share of the chunk from all

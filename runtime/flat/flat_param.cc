@@ -10,8 +10,23 @@ namespace cxxlaunch::runtime {
 FlatParameter::FlatParameter(std::vector<torch::Tensor> params, std::vector<std::string> names,
                              int world_size, int rank)
     : params_(std::move(params)), names_(std::move(names)) {
+  layOut(world_size, rank);
+  full_ = torch::zeros({padded_}, params_.front().options());
+  pointParamsIntoBuffer();
+}
+
+FlatParameter FlatParameter::layoutOf(std::vector<torch::Tensor> params,
+                                      std::vector<std::string> names) {
+  FlatParameter flat;
+  flat.params_ = std::move(params);
+  flat.names_ = std::move(names);
+  flat.layOut(1, 0);
+  flat.resident_ = false;
+  return flat;
+}
+
+void FlatParameter::layOut(int world_size, int rank) {
   if (params_.empty()) throw InvalidArgument("a flat parameter needs at least one parameter");
-  const auto options = params_.front().options();
   for (const auto& p : params_) {
     if (p.scalar_type() != params_.front().scalar_type() ||
         p.device() != params_.front().device()) {
@@ -25,8 +40,6 @@ FlatParameter::FlatParameter(std::vector<torch::Tensor> params, std::vector<std:
   padded_ = (numel_ + world - 1) / world * world;
   shard_numel_ = padded_ / world;
   shard_begin_ = shard_numel_ * rank;
-  full_ = torch::zeros({padded_}, options);
-  pointParamsIntoBuffer();
 }
 
 void FlatParameter::pointParamsIntoBuffer() {

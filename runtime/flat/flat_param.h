@@ -28,6 +28,11 @@ class FlatParameter {
   FlatParameter(std::vector<torch::Tensor> params, std::vector<std::string> names, int world_size,
                 int rank);
 
+  // The layout alone (offsets and numel, one rank): the parameters stay in their own storage
+  // and there is no buffer (resident() false, never restored). The data-parallel engine's units
+  // under DDP, whose parameters the trainer's optimizer steps where they are: only their
+  // gradients are flat.
+  static FlatParameter layoutOf(std::vector<torch::Tensor> params, std::vector<std::string> names);
   // The elements of each rank's shard for `numel` parameter elements over `world_size` ranks.
   static int64_t shardNumelOf(int64_t numel, int world_size) {
     return (numel + world_size - 1) / world_size;
@@ -58,7 +63,8 @@ class FlatParameter {
   size_t residentBytes() const;
 
  private:
-  void pointParamsIntoBuffer();  // copies each parameter into its place, then set_data
+  void layOut(int world_size, int rank);  // offsets and sizes; checks dtype and device
+  void pointParamsIntoBuffer();           // copies each parameter into its place, then set_data
 
   std::vector<torch::Tensor> params_;
   std::vector<std::string> names_;

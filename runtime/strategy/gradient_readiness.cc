@@ -54,8 +54,7 @@ bool GradientReadiness::markReady(size_t group, size_t member) {
     throw InvalidArgument(
         "a parameter got a second gradient before the gradients were reduced (two backward "
         "passes in one micro-step, a parameter used by two shard units, or reentrant "
-        "checkpointing); run one backward per micro-step (several losses: backward their sum; "
-        "with DistributedDataParallel itself, the others inside noSync())");
+        "checkpointing); run one backward per micro-step (several losses: backward their sum)");
   }
   ready = 1;
   return --missing_[group] == 0;

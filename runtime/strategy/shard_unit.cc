@@ -51,20 +51,29 @@ void ShardUnit::placeGradientsIn(torch::Tensor buffer) {
   }
 }
 
+void ShardUnit::fillGradientPlace(size_t index) {
+  torch::NoGradGuard no_grad;
+  const torch::Tensor& grad = flat_.params()[index].grad();
+  torch::Tensor& place = grad_places_[index];
+  if (grad.defined() && grad.data_ptr() == place.data_ptr()) return;  // accumulated there
+  if (grad.defined()) {
+    place.copy_(grad);
+  } else {
+    place.zero_();  // no gradient on this rank: contributes nothing
+  }
+}
+
+void ShardUnit::pointGradientAtPlace(size_t index) {
+  flat_.params()[index].mutable_grad() = grad_places_[index];
+}
+
 void ShardUnit::takeGradient(size_t index, torch::ScalarType dtype, BufferPool* pool) {
   torch::NoGradGuard no_grad;
   const torch::Tensor& param = flat_.params()[index];
   torch::Tensor& grad = param.mutable_grad();
   if (replicated_gradients_) {
-    torch::Tensor& place = grad_places_[index];
-    if (!grad.defined() || grad.data_ptr() != place.data_ptr()) {
-      if (grad.defined()) {
-        place.copy_(grad);
-      } else {
-        place.zero_();
-      }
-      grad = place;  // from now on autograd accumulates in the unit's buffer
-    }
+    fillGradientPlace(index);
+    grad = grad_places_[index];  // from now on autograd accumulates in the unit's buffer
     return;
   }
   // A unit of one parameter (an embedding, an output layer) takes autograd's gradient as its

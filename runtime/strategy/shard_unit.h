@@ -83,6 +83,12 @@ class ShardUnit {
   // the ranks may share), each parameter's gradient a tensor over its place in it.
   void placeGradientsIn(torch::Tensor buffer);
   const std::vector<torch::Tensor>& gradPlaces() const { return grad_places_; }
+  // Replicated gradients: parameter `index`'s place holds its gradient (copied in, or zeros when
+  // it has none) without param.grad() moving there yet (takeGradient does both); then
+  // pointGradientAtPlace makes param.grad() the place. DDP's find_unused_parameters leaves a
+  // parameter no rank used as it was by skipping the second.
+  void fillGradientPlace(size_t index);
+  void pointGradientAtPlace(size_t index);
 
   // ---- what the strategy keeps per unit -----------------------------------------------------
   // The fp32 shard the optimizer steps: a view of the flat buffer below stage 3 in fp32, its

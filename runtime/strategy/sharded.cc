@@ -35,10 +35,20 @@ ShardedStrategy::ShardedStrategy(std::shared_ptr<Backend> backend,
       model_(std::move(model)),
       options_(std::move(options)),
       device_(model_->parameters().empty() ? c10::Device(c10::kCPU)
-                                           : model_->parameters().front().device()),
-      optimizer_(optimizer) {
+                                           : model_->parameters().front().device()) {
   if (options_.stage < 0 || options_.stage > 3) {
     throw InvalidArgument("ZeRO stage must be 0, 1, 2 or 3");
+  }
+  if (options_.trainer_optimizer) {
+    if (options_.stage != 0 || mixed() || options_.offload_to_host ||
+        !options_.nvme_optimizer_dir.empty() || !options_.nvme_param_dir.empty()) {
+      throw InvalidArgument(
+          "the trainer's own optimizer steps only stage 0 in the model's dtype, nothing offloaded");
+    }
+    replicated_ = std::make_unique<ReplicatedParameters>(model_, optimizer, backend_->rank(),
+                                                         backend_->worldSize());
+  } else {
+    optimizer_ = std::make_unique<ShardOptimizer>(optimizer);
   }
   // Where memory is the point, freed memory goes back to the kernel (host_memory.h).
   lean_ = options_.stage == 3 || !options_.nvme_optimizer_dir.empty() ||
@@ -61,7 +71,7 @@ ShardedStrategy::ShardedStrategy(std::shared_ptr<Backend> backend,
   shards_ = backend_;
   if (options_.hybrid) connectHybridGroups();
   buildUnits();
-  releaseFreedHostMemory();  // the parameters' old storage, now that they live in flat buffers
+  if (!replicated_) releaseFreedHostMemory();  // the old storage of parameters now flat
 }
 
 ShardedStrategy::~ShardedStrategy() {
@@ -120,15 +130,16 @@ void ShardedStrategy::buildUnits() {
     shard_numels.push_back(FlatParameter::shardNumelOf(numel, flat_world));
   }
   const auto on = torch::TensorOptions().dtype(torch::kFloat);
-  if (!options_.nvme_optimizer_dir.empty() || !options_.nvme_param_dir.empty()) {
-    store_ = std::make_unique<NvmeStore>(optimizer_, on.device(device_), options_.stage,
+  if (replicated_) {  // no fp32 shards: the parameters are the model's own tensors
+  } else if (!options_.nvme_optimizer_dir.empty() || !options_.nvme_param_dir.empty()) {
+    store_ = std::make_unique<NvmeStore>(*optimizer_, on.device(device_), options_.stage,
                                          options_.nvme_optimizer_dir, options_.nvme_param_dir,
                                          units_, shard_numels);
   } else {
     // cpu offload: pinned, so that the copies to and from the GPU run at the bus's speed,
     // without a bounce buffer.
     store_ = std::make_unique<MemoryStore>(
-        optimizer_,
+        *optimizer_,
         options_.offload_to_host ? on.device(torch::kCPU).pinned_memory(device_.is_cuda())
                                  : on.device(device_),
         options_.free_gradients_between_steps);
@@ -146,19 +157,37 @@ void ShardedStrategy::buildUnits() {
   std::vector<size_t> grad_offsets;
   std::shared_ptr<void> grad_block;
   if (options_.stage <= 1) {
-    const size_t elem = c10::elementSize(options_.compute_dtype);
     size_t total = 0;
     bool on_cpu = true;
     for (size_t ui = 0; ui < units_.size(); ++ui) {
+      // DDP reduces in the parameters' own dtype, the flat engine in the compute dtype.
+      const size_t elem = replicated_ ? plan.units[ui].params.front().element_size()
+                                      : c10::elementSize(options_.compute_dtype);
       on_cpu = on_cpu && !plan.units[ui].params.front().device().is_cuda();
       grad_offsets.push_back(total);
       total += (static_cast<size_t>(shard_numels[ui] * flat_world) * elem + 63) / 64 * 64;
     }
     if (on_cpu && world > 1 && total > 0) grad_block = backend_->sharedBuffer(total);
+    gradients_shared_ = grad_block != nullptr;
   }
+  // The gradient buffer of unit `ui` at stage 0-1, in `options`' dtype.
+  auto gradientBuffer = [&](size_t ui, int64_t numel, const torch::TensorOptions& options) {
+    return grad_block ? torch::from_blob(
+                            static_cast<char*>(grad_block.get()) + grad_offsets[ui], {numel},
+                            [grad_block](void*) {}, options)
+                      : torch::zeros({numel}, options);
+  };
   for (size_t ui = 0; ui < units_.size(); ++ui) {
     ShardUnit& u = units_[ui];
     PlannedUnit& planned = plan.units[ui];
+    if (replicated_) {  // the parameters stay where they are; the gradients are flat
+      first_param_.push_back(used_.size());
+      used_.resize(used_.size() + planned.params.size(), options_.find_unused_parameters ? 0 : 1);
+      const auto options = planned.params.front().options();
+      u.flat() = FlatParameter::layoutOf(std::move(planned.params), std::move(planned.names));
+      u.placeGradientsIn(gradientBuffer(ui, u.flat().padded(), options));
+      continue;
+    }
     const bool deferred = std::any_of(planned.params.begin(), planned.params.end(), isDeferred);
     u.flat() =
         FlatParameter(std::move(planned.params), std::move(planned.names), flat_world, flat_rank);
@@ -180,10 +209,7 @@ void ShardedStrategy::buildUnits() {
     u.flat().convert(options_.compute_dtype);
     if (options_.stage <= 1) {
       const auto options = u.flat().full().options();
-      u.placeGradientsIn(grad_block ? torch::from_blob(
-                                          static_cast<char*>(grad_block.get()) + grad_offsets[ui],
-                                          {u.flat().padded()}, [grad_block](void*) {}, options)
-                                    : torch::zeros({u.flat().padded()}, options));
+      u.placeGradientsIn(gradientBuffer(ui, u.flat().padded(), options));
       u.grad_shard = mixed() || options_.offload_to_host ? torch::zeros({sn}, store_->options())
                                                          : u.fullGradient().narrow(0, sb, sn);
     }  // stage 2-3: the gradient shard comes with the first reduction (ShardStore::addGradient)
@@ -191,7 +217,7 @@ void ShardedStrategy::buildUnits() {
     for (size_t i = 0; i < u.flat().params().size(); ++i) {
       const int64_t begin = std::max(u.flat().offset(i), sb);
       const int64_t end = std::min(u.flat().offset(i) + u.flat().params()[i].numel(), sb + sn);
-      const size_t group = optimizer_.groupOf(u.flat().params()[i]);
+      const size_t group = optimizer_->groupOf(u.flat().params()[i]);
       if (begin >= end) continue;
       if (!segments.empty() && segments.back().group == group &&
           segments.back().end == begin - sb) {
@@ -200,8 +226,8 @@ void ShardedStrategy::buildUnits() {
         segments.push_back({begin - sb, end - sb, group});
       }
     }
-    u.optimizer_shard = optimizer_.addShard(sn, std::move(segments), store_->options().device(),
-                                            store_->optimizerKeepsState());
+    u.optimizer_shard = optimizer_->addShard(sn, std::move(segments), store_->options().device(),
+                                             store_->optimizerKeepsState());
     if (u.module() != nullptr) {
       unit_of_module_[u.module()] = ui;
       detail::registerUnit(u.module(), this);
@@ -229,16 +255,20 @@ void ShardedStrategy::settle(size_t i) {
   // The optimizer's state, now that the unit holds what it keeps at rest: here for a unit that
   // is never released, in release() for the others (one the policy chose: at its first
   // unitForward).
-  if (options_.stage != 3 || u.module() == nullptr) optimizer_.allocateState(u.optimizer_shard);
+  if (options_.stage != 3 || u.module() == nullptr) optimizer_->allocateState(u.optimizer_shard);
   if (lean_) releaseFreedHostMemory();
 }
 
 std::string ShardedStrategy::describe() const {
+  if (replicated_) {
+    return options_.name + ": " + std::to_string(units_.size()) + " gradient bucket(s)" +
+           (gradients_shared_ ? " in shared memory" : "");
+  }
   size_t modules = 0;
   for (const auto& u : units_) modules += u.module() != nullptr;
   return options_.name + ": " + std::to_string(units_.size()) + " unit(s) (" +
          std::to_string(modules) + " module(s), " + std::to_string(units_.size() - modules) +
-         " bucket(s)), " + optimizer_.name() +
+         " bucket(s)), " + optimizer_->name() +
          (options_.stage == 0 ? " on fp32 master weights"
                               : " on 1/" + std::to_string(shards_->worldSize()) + " shards") +
          (replicas_ ? " x " + std::to_string(replicas_->worldSize()) + " node replicas" : "") +
@@ -341,7 +371,7 @@ void ShardedStrategy::release(size_t i) {
     u.device_shard = u.flat().shard().clone();  // the gathers' input from now on (current values)
   }
   u.reshard(pool_.get());
-  optimizer_.allocateState(u.optimizer_shard);
+  optimizer_->allocateState(u.optimizer_shard);
   // What LibTorch says of a freed parameter (1.13 and 2.x), which says nothing of units.
   for (const char* freed : {"data is not allocated yet", "for storage of size 0"}) {
     addUncaughtErrorHint(
@@ -382,6 +412,7 @@ void ShardedStrategy::beforeBackward(bool sync) {
 void ShardedStrategy::onGradientReady(size_t unit, size_t param) {
   std::lock_guard<std::mutex> lock(mu_);
   if (options_.stage <= 1 && !sync_) return;  // accumulates in param.grad() until the sync
+  if (replicated_) used_[first_param_[unit] + param] = 1;
   markReady(unit, param);
 }
 
@@ -431,6 +462,7 @@ void ShardedStrategy::afterBackward(bool sync) {
   std::lock_guard<std::mutex> lock(mu_);
   in_forward_ = false;
   if (options_.stage <= 1 && !sync) return;
+  if (replicated_) return finishReplicatedBackward();
   // Parameters this backward did not reach (unused in this forward) contribute zeros, so that no
   // rank waits for a reduction another rank never starts.
   for (const auto& [unit, param] : readiness_->pending()) markReady(unit, param);
@@ -451,6 +483,7 @@ void ShardedStrategy::afterBackward(bool sync) {
 // ---- optimizer step -----------------------------------------------------------------------------
 
 double ShardedStrategy::clipGradNorm(double max_norm) {
+  if (replicated_) return replicated_->clipGradNorm(max_norm);
   double squares = 0;
   for (auto& u : units_) squares += store_->gradientSquares(u);
   if (options_.stage > 0) {  // each shard holds a part of the gradient
@@ -465,6 +498,7 @@ double ShardedStrategy::clipGradNorm(double max_norm) {
 }
 
 bool ShardedStrategy::unscaleGradients(double factor) {
+  if (replicated_) return replicated_->unscaleGradients(factor);
   int32_t overflow = 0;
   for (auto& u : units_) {
     if (!store_->gradientFinite(u)) overflow = 1;
@@ -475,8 +509,9 @@ bool ShardedStrategy::unscaleGradients(double factor) {
 }
 
 void ShardedStrategy::step() {
+  if (replicated_) return replicated_->step();
   torch::NoGradGuard no_grad;
-  optimizer_.beginStep();
+  optimizer_->beginStep();
   store_->step(units_);
   // Parameters up to date everywhere: gathered now, or (stage 3 units run through unitForward)
   // at their next forward.
@@ -498,6 +533,7 @@ void ShardedStrategy::step() {
 }
 
 void ShardedStrategy::zeroGrad() {
+  if (replicated_) return replicated_->zeroGrad();
   for (auto& u : units_) {
     if (options_.stage <= 1) {
       u.fullGradient().zero_();
@@ -509,6 +545,10 @@ void ShardedStrategy::zeroGrad() {
 
 MemoryReport ShardedStrategy::memoryReport() const {
   MemoryReport report;
+  if (replicated_) {
+    replicated_->report(report);
+    return report;
+  }
   // cpu offload: the fp32 shards and the optimizer state are host memory, reported apart.
   size_t& shards = options_.offload_to_host ? report.offloaded_to_cpu : report.parameters;
   size_t& gradient_shards = options_.offload_to_host ? report.offloaded_to_cpu : report.gradients;
@@ -521,7 +561,7 @@ MemoryReport ShardedStrategy::memoryReport() const {
   }
   for (const auto& p : frozen_) report.parameters += bytesOf(p);
   (options_.offload_to_host ? report.offloaded_to_cpu : report.optimizer_state) +=
-      optimizer_.stateBytes();
+      optimizer_->stateBytes();
   store_->report(report);
   if (pool_) report.kept_for_reuse = pool_->bytes();
   return report;
@@ -530,6 +570,7 @@ MemoryReport ShardedStrategy::memoryReport() const {
 void ShardedStrategy::visitFullParameters(const ParameterVisitor& visit) {
   std::lock_guard<std::mutex> lock(mu_);
   torch::NoGradGuard no_grad;
+  if (replicated_) return replicated_->visitFullParameters(visit);
   for (auto& u : units_) {  // one unit whole at a time
     torch::Tensor full;
     u.waitUnsharded();

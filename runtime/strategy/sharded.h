@@ -2,9 +2,13 @@
 // ShardedStrategy: ZeRO stages 0-3 and FSDP's FULL_SHARD / SHARD_GRAD_OP as one engine with one
 // sharding algebra, so every mode reduces with the same numerics:
 //
-//   stage 0 (ddp, fsdp_no_shard with     nothing sharded: gradients all-reduced, every rank
-//           mixed precision)             steps fp32 master weights of everything (DeepSpeed's
-//                                        bf16 at stage 0); DdpStrategy runs these without it.
+//   stage 0 (ddp, fsdp_no_shard)         nothing sharded: gradients all-reduced. In the model's
+//                                        own precision with nothing offloaded (DDP), the units
+//                                        flatten only the gradients and the trainer's optimizer
+//                                        steps the parameters where they are
+//                                        (replicated_parameters.h, trainer_optimizer); with mixed
+//                                        precision or cpu offload every rank steps fp32 master
+//                                        weights of everything (DeepSpeed's bf16 at stage 0).
 //   stage 1 (zero1)                      optimizer state sharded. Gradients all-reduced (as DDP,
 //                                        noSync while accumulating); each rank steps its shard of
 //                                        every unit; parameters all-gathered after the step.
@@ -44,6 +48,7 @@
 
 #include "runtime/optim/shard_optimizer.h"
 #include "runtime/strategy/gradient_readiness.h"
+#include "runtime/strategy/replicated_parameters.h"
 #include "runtime/strategy/shard_store.h"
 #include "runtime/strategy/shard_unit.h"
 #include "runtime/strategy/shared_gradients.h"
@@ -91,6 +96,14 @@ struct ShardingOptions {
   // runs, where LibTorch's caching allocator makes it free; off on CPU, where each step would
   // fault the pages in anew (flat/buffer_pool.h says what that costs).
   bool free_gradients_between_steps = false;
+  // Stage 0 in the model's own dtype, nothing offloaded (DDP): no master copy; the trainer's
+  // torch::optim optimizer steps the parameters in their own storage, gradients are views of the
+  // units' buffers, and the checkpoint holds one view per parameter (replicated_parameters.h).
+  bool trainer_optimizer = false;
+  // With trainer_optimizer: one more small all-reduce per step tells which parameters no rank
+  // used in the backward; their gradients stay as they were (undefined after zeroGrad), so the
+  // optimizer skips them, as PyTorch's DDP does. Without it they get a zero gradient.
+  bool find_unused_parameters = false;
 };
 
 class ShardedStrategy final : public Strategy, public UnitHooks {
@@ -111,6 +124,7 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   MemoryReport memoryReport() const override;
   std::vector<const torch::nn::Module*> unitModules() const override;
   StateStream stateStream(StateDictType type) override;
+  StateCounters stateCounters(int64_t optimizer_steps) override;
   void fillState(StateSource& source) override;
   void visitFullParameters(const ParameterVisitor& visit) override;
 
@@ -130,6 +144,7 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   void preBackward(size_t unit);                    // hook on a unit's output gradient
   void launchReady();                               // reductions, in order
   void completeOldestReduction();                   // stage 2-3
+  void finishReplicatedBackward();                  // trainer_optimizer
   void unitGradientsDone(size_t unit);              // stage 3: release, BACKWARD_POST prefetch
   void gatherNow(size_t unit);                      // waits
   bool mixed() const { return options_.compute_dtype != torch::kFloat; }
@@ -156,8 +171,14 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   std::shared_ptr<torch::nn::Module> model_;
   bool warned_never_routed_ = false;
   ShardingOptions options_;
-  c10::Device device_;  // the model's
-  ShardOptimizer optimizer_;
+  c10::Device device_;                         // the model's
+  std::unique_ptr<ShardOptimizer> optimizer_;  // the fp32 shards' (none: trainer_optimizer)
+  // trainer_optimizer: the trainer's optimizer on whole parameters, and which parameters got a
+  // gradient on this rank in this backward (find_unused_parameters), unit by unit.
+  std::unique_ptr<ReplicatedParameters> replicated_;
+  std::vector<size_t> first_param_;  // unit u's parameters are used_[first_param_[u]] ...
+  std::vector<int32_t> used_;
+  bool gradients_shared_ = false;  // the stage 0-1 gradient buffers live in shared memory
   std::vector<ShardUnit> units_;
   std::unique_ptr<ShardStore> store_;  // where the units' fp32 shards rest
   // The hooks, which gradients are in, which unit's reduction launches next (in plan order).

@@ -17,7 +17,12 @@
 namespace cxxlaunch::runtime {
 
 StateStream ShardedStrategy::stateStream(StateDictType type) {
+  if (replicated_) return replicated_->stateStream(type);
   return type == StateDictType::kFull ? gatheredStream() : shardedStream();
+}
+
+StateCounters ShardedStrategy::stateCounters(int64_t optimizer_steps) {
+  return replicated_ ? replicated_->stateCounters(optimizer_steps) : StateCounters{};
 }
 
 StateStream ShardedStrategy::gatheredStream() {
@@ -26,7 +31,7 @@ StateStream ShardedStrategy::gatheredStream() {
   StateStream state;
   const bool writes = backend_->rank() == 0;  // every rank gathers, rank 0 writes
   std::vector<std::string> arrays = {"param"};
-  for (const auto& name : optimizer_.stateNames()) arrays.push_back(name);
+  for (const auto& name : optimizer_->stateNames()) arrays.push_back(name);
   // Unit by unit, array by array (one array of one unit gathered at a time), each parameter.
   for (const auto& u : units_) {
     for (const auto& array : arrays) {
@@ -118,7 +123,7 @@ StateStream ShardedStrategy::shardedStream() {
     return stream;
   }
   std::vector<std::string> arrays = {"param"};
-  for (const auto& name : optimizer_.stateNames()) arrays.push_back(name);
+  for (const auto& name : optimizer_->stateNames()) arrays.push_back(name);
   struct Piece {  // a view's elements in its unit's shard
     ShardUnit* unit;
     int64_t from, count;
@@ -173,7 +178,8 @@ StateStream ShardedStrategy::shardedStream() {
 void ShardedStrategy::fillState(StateSource& source) {
   std::lock_guard<std::mutex> lock(mu_);
   torch::NoGradGuard no_grad;
-  const std::vector<std::string> names = optimizer_.stateNames();
+  if (replicated_) return replicated_->fillState(source);
+  const std::vector<std::string> names = optimizer_->stateNames();
   // Unit by unit: only one unit's state is staged at a time (nvme offload).
   for (auto& u : units_) {
     const int64_t sb = u.flat().shardBegin(), sn = u.flat().shardNumel();
@@ -223,7 +229,7 @@ void ShardedStrategy::fillState(StateSource& source) {
       frozen.push_back({item.key(), "param", 0, p.numel(), p.sizes().vec(), p});
   }
   source.read(frozen);
-  if (!source.failed()) optimizer_.setSteps(source.wholeCounter("optimizer_steps", 0));
+  if (!source.failed()) optimizer_->setSteps(source.wholeCounter("optimizer_steps", 0));
 }
 
 void ShardedStrategy::publish(ShardUnit& u) {

@@ -3,7 +3,8 @@
 // one; which one comes from the launcher's settings (CXXLAUNCH_STRATEGY), never from the trainer,
 // so one trainer binary runs every mode:
 //
-//   ddp                    every rank holds everything; gradients all-reduced (strategy/ddp.h)
+//   ddp                    every rank holds everything; gradients all-reduced (stage 0 of
+//                          strategy/sharded.h, the one data-parallel engine)
 //   zero1                  + optimizer state sharded: each rank steps its 1/N of the parameters
 //   zero2, fsdp_shard_grad_op
 //                          + gradients reduce-scattered as backward produces them

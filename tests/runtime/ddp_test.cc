@@ -1,7 +1,7 @@
 // DDP and the Accelerator against a single process: ranks are threads over the Fake backend,
 // so these tests exercise everything above the backend with exact, deterministic collectives.
-
-#include "runtime/strategy/ddp.h"
+// DDP is the strategy makeStrategy makes for "ddp": the data-parallel engine at stage 0, the
+// trainer's optimizer stepping the parameters where they are (strategy/sharded.h).
 
 #include <torch/torch.h>
 #include <unistd.h>
@@ -13,6 +13,7 @@
 
 #include "rendezvous/memory_store.h"
 #include "runtime/accelerator.h"
+#include "runtime/strategy/sharded.h"
 #include "support/mappings.h"
 #include "support/ranks.h"
 
@@ -74,6 +75,23 @@ double maxRelativeDifference(Net& a, Net& b) {
   return worst;
 }
 
+// The "ddp" strategy over `net`, as prepare makes it; a micro-step is backward().
+struct Ddp {
+  Ddp(Net& net, std::shared_ptr<Backend> backend, torch::optim::Optimizer& optimizer,
+      StrategyOptions options = {}) {
+    WorkerEnv env;
+    env.rank = backend->rank();
+    env.world_size = backend->worldSize();
+    strategy = makeStrategy(env, std::move(backend), net.ptr(), optimizer, options);
+  }
+  void backward(const torch::Tensor& loss, bool sync = true) {
+    strategy->beforeBackward(sync);
+    loss.backward();
+    strategy->afterBackward(sync);
+  }
+  std::unique_ptr<Strategy> strategy;
+};
+
 World fakeWorld(std::shared_ptr<FakeWorld> world, int rank, int size, int accumulation = 1) {
   World w;
   w.env.rank = rank;
@@ -114,16 +132,15 @@ TEST_CASE("DDP with world 2 matches one process on the whole batch", "[ddp]") {
     auto world = makeFakeWorld(2);
     onRanks(2, [&](int r) {
       Net& net = nets[static_cast<size_t>(r)];
-      DdpOptions options;
+      StrategyOptions options;
       options.find_unused_parameters = true;  // the unused layer keeps no gradient, as in 1 process
-      DistributedDataParallel ddp(net.ptr(), makeFakeBackend(world, r), options);
       auto opt = makeOptimizer(net, kind);
+      Ddp ddp(net, makeFakeBackend(world, r), *opt, options);
       auto x = data.x.narrow(0, r * kBatch, kBatch), y = data.y.narrow(0, r * kBatch, kBatch);
       for (int64_t s = 0; s < kSteps; ++s) {
         clearGrads(net, *opt);
-        torch::mse_loss(net->forward(x), y).backward();
-        ddp.finishBackward();
-        opt->step();
+        ddp.backward(torch::mse_loss(net->forward(x), y));
+        ddp.strategy->step();
       }
     });
     CHECK(maxRelativeDifference(nets[0], reference) < 1e-6);
@@ -131,18 +148,32 @@ TEST_CASE("DDP with world 2 matches one process on the whole batch", "[ddp]") {
   }
 }
 
+TEST_CASE("DDP is the data-parallel engine at stage 0 in every precision", "[ddp]") {
+  // One engine: fp32 DDP (the trainer's optimizer stepping the parameters in place) and DDP with
+  // mixed precision (fp32 masters stepped by the engine) are both ShardedStrategy at stage 0.
+  torch::set_num_threads(1);
+  for (const bool mixed : {false, true}) {
+    INFO((mixed ? "bf16 compute" : "fp32"));
+    Net net = makeNet();
+    auto opt = makeOptimizer(net, "adamw");
+    StrategyOptions options;
+    if (mixed) options.precision.compute = torch::kBFloat16;
+    Ddp ddp(net, makeFakeBackend(makeFakeWorld(1), 0), *opt, options);
+    CHECK(dynamic_cast<ShardedStrategy*>(ddp.strategy.get()) != nullptr);
+  }
+}
+
 TEST_CASE("Gradients live in the buckets: no second copy, the same memory every step", "[ddp]") {
   torch::set_num_threads(1);
   const Data data = makeData(8);
   Net net = makeNet();
-  DistributedDataParallel ddp(net.ptr(), makeFakeBackend(makeFakeWorld(1), 0));
   auto opt = makeOptimizer(net, "adamw");
+  Ddp ddp(net, makeFakeBackend(makeFakeWorld(1), 0), *opt);
   std::vector<const void*> first;
   for (int step = 0; step < 3; ++step) {
-    opt->zero_grad();
-    torch::mse_loss(net->forward(data.x, /*branch=*/true), data.y).backward();
-    ddp.finishBackward();
-    opt->step();
+    ddp.strategy->zeroGrad();
+    ddp.backward(torch::mse_loss(net->forward(data.x, /*branch=*/true), data.y));
+    ddp.strategy->step();
     std::vector<const void*> now;
     for (auto& p : net->parameters()) now.push_back(p.grad().data_ptr());
     if (step == 0) first = now;
@@ -188,25 +219,25 @@ TEST_CASE("Over Gloo on one host the gradients live in shared memory and match o
       backend_options.timeout = std::chrono::seconds(30);
       backend_options.shared_memory = shared_memory;
       std::shared_ptr<Backend> backend = makeGlooBackend(backend_options);
-      DdpOptions options;
+      StrategyOptions options;
       options.find_unused_parameters = true;  // the unused layer keeps no gradient, as in 1 process
       options.bucket_bytes = 256;             // several buckets, reduced as backward goes
-      DistributedDataParallel ddp(net.ptr(), backend, options);
-      shared[static_cast<size_t>(r)] = ddp.bucketsShared();
       auto opt = makeOptimizer(net, "adamw");
+      Ddp ddp(net, backend, *opt, options);
+      shared[static_cast<size_t>(r)] =
+          ddp.strategy->describe().ends_with("gradient bucket(s) in shared memory");
       auto x = data.x.narrow(0, r * kBatch, kBatch), y = data.y.narrow(0, r * kBatch, kBatch);
       int segment = 1;
       for (int64_t s = 0; s < kSteps; ++s) {
-        opt->zero_grad();
-        torch::mse_loss(net->forward(x), y).backward();
-        ddp.finishBackward();
+        ddp.strategy->zeroGrad();
+        ddp.backward(torch::mse_loss(net->forward(x), y));
         for (const auto& p : net->parameters()) {
           if (p.grad().defined()) {
             segment =
                 segment && cxxlaunch::testing::mappedFileOf(p.grad().data_ptr()).starts_with(ours);
           }
         }
-        opt->step();
+        ddp.strategy->step();
       }
       in_segment[static_cast<size_t>(r)] = segment;
     });
@@ -223,7 +254,9 @@ TEST_CASE("A second backward before the gradients are synchronised is refused", 
   torch::set_num_threads(1);
   const Data data = makeData(8);
   Net net = makeNet();
-  DistributedDataParallel ddp(net.ptr(), makeFakeBackend(makeFakeWorld(1), 0));
+  auto opt = makeOptimizer(net, "sgd");
+  Ddp ddp(net, makeFakeBackend(makeFakeWorld(1), 0), *opt);
+  ddp.strategy->beforeBackward(true);
   auto loss = torch::mse_loss(net->forward(data.x), data.y);
   loss.backward({}, /*retain_graph=*/true);
   CHECK_THROWS_WITH(loss.backward(),
@@ -237,19 +270,17 @@ TEST_CASE("Small buckets give the same result as one bucket", "[ddp]") {
   torch::mse_loss(reference->forward(data.x), data.y).backward();
   std::vector<Net> nets = {makeNet(), makeNet()};
   auto world = makeFakeWorld(2);
-  size_t buckets = 0;
+  std::string described;
   onRanks(2, [&](int r) {
-    DdpOptions options;
+    StrategyOptions options;
     options.bucket_bytes = 64;  // one bucket per parameter
-    DistributedDataParallel ddp(nets[static_cast<size_t>(r)].ptr(), makeFakeBackend(world, r),
-                                options);
-    if (r == 0) buckets = ddp.numBuckets();
-    torch::mse_loss(nets[static_cast<size_t>(r)]->forward(data.x.narrow(0, r * 4, 4)),
-                    data.y.narrow(0, r * 4, 4))
-        .backward();
-    ddp.finishBackward();
+    auto opt = makeOptimizer(nets[static_cast<size_t>(r)], "sgd");
+    Ddp ddp(nets[static_cast<size_t>(r)], makeFakeBackend(world, r), *opt, options);
+    if (r == 0) described = ddp.strategy->describe();
+    ddp.backward(torch::mse_loss(nets[static_cast<size_t>(r)]->forward(data.x.narrow(0, r * 4, 4)),
+                                 data.y.narrow(0, r * 4, 4)));
   });
-  CHECK(buckets == 6);
+  CHECK(described == "ddp: 6 gradient bucket(s)");
   auto ref = reference->parameters(), got = nets[1]->parameters();
   for (size_t i = 0; i < ref.size(); ++i) {
     if (!ref[i].grad().defined()) continue;
@@ -265,13 +296,13 @@ TEST_CASE("Parameters without a gradient on some rank do not hang the reduction"
     auto world = makeFakeWorld(2);
     onRanks(2, [&](int r) {
       Net& net = nets[static_cast<size_t>(r)];
-      DdpOptions options;
+      StrategyOptions options;
       options.find_unused_parameters = find_unused;
-      DistributedDataParallel ddp(net.ptr(), makeFakeBackend(world, r), options);
+      auto opt = makeOptimizer(net, "sgd");
+      Ddp ddp(net, makeFakeBackend(world, r), *opt, options);
       // Only rank 1 uses the extra layer; rank 0 never produces its gradient.
-      torch::mse_loss(net->forward(data.x.narrow(0, r * 4, 4), r == 1), data.y.narrow(0, r * 4, 4))
-          .backward();
-      ddp.finishBackward();
+      ddp.backward(torch::mse_loss(net->forward(data.x.narrow(0, r * 4, 4), r == 1),
+                                   data.y.narrow(0, r * 4, 4)));
     });
     // Rank 0's share of the unused layer is zero: both ranks hold half of rank 1's gradient.
     CHECK(torch::equal(nets[0]->unused->weight.grad(), nets[1]->unused->weight.grad()));
@@ -286,14 +317,13 @@ TEST_CASE("find_unused_parameters leaves parameters no rank used without a gradi
     std::vector<Net> nets = {makeNet(), makeNet()};
     auto world = makeFakeWorld(2);
     onRanks(2, [&](int r) {
-      DdpOptions options;
+      StrategyOptions options;
       options.find_unused_parameters = find_unused;
-      DistributedDataParallel ddp(nets[static_cast<size_t>(r)].ptr(), makeFakeBackend(world, r),
-                                  options);
-      torch::mse_loss(nets[static_cast<size_t>(r)]->forward(data.x.narrow(0, r * 4, 4)),
-                      data.y.narrow(0, r * 4, 4))
-          .backward();
-      ddp.finishBackward();
+      auto opt = makeOptimizer(nets[static_cast<size_t>(r)], "sgd");
+      Ddp ddp(nets[static_cast<size_t>(r)], makeFakeBackend(world, r), *opt, options);
+      ddp.backward(
+          torch::mse_loss(nets[static_cast<size_t>(r)]->forward(data.x.narrow(0, r * 4, 4)),
+                          data.y.narrow(0, r * 4, 4)));
     });
     const auto& grad = nets[0]->unused->weight.grad();
     if (find_unused) {
