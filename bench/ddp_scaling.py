@@ -69,9 +69,7 @@ def main():
     for _ in range(a.repeat):  # interleaved, so that machine noise hits all alike
         runs["world1"].append(step_ms(launch(1) + ours))
         runs["world2"].append(step_ms(launch(2) + ours))
-        # PYTHONSAFEPATH: bench/ is not put first on the peer's sys.path, where bench/tokenize.py
-        # would shadow the standard library's tokenize that `import torch` reaches.
-        runs["peer2"].append(step_ms(launch(2) + peer, env={"PYTHONSAFEPATH": "1"}))
+        runs["peer2"].append(step_ms(launch(2) + peer))
         runs["limit"].append(side_by_side_ms(launch(1) + ours))
     med = {k: statistics.median(v) for k, v in runs.items()}
     scaling = med["world2"] / med["world1"]

@@ -1,4 +1,4 @@
-// The peer of bench/tokenize.py: transformers.js's tokenizer (@lenml/tokenizers) over the lines
+// The peer of bench/tokenizer_speed.py: transformers.js's tokenizer (@lenml/tokenizers) over the lines
 // of a file, one JSON array of ids per line on stdout (what `tokenize` prints), and on stderr
 // the seconds the encoding took, loading excluded.
 //   node tokenize_peer.cjs NODE_MODULES MODEL_DIR FILE

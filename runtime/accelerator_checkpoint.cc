@@ -377,7 +377,8 @@ std::string Accelerator::saveCheckpoint() {
         "saveCheckpoint needs a checkpoint folder: launch with --checkpoint_dir DIR (or "
         "CXXLAUNCH_CHECKPOINT_DIR, or cxxlaunch.checkpoint_dir in the config)");
   }
-  const std::string dir = checkpoint_dir_ + "/" + checkpoint_prefix_ + std::to_string(optimizer_steps_);
+  const std::string dir =
+      checkpoint_dir_ + "/" + checkpoint_prefix_ + std::to_string(optimizer_steps_);
   saveState(dir);
   // Pruning counts complete checkpoints only: an asynchronous save prunes again once committed.
   prune_when_committed_ = checkpointInFlight();

@@ -33,9 +33,8 @@ TEST_CASE("Packing places examples best-fit decreasing, as TRL's bfd", "[text][p
   // Sizes 5, 3, 4, 2, 6, 1 into rows of 8. Longest first: 6 opens row 0 (room 2), 5 opens row 1
   // (room 3), 4 opens row 2 (room 4), 3 fits row 1 best (room 3 -> 0), 2 fits row 0 best
   // (room 2 -> 0), 1 goes to row 2 (the only room left, 4 -> 3).
-  const std::vector<TrainingExample> examples = {example(100, 5), example(200, 3),
-                                                  example(300, 4), example(400, 2),
-                                                  example(500, 6), example(600, 1)};
+  const std::vector<TrainingExample> examples = {example(100, 5), example(200, 3), example(300, 4),
+                                                 example(400, 2), example(500, 6), example(600, 1)};
   const auto rows = packExamples(examples, {.length = 8, .pad_id = 7});
   REQUIRE(rows.size() == 3);
   CHECK(rows[0].examples == std::vector<size_t>{4, 3});
@@ -59,7 +58,7 @@ TEST_CASE("Best fit: the row with the least room that fits, the first opened amo
   // Sizes 7, 6, 6, 2, 2 into rows of 10: rows 0 (room 3), 1 (room 4), 2 (room 4). The first 2
   // goes to row 0 (room 3, the least that fits), the second to row 1 (room 4, opened before 2).
   const std::vector<TrainingExample> examples = {example(10, 7), example(20, 6), example(30, 6),
-                                                  example(40, 2), example(50, 2)};
+                                                 example(40, 2), example(50, 2)};
   const auto rows = packExamples(examples, {.length = 10});
   REQUIRE(rows.size() == 3);
   CHECK(rows[0].examples == std::vector<size_t>{0, 3});

