@@ -279,7 +279,7 @@ TEST_CASE("finetune restarted by the launcher's --max_restarts resumes by itself
   CHECK(readFile(restarted + "/model.safetensors") == readFile(whole + "/model.safetensors"));
 }
 
-TEST_CASE("--resume_from_checkpoint takes a path or the latest, and latest requires one",
+TEST_CASE("finetune --resume_from_checkpoint takes a path or the latest, and latest requires one",
           "[finetune][integration][resume]") {
   TempDir dir;
   const std::string model = fixture(dir, "model", {});

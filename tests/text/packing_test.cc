@@ -167,7 +167,7 @@ TEST_CASE("An example longer than the row: an error, truncated, or split, as ask
   CHECK(cut[3].labels == Ids{X, 109, X, X});
 }
 
-TEST_CASE("Bad input is one clear error; empty examples are left out", "[text][packing]") {
+TEST_CASE("Bad input is one clear error, and empty examples are left out", "[text][packing]") {
   TrainingExample odd = example(1, 3);
   odd.labels.pop_back();
   CHECK_THROWS_MATCHES(packExamples({example(5, 2), odd}, {.length = 8}), InvalidArgument,

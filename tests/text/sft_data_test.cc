@@ -145,7 +145,8 @@ TEST_CASE("messages: tools and chat_template_kwargs reach the template", "[text]
   CHECK(e.labels == concat({masked(1 + turn("user", "x").size()), assistantLabels("y")}));
 }
 
-TEST_CASE("truncation keeps the start; without it a long example names its line", "[text][sft]") {
+TEST_CASE("truncation keeps the start, and without it a long example names its line",
+          "[text][sft]") {
   Folder f;
   const std::string jsonl =
       "{\"prompt\": \"Q\", \"completion\": \"y\"}\n{\"prompt\": \"Q:\", \"completion\": \" y\"}";
@@ -211,7 +212,8 @@ TEST_CASE("a bad line is an InvalidArgument naming the file and the line", "[tex
   expectError(f, "", "data.jsonl holds no examples (no non-blank line)");
 }
 
-TEST_CASE("a role the template does not know is refused; one it names is taken", "[text][sft]") {
+TEST_CASE("a role the template does not know is refused, and one it names is taken",
+          "[text][sft]") {
   Folder f;
   const std::string bot =
       R"({"messages": [{"role": "user", "content": "a"}, {"role": "bot", "content": "b"}]})";
