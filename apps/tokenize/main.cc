@@ -12,12 +12,14 @@
 // prints, per JSON line {"messages": [...]}, one JSON string: the messages as the folder's chat
 // template renders them (`tok.apply_chat_template(messages, tokenize=False, ...)`).
 //
-//   tokenize --model_dir DIR --data FILE.jsonl --labels [--max_length N [--truncation]]
+//   tokenize --model_dir DIR --data FILE.jsonl --labels [--max_length N] [--truncation]
 //
 // prints, per example of FILE ({"text"}, {"prompt", "completion"} or {"messages"} lines; blank
 // lines skipped), {"input_ids": [...], "labels": [...]}: exactly what finetune trains on
 // (text/sft_data.h, docs/text.md "Training data"), with -100 where the loss is masked: the
-// prompt, and all but the assistant's turns of a conversation.
+// prompt, and all but the assistant's turns of a conversation. The same flags give the same
+// examples: --max_length defaults to finetune's (1024, at most config.json's
+// max_position_embeddings); finetune also leaves out an example without any label.
 //
 // Exit codes: 0 done; 2 a user's mistake (a bad flag, a folder without a supported
 // tokenizer.json or chat template, an unreadable file, a line that is not UTF-8, not JSON or
@@ -25,6 +27,7 @@
 // without --truncation, ...), with one `error:` line on stderr and nothing on stdout; 1 anything
 // else (stdout could not be written).
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -58,6 +61,21 @@ struct Options {
   Mode mode = Mode::kIds;
 };
 
+// finetune's --max_length when none is given: TRL's 1024, at most the model's
+// max_position_embeddings (config.json beside the tokenizer, when there is one), so that
+// `--labels` prints what finetune trains on under the same flags.
+int64_t finetuneMaxLength(const Options& o) {
+  constexpr int64_t kTrlMaxLength = 1024;
+  std::ifstream in(o.model_dir + "/config.json", std::ios::binary);
+  if (!in) return kTrlMaxLength;
+  const auto config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  const auto it = config.is_object() ? config.find("max_position_embeddings") : config.end();
+  if (it == config.end() || !it->is_number_integer() || it->get<int64_t>() < 1) {
+    return kTrlMaxLength;
+  }
+  return std::min(kTrlMaxLength, it->get<int64_t>());
+}
+
 Options parse(int argc, char** argv) {
   Options o;
   CLI::App app(
@@ -87,11 +105,13 @@ Options parse(int argc, char** argv) {
       "FILE is JSON lines of {\"text\"}, {\"prompt\", \"completion\"} or {\"messages\"}: print "
       "each example as finetune trains on it, {\"input_ids\": [...], \"labels\": [...]} with "
       "-100 where no loss is taken");
-  app.add_option(cli::spellings("max_length"), o.data_options.max_length,
-                 "with --labels: the most tokens an example may have (0: no limit), as "
-                 "finetune's --max_length")
-      ->needs(labels_flag)
-      ->check(CLI::NonNegativeNumber);
+  auto* max_length_flag =
+      app.add_option(cli::spellings("max_length"), o.data_options.max_length,
+                     "with --labels: the most tokens an example may have (0: no limit), as "
+                     "finetune's --max_length (default as finetune's: 1024, at most the "
+                     "folder's max_position_embeddings)")
+          ->needs(labels_flag)
+          ->check(CLI::NonNegativeNumber);
   app.add_flag(cli::spellings("truncation"), o.data_options.truncation,
                "with --labels: keep the first --max_length tokens of a longer example instead of "
                "refusing it, as finetune's --truncation")
@@ -103,6 +123,7 @@ Options parse(int argc, char** argv) {
   cli::parseOrExit(app, argc, argv);
   if (render) o.mode = Mode::kRender;
   if (labels) o.mode = Mode::kLabels;
+  if (labels && max_length_flag->count() == 0) o.data_options.max_length = finetuneMaxLength(o);
   return o;
 }
 

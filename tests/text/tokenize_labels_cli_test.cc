@@ -103,3 +103,20 @@ TEST_CASE("tokenize --labels: a user's mistake is one error line, exit 2, nothin
   expectError(labels("{\"messages\": [{\"role\": \"assistant\", \"content\": \"y\"}]}"),
               data + ":1: the line is a conversation, and the model folder has no chat template");
 }
+
+TEST_CASE("tokenize --labels limits the length as finetune does when no --max_length is given",
+          "[text][cli][sft]") {
+  TempDir dir;
+  writeChatFolder(dir.path());
+  const std::string data = dir.path() + "/d.jsonl";
+  writeText(data, "{\"prompt\": \"" + std::string(40, 'q') + "\", \"completion\": \"r\"}\n");
+  // Without config.json: TRL's 1024, which the 43 tokens are within.
+  CHECK(run({TOKENIZE_BIN, "--model_dir", dir.path(), "--data", data, "--labels"}).exit_code == 0);
+  // With the model's max_position_embeddings below them: that, as finetune's default.
+  writeText(dir.path() + "/config.json", "{\"max_position_embeddings\": 16}");
+  expectError(run({TOKENIZE_BIN, "--model_dir", dir.path(), "--data", data, "--labels"}),
+              "more than --max_length 16");
+  CHECK(run({TOKENIZE_BIN, "--model_dir", dir.path(), "--data", data, "--labels", "--max_length",
+             "0"})
+            .exit_code == 0);
+}
