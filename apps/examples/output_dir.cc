@@ -13,14 +13,38 @@ namespace cxxlaunch::examples {
 
 namespace fs = std::filesystem;
 
-std::string checkOutputDir(const std::string& value, const std::string& flag) {
+fs::path normalOutputPath(const std::string& value) {
   fs::path out = fs::path(value).lexically_normal();
   if (!out.has_filename() && out.has_relative_path()) out = out.parent_path();  // "a/b/" -> "a/b"
   const std::string name = out.filename().string();
+  if (name.empty() || name == "." || name == "..") return {};
+  return out;
+}
+
+std::string whyCannotMake(const fs::path& out) {
+  struct stat st {};
+  for (fs::path above = out.parent_path();; above = above.parent_path()) {
+    const fs::path probe = above.empty() ? fs::path(".") : above;  // "a" -> "" -> "."
+    if (::stat(probe.c_str(), &st) != 0) {
+      if (errno != ENOENT || above.empty()) {
+        return "cannot be made in '" + probe.string() + "': " + std::strerror(errno);
+      }
+      continue;  // made when the output is written
+    }
+    if (!S_ISDIR(st.st_mode)) return "lies inside '" + probe.string() + "', which is not a folder";
+    if (::access(probe.c_str(), W_OK | X_OK) != 0) {
+      return "cannot be made in '" + probe.string() + "': " + std::strerror(errno);
+    }
+    return "";
+  }
+}
+
+std::string checkOutputDir(const std::string& value, const std::string& flag) {
   auto refuse = [&](const std::string& why) {
     throw InvalidArgument(flag + " '" + value + "' " + why);
   };
-  if (name.empty() || name == "." || name == "..") {
+  const fs::path out = normalOutputPath(value);
+  if (out.empty()) {
     refuse("names no folder of its own; give a new folder's name (such as out/tuned)");
   }
   struct stat st {};
@@ -36,24 +60,8 @@ std::string checkOutputDir(const std::string& value, const std::string& flag) {
   } else if (errno != ENOENT) {
     refuse(std::string("cannot be used: ") + std::strerror(errno));
   }
-  // OUT.partial is made beside OUT, in the nearest folder above it that exists (saving makes
-  // the ones in between): it must be a folder this process can write in.
-  for (fs::path above = out.parent_path();; above = above.parent_path()) {
-    const fs::path probe = above.empty() ? fs::path(".") : above;  // "a" -> "" -> "."
-    if (::stat(probe.c_str(), &st) != 0) {
-      if (errno != ENOENT || above.empty()) {
-        refuse("cannot be made in '" + probe.string() + "': " + std::strerror(errno));
-      }
-      continue;  // made when the output is written
-    }
-    if (!S_ISDIR(st.st_mode)) {
-      refuse("lies inside '" + probe.string() + "', which is not a folder");
-    }
-    if (::access(probe.c_str(), W_OK | X_OK) != 0) {
-      refuse("cannot be made in '" + probe.string() + "': " + std::strerror(errno));
-    }
-    break;
-  }
+  // OUT.partial is made beside OUT: in the same folder.
+  if (const std::string why = whyCannotMake(out); !why.empty()) refuse(why);
   return out.string();
 }
 

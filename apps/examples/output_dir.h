@@ -6,9 +6,19 @@
 //
 // Thread-safety: none needed (no shared state).
 
+#include <filesystem>
 #include <string>
 
 namespace cxxlaunch::examples {
+
+// `value` lexically normal and without a trailing separator, so that "OUT/" and "OUT" name one
+// folder; an empty path where it names no folder of its own (".", "..", "/").
+std::filesystem::path normalOutputPath(const std::string& value);
+
+// Why a folder `out` (normalOutputPath's) cannot be made where it is, or "": the nearest folder
+// above it that exists must be a folder this process can write in (the ones in between are
+// made when the output is written).
+std::string whyCannotMake(const std::filesystem::path& out);
 
 // The path given to `flag` (e.g. "--output_dir") as the output folder's: lexically normal,
 // without a trailing separator (so that "OUT/" and "OUT" name one folder, and OUT.partial lies

@@ -11,6 +11,7 @@
 #include <optional>
 #include <stdexcept>
 
+#include "apps/examples/output_dir.h"
 #include "common/atomic_file.h"
 #include "common/error.h"
 #include "common/file.h"
@@ -52,13 +53,11 @@ bool isExportFile(const std::string& name) {
 }  // namespace
 
 std::string checkOutputDir(const std::string& value) {
-  fs::path out = fs::path(value).lexically_normal();
-  if (!out.has_filename() && out.has_relative_path()) out = out.parent_path();  // "a/b/" -> "a/b"
-  const std::string name = out.filename().string();
   auto refuse = [&](const std::string& why) {
     throw InvalidArgument("--output_dir '" + value + "' " + why);
   };
-  if (name.empty() || name == "." || name == "..") {
+  const fs::path out = examples::normalOutputPath(value);
+  if (out.empty()) {
     refuse("names no folder of its own; give a new folder's name (such as out/tuned)");
   }
   struct stat st {};
@@ -87,22 +86,7 @@ std::string checkOutputDir(const std::string& value) {
   } else if (errno != ENOENT) {
     refuse(std::string("cannot be used: ") + std::strerror(errno));
   }
-  // OUT is made in the nearest folder above it that exists (with the ones in between): it must
-  // be a folder this process can write in.
-  for (fs::path above = out.parent_path();; above = above.parent_path()) {
-    const fs::path probe = above.empty() ? fs::path(".") : above;  // "a" -> "" -> "."
-    if (::stat(probe.c_str(), &st) != 0) {
-      if (errno != ENOENT || above.empty()) {
-        refuse("cannot be made in '" + probe.string() + "': " + std::strerror(errno));
-      }
-      continue;
-    }
-    if (!S_ISDIR(st.st_mode)) refuse("lies inside '" + probe.string() + "', which is not a folder");
-    if (::access(probe.c_str(), W_OK | X_OK) != 0) {
-      refuse("cannot be made in '" + probe.string() + "': " + std::strerror(errno));
-    }
-    break;
-  }
+  if (const std::string why = examples::whyCannotMake(out); !why.empty()) refuse(why);
   return out.string();
 }
 

@@ -161,6 +161,19 @@ void writeOut(const std::string& out) {
   }
 }
 
+// Writes `out` once it holds a MiB, so that a large file's output is not held whole.
+void writeOutIfLarge(std::string& out) {
+  if (out.size() < (1u << 20)) return;
+  writeOut(out);
+  out.clear();
+}
+
+// Writes what is left and flushes: a full disk is an error here, not lost at exit.
+void finishOut(const std::string& out) {
+  writeOut(out);
+  if (std::fflush(stdout) != 0) throw Error("cannot write to stdout");
+}
+
 // The JSON object on each line of a .jsonl, with key order kept (tojson shows it, as Python's
 // json.loads keeps it). `where(k)` names line k for messages.
 std::vector<nlohmann::ordered_json> readJsonLines(const std::vector<std::string_view>& lines,
@@ -225,13 +238,9 @@ int printLabels(const Options& o) {
     out += ", \"labels\": ";
     appendIds(out, e.labels);
     out += "}\n";
-    if (out.size() >= (1u << 20)) {
-      writeOut(out);
-      out.clear();
-    }
+    writeOutIfLarge(out);
   }
-  writeOut(out);
-  if (std::fflush(stdout) != 0) throw Error("cannot write to stdout");
+  finishOut(out);
   return 0;
 }
 
@@ -241,8 +250,7 @@ int run(const Options& o) {
     const text::ChatTemplate chat = text::ChatTemplate::fromFolder(o.model_dir);
     const std::string data = readFile(o.data);
     // Rendered whole before anything is printed: a refused conversation prints nothing.
-    writeOut(renderAll(chat, o, linesOf(data, o.data)));
-    if (std::fflush(stdout) != 0) throw Error("cannot write to stdout");
+    finishOut(renderAll(chat, o, linesOf(data, o.data)));
     return 0;
   }
   const text::Tokenizer tokenizer = text::Tokenizer::fromFolder(o.model_dir);
@@ -252,13 +260,9 @@ int run(const Options& o) {
   for (const auto line : lines) {
     appendIds(out, tokenizer.encode(line, o.add_special_tokens));
     out += '\n';
-    if (out.size() >= (1u << 20)) {
-      writeOut(out);
-      out.clear();
-    }
+    writeOutIfLarge(out);
   }
-  writeOut(out);
-  if (std::fflush(stdout) != 0) throw Error("cannot write to stdout");
+  finishOut(out);
   return 0;
 }
 
