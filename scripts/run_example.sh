@@ -5,7 +5,7 @@
 # group, which resumes from the step-20 checkpoint and finishes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh cxxlaunch train  # only what the example runs; scripts/test.sh builds the rest
 build/bin/cxxlaunch run --nproc_per_node=2 build/bin/train --model gpt --steps 60 --print_every 10 --lr 1e-2
 checkpoints=$(mktemp -d)
 trap 'rm -rf "$checkpoints"' EXIT

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the build needs (Debian packages, only those missing), then configures once and
-# builds incrementally. Quiet when everything is already there. Usage: scripts/setup.sh
+# builds incrementally. Quiet when everything is already there.
+# Usage: scripts/setup.sh [TARGET...]   (no target: everything, tests included)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -73,4 +74,4 @@ done
 # the sloppiness lets it cache the LibTorch sources built with a precompiled header.
 export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1 CCACHE_SLOPPINESS=pch_defines,time_macros
 [ -f build/build.ninja ] || cmake --preset default >/dev/null
-cmake --build --preset default
+cmake --build --preset default ${1:+--target "$@"}
