@@ -32,6 +32,12 @@ MergeCommand parseMergeWeightsArgs(const std::vector<std::string>& args) {
       "folder (W + scale * B A, in the base's dtypes), written as a model folder.",
       "cxxlaunch merge-weights");
   cli::useConventions(app);
+  app.footer(
+      "Forms:\n"
+      "  cxxlaunch merge-weights CHECKPOINT OUTPUT [--dtype D] [--max_shard_size SIZE] "
+      "[--overwrite]\n"
+      "  cxxlaunch merge-weights --lora ADAPTER --base MODEL OUTPUT [--max_shard_size SIZE] "
+      "[--overwrite]");
   std::string checkpoint, output, dtype, max_shard_size, lora, base;
   bool overwrite = false;
   app.add_option("CHECKPOINT", checkpoint,

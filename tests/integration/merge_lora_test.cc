@@ -6,6 +6,8 @@
 // of the dtype of torch's float32 result; every other tensor byte for byte the base's. Bad input
 // is one line, exit 2, and nothing written.
 
+#include "runtime/checkpoint/merge_lora.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -397,4 +399,30 @@ TEST_CASE("merge-weights --lora replaces an OUTPUT only with --overwrite, and on
   CHECK(reference(base, adapter, out).exit_code == 0);
   // The base's bytes are untouched, and nothing is left beside OUTPUT.
   CHECK(listing(dir.path()) == std::vector<std::string>{"adapter", "bad", "base", "merged"});
+}
+
+TEST_CASE("Rounding a double to odd float32 first makes its rounding to bf16 and fp16 one rounding",
+          "[merge_lora]") {
+  using ckpt::floatToBFloat16;
+  using ckpt::floatToHalf;
+  using ckpt::roundToOddFloat;
+  // Just above the tie of 1 and 1 + 2^-7 (bf16): through float32 to nearest, the tie is rounded
+  // to even (down, twice rounded); the nearest bf16 is up.
+  const double above = 1.0 + std::ldexp(1.0, -8) + std::ldexp(1.0, -40);
+  CHECK(floatToBFloat16(static_cast<float>(above)) == 0x3f80);
+  CHECK(floatToBFloat16(roundToOddFloat(above)) == 0x3f81);
+  // Just below the tie of 1 + 2^-7 and 1 + 2^-6: the nearest is down, the tie's even one up.
+  const double below = 1.0 + 3 * std::ldexp(1.0, -8) - std::ldexp(1.0, -40);
+  CHECK(floatToBFloat16(static_cast<float>(below)) == 0x3f82);
+  CHECK(floatToBFloat16(roundToOddFloat(below)) == 0x3f81);
+  const double half_above = -(1.0 + std::ldexp(1.0, -11) + std::ldexp(1.0, -40));
+  CHECK(floatToHalf(static_cast<float>(half_above)) == 0xbc00);
+  CHECK(floatToHalf(roundToOddFloat(half_above)) == 0xbc01);
+  // Floats pass through; so do infinities and NaN; beyond float32's range is infinity.
+  CHECK(roundToOddFloat(0.15625) == 0.15625f);
+  CHECK(roundToOddFloat(-0.0) == 0.0f);
+  CHECK(std::signbit(roundToOddFloat(-0.0)));
+  CHECK(std::isinf(roundToOddFloat(1e300)));
+  CHECK(std::isnan(roundToOddFloat(std::nan(""))));
+  CHECK(roundToOddFloat(1e-50) == std::nextafter(0.0f, 1.0f));  // inexact: the odd one
 }
