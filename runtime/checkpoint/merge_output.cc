@@ -10,6 +10,7 @@
 #include <iterator>
 #include <optional>
 
+#include "common/atomic_file.h"
 #include "common/error.h"
 #include "runtime/checkpoint/manifest.h"
 
@@ -64,16 +65,16 @@ fs::path realPath(const std::string& path) {
   return resolved;
 }
 
-void refuseOverlap(const std::string& output, const std::string& input) {
+void refuseOverlap(const std::string& output, const std::string& input, const std::string& what) {
   const fs::path out = realPath(output), in = realPath(input);
   std::string how;
   if (out == in) {
-    how = "is the checkpoint '" + input + "'";
+    how = "is the " + what + " '" + input + "'";
     if (output != input) how += " (both resolve to '" + out.string() + "')";
   } else if (inside(out, in)) {
-    how = "lies inside the checkpoint '" + input + "'";
+    how = "lies inside the " + what + " '" + input + "'";
   } else if (inside(in, out)) {
-    how = "contains the checkpoint '" + input + "'";
+    how = "contains the " + what + " '" + input + "'";
   } else {
     return;
   }
@@ -117,6 +118,56 @@ FolderLock::FolderLock(const std::string& path) {
 
 FolderLock::~FolderLock() {
   if (fd_ >= 0) ::close(fd_);
+}
+
+StagedOutput::StagedOutput(const std::string& output, bool overwrite) {
+  output_ = fs::absolute(output).lexically_normal();
+  if (!output_.has_filename()) output_ = output_.parent_path();  // "model/"
+  std::error_code ec;
+  exists_ = fs::exists(fs::symlink_status(output_, ec));
+  if (exists_ && !(fs::is_directory(output_, ec) && fs::is_empty(output_, ec)) && !overwrite) {
+    throw InvalidArgument("output '" + output +
+                          "' exists and is not empty; pass --overwrite to replace it");
+  }
+}
+
+StagedOutput::~StagedOutput() {
+  lock_.reset();
+  std::error_code ec;
+  if (!done_ && !staging_.empty()) fs::remove_all(staging_, ec);
+}
+
+const std::string& StagedOutput::begin(std::vector<std::string>& notes) {
+  const fs::path parent = output_.parent_path();
+  fs::create_directories(parent);
+  for (const auto& path : removeLeftovers(output_, exists_)) {
+    notes.push_back("removed '" + path + "', left by a merge that was killed");
+  }
+  staging_ = (parent / ("." + output_.filename().string() + ".merge-" + std::to_string(::getpid())))
+                 .string();
+  fs::remove_all(staging_);
+  fs::create_directories(staging_);
+  lock_ = std::make_unique<FolderLock>(staging_);  // tells other merges that this one runs
+  return staging_;
+}
+
+void StagedOutput::commit(std::vector<std::string>& notes) {
+  fsyncDirectory(staging_);
+  // An OUTPUT being replaced is moved aside first, so that a crash leaves either it or the new one.
+  const std::string aside = staging_ + ".old";
+  std::error_code ec;
+  if (exists_ && !(fs::is_directory(output_, ec) && fs::is_empty(output_, ec))) {
+    fs::remove_all(aside);
+    fs::rename(output_, aside);
+  }
+  fs::rename(staging_, output_);  // over an empty folder, or where nothing is
+  done_ = true;
+  lock_.reset();
+  fsyncDirectory(output_.parent_path().string());
+  fs::remove_all(aside, ec);
+  for (const auto& path : removeLeftovers(output_, /*output_in_place=*/true)) {
+    notes.push_back("removed '" + path + "', left by a merge that was killed");
+  }
 }
 
 }  // namespace cxxlaunch::runtime::checkpoint

@@ -1,7 +1,5 @@
 #include "runtime/checkpoint/merge_weights.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -167,16 +165,6 @@ struct Item {
   std::string buffer_dtype;  // a buffer's dtype in the checkpoint; empty for a parameter
 };
 
-// Removes the staging folder unless the merge got to the end.
-struct Staging {
-  std::string path;
-  bool done = false;
-  ~Staging() {
-    std::error_code ec;
-    if (!done) fs::remove_all(path, ec);
-  }
-};
-
 void throwIfCorrupt(const Reader& reader) {
   if (auto problem = reader.corruption()) {
     throw InvalidArgument(*problem + ": the checkpoint is corrupt; nothing was written");
@@ -195,15 +183,7 @@ MergeWeightsResult mergeWeights(const MergeWeightsOptions& options) {
   refuseOverlap(options.output, options.checkpoint);
   result.checkpoint = checkpointDirectory(options.checkpoint, result.notes);
   refuseOverlap(options.output, result.checkpoint);
-  fs::path output = fs::absolute(options.output).lexically_normal();
-  if (!output.has_filename()) output = output.parent_path();  // "model/"
-  std::error_code ec;
-  const bool output_exists = fs::exists(fs::symlink_status(output, ec));
-  if (output_exists && !(fs::is_directory(output, ec) && fs::is_empty(output, ec)) &&
-      !options.overwrite) {
-    throw InvalidArgument("output '" + options.output +
-                          "' exists and is not empty; pass --overwrite to replace it");
-  }
+  StagedOutput output(options.output, options.overwrite);
 
   const Reader reader(result.checkpoint);  // parses every rank file's header
   reader.checkCounters(0, 1);              // every file saved with this manifest
@@ -249,18 +229,7 @@ MergeWeightsResult mergeWeights(const MergeWeightsOptions& options) {
   for (const auto& item : items) sizes.push_back(safetensorsBytes(item.out));
   const std::vector<size_t> starts = safetensorsFileStarts(sizes, options.max_file_bytes);
 
-  // Staging beside the output, so that the final rename stays on one file system.
-  const fs::path parent = output.parent_path();
-  fs::create_directories(parent);
-  for (const auto& path : removeLeftovers(output, output_exists)) {
-    result.notes.push_back("removed '" + path + "', left by a merge that was killed");
-  }
-  Staging staging{
-      (parent / ("." + output.filename().string() + ".merge-" + std::to_string(::getpid())))
-          .string()};
-  fs::remove_all(staging.path);
-  fs::create_directories(staging.path);
-  const FolderLock lock(staging.path);  // tells other merges that this one runs
+  const std::string& staging = output.begin(result.notes);
 
   std::vector<float> block;
   std::vector<uint16_t> scratch;
@@ -270,7 +239,7 @@ MergeWeightsResult mergeWeights(const MergeWeightsOptions& options) {
     const std::string name = safetensorsFileName(f, starts.size());
     std::vector<SafetensorsTensor> layout;
     for (size_t i = first; i < last; ++i) layout.push_back(items[i].out);
-    SafetensorsFileWriter file(staging.path + "/" + name, layout);
+    SafetensorsFileWriter file(staging + "/" + name, layout);
     for (size_t i = first; i < last; ++i) {
       const Item& item = items[i];
       weight_map.emplace_back(item.out.name, name);
@@ -312,26 +281,11 @@ MergeWeightsResult mergeWeights(const MergeWeightsOptions& options) {
   for (uint64_t s : sizes) result.bytes += s;
   result.tensors = items.size();
   if (starts.size() > 1) {
-    writeSafetensorsIndex(staging.path, result.bytes, weight_map);
+    writeSafetensorsIndex(staging, result.bytes, weight_map);
     result.files.push_back(kSafetensorsIndexName);
   }
-  copyModelFolderFiles(reader, staging.path, result);
-  fsyncDirectory(staging.path);
-
-  // The swap: an output being replaced is moved aside first, so that a crash leaves either it
-  // (under its own name, or the aside name) or the complete new one.
-  const std::string aside = staging.path + ".old";
-  if (output_exists && !(fs::is_directory(output, ec) && fs::is_empty(output, ec))) {
-    fs::remove_all(aside);
-    fs::rename(output, aside);
-  }
-  fs::rename(staging.path, output);  // over an empty folder, or where nothing is
-  staging.done = true;
-  fsyncDirectory(parent.string());
-  fs::remove_all(aside, ec);
-  for (const auto& path : removeLeftovers(output, /*output_in_place=*/true)) {
-    result.notes.push_back("removed '" + path + "', left by a merge that was killed");
-  }
+  copyModelFolderFiles(reader, staging, result);
+  output.commit(result.notes);
   return result;
 }
 
