@@ -141,7 +141,8 @@ const std::vector<Command>& commands() {
          return kExitOk;
        }},
       {{"merge-weights", "merge_weights"},
-       "a checkpoint as one model in safetensors: cxxlaunch merge-weights CHECKPOINT OUTPUT",
+       "a checkpoint as one model in safetensors (cxxlaunch merge-weights CHECKPOINT OUTPUT), "
+       "or a LoRA adapter merged into its base (--lora ADAPTER --base MODEL OUTPUT)",
        [](const Args& args) { return runMergeWeights(args, std::cout, std::cerr); }},
   };
   return table;
