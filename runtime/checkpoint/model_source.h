@@ -31,6 +31,9 @@ class ModelSource final : public Source {
   // the model's tensors it lacks, its tensors the model lacks, and those of another shape. Empty
   // when it fits.
   std::string mismatch(const torch::nn::Module& model) const;
+  // The weights' fingerprint (SafetensorsReader::fingerprint): what a LoRA checkpoint records
+  // of its base, to tell at resume whether the base loaded then is the same.
+  std::string fingerprint() const { return files_.fingerprint(); }
 
  private:
   std::string dir_;
