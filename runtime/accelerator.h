@@ -362,7 +362,9 @@ class Accelerator {
   // saved after it hold the trainable parameters and their optimizer state only, and name the
   // base instead: its folder and fingerprint (SafetensorsReader::fingerprint). Loading such a
   // checkpoint wants the same base loaded first (prepare, loadModel(base), then loadState or
-  // resume); InvalidArgument names both when the base loaded differs or none was.
+  // resume); InvalidArgument names both when the base loaded differs or none was. Into a model
+  // with frozen parameters loadModel loads a base: trainable parameters the export does not hold
+  // (the adapters) keep their values, with a note.
   void saveModel(const std::string& dir, uint64_t max_file_bytes = 5'000'000'000ull,
                  std::optional<c10::ScalarType> dtype = std::nullopt);
   void loadModel(const std::string& dir);

@@ -275,13 +275,13 @@ void Accelerator::restoreFrom(const checkpoint::Reader& reader) {
   if (const auto text = reader.counter(checkpoint::kModelSourceCounter)) {
     model_source = checkpoint::decodeCounterValue(*text);
   }
-  // The strategy leaves a frozen parameter the checkpoint lacks as it is: meant only where the
-  // checkpoint names the base that gave it (loadState checked that base).
-  if (!reader.counter(checkpoint::kBaseFingerprintCounter)) {
-    for (const auto& item : model_->named_parameters()) {
-      if (!item.value().requires_grad() && !reader.has(item.key(), "param")) {
-        throw InvalidArgument("checkpoint '" + dir + "' has no parameter '" + item.key() + "'");
-      }
+  // The strategy leaves a parameter the checkpoint lacks as it is: meant only for the frozen ones
+  // of a checkpoint that names the base that gave them (loadState checked that base).
+  const bool names_base = reader.counter(checkpoint::kBaseFingerprintCounter).has_value();
+  for (const auto& item : model_->named_parameters()) {
+    if (item.value().numel() > 0 && !reader.has(item.key(), "param") &&
+        (item.value().requires_grad() || !names_base)) {
+      throw InvalidArgument("checkpoint '" + dir + "' has no parameter '" + item.key() + "'");
     }
   }
 
@@ -386,9 +386,20 @@ void Accelerator::loadModel(const std::string& dir) {
   const CollectiveApi api("loadModel");
   if (!strategy_) throw InvalidArgument("Accelerator::loadModel before prepare");
   const checkpoint::ModelSource source(dir);
+  // A model with frozen parameters (a LoRA model) loads its base: what trains beside it (the
+  // adapters) is not in the base's export, and keeps its values.
+  const auto params = model_->parameters();
+  const bool frozen = std::any_of(params.begin(), params.end(),
+                                  [](const torch::Tensor& p) { return !p.requires_grad(); });
+  std::vector<std::string> absent;
   // Every rank reads the same files: all refuse alike, before any collective of the load.
-  if (const std::string why = source.mismatch(*model_); !why.empty()) {
+  if (const std::string why = source.mismatch(*model_, frozen ? &absent : nullptr); !why.empty()) {
     throw InvalidArgument("'" + dir + "' does not hold this model's tensors:" + why);
+  }
+  if (!absent.empty() && isMainProcess()) {
+    std::cerr << "cxxlaunch: note: loadModel '" << dir << "': " << absent.size()
+              << " trainable parameter(s) it does not hold keep their values (" << absent.front()
+              << (absent.size() > 1 ? ", ..." : "") << ")\n";
   }
   checkpoint::StateLoad load(source);
   strategy_->fillState(load);
@@ -405,9 +416,6 @@ void Accelerator::loadModel(const std::string& dir) {
   optimizer_steps_ = 0;
   micro_step_ = 0;
   // What checkpoints name the frozen parameters by from now on (baseByReference).
-  const auto params = model_->parameters();
-  const bool frozen = std::any_of(params.begin(), params.end(),
-                                  [](const torch::Tensor& p) { return !p.requires_grad(); });
   base_fingerprint_ = frozen ? source.fingerprint() : "";
   // The folder (a file names its own): an export folder's config and tokenizer files lie beside
   // its weights.

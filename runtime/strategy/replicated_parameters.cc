@@ -375,8 +375,9 @@ void ReplicatedParameters::fillState(StateSource& source) {
   for (const auto& item : model_->named_parameters()) {
     torch::Tensor p = item.value();
     const int owner = owners[index++];
-    // A frozen parameter the source lacks: a LoRA checkpoint's base, loaded by loadModel.
-    if (!p.requires_grad() && !source.has(item.key(), "param")) continue;
+    // A parameter the source lacks keeps its values and state: a LoRA checkpoint's frozen base
+    // (loaded by loadModel), a base model's export's adapters (Strategy::fillState).
+    if (!source.has(item.key(), "param")) continue;
     reads.push_back({item.key(), "param", 0, p.numel(), p.sizes().vec(), p.detach()});
     fresh.emplace_back(paramStateKey(state, p),
                        torchStateFrom(optimizer_, item.key(), p, source, steps, reads));

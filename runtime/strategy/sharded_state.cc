@@ -191,6 +191,7 @@ void ShardedStrategy::fillState(StateSource& source) {
     torch::Tensor master = store_->masterToOverwrite(u);
     std::vector<torch::Tensor> state = store_->stateToOverwrite(u);
     std::vector<StateRead> reads;  // the unit's, read together
+    torch::Tensor current;         // the master as it is, where the source lacks a parameter
     for (size_t i = 0; i < u.flat().params().size(); ++i) {
       const auto& p = u.flat().params()[i];
       const std::string& name = u.flat().names()[i];
@@ -198,7 +199,14 @@ void ShardedStrategy::fillState(StateSource& source) {
       const int64_t a = std::max(off, sb), b = std::min(off + p.numel(), sb + sn);
       if (a >= b) continue;
       const auto shape = p.sizes().vec();
-      reads.push_back({name, "param", a - off, b - off, shape, master.narrow(0, a - sb, b - a)});
+      if (source.has(name, "param")) {
+        reads.push_back({name, "param", a - off, b - off, shape, master.narrow(0, a - sb, b - a)});
+      } else {  // a base model's export has no adapters: they keep their values
+        if (!current.defined()) current = store_->master(u);
+        if (current.data_ptr() != master.data_ptr()) {
+          master.narrow(0, a - sb, b - a).copy_(current.narrow(0, a - sb, b - a));
+        }
+      }
       for (size_t k = 0; k < names.size(); ++k) {
         torch::Tensor into = state[k].narrow(0, a - sb, b - a);
         if (source.has(name, names[k])) {

@@ -87,8 +87,9 @@ class Strategy {
   virtual StateCounters stateCounters(int64_t /*optimizer_steps*/) { return {}; }
   // Fills parameters and optimizer state from `source`, saved by any strategy at any world size
   // (state arrays it lacks start at zero); a collective. The optimizer's step count comes from
-  // the counter "optimizer_steps". A frozen parameter the source lacks keeps its values (a LoRA
-  // checkpoint's base, loaded before by loadModel); the caller checks that this is meant.
+  // the counter "optimizer_steps". A parameter the source lacks keeps its values (a LoRA
+  // checkpoint's frozen base, loaded before by loadModel; the adapters a base model's export
+  // has not); the caller checks that this is meant.
   virtual void fillState(StateSource& source) = 0;
 };
 

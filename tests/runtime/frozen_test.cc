@@ -7,6 +7,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <map>
@@ -46,7 +47,8 @@ struct Job {
   std::string precision = "no";
   bool deferred = false;  // zero3_init_flag: the tower built under a DeferredInit
   bool checkpointing = false;
-  std::string nvme{};  // the optimizer state offloaded to nvme there
+  std::string nvme{};        // the optimizer state offloaded to nvme there
+  bool nvme_params = false;  // ZeRO-3's masters there too
   int nodes = 1;
   bool freeze = true;
   std::string base{};  // loadModel(base) after prepare
@@ -94,6 +96,10 @@ Ended run(const Job& job) {
     if (!job.nvme.empty()) {
       world.env.offload_optimizer = OffloadDevice::kNvme;
       world.env.offload_optimizer_nvme_path = job.nvme;
+      if (job.nvme_params) {
+        world.env.offload_params = OffloadDevice::kNvme;
+        world.env.offload_param_nvme_path = job.nvme;
+      }
     }
     world.backend = makeFakeBackend(fake, r);
     Accelerator acc(std::move(world), {});
@@ -353,16 +359,45 @@ TEST_CASE("a LoRA run's checkpoint: the trainable parameters and a reference to 
           "[frozen][checkpoint]") {
   torch::set_num_threads(1);
   TempDir dir;
-  // The base: the tower's values moved, so that a run that did not load it would differ.
+  // The base: the tower's values moved, so that a run that did not load it would differ. The
+  // output layer plays the adapters: trainable and not in the base, it keeps its own values.
   auto writeBase = [&](const std::string& folder, double shift) {
     std::filesystem::create_directories(folder);
     std::vector<std::pair<std::string, torch::Tensor>> tensors;
-    for (const auto& [name, t] : initialTower()) tensors.emplace_back(name, t + shift);
+    for (const auto& [name, t] : initialTower()) {
+      if (name.rfind("out.", 0) != 0) tensors.emplace_back(name, t + shift);
+    }
     checkpoint::writeSafetensorsFile(folder + "/model.safetensors", tensors);
   };
   const std::string base = dir.path() + "/base", other = dir.path() + "/other";
   writeBase(base, 0.25);
   writeBase(other, 0.5);  // another fine-tune of the same model: same names, shapes and sizes
+  // loadModel: the base's values into the frozen parameters (cast to their dtype) and the
+  // trainable ones it holds; the "adapters" keep theirs, wherever the masters rest.
+  const auto initial = initialTower();
+  std::filesystem::create_directories(dir.path() + "/nvme");
+  for (const Job& job :
+       std::vector<Job>{{.strategy = "ddp", .base = base, .to_step = 0},
+                        {.strategy = "ddp", .precision = "bf16", .base = base, .to_step = 0},
+                        {.strategy = "zero3", .precision = "bf16", .base = base, .to_step = 0},
+                        {.strategy = "zero3",
+                        .nvme = dir.path() + "/nvme",
+                        .nvme_params = true,
+                        .base = base,
+                        .to_step = 0},
+                        {.strategy = "zero2", .deferred = true, .base = base, .to_step = 0}}) {
+    INFO(job.strategy << " " << job.precision << (job.nvme.empty() ? "" : " nvme"));
+    const Ended loaded = run(job);
+    const auto dtype = job.precision == "bf16" ? torch::kBFloat16 : torch::kFloat;
+    for (const auto& [name, t] : loaded.frozen) {
+      CHECK(torch::equal(t, (initial.at(name) + 0.25).to(dtype)));
+    }
+    for (const auto& [name, t] : loaded.trainable) {
+      INFO(name);
+      const bool adapter = name.rfind("out.", 0) == 0;
+      CHECK(torch::equal(t, adapter ? initial.at(name) : initial.at(name) + 0.25));
+    }
+  }
   for (const auto& [strategy, precision, layout] :
        std::vector<std::tuple<std::string, std::string, std::string>>{
            {"ddp", "no", "sharded"},
@@ -431,4 +466,12 @@ TEST_CASE("a checkpoint without frozen parameters names no base", "[frozen][chec
     CHECK_FALSE(reader.counter(checkpoint::kBaseFingerprintCounter));
     for (const auto& [name, t] : initialTower()) CHECK(reader.has(name, "param"));
   }
+  // Without frozen parameters an export is the whole model: one without the output layer is
+  // refused, naming it.
+  tensors.erase(std::remove_if(tensors.begin(), tensors.end(),
+                               [](const auto& t) { return t.first.rfind("out.", 0) == 0; }),
+                tensors.end());
+  checkpoint::writeSafetensorsFile(dir.path() + "/base/model.safetensors", tensors);
+  CHECK_THAT(refusal({.freeze = false, .base = dir.path() + "/base"}),
+             Catch::Contains("missing in the export") && Catch::Contains("out.weight"));
 }
