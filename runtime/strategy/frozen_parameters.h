@@ -1,10 +1,10 @@
 #pragma once
 // Frozen parameters (requires_grad false: a LoRA run's base weights) in the data-parallel engine
 // (strategy/sharded.h). The unit plan leaves them out of every unit (strategy/unit_plan.h): no
-// flat buffer, no fp32 master, no gradient, no optimizer state, whole on every rank. What a
-// trainer's step would keep of them in fp32 is nothing, so under mixed precision they are held
-// in the compute dtype only, as the units' compute copies are: cast once at prepare, loaded into
-// (loadModel casts to their dtype) and exported (saveModel) from there.
+// flat buffer, no fp32 master, no gradient, no optimizer state, whole on every rank. No step
+// ever updates them, so an fp32 copy would serve nothing: under mixed precision they are held
+// in the compute dtype only, as the units' compute copies are, cast once at prepare; loadModel
+// reads into them casting to that dtype and saveModel exports them from there.
 //
 // Thread-safety: the training thread, at prepare.
 
