@@ -355,6 +355,16 @@ class Accelerator {
   // or, listing the names, holds another model's tensors. The folder it read is recorded in the
   // checkpoints saved after it (and kept by a load of one), so that `cxxlaunch merge-weights`
   // can copy its config.json and tokenizer files.
+  //
+  // Frozen parameters (requires_grad false before prepare: a LoRA run's base) are held in the
+  // mixed precision's dtype, without master, gradient or optimizer state
+  // (strategy/frozen_parameters.h). When loadModel gave them their values, the checkpoints
+  // saved after it hold the trainable parameters and their optimizer state only, and name the
+  // base instead: its folder and fingerprint (SafetensorsReader::fingerprint). Loading such a
+  // checkpoint wants the same base loaded first (prepare, loadModel(base), then loadState or
+  // resume); InvalidArgument names both when the base loaded differs or none was. Into a model
+  // with frozen parameters loadModel loads a base: trainable parameters the export does not hold
+  // (the adapters) keep their values, with a note.
   void saveModel(const std::string& dir, uint64_t max_file_bytes = 5'000'000'000ull,
                  std::optional<c10::ScalarType> dtype = std::nullopt);
   void loadModel(const std::string& dir);
@@ -411,6 +421,10 @@ class Accelerator {
   void restoreFrom(const checkpoint::Reader& reader);    // loadState's work, from one checkpoint
   void committed(checkpoint::SaveReport report);  // a save's report; saveCheckpoint's pruning
   void reserveSnapshot();  // checkpoint_async: the snapshot made in the background
+  // Whether checkpoints name the base instead of holding the frozen parameters.
+  bool baseByReference() const;
+  // Why checkpoint `reader` cannot load over the base loaded now (empty: it can).
+  std::string baseMismatch(const checkpoint::Reader& reader) const;
 
   World world_;
   int accumulation_steps_ = 1;
@@ -423,6 +437,7 @@ class Accelerator {
   std::string checkpoint_dir_;
   std::string checkpoint_prefix_;  // checkpoint_ or checkpoint-
   std::string model_source_;       // the folder loadModel read (absolute), for checkpoints to name
+  std::string base_fingerprint_;   // its fingerprint, when it gave frozen parameters their values
   int64_t checkpoint_total_limit_ = 0;
   std::unique_ptr<checkpoint::AsyncSaver> async_saver_;  // with checkpoint_async
   bool prune_when_committed_ = false;                    // the save in flight is saveCheckpoint's

@@ -4,6 +4,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/cuda.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -88,6 +89,8 @@ void Accelerator::saveState(const std::string& dir) {
   if (!model_source_.empty()) {
     counters[checkpoint::kModelSourceCounter] = checkpoint::encodeCounterValue(model_source_);
   }
+  const bool base_by_reference = baseByReference();
+  if (base_by_reference) counters[checkpoint::kBaseFingerprintCounter] = base_fingerprint_;
   // A buffer's blob is its bytes; `cxxlaunch merge-weights` writes it as a tensor, from this.
   for (const auto& item : model_->named_buffers()) {
     std::string layout;
@@ -102,7 +105,8 @@ void Accelerator::saveState(const std::string& dir) {
     counters["buffer:" + item.key()] = layout;
   }
   counters.merge(strategy_->stateCounters(optimizer_steps_));
-  const StateStream state = strategy_->stateStream(world_.env.state_dict_type);
+  const StateStream state =
+      strategy_->stateStream(world_.env.state_dict_type, /*with_frozen=*/!base_by_reference);
   if (async_saver_) {
     async_saver_->start(*world_.backend, dir, state, std::move(blobs), std::move(counters),
                         device().is_cuda(), began);
@@ -128,13 +132,41 @@ void Accelerator::reserveSnapshot() {
   if (world_.env.offloads(OffloadDevice::kNvme)) return;
   int64_t numel = 0;
   try {
-    for (const auto& l : strategy_->stateStream(world_.env.state_dict_type).layout) {
+    for (const auto& l :
+         strategy_->stateStream(world_.env.state_dict_type, !baseByReference()).layout) {
       numel += (l.end - l.begin) * static_cast<int64_t>(l.arrays.size());
     }
   } catch (const Error&) {  // a state saveState refuses: it will say so
     return;
   }
   async_saver_->reserve(numel, device().is_cuda());
+}
+
+bool Accelerator::baseByReference() const {
+  if (base_fingerprint_.empty()) return false;
+  const auto params = model_->parameters();
+  return std::any_of(params.begin(), params.end(),
+                     [](const torch::Tensor& p) { return !p.requires_grad(); });
+}
+
+std::string Accelerator::baseMismatch(const checkpoint::Reader& reader) const {
+  const std::string& dir = reader.directory();
+  const auto saved = reader.counter(checkpoint::kBaseFingerprintCounter);
+  if (!saved) return "";  // the frozen parameters are in it, if any
+  std::string base = "?";
+  if (const auto text = reader.counter(checkpoint::kModelSourceCounter)) {
+    base = checkpoint::decodeCounterValue(*text).value_or("?");
+  }
+  if (base_fingerprint_.empty()) {
+    return "checkpoint '" + dir + "' holds the trainable parameters only; the frozen ones are " +
+           "its base model '" + base + "' (" + *saved + "): load that with acc.loadModel after " +
+           "prepare and before loadState/resume";
+  }
+  if (*saved == base_fingerprint_) return "";
+  return "checkpoint '" + dir + "' was trained on the base model '" + base + "' (" + *saved +
+         "), but the base loaded now, '" + model_source_ + "', is another (" + base_fingerprint_ +
+         "): the base changed since; load the base the checkpoint was trained on, or train "
+         "afresh";
 }
 
 void Accelerator::committed(checkpoint::SaveReport report) {
@@ -169,16 +201,24 @@ std::string Accelerator::loadState(const std::string& path) {
     for (const auto& note : notes) std::cerr << "cxxlaunch: note: " << note << "\n";
   }
   for (const std::string& dir : candidates) {
-    std::string problem;
+    std::string problem, base_problem;
     std::optional<checkpoint::Reader> reader;
     try {
       reader.emplace(dir);
       reader->checkCounters(rank(), worldSize());
+      base_problem = baseMismatch(*reader);
       if (!reader->checksReads() && !checkpoint::verifyShare(dir, rank(), worldSize())) {
         problem = "a file does not match its checksum";
       }
     } catch (const Error& e) {
       problem = e.what();
+    }
+    // Another base is no fault of this checkpoint's: the older ones were trained on it too.
+    if (const int r = lowestFailing(!base_problem.empty()); r >= 0) {
+      throw InvalidArgument(!base_problem.empty() ? base_problem
+                                                  : "rank " + std::to_string(r) +
+                                                        " loaded another base model than the "
+                                                        "checkpoint's (its log says why)");
     }
     int failed = lowestFailing(!problem.empty());
     if (failed < 0) {
@@ -235,6 +275,15 @@ void Accelerator::restoreFrom(const checkpoint::Reader& reader) {
   if (const auto text = reader.counter(checkpoint::kModelSourceCounter)) {
     model_source = checkpoint::decodeCounterValue(*text);
   }
+  // The strategy leaves a parameter the checkpoint lacks as it is: meant only for the frozen ones
+  // of a checkpoint that names the base that gave them (loadState checked that base).
+  const bool names_base = reader.counter(checkpoint::kBaseFingerprintCounter).has_value();
+  for (const auto& item : model_->named_parameters()) {
+    if (item.value().numel() > 0 && !reader.has(item.key(), "param") &&
+        (item.value().requires_grad() || !names_base)) {
+      throw InvalidArgument("checkpoint '" + dir + "' has no parameter '" + item.key() + "'");
+    }
+  }
 
   checkpoint::StateLoad load(reader, *world_.backend);
   strategy_->fillState(load);
@@ -272,7 +321,10 @@ void Accelerator::restoreFrom(const checkpoint::Reader& reader) {
   }
   if (scheduler_ != nullptr) scheduler_->setStepCount(scheduler_steps);
   scaler_ = scaler;
-  if (model_source) model_source_ = *model_source;
+  // A checkpoint that names its base keeps the folder the base was loaded from now (moved,
+  // perhaps: its fingerprint is the same); one that holds its frozen parameters names no base.
+  base_fingerprint_ = reader.counter(checkpoint::kBaseFingerprintCounter).value_or("");
+  if (model_source && base_fingerprint_.empty()) model_source_ = *model_source;
   strategy_->zeroGrad();
 }
 
@@ -334,9 +386,20 @@ void Accelerator::loadModel(const std::string& dir) {
   const CollectiveApi api("loadModel");
   if (!strategy_) throw InvalidArgument("Accelerator::loadModel before prepare");
   const checkpoint::ModelSource source(dir);
+  // A model with frozen parameters (a LoRA model) loads its base: what trains beside it (the
+  // adapters) is not in the base's export, and keeps its values.
+  const auto params = model_->parameters();
+  const bool frozen = std::any_of(params.begin(), params.end(),
+                                  [](const torch::Tensor& p) { return !p.requires_grad(); });
+  std::vector<std::string> absent;
   // Every rank reads the same files: all refuse alike, before any collective of the load.
-  if (const std::string why = source.mismatch(*model_); !why.empty()) {
+  if (const std::string why = source.mismatch(*model_, frozen ? &absent : nullptr); !why.empty()) {
     throw InvalidArgument("'" + dir + "' does not hold this model's tensors:" + why);
+  }
+  if (!absent.empty() && isMainProcess()) {
+    std::cerr << "cxxlaunch: note: loadModel '" << dir << "': " << absent.size()
+              << " trainable parameter(s) it does not hold keep their values (" << absent.front()
+              << (absent.size() > 1 ? ", ..." : "") << ")\n";
   }
   checkpoint::StateLoad load(source);
   strategy_->fillState(load);
@@ -352,6 +415,8 @@ void Accelerator::loadModel(const std::string& dir) {
   }
   optimizer_steps_ = 0;
   micro_step_ = 0;
+  // What checkpoints name the frozen parameters by from now on (baseByReference).
+  base_fingerprint_ = frozen ? source.fingerprint() : "";
   // The folder (a file names its own): an export folder's config and tokenizer files lie beside
   // its weights.
   std::error_code ec;

@@ -32,6 +32,11 @@ inline constexpr char kCountersBlob[] = "counters";
 // The counter naming the model folder the saved job loaded (Accelerator::loadModel), encoded by
 // encodeCounterValue; merge-weights copies that folder's config and tokenizer files.
 inline constexpr char kModelSourceCounter[] = "model_source";
+// What a checkpoint of a run whose frozen parameters came from loadModel (a LoRA run's base)
+// records instead of them: the base's fingerprint (SafetensorsReader::fingerprint), its folder
+// being model_source. Such a checkpoint holds the trainable parameters and their optimizer state
+// only; a load checks that the base loaded now has this fingerprint.
+inline constexpr char kBaseFingerprintCounter[] = "base_fingerprint";
 
 struct Manifest {
   int format = kManifestFormat;

@@ -36,9 +36,17 @@ torch::Tensor ModelSource::tensor(const std::string& name) const {
   return files_.entries().count(name) != 0 ? files_.tensor(name) : torch::Tensor();
 }
 
-std::string ModelSource::mismatch(const torch::nn::Module& model) const {
+std::string ModelSource::mismatch(const torch::nn::Module& model,
+                                  std::vector<std::string>* absent_trainable) const {
   std::map<std::string, std::vector<int64_t>> wanted;
-  for (const auto& item : model.named_parameters()) wanted[item.key()] = item.value().sizes().vec();
+  for (const auto& item : model.named_parameters()) {
+    if (absent_trainable != nullptr && item.value().requires_grad() &&
+        files_.entries().count(item.key()) == 0) {
+      absent_trainable->push_back(item.key());
+      continue;
+    }
+    wanted[item.key()] = item.value().sizes().vec();
+  }
   for (const auto& item : model.named_buffers()) wanted[item.key()] = item.value().sizes().vec();
   std::vector<std::string> missing, unexpected, reshaped;
   for (const auto& [name, shape] : wanted) {

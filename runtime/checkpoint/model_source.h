@@ -29,8 +29,13 @@ class ModelSource final : public Source {
   torch::Tensor tensor(const std::string& name) const;
   // What keeps the export from loading into `model`, as transformers lists it in one error:
   // the model's tensors it lacks, its tensors the model lacks, and those of another shape. Empty
-  // when it fits.
-  std::string mismatch(const torch::nn::Module& model) const;
+  // when it fits. With `absent_trainable`, the model's trainable parameters the export lacks
+  // (the adapters of a LoRA model, whose base this is) are no mismatch but listed there.
+  std::string mismatch(const torch::nn::Module& model,
+                       std::vector<std::string>* absent_trainable = nullptr) const;
+  // The weights' fingerprint (SafetensorsReader::fingerprint): what a LoRA checkpoint records
+  // of its base, to tell at resume whether the base loaded then is the same.
+  std::string fingerprint() const { return files_.fingerprint(); }
 
  private:
   std::string dir_;

@@ -18,6 +18,7 @@
 #include "common/file.h"
 #include "runtime/checkpoint/files.h"
 #include "runtime/checkpoint/safetensors_file.h"
+#include "runtime/checkpoint/sha256.h"
 #include "runtime/host_memory.h"
 
 namespace cxxlaunch::runtime::checkpoint {
@@ -189,6 +190,24 @@ torch::Tensor SafetensorsReader::tensor(const std::string& name) const {
   prefaultForWriting(t.data_ptr(), static_cast<size_t>(e.end - e.begin));
   files_[file_of_.at(name)]->read(e.begin, t.data_ptr(), static_cast<size_t>(e.end - e.begin));
   return t;
+}
+
+std::string SafetensorsReader::fingerprint() const {
+  constexpr uint64_t kSample = 4096;
+  Sha256 hash;
+  std::string sample;
+  for (const auto& [name, e] : entries_) {  // std::map: in name order
+    std::string head = name + '\0' + e.dtype;
+    for (int64_t d : e.shape) head += ':' + std::to_string(d);
+    hash.update(head + '\0');
+    const uint64_t bytes = e.end - e.begin;
+    for (uint64_t at : {uint64_t{0}, bytes / 2, bytes > kSample ? bytes - kSample : 0}) {
+      sample.resize(static_cast<size_t>(std::min(kSample, bytes - std::min(at, bytes))));
+      files_[file_of_.at(name)]->read(e.begin + at, sample.data(), sample.size());
+      hash.update(sample);
+    }
+  }
+  return "sha256:" + hash.hexDigest();
 }
 
 SafetensorsWriter::SafetensorsWriter(std::string dir, uint64_t max_file_bytes,

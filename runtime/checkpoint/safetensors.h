@@ -92,6 +92,13 @@ class SafetensorsReader {
   void readFloat(const std::string& name, int64_t begin, int64_t end, float* out) const;
   // The whole tensor, in its own dtype.
   torch::Tensor tensor(const std::string& name) const;
+  // What names these weights (a LoRA checkpoint's reference to its base): "sha256:" and the
+  // SHA-256 of every tensor's name, dtype, shape and three samples of its bytes (up to 4 KiB at
+  // its start, middle and end), in name order. Cheap at any size (12 KiB a tensor read), the same
+  // however the model is split into files, and another for another model or another fine-tune
+  // of the same one (every tensor changes); a change confined to bytes between the samples goes
+  // unseen.
+  std::string fingerprint() const;
 
  private:
   class File;

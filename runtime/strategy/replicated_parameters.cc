@@ -294,14 +294,14 @@ void ReplicatedParameters::visitFullParameters(const ParameterVisitor& visit) {
   for (const auto& item : model_->named_parameters()) visit(item.key(), item.value().detach());
 }
 
-StateStream ReplicatedParameters::stateStream(StateDictType type) {
+StateStream ReplicatedParameters::stateStream(StateDictType type, bool with_frozen) {
   requireSavableState(optimizer_);
   // Every rank holds the same. Sharded, they share the writing: each parameter goes to the
   // rank with the fewest elements so far (the same choice on every rank), and they write in
   // parallel; full, rank 0 writes everything.
   if (type == StateDictType::kFull)
-    return streamOf(rank_ == 0 ? viewsOf(0, 1) : std::vector<StateView>{});
-  return streamOf(viewsOf(rank_, world_));
+    return streamOf(rank_ == 0 ? viewsOf(0, 1, with_frozen) : std::vector<StateView>{});
+  return streamOf(viewsOf(rank_, world_, with_frozen));
 }
 
 StateCounters ReplicatedParameters::stateCounters(int64_t optimizer_steps) {
@@ -336,14 +336,15 @@ std::vector<int> ReplicatedParameters::ownersOf(int ranks) const {
   return owners;
 }
 
-// The parameters (and their optimizer state) that fall to `rank` of `ranks`.
-std::vector<StateView> ReplicatedParameters::viewsOf(int rank, int ranks) {
+// The parameters (and their optimizer state) that fall to `rank` of `ranks`. Leaving the frozen
+// ones out keeps the others' owners: a checkpoint with them and one without read alike.
+std::vector<StateView> ReplicatedParameters::viewsOf(int rank, int ranks, bool with_frozen) {
   std::vector<StateView> out;
   auto& state = optimizer_.state();
   const std::vector<int> owners = ownersOf(ranks);
   size_t index = 0;
   for (const auto& item : model_->named_parameters()) {
-    if (owners[index++] != rank) continue;
+    if (owners[index++] != rank || (!with_frozen && !item.value().requires_grad())) continue;
     const torch::Tensor& p = item.value();  // the optimizer's key is this TensorImpl
     StateView slice{
         item.key(), p.sizes().vec(), 0, p.numel(), {{"param", p.detach().reshape({-1})}}};
@@ -370,12 +371,17 @@ void ReplicatedParameters::fillState(StateSource& source) {
   std::vector<std::pair<Key, std::unique_ptr<torch::optim::OptimizerParamState>>> fresh;
   const std::vector<int> owners = ownersOf(world_);
   std::vector<int> readers;  // of each request
+  size_t index = 0;
   for (const auto& item : model_->named_parameters()) {
     torch::Tensor p = item.value();
+    const int owner = owners[index++];
+    // A parameter the source lacks keeps its values and state: a LoRA checkpoint's frozen base
+    // (loaded by loadModel), a base model's export's adapters (Strategy::fillState).
+    if (!source.has(item.key(), "param")) continue;
     reads.push_back({item.key(), "param", 0, p.numel(), p.sizes().vec(), p.detach()});
     fresh.emplace_back(paramStateKey(state, p),
                        torchStateFrom(optimizer_, item.key(), p, source, steps, reads));
-    readers.resize(reads.size(), owners[fresh.size() - 1]);
+    readers.resize(reads.size(), owner);
   }
   source.readReplicated(reads, readers);
   if (source.failed()) return;  // the optimizer keeps its state; the caller throws

@@ -44,13 +44,13 @@ class ReplicatedParameters {
   void visitFullParameters(const ParameterVisitor& visit);
 
   // Strategy's contract (strategy.h).
-  StateStream stateStream(StateDictType type);
+  StateStream stateStream(StateDictType type, bool with_frozen);
   StateCounters stateCounters(int64_t optimizer_steps);
   void fillState(StateSource& source);
 
  private:
   std::vector<int> ownersOf(int ranks) const;
-  std::vector<StateView> viewsOf(int rank, int ranks);
+  std::vector<StateView> viewsOf(int rank, int ranks, bool with_frozen);
 
   std::shared_ptr<torch::nn::Module> model_;
   torch::optim::Optimizer& optimizer_;

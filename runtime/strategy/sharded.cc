@@ -13,6 +13,7 @@
 #include "runtime/error_report.h"
 #include "runtime/host_memory.h"
 #include "runtime/optim/device_kernels.h"
+#include "runtime/strategy/frozen_parameters.h"
 #include "runtime/strategy/model_state.h"
 #include "runtime/strategy/unit_plan.h"
 
@@ -63,10 +64,8 @@ ShardedStrategy::ShardedStrategy(std::shared_ptr<Backend> backend,
     pool_ = std::make_unique<BufferPool>(kReusedBuffers);
   }
   // A model built under a DeferredInit: a unit's parameters are made as the unit is built (at
-  // stage 3, so that no rank holds the model whole); everything else now.
-  for (auto& p : model_->parameters()) {
-    if (options_.stage != 3 || !p.requires_grad()) materialize(p);
-  }
+  // stage 3, so that no rank holds the model whole); everything else now, frozen in 16 bits.
+  materializeParameters(*model_, options_.stage != 3, options_.compute_dtype);
   if (options_.sync_module_states) broadcastModuleState(*backend_, *model_, 0);
   shards_ = backend_;
   if (options_.hybrid) connectHybridGroups();

@@ -123,7 +123,7 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   void zeroGrad() override;
   MemoryReport memoryReport() const override;
   std::vector<const torch::nn::Module*> unitModules() const override;
-  StateStream stateStream(StateDictType type) override;
+  StateStream stateStream(StateDictType type, bool with_frozen) override;
   StateCounters stateCounters(int64_t optimizer_steps) override;
   void fillState(StateSource& source) override;
   void visitFullParameters(const ParameterVisitor& visit) override;
@@ -159,9 +159,11 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   size_t previousInForward(size_t unit) const;  // next in backward order, or kNone
 
   void connectHybridGroups();
-  void settle(size_t unit);      // built: to the state it rests in
-  StateStream shardedStream();   // this rank's shards, read from nvme one unit at a time
-  StateStream gatheredStream();  // every parameter whole on rank 0, gathered one unit at a time
+  void settle(size_t unit);  // built: to the state it rests in
+  // This rank's shards, read from nvme one unit at a time; every parameter whole on rank 0,
+  // gathered one unit at a time. Frozen parameters on rank 0 with `with_frozen`.
+  StateStream shardedStream(bool with_frozen);
+  StateStream gatheredStream(bool with_frozen);
   void publish(
       ShardUnit& unit);  // the master's values into the parameters (gathered), after a load
 
@@ -193,7 +195,9 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   std::unique_ptr<BufferPool> pool_;
   // ZeRO-2 on one host: full gradients in memory the ranks share (shared_gradients.h).
   std::unique_ptr<SharedGradients> shared_grads_;
-  std::vector<torch::Tensor> frozen_;  // parameters without gradients: whole, never sharded
+  // Parameters without gradients: whole, never sharded, in the compute dtype
+  // (strategy/frozen_parameters.h).
+  std::vector<torch::Tensor> frozen_;
   std::mutex mu_;
 };
 

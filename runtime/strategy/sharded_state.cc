@@ -16,18 +16,18 @@
 
 namespace cxxlaunch::runtime {
 
-StateStream ShardedStrategy::stateStream(StateDictType type) {
-  if (replicated_) return replicated_->stateStream(type);
-  return type == StateDictType::kFull ? gatheredStream() : shardedStream();
+StateStream ShardedStrategy::stateStream(StateDictType type, bool with_frozen) {
+  if (replicated_) return replicated_->stateStream(type, with_frozen);
+  return type == StateDictType::kFull ? gatheredStream(with_frozen) : shardedStream(with_frozen);
 }
 
 StateCounters ShardedStrategy::stateCounters(int64_t optimizer_steps) {
   return replicated_ ? replicated_->stateCounters(optimizer_steps) : StateCounters{};
 }
 
-StateStream ShardedStrategy::gatheredStream() {
+StateStream ShardedStrategy::gatheredStream(bool with_frozen) {
   // At stage 0 every rank holds everything, and rank 0's views are already whole.
-  if (options_.stage == 0) return shardedStream();
+  if (options_.stage == 0) return shardedStream(with_frozen);
   StateStream state;
   const bool writes = backend_->rank() == 0;  // every rank gathers, rank 0 writes
   std::vector<std::string> arrays = {"param"};
@@ -41,13 +41,15 @@ StateStream ShardedStrategy::gatheredStream() {
       }
     }
   }
+  const bool frozen_written = writes && with_frozen;
   for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
-    if (writes && !item.value().requires_grad()) {  // frozen: whole everywhere
+    if (frozen_written && !item.value().requires_grad()) {  // frozen: whole everywhere
       state.layout.push_back(
           {item.key(), item.value().sizes().vec(), 0, item.value().numel(), {"param"}});
     }
   }
-  state.produce = [this, arrays, writes](const std::function<void(const torch::Tensor&)>& write) {
+  state.produce = [this, arrays, writes,
+                   frozen_written](const std::function<void(const torch::Tensor&)>& write) {
     std::lock_guard<std::mutex> lock(mu_);
     torch::NoGradGuard no_grad;
     // The gathers run one array ahead of the writes: while rank 0 writes one array (the disk's
@@ -107,13 +109,15 @@ StateStream ShardedStrategy::gatheredStream() {
       }
     }
     for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
-      if (writes && !item.value().requires_grad()) write(item.value().detach().reshape({-1}));
+      if (frozen_written && !item.value().requires_grad()) {
+        write(item.value().detach().to(torch::kFloat).reshape({-1}));  // (held in 16 bits)
+      }
     }
   };
   return state;
 }
 
-StateStream ShardedStrategy::shardedStream() {
+StateStream ShardedStrategy::shardedStream(bool with_frozen) {
   std::lock_guard<std::mutex> lock(mu_);
   StateStream stream;
   // Every element once: at stage 0 every rank holds everything, under hybrid sharding the
@@ -143,7 +147,7 @@ StateStream ShardedStrategy::shardedStream() {
   std::vector<torch::Tensor> frozen;  // whole everywhere: rank 0 saves them
   for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
     const torch::Tensor& p = item.value();
-    if (p.requires_grad() || backend_->rank() != 0) continue;
+    if (p.requires_grad() || backend_->rank() != 0 || !with_frozen) continue;
     stream.layout.push_back({item.key(), p.sizes().vec(), 0, p.numel(), {"param"}});
     frozen.push_back(p);
   }
@@ -187,6 +191,7 @@ void ShardedStrategy::fillState(StateSource& source) {
     torch::Tensor master = store_->masterToOverwrite(u);
     std::vector<torch::Tensor> state = store_->stateToOverwrite(u);
     std::vector<StateRead> reads;  // the unit's, read together
+    torch::Tensor current;         // the master as it is, where the source lacks a parameter
     for (size_t i = 0; i < u.flat().params().size(); ++i) {
       const auto& p = u.flat().params()[i];
       const std::string& name = u.flat().names()[i];
@@ -194,7 +199,14 @@ void ShardedStrategy::fillState(StateSource& source) {
       const int64_t a = std::max(off, sb), b = std::min(off + p.numel(), sb + sn);
       if (a >= b) continue;
       const auto shape = p.sizes().vec();
-      reads.push_back({name, "param", a - off, b - off, shape, master.narrow(0, a - sb, b - a)});
+      if (source.has(name, "param")) {
+        reads.push_back({name, "param", a - off, b - off, shape, master.narrow(0, a - sb, b - a)});
+      } else {  // a base model's export has no adapters: they keep their values
+        if (!current.defined()) current = store_->master(u);
+        if (current.data_ptr() != master.data_ptr()) {
+          master.narrow(0, a - sb, b - a).copy_(current.narrow(0, a - sb, b - a));
+        }
+      }
       for (size_t k = 0; k < names.size(); ++k) {
         torch::Tensor into = state[k].narrow(0, a - sb, b - a);
         if (source.has(name, names[k])) {
@@ -222,13 +234,14 @@ void ShardedStrategy::fillState(StateSource& source) {
     publish(u);
     if (lean_) releaseFreedHostMemory();  // this unit's staging, before the next one's
   }
-  std::vector<StateRead> frozen;  // whole on every rank
+  // Frozen parameters, whole on every rank, one at a time: one held in 16 bits is read through a
+  // float32 copy of itself, and the base's copies together would be twice the base. One the
+  // source lacks keeps its values (a LoRA checkpoint's base, loaded by loadModel).
   for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
     const torch::Tensor& p = item.value();
-    if (!p.requires_grad())
-      frozen.push_back({item.key(), "param", 0, p.numel(), p.sizes().vec(), p});
+    if (p.requires_grad() || !source.has(item.key(), "param")) continue;
+    source.read({{item.key(), "param", 0, p.numel(), p.sizes().vec(), p}});
   }
-  source.read(frozen);
   if (!source.failed()) optimizer_->setSteps(source.wholeCounter("optimizer_steps", 0));
 }
 

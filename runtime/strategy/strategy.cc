@@ -7,6 +7,7 @@
 
 #include "common/error.h"
 #include "runtime/deferred_init.h"
+#include "runtime/strategy/frozen_parameters.h"
 #include "runtime/strategy/model_state.h"
 #include "runtime/strategy/sharded.h"
 
@@ -79,8 +80,8 @@ std::unique_ptr<Strategy> makeStrategy(const WorkerEnv& env, std::shared_ptr<Bac
   checkSameModel(*backend, *model);
   const int stage = strategy.stage();
   // A model built under a DeferredInit: where every rank holds all of it anyway, it is all made
-  // now; ZeRO-3 makes it unit by unit.
-  if (stage != 3) materialize(*model);
+  // now (frozen parameters in the compute dtype); ZeRO-3 makes it unit by unit.
+  if (stage != 3) materializeParameters(*model, true, options.precision.compute);
   if (stage == 0 && to_nvme) {
     throw InvalidArgument(
         "nvme offload needs a ZeRO stage (zero_stage 1, 2 or 3) or FSDP "

@@ -63,7 +63,8 @@ class Strategy {
   // checkpoints by default.
   virtual std::vector<const torch::nn::Module*> unitModules() const { return {}; }
 
-  // For exports (saveModel). A collective: `visit` sees every parameter, whole and in fp32, by its
+  // For exports (saveModel). A collective: `visit` sees every parameter, whole and in fp32 (a
+  // frozen one in the dtype it is held in: the compute dtype under mixed precision), by its
   // name in the module (gathered from the shards where they are sharded, one unit at a time, so
   // memory grows by one unit), on every rank. The tensors are valid during the call only.
   using ParameterVisitor = std::function<void(const std::string&, const torch::Tensor&)>;
@@ -75,15 +76,20 @@ class Strategy {
   // (array "param") and the optimizer state (its arrays by name), as views of parameters by name,
   // in the layout `type` asks for: each rank its own views (every element in exactly one rank's,
   // whatever the strategy), or every parameter whole on rank 0, gathered one unit and one array
-  // at a time where it is sharded. Not a collective itself; a full stream's produce() is.
-  virtual StateStream stateStream(StateDictType type) = 0;
+  // at a time where it is sharded. Frozen parameters (requires_grad false: whole on every rank,
+  // no optimizer state) are in it as float32 "param" arrays on rank 0, unless `with_frozen` is
+  // false (a LoRA run's checkpoint names its base instead). Not a collective itself; a full
+  // stream's produce() is.
+  virtual StateStream stateStream(StateDictType type, bool with_frozen) = 0;
   // Counters to save beside the state, the same on every rank: under DDP, the step count of each
   // parameter torch stepped less often than the job (`optimizer_steps`), so that it resumes with
   // its own.
   virtual StateCounters stateCounters(int64_t /*optimizer_steps*/) { return {}; }
   // Fills parameters and optimizer state from `source`, saved by any strategy at any world size
   // (state arrays it lacks start at zero); a collective. The optimizer's step count comes from
-  // the counter "optimizer_steps".
+  // the counter "optimizer_steps". A parameter the source lacks keeps its values (a LoRA
+  // checkpoint's frozen base, loaded before by loadModel; the adapters a base model's export
+  // has not); the caller checks that this is meant.
   virtual void fillState(StateSource& source) = 0;
 };
 

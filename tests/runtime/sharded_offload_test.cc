@@ -213,7 +213,7 @@ DirectResult trainDirect(const DirectRun& run) {
     if (!run.save_to.empty()) {
       const checkpoint::Counters counters = {{"optimizer_steps", std::to_string(run.steps)}};
       const auto type = run.full_layout ? StateDictType::kFull : StateDictType::kSharded;
-      checkpoint::save(*backend, run.save_to, strategy.stateStream(type), {}, counters);
+      checkpoint::save(*backend, run.save_to, strategy.stateStream(type, true), {}, counters);
     }
     auto params = strategy.fullParameters();
     if (r != 0) return;
