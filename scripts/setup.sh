@@ -13,9 +13,8 @@ packages=(
   libtorch-dev libgloo-dev  # the runtime: LibTorch 1.13 (CPU) and Gloo
   libsentencepiece-dev  # finetune's tokenizer: an HF folder's tokenizer.model
   # text/'s tokenizer.json (docs/text.md): PCRE2 runs the files' regular expressions (Unicode
-  # classes, JIT) and ICU gives the normalization forms and character properties. OpenSSL's
-  # SHA-256 keys the token cache of training data.
-  libpcre2-dev libicu-dev libssl-dev
+  # classes, JIT) and ICU gives the normalization forms and character properties.
+  libpcre2-dev libicu-dev
   nodejs  # runs transformers.js, the peer of the tokenizer exactness test (below)
   python3-jinja2  # the reference renderer of the chat-template exactness test
   etcd-server etcd-client  # a real etcd for the etcd rendezvous backend's tests and benchmark

@@ -1,7 +1,6 @@
 #include "text/token_cache.h"
 
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -17,6 +16,7 @@
 #include "common/atomic_file.h"
 #include "common/error.h"
 #include "common/file.h"
+#include "common/sha256.h"
 
 namespace cxxlaunch::text {
 namespace {
@@ -30,47 +30,16 @@ constexpr size_t kDigestBytes = 32;
 
 using Digest = std::array<unsigned char, kDigestBytes>;
 
-// SHA-256 through OpenSSL's EVP interface (the low-level SHA256_* calls are deprecated in 3.0).
-class Sha256 {
- public:
-  Sha256() : ctx_(EVP_MD_CTX_new()) {
-    if (!ctx_ || EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr) != 1) {
-      throw Error("OpenSSL: cannot start a SHA-256");
-    }
-  }
-  void update(const void* data, size_t bytes) {
-    if (EVP_DigestUpdate(ctx_.get(), data, bytes) != 1) throw Error("OpenSSL: SHA-256 failed");
-  }
-  Digest final() {
-    Digest out{};
-    unsigned int n = 0;
-    if (EVP_DigestFinal_ex(ctx_.get(), out.data(), &n) != 1 || n != kDigestBytes) {
-      throw Error("OpenSSL: SHA-256 failed");
-    }
-    return out;
-  }
-
- private:
-  struct Free {
-    void operator()(EVP_MD_CTX* c) const { EVP_MD_CTX_free(c); }
-  };
-  std::unique_ptr<EVP_MD_CTX, Free> ctx_;
-};
-
-std::string hex(const Digest& d) {
-  static const char* kDigits = "0123456789abcdef";
-  std::string out;
-  for (unsigned char b : d) {
-    out += kDigits[b >> 4];
-    out += kDigits[b & 15];
-  }
-  return out;
-}
-
 Digest sha256(std::string_view bytes) {
   Sha256 h;
-  h.update(bytes.data(), bytes.size());
-  return h.final();
+  h.update(bytes);
+  return h.digest();
+}
+
+std::string sha256Hex(std::string_view bytes) {
+  Sha256 h;
+  h.update(bytes);
+  return h.hexDigest();
 }
 
 // The header: magic, format version, byte order, key, example count, token count; then each
@@ -204,7 +173,7 @@ void writeCacheFile(const std::string& path, const Digest& key,
   for (const auto& e : examples) append(e.input_ids.data(), e.input_ids.size() * 4);
   for (const auto& e : examples) append(e.labels.data(), e.labels.size() * 4);
   flush();
-  const Digest sum = checksum.final();
+  const Digest sum = checksum.digest();
   file.append(sum.data(), sum.size());
   file.commit();
 }
@@ -236,20 +205,20 @@ std::string defaultTokenCacheDir() {
 std::string tokenCacheKey(std::string_view data, const std::string& model_dir, bool has_chat,
                           const DataOptions& options) {
   std::string material = "cxxlaunch token cache " + std::to_string(kFormatVersion) + "\n";
-  material += "data " + hex(sha256(data)) + "\n";
+  material += "data " + sha256Hex(data) + "\n";
   for (const char* name : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"}) {
     const std::string path = model_dir + "/" + name;
     std::error_code ec;
     const bool present = std::filesystem::exists(path, ec);
     const std::string digest =
-        present ? hex(sha256(readRegularFile(path, name, std::numeric_limits<size_t>::max())))
+        present ? sha256Hex(readRegularFile(path, name, std::numeric_limits<size_t>::max()))
                 : "absent";
     material += std::string(name) + " " + digest + "\n";
   }
   material += "chat_template " + std::to_string(has_chat ? 1 : 0) + "\n";
   material += "max_length " + std::to_string(options.max_length) + "\n";
   material += "truncation " + std::to_string(options.truncation ? 1 : 0) + "\n";
-  return hex(sha256(material));
+  return sha256Hex(material);
 }
 
 CachedExamples loadOrTokenize(const std::string& jsonl_path, const std::string& model_dir,

@@ -16,9 +16,9 @@
 #include "common/atomic_file.h"
 #include "common/error.h"
 #include "common/file.h"
+#include "common/sha256.h"
 #include "runtime/checkpoint/files.h"
 #include "runtime/checkpoint/safetensors_file.h"
-#include "runtime/checkpoint/sha256.h"
 #include "runtime/host_memory.h"
 
 namespace cxxlaunch::runtime::checkpoint {

@@ -19,7 +19,6 @@
 #include "runtime/accelerator.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/checkpoint/safetensors.h"
-#include "runtime/checkpoint/sha256.h"
 #include "runtime/deferred_init.h"
 #include "runtime/precision/policy.h"
 #include "runtime/strategy/sharded.h"
@@ -339,20 +338,6 @@ TEST_CASE("frozen parameters with the optimizer state offloaded to host memory",
   CHECK(memory.offloaded_to_cpu > 0);
   CHECK(memory.offloaded_to_cpu <= static_cast<size_t>(16 * (numelOf(false) + 16)));
   CHECK(memory.optimizer_state == 0);
-}
-
-TEST_CASE("SHA-256 of the known vectors", "[frozen][checkpoint]") {
-  auto digest = [](const std::string& text) {
-    checkpoint::Sha256 hash;
-    hash.update(text);
-    return hash.hexDigest();
-  };
-  CHECK(digest("") == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
-  CHECK(digest("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-  CHECK(digest("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq") ==
-        "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
-  CHECK(digest(std::string(1000000, 'a')) ==
-        "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
 }
 
 TEST_CASE("a LoRA run's checkpoint: the trainable parameters and a reference to the base",

@@ -1,9 +1,9 @@
-#include "runtime/checkpoint/sha256.h"
+#include "common/sha256.h"
 
 #include <algorithm>
 #include <cstring>
 
-namespace cxxlaunch::runtime::checkpoint {
+namespace cxxlaunch {
 namespace {
 
 constexpr uint32_t kRound[64] = {
@@ -76,7 +76,7 @@ void Sha256::update(const void* data, size_t bytes) {
   }
 }
 
-std::string Sha256::hexDigest() {
+std::array<unsigned char, 32> Sha256::digest() {
   const uint64_t bits = total_ * 8;
   const unsigned char one = 0x80, zero = 0;
   update(&one, 1);
@@ -84,12 +84,22 @@ std::string Sha256::hexDigest() {
   unsigned char length[8];
   for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(bits >> (56 - 8 * i));
   update(length, 8);
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (uint32_t word : h_) {
-    for (int shift = 28; shift >= 0; shift -= 4) out += kHex[(word >> shift) & 0xf];
+  std::array<unsigned char, 32> out{};
+  for (size_t i = 0; i < h_.size(); ++i) {
+    for (size_t b = 0; b < 4; ++b)
+      out[4 * i + b] = static_cast<unsigned char>(h_[i] >> (24 - 8 * b));
   }
   return out;
 }
 
-}  // namespace cxxlaunch::runtime::checkpoint
+std::string Sha256::hexDigest() {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (const unsigned char b : digest()) {
+    out += kHex[b >> 4];
+    out += kHex[b & 15];
+  }
+  return out;
+}
+
+}  // namespace cxxlaunch
