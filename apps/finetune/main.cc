@@ -57,6 +57,7 @@
 
 #include "apps/finetune/data.h"
 #include "apps/finetune/flags.h"
+#include "apps/finetune/lora.h"
 #include "apps/finetune/model_folder.h"
 #include "apps/finetune/output.h"
 #include "apps/finetune/trainer.h"
@@ -98,6 +99,21 @@ std::optional<std::string> resume(Accelerator& acc, const Flags& f) {
   return acc.loadState(from);
 }
 
+// The export read back: its figure is what `--max_steps 0 --model_dir OUT` reports at the same
+// mixed precision, 16-bit rounding included. Only where every rank sees OUT (nodes without a
+// shared filesystem do not).
+void readBack(Accelerator& acc, LlamaForCausalLM& model, const FinetuneData& data, const Flags& f,
+              const std::string& out) {
+  const bool seen = present(out + "/config.json");
+  if (acc.gather(torch::tensor({seen ? 1 : 0}, torch::kInt)).min().item<int>() == 1) {
+    acc.loadModel(out);
+    printEval(acc, evaluate(acc, model, data.eval, f.per_device_eval_batch_size),
+              out + " read back");
+  } else {
+    acc.print("not every rank sees ", out, ": the export is not evaluated");
+  }
+}
+
 int run(const Flags& f) {
   // Every check of the input and of OUT before the model is built: a run must not train for
   // hours to fail at the end.
@@ -107,6 +123,7 @@ int run(const Flags& f) {
   const std::vector<CopiedFile> copied =
       f.evaluateOnly() ? std::vector<CopiedFile>{} : filesToCopy(f.model_dir);
   requireWeightsFor(config, f.model_dir);
+  std::optional<LoraRun> lora = loraRunOf(f);
   const FinetuneData data = loadData({.model_dir = f.model_dir,
                                       .data = f.data,
                                       .seq_len = f.seq_len,
@@ -129,9 +146,14 @@ int run(const Flags& f) {
   {  // zero3_init_flag / fsdp_cpu_ram_efficient_loading: no parameter memory until prepare
     auto deferred = acc.deferredInit();
     model = LlamaForCausalLM(config);
+    // The adapters' seeds are drawn after the model's: the same model on every rank.
+    if (lora) addAdapters(*model, *lora, f.model_dir);
   }
   int64_t numel = 0;  // counted before prepare: strategies shard and re-type the parameters
-  for (const auto& p : model->parameters()) numel += p.numel();
+  for (const auto& item : model->named_parameters()) {
+    if (!models::isLoraParameter(item.key())) numel += item.value().numel();
+  }
+  const std::string lora_line = lora ? describe(*lora, *model) : "";
   const auto adamw = torch::optim::AdamWOptions(f.learning_rate)
                          .betas({f.adam_beta1, f.adam_beta2})
                          .eps(f.adam_epsilon)
@@ -147,11 +169,12 @@ int run(const Flags& f) {
     scheduler.emplace(optimizer, plan.kind, plan.warmup_steps, plan.total_steps);
   acc.prepare(model.ptr(), optimizer, scheduler ? &*scheduler : nullptr);
   const auto load_start = std::chrono::steady_clock::now();
-  acc.loadModel(f.model_dir);
+  if (!lora) acc.loadModel(f.model_dir);  // a LoRA run's base came in frozen (addAdapters)
   const double load_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
   acc.print("loaded ", f.model_dir, " (", config.model_type, ", ", numel, " parameters) in ",
             std::round(load_s * 1000) / 1000, " s; ", acc.memoryReport().str());
+  if (lora) acc.print(lora_line);
   acc.print("data ", f.data, ": ", data.summary);
   if (!data.note.empty()) acc.print("note: token cache: ", data.note);
   const auto batch = static_cast<size_t>(f.per_device_train_batch_size);
@@ -206,17 +229,13 @@ int run(const Flags& f) {
   const double eval_after = evaluate(acc, model, data.eval, f.per_device_eval_batch_size);
   printEval(acc, eval_after, "after " + std::to_string(plan.total_steps) + " steps");
   acc.log({{"eval/loss", eval_after}}, plan.total_steps);
-  writeModel(acc, out, f.model_dir, copied);
-  // The export read back: its figure is what `--max_steps 0 --model_dir OUT` reports at the same
-  // mixed precision, 16-bit rounding included. Only where every rank sees OUT (nodes without a
-  // shared filesystem do not).
-  const bool seen = present(out + "/config.json");
-  if (acc.gather(torch::tensor({seen ? 1 : 0}, torch::kInt)).min().item<int>() == 1) {
-    acc.loadModel(out);
-    printEval(acc, evaluate(acc, model, data.eval, f.per_device_eval_batch_size),
-              out + " read back");
+  if (lora) {
+    // An adapter is read back by `--adapter OUT --max_steps 0` (the integration tests run it):
+    // loadModel reads whole models only.
+    writeAdapterExport(acc, *lora, out, f.model_dir, copied);
   } else {
-    acc.print("not every rank sees ", out, ": the export is not evaluated");
+    writeModel(acc, out, f.model_dir, copied);
+    readBack(acc, model, data, f, out);
   }
   acc.print("done: ", plan.total_steps - start, " steps in ", std::round(trained_s * 100) / 100,
             " s, wrote ", out, "; ", acc.memoryReport().str());
