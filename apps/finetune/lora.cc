@@ -1,6 +1,7 @@
 #include "apps/finetune/lora.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <sstream>
 
@@ -94,6 +95,18 @@ std::string describe(const LoraRun& run, const torch::nn::Module& model) {
                 static_cast<long long>(trainable), static_cast<long long>(all),
                 100.0 * static_cast<double>(trainable) / static_cast<double>(all));
   return line;
+}
+
+void dumpFrozenIfAsked(runtime::Accelerator& acc, const torch::nn::Module& model) {
+  const char* path = std::getenv(kDumpFrozenEnv);  // NOLINT(concurrency-mt-unsafe)
+  if (path == nullptr || *path == '\0') return;
+  std::vector<std::pair<std::string, torch::Tensor>> frozen;
+  for (const auto& item : model.named_parameters()) {
+    if (!item.value().requires_grad()) {
+      frozen.emplace_back(item.key(), item.value().detach().to(torch::kCPU).contiguous());
+    }
+  }
+  acc.save(path, frozen);
 }
 
 void writeAdapterExport(runtime::Accelerator& acc, const LoraRun& run, const std::string& out,

@@ -40,6 +40,12 @@ void addAdapters(models::LlamaForCausalLMImpl& model, LoraRun& run, const std::s
 // 113472 (0.902%)"
 std::string describe(const LoraRun& run, const torch::nn::Module& model);
 
+// The test hook (docs/finetune.md, "LoRA"): with it set to a file name, rank 0 writes every
+// frozen parameter as it is in memory after training, by name, into that safetensors file, so
+// that the tests can compare the base's bytes with the folder's.
+inline constexpr char kDumpFrozenEnv[] = "CXXLAUNCH_FINETUNE_DUMP_FROZEN";
+void dumpFrozenIfAsked(runtime::Accelerator& acc, const torch::nn::Module& model);
+
 // A collective: the adapters gathered from their shards (Accelerator::fullParameters) and
 // written by rank 0 as PEFT's save_pretrained writes them into OUT (output.h's writeAdapter).
 void writeAdapterExport(runtime::Accelerator& acc, const LoraRun& run, const std::string& out,

@@ -230,6 +230,7 @@ int run(const Flags& f) {
   printEval(acc, eval_after, "after " + std::to_string(plan.total_steps) + " steps");
   acc.log({{"eval/loss", eval_after}}, plan.total_steps);
   if (lora) {
+    dumpFrozenIfAsked(acc, *model);
     // An adapter is read back by `--adapter OUT --max_steps 0` (the integration tests run it):
     // loadModel reads whole models only.
     writeAdapterExport(acc, *lora, out, f.model_dir, copied);

@@ -68,6 +68,22 @@ nlohmann::json safetensorsHeader(const std::string& path) {
   return nlohmann::json::parse(bytes.substr(8, length));
 }
 
+// Every tensor of the safetensors file `path` (name -> its raw bytes).
+std::map<std::string, std::string> tensorBytes(const std::string& path) {
+  const std::string bytes = readFile(path);
+  const auto header = safetensorsHeader(path);
+  uint64_t length = 0;
+  std::memcpy(&length, bytes.data(), 8);
+  std::map<std::string, std::string> tensors;
+  for (const auto& [name, info] : header.items()) {
+    if (name == "__metadata__") continue;
+    const auto begin = info["data_offsets"][0].get<size_t>();
+    const auto end = info["data_offsets"][1].get<size_t>();
+    tensors[name] = bytes.substr(8 + length + begin, end - begin);
+  }
+  return tensors;
+}
+
 const std::map<std::string, std::string> kStrategies = {
     {"ddp", "distributed_type: MULTI_GPU\n"},
     {"zero2", "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 2\n"},
@@ -93,9 +109,15 @@ TEST_CASE(
   for (const auto& [name, body] : kStrategies) {
     INFO(name);
     const std::string out = dir.path() + "/out-" + name;
-    const Finished trained = launch(writeConfig(dir, name, body), loraArgs(model, text, 4, out));
+    const std::string frozen = dir.path() + "/frozen-" + name + ".safetensors";
+    const Finished trained = launch(writeConfig(dir, name, body), loraArgs(model, text, 4, out),
+                                    {{"CXXLAUNCH_FINETUNE_DUMP_FROZEN", frozen}});
     INFO(trained.out << trained.err);
     REQUIRE(trained.exit_code == 0);
+    // The frozen weights in memory after training (the test hook's dump) are the base's bytes.
+    const auto after = tensorBytes(frozen), before = tensorBytes(model + "/model.safetensors");
+    CHECK(after.size() == before.size());
+    CHECK(after == before);
     CHECK_THAT(trained.out, Catch::Contains("LoRA r 4 alpha 16 (scale 4) dropout 0 on all-linear "
                                             "in 14 modules: 8192 trainable parameters"));
     losses[name] = lossLines(trained.out);
@@ -138,15 +160,15 @@ TEST_CASE(
     CHECK(losses[name] == losses["ddp"]);
     CHECK(evals[name][1] == Approx(evals["ddp"][1]).margin(1e-4));
   }
-  // The base folder is untouched. Its weights in memory stayed too: the adapter on the base as
-  // it is on disk evaluates to the very figure of the run's last evaluation (below).
+  // The base folder is untouched, and the adapter on it evaluates to the very figure of the run's
+  // last evaluation.
   CHECK(filesOf(model) == base_files);
-  for (const std::string name : {"ddp", "zero3"}) {
+  for (const auto& [name, body] : kStrategies) {
     INFO(name);
     const std::string out = dir.path() + "/out-" + name;
     Args eval = tuneArgs(model, text, 0, "");
     eval.insert(eval.end(), {"--adapter", out});
-    const Finished evaluated = launch(writeConfig(dir, name, kStrategies.at(name)), eval);
+    const Finished evaluated = launch(writeConfig(dir, name, body), eval);
     INFO(evaluated.out << evaluated.err);
     REQUIRE(evaluated.exit_code == 0);
     CHECK_THAT(evaluated.out, Catch::Contains("from " + out));
