@@ -191,7 +191,7 @@ int run(const Flags& f) {
     acc.print("fine-tuning on ", acc.worldSize(), " process(es), ", acc.describeBatch(batch), "; ",
               recipe, "; ", acc.describeStrategy());
   }
-  acc.initTrackers(f.run_name, {{"model_dir", f.model_dir},
+  runtime::RunConfig tracked = {{"model_dir", f.model_dir},
                                 {"model_type", config.model_type},
                                 {"parameters", numel},
                                 {"data", f.data},
@@ -207,7 +207,18 @@ int run(const Flags& f) {
                                 {"gradient_accumulation_steps", acc.gradientAccumulationSteps()},
                                 {"eval_fraction", f.eval_fraction},
                                 {"seed", f.seed},
-                                {"strategy (resolved)", acc.describeStrategy()}});
+                                {"strategy (resolved)", acc.describeStrategy()}};
+  if (lora) {  // PEFT's LoraConfig names
+    std::string targets;
+    for (const auto& t : lora->config.target_modules) targets += (targets.empty() ? "" : ",") + t;
+    tracked.insert(tracked.end(), {{"lora_r", lora->config.r},
+                                   {"lora_alpha", lora->config.alpha},
+                                   {"lora_dropout", lora->config.dropout},
+                                   {"lora_target_modules", targets},
+                                   {"use_rslora", lora->config.use_rslora},
+                                   {"adapter", lora->adapter}});
+  }
+  acc.initTrackers(f.run_name, tracked);
   if (f.evaluateOnly()) {
     const double eval = evaluate(acc, model, data.eval, f.per_device_eval_batch_size);
     printEval(acc, eval, f.model_dir);

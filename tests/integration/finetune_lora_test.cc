@@ -244,9 +244,17 @@ TEST_CASE("finetune refuses bad LoRA input with one error line, exit 2 and nothi
   const std::string text = writeText(dir, 60);
   // An adapter of `model` to load where it does not belong.
   const std::string adapter = dir.path() + "/adapter";
-  const Finished made = run(loraArgs(model, text, 1, adapter), {}, 60s);
+  const std::string project = dir.path() + "/runs";
+  Args make = loraArgs(model, text, 1, adapter);
+  make.insert(make.end(), {"--run_name", "lora"});
+  const Finished made =
+      run(make, {{"CXXLAUNCH_LOG_WITH", "jsonl"}, {"CXXLAUNCH_PROJECT_DIR", project}}, 60s);
   INFO(made.out << made.err);
   REQUIRE(made.exit_code == 0);
+  // The trackers get the LoRA settings under PEFT's names.
+  const auto tracked = nlohmann::json::parse(readFile(project + "/lora/config.json"));
+  CHECK(tracked["lora_r"] == 4);
+  CHECK(tracked["lora_target_modules"] == "all-linear");
   const std::string out = dir.path() + "/out";
   const std::vector<std::pair<Args, std::string>> cases = {
       {{"--lora_r", "4", "--lora_target_modules", "q_proj,qkv_proj"},
