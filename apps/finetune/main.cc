@@ -221,7 +221,9 @@ int run(const Flags& f) {
   acc.initTrackers(f.run_name, tracked);
   if (f.evaluateOnly()) {
     const double eval = evaluate(acc, model, data.eval, f.per_device_eval_batch_size);
-    printEval(acc, eval, f.model_dir);
+    printEval(
+        acc, eval,
+        lora && !lora->adapter.empty() ? f.model_dir + " + adapter " + lora->adapter : f.model_dir);
     acc.log({{"eval/loss", eval}}, 0);
     return 0;
   }
