@@ -12,6 +12,9 @@
 //       [--eval_steps N] [--save_steps 500] [--save_total_limit K] [--seed 42]
 //       [--resume_from_checkpoint latest|PATH]
 //   build/bin/finetune --model_dir OUT --data train.txt --seq_len 512 --max_steps 0   # eval only
+//   ... --lora_r 16 [--lora_alpha 32] [--lora_dropout 0.05] [--lora_target_modules all-linear]
+//       [--use_rslora]                  # LoRA: a frozen base, OUT an adapter in PEFT's layout
+//   build/bin/finetune --model_dir MODEL --adapter OUT --data train.txt --max_steps 0
 //
 // The flags are TrainingArguments' names and defaults (flags.h; docs/finetune.md has the table;
 // --steps, --lr, --batch_size and --print_every are kept as aliases).
@@ -32,6 +35,9 @@
 // --max_restarts, resumes from the newest complete checkpoint (weights, optimizer, schedule,
 // data position, random state) and ends bit for bit where an uninterrupted run ends; it prints
 // `resumed from ...`, and each save `saved ...`.
+// LoRA (lora.h): adapters on the targeted Linears, the base frozen; OUT gets
+// adapter_config.json and adapter_model.safetensors as PEFT's save_pretrained writes them (no
+// config.json), adapter_config.json moved in last; --adapter puts such a folder on MODEL.
 // OUT: may be absent or hold this run's checkpoints; at the end the weights, config.json and
 // the tokenizer files of MODEL are staged inside it and moved in with config.json last
 // (output.h). An OUT holding a finished model, or anything else, is refused. --max_steps 0
@@ -42,7 +48,8 @@
 // .jsonl line TRL would refuse (named),
 // --seq_len too long, a checkpoint that does not match or is truncated, an OUT that holds a
 // finished model or files not its own, a flag that disagrees with the launch's YAML,
-// --resume_from_checkpoint latest without a checkpoint), one `error:` line
+// --resume_from_checkpoint latest without a checkpoint, a LoRA target that matches nothing, a
+// rank larger than a layer, an adapter whose base does not match), one `error:` line
 // (runtime/error_report.h), nothing written; 1 anything else (a full disk), the checkpoints
 // left in place and no half export.
 
