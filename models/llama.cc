@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "common/file.h"
+#include "models/lora.h"
 #include "runtime/deferred_init.h"
 #include "runtime/strategy/unit.h"
 
@@ -253,8 +254,9 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::T
   auto heads = [&](const torch::Tensor& t, int64_t n) {  // [B, T, n*d] -> [B, n, T, d]
     return t.view({batch, length, n, head_dim_}).transpose(1, 2);
   };
-  torch::Tensor q = heads(q_proj(x), heads_), k = heads(k_proj(x), kv_heads_);
-  torch::Tensor v = heads(v_proj(x), kv_heads_);
+  torch::Tensor q = heads(linearForward(*q_proj, x), heads_),
+                k = heads(linearForward(*k_proj, x), kv_heads_);
+  torch::Tensor v = heads(linearForward(*v_proj, x), kv_heads_);
   const torch::Tensor c = cos.to(q.scalar_type()), s = sin.to(q.scalar_type());
   q = q * c + rotateHalf(q) * s;
   k = k * c + rotateHalf(k) * s;
@@ -274,7 +276,7 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::T
   scores = scores.to(torch::kFloat).masked_fill(masked, std::numeric_limits<float>::lowest());
   const torch::Tensor weights = torch::softmax(scores, -1).to(q.scalar_type());
   const torch::Tensor out = torch::matmul(weights, v).transpose(1, 2).reshape({batch, length, -1});
-  return o_proj(out);
+  return linearForward(*o_proj, out);
 }
 
 LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c)
@@ -283,7 +285,8 @@ LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c)
       down_proj(register_module("down_proj", linear(c.intermediate_size, c.hidden_size, false))) {}
 
 torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
-  return down_proj(torch::silu(gate_proj(x)) * up_proj(x));
+  return linearForward(*down_proj,
+                       torch::silu(linearForward(*gate_proj, x)) * linearForward(*up_proj, x));
 }
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c)

@@ -25,6 +25,9 @@
 // (runtime/deferred_init.h). Each parameter's initial values come from a seed it draws as it is
 // built, so a model is the same built either way.
 //
+// The projections compute through linearForward (models/lora.h), which adds a LoRA adapter's
+// term where addLora put one.
+//
 // Thread-safety: as any LibTorch module.
 
 #include <torch/nn/module.h>

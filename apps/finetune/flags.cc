@@ -94,7 +94,23 @@ Flags parseFlags(int argc, char** argv) {
   add("resume_from_checkpoint", f.resume_from_checkpoint,
       "'latest': the newest checkpoint (one is required), or a checkpoint's path; without it a "
       "run resumes from the newest checkpoint there is");
+  auto* lora_r = add("lora_r", f.lora_r,
+                     "LoRA's rank: train low-rank adapters on a frozen base and write them in "
+                     "PEFT's layout; 0: a full fine-tune");
+  auto* lora_alpha = add("lora_alpha", f.lora_alpha, "LoRA's alpha: the term's scale is alpha / r");
+  auto* lora_dropout =
+      add("lora_dropout", f.lora_dropout, "dropout on the adapters' input while training");
+  auto* lora_targets = add("lora_target_modules", f.lora_target_modules,
+                           "the Linear modules that get adapters, a comma list (q_proj, k_proj, "
+                           "v_proj, o_proj, gate_proj, up_proj, down_proj) or all-linear");
+  auto* rslora = app.add_flag(cli::spellings("use_rslora"), f.use_rslora,
+                              "scale the LoRA term by alpha / sqrt(r) (rank-stabilised LoRA)");
+  add("adapter", f.adapter,
+      "a PEFT LoRA adapter folder (adapter_config.json, adapter_model.safetensors) put on "
+      "--model_dir: evaluated with --max_steps 0, or trained further");
   cli::parseOrExit(app, argc, argv);
+  const bool lora_settings =
+      lora_alpha->count() + lora_dropout->count() + lora_targets->count() + rslora->count() > 0;
   if (clip->count() > 0) f.max_grad_norm = max_grad_norm;
   if (accumulate->count() > 0) f.gradient_accumulation_steps = accumulation;
   if (limit->count() > 0) f.save_total_limit = total_limit;
@@ -146,6 +162,22 @@ Flags parseFlags(int argc, char** argv) {
     throw InvalidArgument(
         "--max_steps 0 only evaluates --model_dir: drop --resume_from_checkpoint (a checkpoint "
         "becomes a model folder with `cxxlaunch merge-weights`)");
+  }
+  if (f.lora_r < 0) throw InvalidArgument("--lora_r must be 0 (no LoRA) or more");
+  if (!f.adapter.empty() && lora_r->count() > 0 && f.lora_r == 0) {
+    throw InvalidArgument(
+        "--adapter trains or evaluates a LoRA adapter and --lora_r 0 asks for a full fine-tune "
+        "and its export: drop one of them");
+  }
+  if (!f.adapter.empty() && (lora_r->count() > 0 || lora_settings)) {
+    throw InvalidArgument(
+        "--adapter's adapter_config.json sets r, lora_alpha, lora_dropout, target_modules and "
+        "use_rslora: drop the --lora_* and --use_rslora flags");
+  }
+  if (f.adapter.empty() && f.lora_r == 0 && lora_settings) {
+    throw InvalidArgument(
+        "--lora_alpha, --lora_dropout, --lora_target_modules and --use_rslora need --lora_r > 0 "
+        "(LoRA's rank)");
   }
   return f;
 }

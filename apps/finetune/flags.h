@@ -51,7 +51,17 @@ struct Flags {
   uint64_t seed = 42;
   std::string resume_from_checkpoint;  // "", "latest" or a checkpoint's path
 
+  // LoRA (apps/finetune/lora.h), PEFT's LoraConfig names and defaults; lora_r 0: a full
+  // fine-tune.
+  int64_t lora_r = 0;
+  double lora_alpha = 8;
+  double lora_dropout = 0;
+  std::string lora_target_modules = "q_proj,v_proj";  // a comma list, or all-linear
+  bool use_rslora = false;
+  std::string adapter;  // a PEFT adapter folder put on --model_dir (its settings are the run's)
+
   bool evaluateOnly() const { return max_steps == 0; }
+  bool lora() const { return lora_r > 0 || !adapter.empty(); }
 };
 
 // Parses and checks the command line; throws InvalidArgument (exit 2) for a bad one. Exits 0

@@ -12,6 +12,9 @@
 //       [--eval_steps N] [--save_steps 500] [--save_total_limit K] [--seed 42]
 //       [--resume_from_checkpoint latest|PATH]
 //   build/bin/finetune --model_dir OUT --data train.txt --seq_len 512 --max_steps 0   # eval only
+//   ... --lora_r 16 [--lora_alpha 32] [--lora_dropout 0.05] [--lora_target_modules all-linear]
+//       [--use_rslora]                  # LoRA: a frozen base, OUT an adapter in PEFT's layout
+//   build/bin/finetune --model_dir MODEL --adapter OUT --data train.txt --max_steps 0
 //
 // The flags are TrainingArguments' names and defaults (flags.h; docs/finetune.md has the table;
 // --steps, --lr, --batch_size and --print_every are kept as aliases).
@@ -32,6 +35,9 @@
 // --max_restarts, resumes from the newest complete checkpoint (weights, optimizer, schedule,
 // data position, random state) and ends bit for bit where an uninterrupted run ends; it prints
 // `resumed from ...`, and each save `saved ...`.
+// LoRA (lora.h): adapters on the targeted Linears, the base frozen; OUT gets
+// adapter_config.json and adapter_model.safetensors as PEFT's save_pretrained writes them (no
+// config.json), adapter_config.json moved in last; --adapter puts such a folder on MODEL.
 // OUT: may be absent or hold this run's checkpoints; at the end the weights, config.json and
 // the tokenizer files of MODEL are staged inside it and moved in with config.json last
 // (output.h). An OUT holding a finished model, or anything else, is refused. --max_steps 0
@@ -42,7 +48,8 @@
 // .jsonl line TRL would refuse (named),
 // --seq_len too long, a checkpoint that does not match or is truncated, an OUT that holds a
 // finished model or files not its own, a flag that disagrees with the launch's YAML,
-// --resume_from_checkpoint latest without a checkpoint), one `error:` line
+// --resume_from_checkpoint latest without a checkpoint, a LoRA target that matches nothing, a
+// rank larger than a layer, an adapter whose base does not match), one `error:` line
 // (runtime/error_report.h), nothing written; 1 anything else (a full disk), the checkpoints
 // left in place and no half export.
 
@@ -57,6 +64,7 @@
 
 #include "apps/finetune/data.h"
 #include "apps/finetune/flags.h"
+#include "apps/finetune/lora.h"
 #include "apps/finetune/model_folder.h"
 #include "apps/finetune/output.h"
 #include "apps/finetune/trainer.h"
@@ -98,6 +106,21 @@ std::optional<std::string> resume(Accelerator& acc, const Flags& f) {
   return acc.loadState(from);
 }
 
+// The export read back: its figure is what `--max_steps 0 --model_dir OUT` reports at the same
+// mixed precision, 16-bit rounding included. Only where every rank sees OUT (nodes without a
+// shared filesystem do not).
+void readBack(Accelerator& acc, LlamaForCausalLM& model, const FinetuneData& data, const Flags& f,
+              const std::string& out) {
+  const bool seen = present(out + "/config.json");
+  if (acc.gather(torch::tensor({seen ? 1 : 0}, torch::kInt)).min().item<int>() == 1) {
+    acc.loadModel(out);
+    printEval(acc, evaluate(acc, model, data.eval, f.per_device_eval_batch_size),
+              out + " read back");
+  } else {
+    acc.print("not every rank sees ", out, ": the export is not evaluated");
+  }
+}
+
 int run(const Flags& f) {
   // Every check of the input and of OUT before the model is built: a run must not train for
   // hours to fail at the end.
@@ -107,6 +130,7 @@ int run(const Flags& f) {
   const std::vector<CopiedFile> copied =
       f.evaluateOnly() ? std::vector<CopiedFile>{} : filesToCopy(f.model_dir);
   requireWeightsFor(config, f.model_dir);
+  std::optional<LoraRun> lora = loraRunOf(f);
   const FinetuneData data = loadData({.model_dir = f.model_dir,
                                       .data = f.data,
                                       .seq_len = f.seq_len,
@@ -129,9 +153,14 @@ int run(const Flags& f) {
   {  // zero3_init_flag / fsdp_cpu_ram_efficient_loading: no parameter memory until prepare
     auto deferred = acc.deferredInit();
     model = LlamaForCausalLM(config);
+    // The adapters' seeds are drawn after the model's: the same model on every rank.
+    if (lora) addAdapters(*model, *lora, f.model_dir);
   }
   int64_t numel = 0;  // counted before prepare: strategies shard and re-type the parameters
-  for (const auto& p : model->parameters()) numel += p.numel();
+  for (const auto& item : model->named_parameters()) {
+    if (!models::isLoraParameter(item.key())) numel += item.value().numel();
+  }
+  const std::string lora_line = lora ? describe(*lora, *model) : "";
   const auto adamw = torch::optim::AdamWOptions(f.learning_rate)
                          .betas({f.adam_beta1, f.adam_beta2})
                          .eps(f.adam_epsilon)
@@ -147,11 +176,12 @@ int run(const Flags& f) {
     scheduler.emplace(optimizer, plan.kind, plan.warmup_steps, plan.total_steps);
   acc.prepare(model.ptr(), optimizer, scheduler ? &*scheduler : nullptr);
   const auto load_start = std::chrono::steady_clock::now();
-  acc.loadModel(f.model_dir);
+  if (!lora) acc.loadModel(f.model_dir);  // a LoRA run's base came in frozen (addAdapters)
   const double load_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
   acc.print("loaded ", f.model_dir, " (", config.model_type, ", ", numel, " parameters) in ",
             std::round(load_s * 1000) / 1000, " s; ", acc.memoryReport().str());
+  if (lora) acc.print(lora_line);
   acc.print("data ", f.data, ": ", data.summary);
   if (!data.note.empty()) acc.print("note: token cache: ", data.note);
   const auto batch = static_cast<size_t>(f.per_device_train_batch_size);
@@ -168,7 +198,7 @@ int run(const Flags& f) {
     acc.print("fine-tuning on ", acc.worldSize(), " process(es), ", acc.describeBatch(batch), "; ",
               recipe, "; ", acc.describeStrategy());
   }
-  acc.initTrackers(f.run_name, {{"model_dir", f.model_dir},
+  runtime::RunConfig tracked = {{"model_dir", f.model_dir},
                                 {"model_type", config.model_type},
                                 {"parameters", numel},
                                 {"data", f.data},
@@ -184,10 +214,23 @@ int run(const Flags& f) {
                                 {"gradient_accumulation_steps", acc.gradientAccumulationSteps()},
                                 {"eval_fraction", f.eval_fraction},
                                 {"seed", f.seed},
-                                {"strategy (resolved)", acc.describeStrategy()}});
+                                {"strategy (resolved)", acc.describeStrategy()}};
+  if (lora) {  // PEFT's LoraConfig names
+    std::string targets;
+    for (const auto& t : lora->config.target_modules) targets += (targets.empty() ? "" : ",") + t;
+    tracked.insert(tracked.end(), {{"lora_r", lora->config.r},
+                                   {"lora_alpha", lora->config.alpha},
+                                   {"lora_dropout", lora->config.dropout},
+                                   {"lora_target_modules", targets},
+                                   {"use_rslora", lora->config.use_rslora},
+                                   {"adapter", lora->adapter}});
+  }
+  acc.initTrackers(f.run_name, tracked);
   if (f.evaluateOnly()) {
     const double eval = evaluate(acc, model, data.eval, f.per_device_eval_batch_size);
-    printEval(acc, eval, f.model_dir);
+    printEval(
+        acc, eval,
+        lora && !lora->adapter.empty() ? f.model_dir + " + adapter " + lora->adapter : f.model_dir);
     acc.log({{"eval/loss", eval}}, 0);
     return 0;
   }
@@ -206,17 +249,14 @@ int run(const Flags& f) {
   const double eval_after = evaluate(acc, model, data.eval, f.per_device_eval_batch_size);
   printEval(acc, eval_after, "after " + std::to_string(plan.total_steps) + " steps");
   acc.log({{"eval/loss", eval_after}}, plan.total_steps);
-  writeModel(acc, out, f.model_dir, copied);
-  // The export read back: its figure is what `--max_steps 0 --model_dir OUT` reports at the same
-  // mixed precision, 16-bit rounding included. Only where every rank sees OUT (nodes without a
-  // shared filesystem do not).
-  const bool seen = present(out + "/config.json");
-  if (acc.gather(torch::tensor({seen ? 1 : 0}, torch::kInt)).min().item<int>() == 1) {
-    acc.loadModel(out);
-    printEval(acc, evaluate(acc, model, data.eval, f.per_device_eval_batch_size),
-              out + " read back");
+  if (lora) {
+    dumpFrozenIfAsked(acc, *model);
+    // An adapter is read back by `--adapter OUT --max_steps 0` (the integration tests run it):
+    // loadModel reads whole models only.
+    writeAdapterExport(acc, *lora, out, f.model_dir, copied);
   } else {
-    acc.print("not every rank sees ", out, ": the export is not evaluated");
+    writeModel(acc, out, f.model_dir, copied);
+    readBack(acc, model, data, f, out);
   }
   acc.print("done: ", plan.total_steps - start, " steps in ", std::round(trained_s * 100) / 100,
             " s, wrote ", out, "; ", acc.memoryReport().str());

@@ -100,6 +100,7 @@ std::vector<torch::optim::OptimizerParamGroup> decayGroups(
   std::set<const void*> seen;  // a tied weight once
   for (const auto& item : model.named_parameters()) {
     const torch::Tensor& p = item.value();
+    if (!p.requires_grad()) continue;  // frozen (a LoRA run's base): not the optimizer's
     if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
     const bool bias = item.key() == "bias" || item.key().ends_with(".bias");
     (bias || exempt.contains(p.unsafeGetTensorImpl()) ? no_decay : decay).push_back(p);

@@ -41,7 +41,7 @@ std::vector<CopiedFile> filesToCopy(const std::string& model_dir);
 // Trainer's weight-decay grouping (get_decay_parameter_names): AdamW `options` for every
 // parameter except biases and the weights of normalisation modules (a module whose type name
 // holds "Norm", such as LlamaRMSNorm), which form a second group with weight decay 0. Empty
-// groups are left out.
+// groups are left out, and so are frozen parameters (requires_grad false: a LoRA run's base).
 std::vector<torch::optim::OptimizerParamGroup> decayGroups(
     const torch::nn::Module& model, const torch::optim::AdamWOptions& options);
 

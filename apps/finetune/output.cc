@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <stdexcept>
 
@@ -44,6 +45,7 @@ bool isExportFile(const std::string& name) {
       (endsWith(name, ".safetensors") || name == "model.safetensors.index.json")) {
     return true;
   }
+  if (name == kAdapterWeights || name == kAdapterConfig) return true;
   for (const char* file : runtime::checkpoint::kModelFolderFiles) {
     if (name == file) return true;
   }
@@ -71,6 +73,10 @@ std::string checkOutputDir(const std::string& value) {
       refuse(
           "already holds a fine-tuned model (config.json); give a new folder (its "
           "checkpoint-<step> folders resume with --resume_from_checkpoint PATH)");
+    }
+    if (fs::exists(fs::symlink_status(out / kAdapterConfig, ec))) {
+      refuse("already holds a LoRA adapter (" + std::string(kAdapterConfig) +
+             "); give a new folder (--adapter " + out.string() + " trains it further)");
     }
     for (const auto& entry : fs::directory_iterator(out, ec)) {
       const std::string entry_name = entry.path().filename().string();
@@ -114,9 +120,10 @@ class Staged {
   const std::string& path() const { return staging_; }
 
   // 1. drop an earlier export's files that this one does not have (a cut-short export with
-  //    another shard count), 2. move every file but config.json, 3. fsync OUT, 4. move
-  //    config.json: the model is there, 5. fsync OUT again, remove the staging folder.
-  void commit() {
+  //    another shard count), 2. move every file but `last` (config.json, or an adapter's
+  //    adapter_config.json: what a loader opens first), 3. fsync OUT, 4. move `last`: the
+  //    model is there, 5. fsync OUT again, remove the staging folder.
+  void commit(const std::string& last) {
     std::vector<std::string> names;
     for (const auto& entry : fs::directory_iterator(staging_)) {
       names.push_back(entry.path().filename().string());
@@ -129,12 +136,12 @@ class Staged {
       }
     }
     for (const auto& name : names) {
-      if (name == "config.json") continue;
+      if (name == last) continue;
       fs::rename(staging_ + "/" + name, out_ + "/" + name);
       moved_.push_back(out_ + "/" + name);
     }
     fsyncDirectory(out_);
-    fs::rename(staging_ + "/config.json", out_ + "/config.json");
+    fs::rename(staging_ + "/" + last, out_ + "/" + last);
     committed_ = true;
     fsyncDirectory(out_);
     std::error_code ec;
@@ -156,10 +163,14 @@ void agree(runtime::Accelerator& acc, const std::string& error, const std::strin
   }
 }
 
-}  // namespace
-
-void writeModel(runtime::Accelerator& acc, const std::string& out, const std::string& model_dir,
-                const std::vector<CopiedFile>& files) {
+// The export's protocol, for a model or an adapter: rank 0 stages OUT, every rank runs
+// `collective` (rank 0's part writes into the staging folder), rank 0 runs `main_part` (writes
+// of its own into it), adds `files` of `model_dir` and commits with `last` moved in last. Throws
+// on every rank when rank 0 failed.
+void exportFolder(runtime::Accelerator& acc, const std::string& out, const std::string& model_dir,
+                  const std::vector<CopiedFile>& files, const std::string& last,
+                  const std::function<void(const std::string& staging)>& collective,
+                  const std::function<void(const std::string& staging)>& main_part) {
   std::optional<Staged> staged;
   std::string error;
   try {
@@ -168,24 +179,51 @@ void writeModel(runtime::Accelerator& acc, const std::string& out, const std::st
     error = e.what();
   }
   agree(acc, error, out);
-  // Every rank takes part in saveModel's gathers; rank 0 writes. config.json verbatim (the
-  // architecture is the same; its other keys, token ids and all, stay) and the tokenizer, so
-  // that OUT is a complete HF folder: the files merge-weights copies too.
-  acc.saveModel(staged ? staged->path() : out + "/" + kExportStaging);
+  collective(staged ? staged->path() : out + "/" + kExportStaging);
   if (staged) {
     try {
+      main_part(staged->path());
       for (const CopiedFile& file : files) {
         acc.save(staged->path() + "/" + file.name,
                  readRegularFile(model_dir + "/" + file.name,
                                  "the model's " + std::string(file.name), file.max_bytes));
       }
-      staged->commit();
+      staged->commit(last);
     } catch (const std::exception& e) {
       error = e.what();
     }
   }
   staged.reset();  // removes what an uncommitted export wrote
   agree(acc, error, out);
+}
+
+}  // namespace
+
+void writeModel(runtime::Accelerator& acc, const std::string& out, const std::string& model_dir,
+                const std::vector<CopiedFile>& files) {
+  // Every rank takes part in saveModel's gathers; rank 0 writes. config.json verbatim (the
+  // architecture is the same; its other keys, token ids and all, stay) and the tokenizer, so
+  // that OUT is a complete HF folder: the files merge-weights copies too.
+  exportFolder(
+      acc, out, model_dir, files, "config.json",
+      [&](const std::string& staging) { acc.saveModel(staging); }, [](const std::string&) {});
+}
+
+void writeAdapter(runtime::Accelerator& acc, const std::string& out, const std::string& model_dir,
+                  const std::vector<CopiedFile>& files, const std::string& adapter_config,
+                  const std::vector<std::pair<std::string, torch::Tensor>>& tensors) {
+  // PEFT's save_pretrained writes no config.json: the base's stays the base's.
+  std::vector<CopiedFile> tokenizer;
+  for (const CopiedFile& file : files) {
+    if (std::string(file.name) != "config.json") tokenizer.push_back(file);
+  }
+  exportFolder(
+      acc, out, model_dir, tokenizer, kAdapterConfig, [](const std::string&) {},
+      [&](const std::string& staging) {
+        fs::create_directories(staging);
+        acc.save(staging + "/" + kAdapterWeights, tensors);
+        acc.save(staging + "/" + kAdapterConfig, adapter_config);
+      });
 }
 
 }  // namespace cxxlaunch::finetune

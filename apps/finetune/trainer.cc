@@ -65,6 +65,12 @@ torch::Tensor positionsOf(const Rows& rows, const torch::Device& device) {
 double evaluate(Accelerator& acc, models::LlamaForCausalLM& model, const Rows& rows,
                 int64_t batch_size) {
   torch::NoGradGuard no_grad;
+  // Evaluation mode (LoRA's dropout off), back to training mode however this returns.
+  model->eval();
+  struct BackToTraining {
+    models::LlamaForCausalLM& model;
+    ~BackToTraining() { model->train(); }
+  } back{model};
   const int64_t n = rows.size(), world = acc.worldSize(), rank = acc.rank();
   const int64_t rounds = ((n + world - 1) / world + batch_size - 1) / batch_size;
   double sum = 0, count = 0;

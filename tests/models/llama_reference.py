@@ -77,7 +77,8 @@ def packed_mask(position_ids):
             mask[b, 0, q, start:q + 1] = 0.0
     return mask
 
-def forward(c, W, input_ids, attention_mask=None, position_ids=None):
+def forward(c, W, input_ids, attention_mask=None, position_ids=None, lora=None):
+    """lora (lora_reference.py): module name -> (A, B, scale), PEFT's W x + scale B (A x)."""
     B, T = input_ids.shape
     nq, nkv, hd, eps = c["num_attention_heads"], c["num_key_value_heads"], head_dim(c), c["rms_norm_eps"]
     inv_freq = 1.0 / (c["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
@@ -94,7 +95,12 @@ def forward(c, W, input_ids, attention_mask=None, position_ids=None):
     if attention_mask is not None:
         padding = mask + attention_mask[:, None, None, :].float()
         mask = mask.masked_fill(padding == 0, torch.finfo(torch.float32).min)
-    lin = lambda x, n: torch.nn.functional.linear(x, W[n + ".weight"], W.get(n + ".bias"))
+    def lin(x, n):
+        y = torch.nn.functional.linear(x, W[n + ".weight"], W.get(n + ".bias"))
+        if lora and n in lora:
+            A, B, scale = lora[n]
+            y = y + torch.nn.functional.linear(torch.nn.functional.linear(x, A), B) * scale
+        return y
     h = W["model.embed_tokens.weight"][input_ids]
     for i in range(c["num_hidden_layers"]):
         p = "model.layers.%d." % i
