@@ -64,7 +64,7 @@ std::optional<LoraRun> loraRunOf(const Flags& f) {
   return run;
 }
 
-void addAdapters(models::LlamaForCausalLMImpl& model, LoraRun& run, const std::string& model_dir) {
+void addAdapters(models::LlamaForCausalLMImpl& model, LoraRun& run) {
   try {
     run.adapted = models::addLora(model, run.config);
   } catch (const InvalidArgument& e) {
@@ -73,7 +73,6 @@ void addAdapters(models::LlamaForCausalLMImpl& model, LoraRun& run, const std::s
                                               : "--adapter '" + run.adapter + "': " + e.what());
   }
   if (!run.adapter.empty()) models::loadAdapterWeights(model, run.adapter + "/" + kAdapterWeights);
-  models::loadFrozenWeights(model, model_dir);
 }
 
 std::string describe(const LoraRun& run, const torch::nn::Module& model) {

@@ -31,10 +31,11 @@ struct LoraRun {
 std::optional<LoraRun> loraRunOf(const Flags& flags);
 
 // After the model is built, in the same deferredInit scope: adds the adapters (freezing the
-// base), gives them --adapter's values if there is one, and the frozen base weights
-// --model_dir's. InvalidArgument for a target that matches nothing, a rank larger than a
-// layer, an adapter or base that does not match the model (shapes named).
-void addAdapters(models::LlamaForCausalLMImpl& model, LoraRun& run, const std::string& model_dir);
+// base) and gives them --adapter's values if there is one; the base's come from
+// Accelerator::loadModel after prepare, which keeps the adapters' values. InvalidArgument for a
+// target that matches nothing, a rank larger than a layer, an adapter that does not match the
+// model (shapes named).
+void addAdapters(models::LlamaForCausalLMImpl& model, LoraRun& run);
 
 // "LoRA r 8 alpha 16 (scale 2) on q_proj, v_proj in 4 modules: 1024 trainable parameters of
 // 113472 (0.902%)"

@@ -154,7 +154,7 @@ int run(const Flags& f) {
     auto deferred = acc.deferredInit();
     model = LlamaForCausalLM(config);
     // The adapters' seeds are drawn after the model's: the same model on every rank.
-    if (lora) addAdapters(*model, *lora, f.model_dir);
+    if (lora) addAdapters(*model, *lora);
   }
   int64_t numel = 0;  // counted before prepare: strategies shard and re-type the parameters
   for (const auto& item : model->named_parameters()) {
@@ -176,7 +176,10 @@ int run(const Flags& f) {
     scheduler.emplace(optimizer, plan.kind, plan.warmup_steps, plan.total_steps);
   acc.prepare(model.ptr(), optimizer, scheduler ? &*scheduler : nullptr);
   const auto load_start = std::chrono::steady_clock::now();
-  if (!lora) acc.loadModel(f.model_dir);  // a LoRA run's base came in frozen (addAdapters)
+  // With LoRA the folder is the frozen base: the adapters keep their values (fresh, or
+  // --adapter's), and the checkpoints name the base by path and fingerprint instead of holding
+  // it (docs/runtime.md, "Frozen parameters").
+  acc.loadModel(f.model_dir);
   const double load_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
   acc.print("loaded ", f.model_dir, " (", config.model_type, ", ", numel, " parameters) in ",

@@ -187,6 +187,17 @@ MergeWeightsResult mergeWeights(const MergeWeightsOptions& options) {
 
   const Reader reader(result.checkpoint);  // parses every rank file's header
   reader.checkCounters(0, 1);              // every file saved with this manifest
+  if (reader.counter(kBaseFingerprintCounter)) {
+    const auto source = reader.counter(kModelSourceCounter);
+    const auto base = source ? decodeCounterValue(*source) : std::nullopt;
+    throw InvalidArgument(
+        "'" + result.checkpoint + "' is a checkpoint of a run on a frozen base model ('" +
+        base.value_or("?") +
+        "', LoRA): it holds the trainable parameters only, not a model. Merge the run's adapter "
+        "(finetune's --output_dir) into its base with `cxxlaunch merge-weights --lora ADAPTER "
+        "--base " +
+        base.value_or("BASE") + " OUTPUT`");
+  }
   result.world = reader.worldSize();
   // Files of format 1 have no checksums of their own: their manifest's CRC-32C, up front.
   for (const auto& file : reader.files()) {

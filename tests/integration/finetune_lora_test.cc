@@ -233,6 +233,16 @@ TEST_CASE("finetune's LoRA run killed after a save resumes and ends bit for bit"
     const Finished again = launch(config, command);
     CHECK(again.exit_code == 2);
     CHECK_THAT(again.out + again.err, Catch::Contains("already holds a LoRA adapter"));
+    // The checkpoints hold the adapters and their optimizer state, not the frozen base: smaller
+    // than the base's weights, and not a model merge-weights could write.
+    CHECK(fs::file_size(cut + "/checkpoint-4/rank0.bin") +
+              fs::file_size(cut + "/checkpoint-4/rank1.bin") <
+          fs::file_size(model + "/model.safetensors") / 4);
+    const Finished merged =
+        run({CXXLAUNCH_BIN, "merge-weights", cut + "/checkpoint-4", dir.path() + "/merged"});
+    CHECK(merged.exit_code == 2);
+    CHECK_THAT(merged.err, Catch::Contains("merge-weights --lora ADAPTER --base " + model));
+    CHECK_FALSE(fs::exists(dir.path() + "/merged"));
   }
 }
 
