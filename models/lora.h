@@ -15,9 +15,14 @@
 //     auto deferred = acc.deferredInit();
 //     model = LlamaForCausalLM(config);
 //     addLora(*model, lora);                             // draws its seeds after the model's
-//     loadFrozenWeights(*model, base_dir);               // the base's values, frozen
 //   }
 //   optimizer over trainableParameters(*model); acc.prepare(model.ptr(), optimizer);
+//   acc.loadModel(base_dir);   // the base into the frozen weights; the adapters keep theirs
+//
+// Through Accelerator::loadModel the frozen weights land in the mixed-precision dtype and the
+// checkpoints name the base by path and fingerprint instead of holding it (docs/runtime.md,
+// "Frozen parameters"). loadFrozenWeights (below) fills them without an Accelerator, before
+// prepare, for a program of its own; its checkpoints then hold the base too.
 //
 // Every factor draws its seed as it is built (as llama.h's parameters do), so a model is the
 // same on every rank, in every strategy, built inside Accelerator::deferredInit() or not.
