@@ -421,10 +421,11 @@ std::string Accelerator::describeStrategy() const {
                    : std::string(world_.env.strategy.name()) + " (not prepared)";
 }
 
-std::vector<std::pair<std::string, torch::Tensor>> Accelerator::fullParameters() {
+std::vector<std::pair<std::string, torch::Tensor>> Accelerator::fullParameters(
+    const std::function<bool(const std::string&)>& keep) {
   const CollectiveApi api("fullParameters");
   if (!strategy_) throw InvalidArgument("Accelerator::fullParameters before prepare");
-  return strategy_->fullParameters();
+  return strategy_->fullParameters(keep);
 }
 
 std::string Accelerator::describeBatch(size_t per_process_batch) const {

@@ -396,9 +396,11 @@ class Accelerator {
   MemoryReport memoryReport() const;
   // "zero3: 3 unit(s) (2 module(s), 1 bucket(s)), AdamW on 1/2 shards"
   std::string describeStrategy() const;
-  // A collective: every trainable parameter, whole, by name (gathered from shards), as float32
-  // copies in host memory whatever the device and precision it trains in.
-  std::vector<std::pair<std::string, torch::Tensor>> fullParameters();
+  // A collective: every parameter (frozen ones too), whole, by name (gathered from shards), as
+  // float32 copies in host memory whatever the device and precision it trains in; with `keep`,
+  // only those whose names it takes are copied (a LoRA adapter's, without a copy of the base).
+  std::vector<std::pair<std::string, torch::Tensor>> fullParameters(
+      const std::function<bool(const std::string&)>& keep = {});
 
   // "global batch 64 = 16 per process x 2 processes x 2 accumulation steps"
   std::string describeBatch(size_t per_process_batch) const;

@@ -110,8 +110,9 @@ void dumpFrozenIfAsked(runtime::Accelerator& acc, const torch::nn::Module& model
 
 void writeAdapterExport(runtime::Accelerator& acc, const LoraRun& run, const std::string& out,
                         const std::string& model_dir, const std::vector<CopiedFile>& files) {
-  // Every rank gathers (the adapters are a fraction of the model); rank 0 writes.
-  const auto tensors = models::peftTensors(acc.fullParameters());
+  // Every rank gathers (the adapters are a fraction of the model; the frozen base is not
+  // copied); rank 0 writes.
+  const auto tensors = models::peftTensors(acc.fullParameters(models::isLoraParameter));
   std::error_code ec;
   fs::path base = fs::absolute(model_dir, ec).lexically_normal();
   if (!base.has_filename()) base = base.parent_path();  // "model/"

@@ -27,9 +27,11 @@ std::string humanBytes(size_t bytes) {
 
 }  // namespace
 
-std::vector<std::pair<std::string, torch::Tensor>> Strategy::fullParameters() {
+std::vector<std::pair<std::string, torch::Tensor>> Strategy::fullParameters(
+    const NameFilter& keep) {
   std::vector<std::pair<std::string, torch::Tensor>> out;
   visitFullParameters([&](const std::string& name, const torch::Tensor& value) {
+    if (keep && !keep(name)) return;
     // Host copies: a whole model gathered on the GPU would cost its memory, and callers read
     // the bytes (dumps, comparisons with a CPU reference).
     out.emplace_back(name, value.to(torch::TensorOptions().device(torch::kCPU).dtype(torch::kFloat),

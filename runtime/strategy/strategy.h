@@ -69,8 +69,10 @@ class Strategy {
   // memory grows by one unit), on every rank. The tensors are valid during the call only.
   using ParameterVisitor = std::function<void(const std::string&, const torch::Tensor&)>;
   virtual void visitFullParameters(const ParameterVisitor& visit) = 0;
-  // The same, collected into fresh float32 tensors in host memory.
-  std::vector<std::pair<std::string, torch::Tensor>> fullParameters();
+  // The same, collected into fresh float32 tensors in host memory: every parameter, or those
+  // whose names `keep` takes (an adapter export keeps its few: no copy of a frozen base).
+  using NameFilter = std::function<bool(const std::string&)>;
+  std::vector<std::pair<std::string, torch::Tensor>> fullParameters(const NameFilter& keep = {});
 
   // The state this rank holds (state_view.h), for checkpoint/ to save: the fp32 parameters
   // (array "param") and the optimizer state (its arrays by name), as views of parameters by name,

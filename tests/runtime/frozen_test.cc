@@ -138,6 +138,13 @@ Ended run(const Job& job) {
     }
     if (!job.save.empty()) acc.saveState(job.save);
     auto params = acc.fullParameters();
+    // With a filter only the names it keeps are copied: here the trainable ones, as an adapter
+    // export asks, and the same values.
+    const auto kept = acc.fullParameters([](const std::string& name) { return !isFrozen(name); });
+    for (const auto& [name, tensor] : kept) RANK_REQUIRE(!isFrozen(name));
+    size_t trainable_count = 0;
+    for (const auto& item : params) trainable_count += isFrozen(item.first) ? 0 : 1;
+    RANK_REQUIRE(kept.size() == trainable_count);
     int with_gradient = 0;
     for (const auto& item : net->named_parameters()) {
       if (!item.value().requires_grad() && item.value().grad().defined()) ++with_gradient;
