@@ -4,7 +4,7 @@ building and loading a ~330M Llama under ZeRO-3 with and without zero3_init_flag
 headline on CPU (a per-worker memory cap that the fp32 build alone passes: trains with the flag,
 killed at the cap without it). All runs at world 2 on CPUs, launched by `cxxlaunch run`; the
 models are random HF-layout folders written by llama_init (cached in --work_dir), the data the
-repository's docs/*.md as byte tokens. Three parts, each selectable (default all):
+repository's docs/*.md as byte tokens. Four parts, each selectable (default all):
 
 speed   apps/finetune under DDP (no config) against bench/finetune_peer.py (the same
         Llama in Python: PyTorch DDP on Gloo, same folder, blocks, batch per process, seq_len,
@@ -26,10 +26,15 @@ cap     each worker in a cgroup of its own with a memory cap below what the fp32
         it it must be killed at the cap before the `loaded` line (while building). Needs a
         writable cgroup memory controller (v1 or v2; root in a container is enough), as
         bench/fits_in_memory.py.
+lora    the speed part's model and command, full fine-tune against LoRA (--lora_r 16
+        --lora_target_modules all-linear: PEFT's all-linear), alternating --repeat times in the
+        same run: tokens/s (medians, and the ratio LoRA/full) and the model state per rank of
+        finetune's `loaded` line (issue 50 item 4: the backward computes no weight gradient for
+        the frozen matrices, and the optimizer holds the adapters alone).
 
 No timed assertions: prints the figures, the bars and whether each is met.
 
-usage: bench/finetune.py [--parts speed,memory,cap] [--bin_dir build/bin] [--work_dir DIR]
+usage: bench/finetune.py [--parts speed,memory,cap,lora] [--bin_dir build/bin] [--work_dir DIR]
                          [--repeat 3] [--steps 20] [--warmup 5] [--cap_mib N]
                          [--mixed_precision no|bf16]
 """
@@ -118,7 +123,8 @@ def tokens_per_s(text, warmup):
     return sum(timed) / seconds_per_token if timed else None
 
 
-def part_speed(a, work, scratch, data):
+def speed_setup(a, work, data):
+    """The speed part's model, its finetune arguments and the launch (the lora part's too)."""
     c = dict(hidden_size=a.hidden_size, intermediate_size=a.intermediate_size,
              layers=a.layers, heads=a.heads, vocab_size=a.vocab_size)
     model = make_model(a, work, "speed", c, "f32")
@@ -131,6 +137,34 @@ def part_speed(a, work, scratch, data):
               "--lr_scheduler_type", "constant", "--max_grad_norm", "0", "--save_steps", "0"]
     launch = [os.path.join(a.bin_dir, "cxxlaunch"), "run", "--nproc_per_node", "2", "--cpu",
               "--mixed_precision", a.mixed_precision]
+    return c, common, launch
+
+
+def part_lora(a, work, scratch, data):
+    c, common, launch = speed_setup(a, work, data)
+    lora = ["--lora_r", "16", "--lora_target_modules", "all-linear"]
+    log(f"lora: the speed model ({llama_params(c) / 1e6:.1f}M parameters), full fine-tune "
+        f"against LoRA r 16 all-linear, mixed precision {a.mixed_precision}, {a.repeat} rounds")
+    rates, state = {"full": [], "lora": []}, {}
+    for r in range(a.repeat):
+        for who, extra in (("full", []), ("lora", lora)):
+            out = os.path.join(scratch, f"lora-out-{who}-{r}")
+            rc, text, s = run(launch + [os.path.join(a.bin_dir, "finetune")] + common + extra +
+                              ["--output_dir", out])
+            shutil.rmtree(out, ignore_errors=True)
+            rate = tokens_per_s(text, a.warmup)
+            loaded = re.search(r"loaded .*?; (parameters .*)", text)
+            if rc != 0 or rate is None or not loaded:
+                sys.exit(f"finetune ({who}) failed ({rc}):\n{text[-4000:]}")
+            rates[who].append(rate)
+            state[who] = loaded.group(1).strip()
+            log(f"  round {r + 1}: {who} {rate:8.1f} tokens/s ({s:.0f} s wall)")
+    f, l = statistics.median(rates["full"]), statistics.median(rates["lora"])
+    return {"full": f, "lora": l, "ratio": l / f, "state": state}
+
+
+def part_speed(a, work, scratch, data):
+    c, common, launch = speed_setup(a, work, data)
     log(f"speed: Llama {llama_params(c) / 1e6:.1f}M parameters (hidden {a.hidden_size}, "
         f"{a.layers} layers, {a.heads} heads, intermediate {a.intermediate_size}, vocab "
         f"{a.vocab_size}, fp32, mixed precision {a.mixed_precision}), world 2, batch {a.batch_size} x seq {a.seq_len} per process, "
@@ -266,7 +300,7 @@ def part_cap(a, model, data, scratch, cap_mib):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--parts", default="speed,memory,cap")
+    p.add_argument("--parts", default="speed,memory,cap,lora")
     p.add_argument("--bin_dir", default=os.path.join(ROOT, "build", "bin"))
     p.add_argument("--python", default="/usr/bin/python3", help="a python3 with torch")
     p.add_argument("--work_dir", default="/var/tmp/cxxlaunch-bench-finetune",
@@ -300,8 +334,9 @@ def main():
     p.add_argument("--cap_seq_len", type=int, default=64)
     a = p.parse_args()
     parts = set(a.parts.split(","))
-    if parts - {"speed", "memory", "cap"}:
-        sys.exit(f"--parts: unknown {sorted(parts - {'speed', 'memory', 'cap'})}")
+    known = {"speed", "memory", "cap", "lora"}
+    if parts - known:
+        sys.exit(f"--parts: unknown {sorted(parts - known)}")
     os.makedirs(a.work_dir, exist_ok=True)
     scratch = tempfile.mkdtemp(prefix="run-", dir=a.work_dir)
     started = time.perf_counter()
@@ -309,10 +344,12 @@ def main():
         log(f"machine: {os.cpu_count()} CPUs, "
             f"{os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / 2**30:.1f} GiB; "
             f"binaries {a.bin_dir}; work dir {a.work_dir}")
-        speed = memory = cap = None
+        speed = memory = cap = lora = None
+        speed_data = make_data(os.path.join(scratch, "speed.txt"), 128 << 10)
         if "speed" in parts:
-            speed = part_speed(a, a.work_dir, scratch,
-                               make_data(os.path.join(scratch, "speed.txt"), 128 << 10))
+            speed = part_speed(a, a.work_dir, scratch, speed_data)
+        if "lora" in parts:
+            lora = part_lora(a, a.work_dir, scratch, speed_data)
         if parts & {"memory", "cap"}:
             c = dict(hidden_size=a.mem_hidden_size, intermediate_size=a.mem_intermediate_size,
                      layers=a.mem_layers, heads=a.mem_heads, vocab_size=a.mem_vocab_size)
@@ -356,6 +393,10 @@ def main():
         if cap:
             log(f"cap {cap_mib} MiB: with the flag {cap[True]['outcome']}; without "
                 f"{cap[False]['outcome']}")
+        if lora:
+            log(f"lora: full {lora['full']:.0f} tokens/s, LoRA r 16 all-linear "
+                f"{lora['lora']:.0f} tokens/s: {lora['ratio']:.2f}x; model state per rank: "
+                f"full {lora['state']['full']}; LoRA {lora['state']['lora']}")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
