@@ -60,7 +60,7 @@ install(EXPORT cxxlaunchTargets NAMESPACE cxxlaunch:: DESTINATION ${CXXLAUNCH_IN
 # The public headers: these entry points and every header of ours they include, followed at
 # install time (cmake/install_headers.cmake), so the set cannot fall behind the code.
 set(CXXLAUNCH_PUBLIC_HEADERS runtime/accelerator.h runtime/env.h common/error.h common/env_names.h
-    models/llama.h models/chunked_loss.h)
+    models/llama.h models/chunked_loss.h models/lora.h)
 install(CODE "
   set(CXXLAUNCH_HEADER_SOURCE_DIR \"${CMAKE_SOURCE_DIR}\")
   set(CXXLAUNCH_HEADER_ROOTS \"${CXXLAUNCH_PUBLIC_HEADERS}\")
