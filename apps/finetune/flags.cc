@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <string>
 
+#include "apps/finetune/data.h"
 #include "common/command_line.h"
 #include "common/error.h"
 
@@ -40,7 +41,7 @@ Flags parseFlags(int argc, char** argv) {
   add("data", f.data, "a text file to train and evaluate on")->required();
   add("output_dir", f.output_dir,
       "where the fine-tuned HF folder goes, and this run's checkpoints (checkpoint-<step>)");
-  add("seq_len", f.seq_len, "a text file's tokens per block");
+  auto* seq_len_flag = add("seq_len", f.seq_len, "a text file's tokens per block");
   int64_t max_length = kDefaultMaxLength;
   auto* max_length_flag =
       add("max_length", max_length,
@@ -115,6 +116,19 @@ Flags parseFlags(int argc, char** argv) {
   if (accumulate->count() > 0) f.gradient_accumulation_steps = accumulation;
   if (limit->count() > 0) f.save_total_limit = total_limit;
   if (max_length_flag->count() > 0) f.max_length = max_length;
+  // Each kind of data has its own length flags: one given for the other kind would do nothing.
+  const bool jsonl = isJsonLines(f.data);
+  if (!jsonl && (f.packing || f.truncation || f.max_length)) {
+    throw InvalidArgument(
+        "--max_length, --truncation and --packing apply to JSON-lines data (a .jsonl file); "
+        "--data '" +
+        f.data + "' is text, cut into blocks of --seq_len");
+  }
+  if (jsonl && seq_len_flag->count() > 0) {
+    throw InvalidArgument("--seq_len cuts a text file into blocks; --data '" + f.data +
+                          "' is JSON lines, whose examples --max_length bounds (and --packing "
+                          "packs into rows of --max_length)");
+  }
 
   requireFinite(f.learning_rate, "learning_rate", true);
   requireFinite(f.num_train_epochs, "num_train_epochs", true);

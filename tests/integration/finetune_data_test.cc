@@ -4,6 +4,7 @@
 // anything is written. The folder's tokenizer is tests/text/sft_fixtures.h's byte-level one with
 // ChatML tokens, so that a tiny model (vocabulary 320) holds it.
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -58,10 +59,13 @@ std::string writeLines(const TempDir& dir, const std::string& name, const std::s
   return path;
 }
 
-// finetune's arguments for JSON lines: the fixture's, with the token cache in `dir`.
+// finetune's arguments for JSON lines: the fixture's without --seq_len (a text file's), with the
+// token cache in `dir`.
 Args jsonlArgs(const TempDir& dir, const std::string& model, const std::string& data, int steps,
                const std::string& out) {
   Args args = finetuneArgs(model, data, steps, out);
+  const auto seq_len = std::find(args.begin(), args.end(), "--seq_len");
+  args.erase(seq_len, seq_len + 2);
   args.insert(args.end(), {"--dataset_cache_dir", dir.path() + "/cache"});
   return args;
 }
@@ -213,6 +217,20 @@ TEST_CASE("finetune refuses bad JSON lines with one error line naming it, exit 2
     const Finished refused = run(jsonlArgs(dir, bare, good, 2, dir.path() + "/out"));
     CHECK(refused.exit_code == 2);
     CHECK_THAT(refused.err, Catch::Contains("has none: give a folder with a tokenizer.json"));
+    CHECK_FALSE(fs::exists(dir.path() + "/out"));
+  }
+  SECTION("a length flag of the other kind of data") {
+    Args args = jsonlArgs(dir, model, good, 2, dir.path() + "/out");
+    args.insert(args.end(), {"--seq_len", "32"});
+    const Finished jsonl = run(args);
+    CHECK(jsonl.exit_code == 2);
+    CHECK_THAT(jsonl.err, Catch::Contains("--seq_len cuts a text file into blocks"));
+    const std::string text = writeText(dir, 40);
+    Args packed = finetuneArgs(model, text, 2, dir.path() + "/out");
+    packed.push_back("--packing");
+    const Finished txt = run(packed);
+    CHECK(txt.exit_code == 2);
+    CHECK_THAT(txt.err, Catch::Contains("apply to JSON-lines data"));
     CHECK_FALSE(fs::exists(dir.path() + "/out"));
   }
   SECTION("--max_length beyond the model's positions") {
