@@ -19,6 +19,7 @@
 #include "common/sha256.h"
 #include "runtime/checkpoint/files.h"
 #include "runtime/checkpoint/safetensors_file.h"
+#include "runtime/checkpoint/safetensors_folder.h"
 #include "runtime/host_memory.h"
 
 namespace cxxlaunch::runtime::checkpoint {
@@ -26,7 +27,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr uint64_t kMaxHeader = 100u << 20;  // as the reference implementation
 constexpr const char* kIndex = kSafetensorsIndexName;
 
 const std::vector<std::pair<const char*, c10::ScalarType>>& dtypes() {
@@ -66,94 +66,10 @@ const char* safetensorsDtypeName(c10::ScalarType t) {
   throw InvalidArgument(std::string("safetensors has no dtype for ") + c10::toString(t));
 }
 
-class SafetensorsReader::File {
- public:
-  // Opened as every file a user names is (a FIFO in a file's place is refused, not waited on).
-  explicit File(const std::string& path) : path_(path) {
-    OpenFile file = openRegularFile(path, "safetensors");
-    size_ = file.size();
-    fd_ = file.release();
-  }
-  ~File() { ::close(fd_); }
-  File(const File&) = delete;
-  File& operator=(const File&) = delete;
-  const std::string& path() const { return path_; }
-  uint64_t size() const { return size_; }
-  void read(uint64_t offset, void* out, size_t bytes) const {
-    size_t done = 0;
-    while (done < bytes) {
-      const ssize_t n = ::pread(fd_, static_cast<char*>(out) + done, bytes - done,
-                                static_cast<off_t>(offset + done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) throw InvalidArgument("safetensors '" + path_ + "': truncated");
-      done += static_cast<size_t>(n);
-    }
-  }
-  // The header's entries, their offsets made absolute; `only`: the index's names for this file.
-  std::vector<SafetensorsEntry> entries(const std::set<std::string>* only) const {
-    auto bad = [&](const std::string& why) {
-      return InvalidArgument("safetensors '" + path_ + "' is corrupt: " + why);
-    };
-    if (size_ < 8) throw bad("shorter than its header length");
-    unsigned char length[8];
-    read(0, length, 8);
-    uint64_t header_bytes = 0;
-    for (int i = 7; i >= 0; --i) header_bytes = (header_bytes << 8) | length[i];
-    if (header_bytes > kMaxHeader || header_bytes > size_ - 8) {
-      throw bad("header length " + std::to_string(header_bytes) + " beyond the file");
-    }
-    std::string header(header_bytes, '\0');
-    read(8, header.data(), header.size());
-    std::vector<SafetensorsEntry> entries;
-    try {
-      entries = parseSafetensorsHeader(header, size_ - 8 - header_bytes);
-    } catch (const InvalidArgument& e) {
-      throw bad(e.what());
-    }
-    std::vector<SafetensorsEntry> kept;
-    for (auto& e : entries) {
-      if (only != nullptr && only->count(e.name) == 0) continue;
-      e.begin += 8 + header_bytes;
-      e.end += 8 + header_bytes;
-      kept.push_back(std::move(e));
-    }
-    return kept;
-  }
-
- private:
-  std::string path_;
-  int fd_ = -1;
-  uint64_t size_ = 0;
-};
-
-SafetensorsReader::SafetensorsReader(const std::string& path) {
-  auto open = [&](const std::string& file, const std::set<std::string>* only) {
-    files_.push_back(std::make_unique<File>(file));
-    for (auto& e : files_.back()->entries(only)) {
-      file_of_[e.name] = files_.size() - 1;
-      entries_[e.name] = std::move(e);
-    }
-  };
-  std::error_code ec;
-  const std::string index = path + "/" + kIndex;
-  if (!fs::is_directory(path, ec) || !fs::exists(index)) {
-    open(fs::is_directory(path, ec) ? path + "/model.safetensors" : path, nullptr);
-    return;
-  }
-  std::map<std::string, std::set<std::string>> by_file;
-  try {
-    by_file = parseSafetensorsIndex(readWholeFile(index, 64u << 20));
-  } catch (const InvalidArgument& e) {
-    throw InvalidArgument("'" + index + "': " + e.what());
-  }
-  for (const auto& [file, tensors] : by_file) {
-    open(path + "/" + file, &tensors);
-    for (const auto& name : tensors) {
-      if (entries_.count(name) == 0) {
-        throw InvalidArgument("'" + index + "' puts '" + name + "' in " + file +
-                              ", which does not hold it");
-      }
-    }
+SafetensorsReader::SafetensorsReader(const std::string& path)
+    : path_(path), folder_(std::make_unique<SafetensorsFolder>(path)) {
+  for (const auto& file : folder_->files()) {
+    for (const auto& e : file.tensors) entries_[e.name] = e;
   }
 }
 
@@ -162,15 +78,14 @@ SafetensorsReader::~SafetensorsReader() = default;
 void SafetensorsReader::readFloat(const std::string& name, int64_t begin, int64_t end,
                                   float* out) const {
   const SafetensorsEntry& e = entries_.at(name);
-  const File& file = *files_[file_of_.at(name)];
   const size_t size = safetensorsDtypeSize(e.dtype);
-  const uint64_t at = e.begin + static_cast<uint64_t>(begin) * size;
   if (e.dtype == "F32") {
-    return file.read(at, out, static_cast<size_t>(end - begin) * size);
+    return folder_->read(name, static_cast<uint64_t>(begin) * size,
+                         static_cast<size_t>(end - begin) * size, out);
   }
   const c10::ScalarType type = scalarTypeOf(e.dtype);
   if (!c10::isFloatingType(type)) {
-    throw InvalidArgument("safetensors '" + file.path() + "': '" + name + "' is " + e.dtype +
+    throw InvalidArgument("safetensors '" + path_ + "': '" + name + "' is " + e.dtype +
                           ", not a floating-point tensor");
   }
   // Converted through a bounded buffer: a shard of a big tensor is never held twice.
@@ -178,8 +93,8 @@ void SafetensorsReader::readFloat(const std::string& name, int64_t begin, int64_
   torch::Tensor raw = torch::empty({std::min(kChunk, end - begin)}, torch::dtype(type));
   for (int64_t done = begin; done < end; done += kChunk) {
     const int64_t n = std::min(kChunk, end - done);
-    file.read(e.begin + static_cast<uint64_t>(done) * size, raw.data_ptr(),
-              static_cast<size_t>(n) * size);
+    folder_->read(name, static_cast<uint64_t>(done) * size, static_cast<size_t>(n) * size,
+                  raw.data_ptr());
     torch::from_blob(out + (done - begin), {n}, torch::kFloat).copy_(raw.narrow(0, 0, n));
   }
 }
@@ -188,7 +103,7 @@ torch::Tensor SafetensorsReader::tensor(const std::string& name) const {
   const SafetensorsEntry& e = entries_.at(name);
   torch::Tensor t = torch::empty(e.shape, torch::TensorOptions().dtype(scalarTypeOf(e.dtype)));
   prefaultForWriting(t.data_ptr(), static_cast<size_t>(e.end - e.begin));
-  files_[file_of_.at(name)]->read(e.begin, t.data_ptr(), static_cast<size_t>(e.end - e.begin));
+  folder_->read(name, 0, static_cast<size_t>(e.end - e.begin), t.data_ptr());
   return t;
 }
 
@@ -203,7 +118,7 @@ std::string SafetensorsReader::fingerprint() const {
     const uint64_t bytes = e.end - e.begin;
     for (uint64_t at : {uint64_t{0}, bytes / 2, bytes > kSample ? bytes - kSample : 0}) {
       sample.resize(static_cast<size_t>(std::min(kSample, bytes - std::min(at, bytes))));
-      files_[file_of_.at(name)]->read(e.begin + at, sample.data(), sample.size());
+      folder_->read(name, at, sample.size(), sample.data());
       hash.update(sample);
     }
   }

@@ -78,6 +78,8 @@ void writeSafetensorsFile(const std::string& path,
 // opened for reading by parts: every header is read and checked at once (a truncated or corrupt
 // file is named before anything is read), the data only as asked, so a rank that loads its
 // shards reads their bytes and no others.
+class SafetensorsFolder;
+
 class SafetensorsReader {
  public:
   explicit SafetensorsReader(const std::string& path);
@@ -101,10 +103,9 @@ class SafetensorsReader {
   std::string fingerprint() const;
 
  private:
-  class File;
-  std::vector<std::unique_ptr<File>> files_;
-  std::map<std::string, SafetensorsEntry> entries_;  // `begin`/`end`: absolute file offsets
-  std::map<std::string, size_t> file_of_;
+  std::string path_;
+  std::unique_ptr<SafetensorsFolder> folder_;        // the files, read without LibTorch
+  std::map<std::string, SafetensorsEntry> entries_;  // by name; `begin`/`end` as in its file
 };
 
 // Every tensor of a safetensors file, or of a folder (its index, or its model.safetensors).
