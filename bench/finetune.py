@@ -4,7 +4,7 @@ building and loading a ~330M Llama under ZeRO-3 with and without zero3_init_flag
 headline on CPU (a per-worker memory cap that the fp32 build alone passes: trains with the flag,
 killed at the cap without it). All runs at world 2 on CPUs, launched by `cxxlaunch run`; the
 models are random HF-layout folders written by llama_init (cached in --work_dir), the data the
-repository's docs/*.md as byte tokens. Four parts, each selectable (default all):
+repository's docs/*.md as byte tokens. Five parts, each selectable (default all):
 
 speed   apps/finetune under DDP (no config) against bench/finetune_peer.py (the same
         Llama in Python: PyTorch DDP on Gloo, same folder, blocks, batch per process, seq_len,
@@ -31,10 +31,15 @@ lora    the speed part's model and command, full fine-tune against LoRA (--lora_
         same run: tokens/s (medians, and the ratio LoRA/full) and the model state per rank of
         finetune's `loaded` line (issue 50 item 4: the backward computes no weight gradient for
         the frozen matrices, and the optimizer holds the adapters alone).
+lora_cap the cap part's model (606.7M parameters with the default 48 layers) and cap, three runs
+        under it: the full fine-tune under ZeRO-3 without offload (it must be killed at the cap),
+        with nvme offload of both (it trains: the full fine-tune needs nvme at this cap), and LoRA
+        r 16 all-linear with a bf16 base under ZeRO-3 without offload (it must train; issue 50
+        item 4: the frozen base held in 16 bits with no master, gradient or optimizer state).
 
 No timed assertions: prints the figures, the bars and whether each is met.
 
-usage: bench/finetune.py [--parts speed,memory,cap,lora] [--bin_dir build/bin] [--work_dir DIR]
+usage: bench/finetune.py [--parts speed,memory,cap,lora,lora_cap] [--bin_dir build/bin] [--work_dir DIR]
                          [--repeat 3] [--steps 20] [--warmup 5] [--cap_mib N]
                          [--mixed_precision no|bf16]
 """
@@ -54,6 +59,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 from fits_in_memory import memory_cgroup, remove_cgroup  # noqa: E402  (the same cgroup handling)
 MIB = 1 << 20
+LORA = ["--lora_r", "16", "--lora_target_modules", "all-linear"]  # PEFT's all-linear
 
 
 def log(*args):
@@ -142,7 +148,7 @@ def speed_setup(a, work, data):
 
 def part_lora(a, work, scratch, data):
     c, common, launch = speed_setup(a, work, data)
-    lora = ["--lora_r", "16", "--lora_target_modules", "all-linear"]
+    lora = LORA
     log(f"lora: the speed model ({llama_params(c) / 1e6:.1f}M parameters), full fine-tune "
         f"against LoRA r 16 all-linear, mixed precision {a.mixed_precision}, {a.repeat} rounds")
     rates, state = {"full": [], "lora": []}, {}
@@ -207,15 +213,18 @@ def oom_kills(cgroup):
     return None
 
 
-def zero3_run(a, model, data, scratch, init_flag, steps, cap=None, seq_len=64, batch_size=1):
-    """One finetune job at world 2 under ZeRO-3 + nvme offload of both; a dict of what it did."""
+def zero3_run(a, model, data, scratch, init_flag, steps, cap=None, seq_len=64, batch_size=1,
+              offload=True, extra=(), mixed_precision="no"):
+    """One finetune job at world 2 under ZeRO-3 (by default with nvme offload of the optimizer
+    state and the parameters; `extra` finetune flags, e.g. LoRA's); a dict of what it did."""
     swap = tempfile.mkdtemp(prefix="swap-", dir=scratch)
     out = os.path.join(scratch, "cap-out")
     argv = [os.path.join(a.bin_dir, "cxxlaunch"), "run", "--nproc_per_node", "2", "--cpu",
-            "--use_deepspeed", "--zero_stage", "3",
-            "--zero3_init_flag", "true" if init_flag else "false",
-            "--offload_optimizer_device", "nvme", "--offload_param_device", "nvme",
-            "--offload_optimizer_nvme_path", swap, "--offload_param_nvme_path", swap]
+            "--use_deepspeed", "--zero_stage", "3", "--mixed_precision", mixed_precision,
+            "--zero3_init_flag", "true" if init_flag else "false"]
+    if offload:
+        argv += ["--offload_optimizer_device", "nvme", "--offload_param_device", "nvme",
+                 "--offload_optimizer_nvme_path", swap, "--offload_param_nvme_path", swap]
     if cap is not None:
         base, limit_file = cap[0], cap[1]
         # Each worker puts itself into a cgroup of its own, capped, then becomes the trainer.
@@ -227,7 +236,7 @@ def zero3_run(a, model, data, scratch, init_flag, steps, cap=None, seq_len=64, b
              str(seq_len), "--batch_size", str(batch_size), "--per_device_eval_batch_size",
              str(batch_size), "--lr", "1e-5",
              "--eval_fraction", "0.05", "--print_every", "1", "--lr_scheduler_type", "constant",
-             "--max_grad_norm", "0", "--save_steps", "0"]
+             "--max_grad_norm", "0", "--save_steps", "0"] + list(extra)
     if steps > 0:
         argv += ["--output_dir", out]
     rc, text, s = run(argv)
@@ -266,27 +275,28 @@ def part_memory(a, model, data, scratch, fp32_mib):
     return results
 
 
-def part_cap(a, model, data, scratch, cap_mib):
+def part_cap(a, model, data, scratch, cap_mib, runs, what):
+    """`runs`: {name: zero3_run keyword arguments}, each run under the same per-worker cap."""
     cgroup = memory_cgroup()
     if cgroup is None:
-        log("cap: no writable cgroup memory controller found: skipped")
+        log(f"{what}: no writable cgroup memory controller found: skipped")
         return None
     base, limit_file = cgroup
     parent = os.path.join(base, f"cxxlaunch-bench-finetune-{os.getpid()}")
     os.mkdir(parent)
-    log(f"cap: per-worker memory cap {cap_mib} MiB (cgroup {limit_file}), world 2, ZeRO-3 + "
-        f"nvme offload of both, finetune --steps {a.cap_steps}, batch 1 x seq {a.cap_seq_len}")
+    log(f"{what}: per-worker memory cap {cap_mib} MiB (cgroup {limit_file}), world 2, ZeRO-3, "
+        f"finetune --steps {a.cap_steps}, batch 1 x seq {a.cap_seq_len}")
     results = {}
     try:
-        for flag in (True, False):
-            r = zero3_run(a, model, data, scratch, flag, a.cap_steps,
-                          cap=(parent, limit_file, cap_mib), seq_len=a.cap_seq_len)
+        for name, kwargs in runs.items():
+            r = zero3_run(a, model, data, scratch, kwargs.pop("init_flag", True), a.cap_steps,
+                          cap=(parent, limit_file, cap_mib), seq_len=a.cap_seq_len, **kwargs)
             trained = r["rc"] == 0 and len(r["steps"]) >= a.cap_steps
             r["outcome"] = ("trained" if trained else
                             ("killed at the cap " + ("before" if r["loaded"] is None else "after")
                              + " the `loaded` line") if r["killed"] else f"failed (rc {r['rc']})")
-            results[flag] = r
-            log(f"  zero3_init_flag {str(flag).lower():5s}: {r['outcome']}; peak RSS per rank "
+            results[name] = r
+            log(f"  {name}: {r['outcome']}; peak RSS per rank "
                 f"{' / '.join(f'{m:.0f}' for m in r['rss_mib']) or '-'} MiB; OOM kills per "
                 f"worker cgroup {r['oom_kills']} ({r['seconds']:.0f} s wall)")
             for line in ([r["loaded"]] if r["loaded"] else []) + r["steps"] + r["evals"]:
@@ -300,7 +310,7 @@ def part_cap(a, model, data, scratch, cap_mib):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--parts", default="speed,memory,cap,lora")
+    p.add_argument("--parts", default="speed,memory,cap,lora,lora_cap")
     p.add_argument("--bin_dir", default=os.path.join(ROOT, "build", "bin"))
     p.add_argument("--python", default="/usr/bin/python3", help="a python3 with torch")
     p.add_argument("--work_dir", default="/var/tmp/cxxlaunch-bench-finetune",
@@ -334,7 +344,7 @@ def main():
     p.add_argument("--cap_seq_len", type=int, default=64)
     a = p.parse_args()
     parts = set(a.parts.split(","))
-    known = {"speed", "memory", "cap", "lora"}
+    known = {"speed", "memory", "cap", "lora", "lora_cap"}
     if parts - known:
         sys.exit(f"--parts: unknown {sorted(parts - known)}")
     os.makedirs(a.work_dir, exist_ok=True)
@@ -344,13 +354,13 @@ def main():
         log(f"machine: {os.cpu_count()} CPUs, "
             f"{os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / 2**30:.1f} GiB; "
             f"binaries {a.bin_dir}; work dir {a.work_dir}")
-        speed = memory = cap = lora = None
+        speed = memory = cap = lora = lora_cap = None
         speed_data = make_data(os.path.join(scratch, "speed.txt"), 128 << 10)
         if "speed" in parts:
             speed = part_speed(a, a.work_dir, scratch, speed_data)
         if "lora" in parts:
             lora = part_lora(a, a.work_dir, scratch, speed_data)
-        if parts & {"memory", "cap"}:
+        if parts & {"memory", "cap", "lora_cap"}:
             c = dict(hidden_size=a.mem_hidden_size, intermediate_size=a.mem_intermediate_size,
                      layers=a.mem_layers, heads=a.mem_heads, vocab_size=a.mem_vocab_size)
             model = make_model(a, a.work_dir, "memory", c, "bf16")
@@ -363,7 +373,7 @@ def main():
                 f"{numel * 2 / MIB:.0f} MiB, fp32 {fp32_mib:.0f} MiB")
             if "memory" in parts:
                 memory = part_memory(a, model, data, scratch, fp32_mib)
-            if "cap" in parts:
+            if parts & {"cap", "lora_cap"}:
                 # Deeper than the memory model: what stays in memory while training streams
                 # the layers from nvme is set by one layer and the vocabulary, not by the depth,
                 # so the cap is below the fp32 model by the layers' whole size.
@@ -373,7 +383,16 @@ def main():
                 log(f"cap model: the same with {a.cap_layers} layers, "
                     f"{llama_params(c_cap) / 1e6:.1f}M parameters, fp32 {cap_fp32_mib:.0f} MiB")
                 cap_mib = a.cap_mib or int(cap_fp32_mib * 0.95)
-                cap = part_cap(a, cap_model, data, scratch, cap_mib)
+                if "cap" in parts:
+                    cap = part_cap(a, cap_model, data, scratch, cap_mib, {
+                        "with the flag": dict(init_flag=True),
+                        "without the flag": dict(init_flag=False)}, "cap")
+                if "lora_cap" in parts:
+                    lora_cap = part_cap(a, cap_model, data, scratch, cap_mib, {
+                        "full, no offload": dict(offload=False),
+                        "full, nvme offload of both": dict(),
+                        "LoRA r 16 all-linear, bf16, no offload": dict(
+                            offload=False, mixed_precision="bf16", extra=LORA)}, "lora_cap")
 
         log(f"\nsummary ({time.perf_counter() - started:.0f} s in all)")
         if speed:
@@ -391,8 +410,12 @@ def main():
                 f"{' / '.join(f'{m:.0f}' for m in memory[False]['rss_mib'])} MiB "
                 f"({wo / fp32_mib:.2f}x the fp32 model)")
         if cap:
-            log(f"cap {cap_mib} MiB: with the flag {cap[True]['outcome']}; without "
-                f"{cap[False]['outcome']}")
+            log(f"cap {cap_mib} MiB: with the flag {cap['with the flag']['outcome']}; without "
+                f"{cap['without the flag']['outcome']}")
+        if lora_cap:
+            log(f"lora_cap {cap_mib} MiB: " + "; ".join(
+                f"{name} {r['outcome']} (peak RSS {max(r['rss_mib'] or [0]):.0f} MiB)"
+                for name, r in lora_cap.items()))
         if lora:
             log(f"lora: full {lora['full']:.0f} tokens/s, LoRA r 16 all-linear "
                 f"{lora['lora']:.0f} tokens/s: {lora['ratio']:.2f}x; model state per rank: "

@@ -1,10 +1,15 @@
 #!/usr/bin/env python3
-"""The user guides (docs/*.md and the README) are guides, not run logs: no dates, clock times or
-load averages, links included. A dated run belongs in bench/results/<subject>.md, whose heading
-carries the run's date; a guide links to the subject's file.
+"""Two rules of the repository's shape, checked together:
+
+- The user guides (docs/*.md and the README) are guides, not run logs: no dates, clock times or
+  load averages, links included. A dated run belongs in bench/results/<subject>.md, whose heading
+  carries the run's date; a guide links to the subject's file.
+- No source file in any module (C++, CUDA, Python, shell; tests and benchmarks included) passes
+  600 lines, so that no module needs a later split: a file that grows past it is split by what
+  its parts do.
 
 usage: guides_check.py REPO
-Exit 0: no dated line; 1: the dated lines listed, as FILE:LINE: TEXT.
+Exit 0: both hold; 1: the dated lines (FILE:LINE: TEXT) and the long files (FILE: N lines) listed.
 """
 import glob
 import os
@@ -28,6 +33,23 @@ def dated_lines(path):
                 yield number, line.rstrip("\n")
 
 
+MAX_LINES = 600
+SOURCES = (".cc", ".h", ".cu", ".cuh", ".py", ".sh", ".cjs")
+
+
+def long_sources(repo):
+    """Source files over MAX_LINES, outside build folders, caches and other hidden folders."""
+    for top, dirs, files in os.walk(repo):
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "build", "node_modules")))
+        for name in sorted(files):
+            if name.endswith(SOURCES):
+                path = os.path.join(top, name)
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    count = sum(1 for _ in f)
+                if count > MAX_LINES:
+                    yield os.path.relpath(path, repo), count
+
+
 def main():
     repo = sys.argv[1]
     guides = sorted(glob.glob(os.path.join(repo, "docs", "**", "*.md"), recursive=True))
@@ -38,8 +60,12 @@ def main():
     if found:
         print(f"{len(found)} dated line(s) in the guides: move the run to bench/results/ and link "
               "it, or say it without the date")
-        return 1
-    return 0
+    long = list(long_sources(repo))
+    for path, count in long:
+        print(f"{path}: {count} lines")
+    if long:
+        print(f"{len(long)} source file(s) over {MAX_LINES} lines: split each by what its parts do")
+    return 1 if found or long else 0
 
 
 if __name__ == "__main__":
