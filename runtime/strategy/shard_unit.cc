@@ -5,13 +5,6 @@
 #include "runtime/comm/tensor_ops.h"
 
 namespace cxxlaunch::runtime {
-namespace {
-
-size_t bytesOf(const torch::Tensor& t) {
-  return t.defined() ? static_cast<size_t>(t.numel()) * t.element_size() : 0;
-}
-
-}  // namespace
 
 void ShardUnit::unshard(Backend& group, torch::Tensor input, BufferPool* pool) {
   TORCH_INTERNAL_ASSERT(state_ == State::kSharded, "unshard of unit '", name_, "' not sharded");

@@ -23,10 +23,6 @@ namespace {
 constexpr size_t kNone = static_cast<size_t>(-1);
 constexpr size_t kMaxReductionsInFlight = 2;
 
-size_t bytesOf(const torch::Tensor& t) {
-  return t.defined() ? static_cast<size_t>(t.numel()) * t.element_size() : 0;
-}
-
 }  // namespace
 
 ShardedStrategy::ShardedStrategy(std::shared_ptr<Backend> backend,
