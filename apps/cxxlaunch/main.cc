@@ -24,6 +24,7 @@
 #include "launcher/stop_deadline.h"
 #include "launcher/system_info.h"
 #include "launcher/wizard.h"
+#include "launcher/worker_group.h"
 
 namespace {
 
@@ -88,6 +89,7 @@ int run(const Args& args) {
   }
   blockAgentSignals();                                 // before the rendezvous starts any thread
   if (options.remote) std::_Exit(runRemote(options));  // --hostfile: the hosts' agents over ssh
+  prestartWatchdog();                                  // while no thread runs: a cheap fork
   armStopDeadline(options.shutdown_grace);
   // From here on the launcher leaves through exitNow, errors included, never through gRPC's
   // destructors: the job is over and its peers informed (tearing down would only add tens of
