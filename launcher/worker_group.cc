@@ -45,6 +45,8 @@ void prestartWatchdog() {
   if (!prestarted()) prestarted() = std::make_unique<GroupWatchdog>();
 }
 
+void endPrestartedWatchdog() { prestarted().reset(); }
+
 WorkerGroup::WorkerGroup(std::string name) {
   CXXLAUNCH_SYSCALL(::prctl(PR_SET_CHILD_SUBREAPER, 1));
   cgroup_ = JobCgroup::create(name);

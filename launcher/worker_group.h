@@ -33,6 +33,9 @@ class JobCgroup;
 // launcher is small and has no threads (GroupWatchdog, process.h, says why). Without it, the
 // WorkerGroup forks its own.
 void prestartWatchdog();
+// Ends a prestarted watchdog that no WorkerGroup took (the launch failed before the agent
+// started) and reaps it: an init that does not reap would keep it as a zombie.
+void endPrestartedWatchdog();
 
 struct Worker {
   int local_rank = 0;

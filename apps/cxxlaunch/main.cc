@@ -89,7 +89,6 @@ int run(const Args& args) {
   }
   blockAgentSignals();                                 // before the rendezvous starts any thread
   if (options.remote) std::_Exit(runRemote(options));  // --hostfile: the hosts' agents over ssh
-  prestartWatchdog();                                  // while no thread runs: a cheap fork
   armStopDeadline(options.shutdown_grace);
   // From here on the launcher leaves through exitNow, errors included, never through gRPC's
   // destructors: the job is over and its peers informed (tearing down would only add tens of
@@ -97,10 +96,13 @@ int run(const Args& args) {
   // them for ever while it is torn down. Declared outside the try: unwinding would destroy it.
   std::unique_ptr<NodeRendezvous> rendezvous;
   try {
+    prestartWatchdog();  // while no thread runs: the fork is cheap (worker_group.h)
     rendezvous = makeNodeRendezvous(options);
     exitNow(runAgent(options, *rendezvous));
   } catch (...) {
-    exitNow(reportError("run"));
+    const int exit_code = reportError("run");
+    endPrestartedWatchdog();  // the agent did not take it
+    exitNow(exit_code);
   }
 }
 
