@@ -123,7 +123,7 @@ TEST_CASE("SIGUSR1 is passed on to the workers and the job goes on", "[monitor]"
   CHECK(attempt.log(0, "stdout.log") == "usr1\n");
 }
 
-TEST_CASE("News from the rendezvous stops the workers; the exits it causes are no failures",
+TEST_CASE("News from the rendezvous stops the workers, and the exits it causes are no failures",
           "[monitor]") {
   Attempt attempt(optionsFor("monitor-news"));
   attempt.start(0, "exec sleep 100");

@@ -66,7 +66,7 @@ bool readable(int fd) {
 }  // namespace
 
 TEST_CASE(
-    "The mux's fd wakes the loop for output; every byte reaches the log, whole lines the "
+    "The mux's fd wakes the loop for output, every byte reaches the log and whole lines the "
     "console",
     "[output_mux]") {
   TempDir dir;
