@@ -34,7 +34,7 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR
 
 # The runtime and every library of ours it links, static: a user names cxxlaunch::runtime and
 # CMake brings the rest, ours and the dependencies the config finds.
-set(_cxxlaunch_libraries cxxlaunch_models cxxlaunch_runtime cxxlaunch_checkpoint_files
+set(_cxxlaunch_libraries cxxlaunch_models cxxlaunch_runtime cxxlaunch_tensorfile
     cxxlaunch_observability cxxlaunch_kernels_cpu cxxlaunch_rendezvous cxxlaunch_proto cxxlaunch_common)
 set(CXXLAUNCH_PACKAGE_WITH_CUDA OFF)
 # text/ (tokenizer.json, chat templates, training data), torch-free: cxxlaunch::text, where built.
@@ -92,7 +92,7 @@ install(FILES ${CMAKE_BINARY_DIR}/cxxlaunchConfig.cmake
 file(RELATIVE_PATH CXXLAUNCH_PC_TO_PREFIX "/prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/prefix")
 string(REGEX REPLACE "/$" "" CXXLAUNCH_PC_TO_PREFIX "${CXXLAUNCH_PC_TO_PREFIX}")
 set(CXXLAUNCH_PC_LIBS
-    "-lcxxlaunch_models -lcxxlaunch_runtime -lcxxlaunch_checkpoint_files -lcxxlaunch_observability -lcxxlaunch_kernels_cpu")
+    "-lcxxlaunch_models -lcxxlaunch_runtime -lcxxlaunch_tensorfile -lcxxlaunch_observability -lcxxlaunch_kernels_cpu")
 set(CXXLAUNCH_PC_DEPENDENCY_LIBS "-lgloo")
 if(CXXLAUNCH_PACKAGE_WITH_CUDA)
   string(APPEND CXXLAUNCH_PC_LIBS " -lcxxlaunch_cuda")

@@ -6,14 +6,14 @@
 #include "common/command_line.h"
 #include "launcher/agent.h"
 #include "launcher/cli.h"
-#include "runtime/checkpoint/merge_lora.h"
-#include "runtime/checkpoint/merge_weights.h"
+#include "tensorfile/merge_lora.h"
+#include "tensorfile/merge_weights.h"
 
 namespace cxxlaunch::launcher {
 namespace {
 
-using runtime::checkpoint::MergeLoraOptions;
-using runtime::checkpoint::MergeWeightsOptions;
+using tensorfile::MergeLoraOptions;
+using tensorfile::MergeWeightsOptions;
 
 // What the command line asks for: a checkpoint merged (merge_weights.h) or, with --lora, an
 // adapter merged into its base (merge_lora.h).
@@ -70,7 +70,7 @@ MergeCommand parseMergeWeightsArgs(const std::vector<std::string>& args) {
   uint64_t max_file_bytes = 0;
   if (!max_shard_size.empty()) {
     try {
-      max_file_bytes = runtime::checkpoint::parseByteSize(max_shard_size);
+      max_file_bytes = tensorfile::parseByteSize(max_shard_size);
     } catch (const InvalidArgument& e) {
       throw UsageError(std::string("--max_shard_size: ") + e.what());
     }
@@ -136,7 +136,7 @@ void printNotes(const std::vector<std::string>& notes, const std::vector<std::st
 }
 
 int runMergeLora(const MergeLoraOptions& options, std::ostream& out, std::ostream& err) {
-  const auto result = runtime::checkpoint::mergeLora(options);
+  const auto result = tensorfile::mergeLora(options);
   printNotes(result.notes, result.warnings, err);
   out << "merged the LoRA adapter '" << options.adapter << "' (r " << result.rank << ", scale "
       << result.scale << ") into '" << options.base << "' as '" << options.output
@@ -153,7 +153,7 @@ int runMergeWeights(const std::vector<std::string>& args, std::ostream& out, std
   const MergeCommand command = parseMergeWeightsArgs(args);
   if (command.lora) return runMergeLora(command.adapter, out, err);
   const MergeWeightsOptions& options = command.checkpoint;
-  const auto result = runtime::checkpoint::mergeWeights(options);
+  const auto result = tensorfile::mergeWeights(options);
   printNotes(result.notes, result.warnings, err);
   out << "merged '" << result.checkpoint << "' (saved at world " << result.world << ") into '"
       << options.output << "': " << result.tensors << " tensors, " << sizeText(result.bytes) << ", "

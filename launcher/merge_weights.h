@@ -1,7 +1,7 @@
 #pragma once
 // `cxxlaunch merge-weights CHECKPOINT OUTPUT [--dtype fp32|bf16|fp16] [--max_shard_size 5GB]
 // [--overwrite]` and `cxxlaunch merge-weights --lora ADAPTER --base MODEL OUTPUT
-// [--max_shard_size SIZE] [--overwrite]`: the command lines of runtime/checkpoint/merge_weights.h
+// [--max_shard_size SIZE] [--overwrite]`: the command lines of tensorfile/merge_weights.h
 // and merge_lora.h, which do the work without LibTorch. A bad command line throws UsageError
 // (exit 2).
 

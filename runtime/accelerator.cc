@@ -15,12 +15,12 @@
 
 #include "common/error.h"
 #include "common/host.h"
+#include "common/host_memory.h"
 #include "common/tracker_names.h"
 #include "runtime/checkpoint/async_save.h"
 #include "runtime/comm/checked_backend.h"
 #include "runtime/comm/tensor_ops.h"
 #include "runtime/error_report.h"
-#include "runtime/host_memory.h"
 #include "runtime/strategy/strategy.h"
 
 namespace cxxlaunch::runtime {

@@ -47,13 +47,16 @@
 #include "runtime/strategy/unit.h"
 #include "runtime/world.h"
 
+// The engine and the file format stay behind the facade.
+namespace cxxlaunch::tensorfile {
+class Reader;
+}  // namespace cxxlaunch::tensorfile
+
 namespace cxxlaunch::runtime {
 
-// The engine and the file format stay behind the facade.
 class Strategy;
 namespace checkpoint {
 class AsyncSaver;
-class Reader;
 }  // namespace checkpoint
 
 struct AcceleratorOptions {
@@ -420,13 +423,13 @@ class Accelerator {
 
  private:
   void checkpointUnits(const torch::nn::Module& model);  // fsdp_activation_checkpointing
-  void restoreFrom(const checkpoint::Reader& reader);    // loadState's work, from one checkpoint
+  void restoreFrom(const tensorfile::Reader& reader);    // loadState's work, from one checkpoint
   void committed(checkpoint::SaveReport report);  // a save's report; saveCheckpoint's pruning
   void reserveSnapshot();  // checkpoint_async: the snapshot made in the background
   // Whether checkpoints name the base instead of holding the frozen parameters.
   bool baseByReference() const;
   // Why checkpoint `reader` cannot load over the base loaded now (empty: it can).
-  std::string baseMismatch(const checkpoint::Reader& reader) const;
+  std::string baseMismatch(const tensorfile::Reader& reader) const;
 
   World world_;
   int accumulation_steps_ = 1;

@@ -18,15 +18,16 @@
 #include "runtime/accelerator.h"
 #include "runtime/checkpoint/async_save.h"
 #include "runtime/checkpoint/checkpoint.h"
-#include "runtime/checkpoint/files.h"
+#include "runtime/checkpoint/load_newest.h"
 #include "runtime/checkpoint/model_source.h"
 #include "runtime/checkpoint/safetensors.h"
-#include "runtime/checkpoint/state_load.h"
+#include "runtime/checkpoint/strategy_state.h"
 #include "runtime/comm/checked_backend.h"
 #include "runtime/comm/tensor_ops.h"
 #include "runtime/error_report.h"
-#include "runtime/host_memory.h"
 #include "runtime/strategy/strategy.h"
+#include "tensorfile/checkpoint_schema.h"
+#include "tensorfile/manifest.h"
 
 namespace cxxlaunch::runtime {
 
@@ -37,8 +38,10 @@ namespace fs = std::filesystem;
 // random initialisations), as accelerate saves both.
 std::vector<std::pair<std::string, at::Generator>> generatorsOf(const torch::Device& device) {
   std::vector<std::pair<std::string, at::Generator>> out = {
-      {"rng_cpu", at::detail::getDefaultCPUGenerator()}};
-  if (device.is_cuda()) out.emplace_back("rng_cuda", at::globalContext().defaultGenerator(device));
+      {tensorfile::kCpuGeneratorBlob, at::detail::getDefaultCPUGenerator()}};
+  if (device.is_cuda()) {
+    out.emplace_back(tensorfile::kCudaGeneratorBlob, at::globalContext().defaultGenerator(device));
+  }
   return out;
 }
 }  // namespace
@@ -67,30 +70,33 @@ void Accelerator::saveState(const std::string& dir) {
   if (isMainProcess()) {  // buffers are the same everywhere (broadcast at prepare)
     for (const auto& item : model_->named_buffers()) {
       const torch::Tensor b = item.value().to(torch::kCPU).contiguous();
-      blobs.emplace_back("buffer:" + item.key(),
+      blobs.emplace_back(tensorfile::bufferBlob(item.key()),
                          std::string(static_cast<const char*>(b.data_ptr()), b.nbytes()));
     }
   }
-  checkpoint::Counters counters = {{"optimizer_steps", std::to_string(optimizer_steps_)},
-                                   {"micro_step", std::to_string(micro_step_)},
-                                   {"strategy", std::string(world_.env.strategy.name())},
-                                   {"mixed_precision", precision_.name}};
-  if (scheduler_ != nullptr) counters["scheduler_steps"] = std::to_string(scheduler_->stepCount());
+  tensorfile::Counters counters = {
+      {tensorfile::kOptimizerStepsCounter, std::to_string(optimizer_steps_)},
+      {tensorfile::kMicroStepCounter, std::to_string(micro_step_)},
+      {tensorfile::kStrategyCounter, std::string(world_.env.strategy.name())},
+      {tensorfile::kMixedPrecisionCounter, precision_.name}};
+  if (scheduler_ != nullptr) {
+    counters[tensorfile::kSchedulerStepsCounter] = std::to_string(scheduler_->stepCount());
+  }
   // Each parameter group's learning rate, as an optimizer's state_dict keeps it: what a trainer
   // set by hand (without an LrScheduler) resumes too. 17 digits: the double round-trips exactly.
   const auto& groups = optimizer_->param_groups();
-  counters["lr_groups"] = std::to_string(groups.size());
+  counters[tensorfile::kLrGroupsCounter] = std::to_string(groups.size());
   for (size_t g = 0; g < groups.size(); ++g) {
     char lr[32];
     std::snprintf(lr, sizeof(lr), "%.17g", groups[g].options().get_lr());
-    counters["lr:" + std::to_string(g)] = lr;
+    counters[tensorfile::lrCounter(g)] = lr;
   }
-  if (scaler_) counters["loss_scaler"] = scaler_->save();
+  if (scaler_) counters[tensorfile::kLossScalerCounter] = scaler_->save();
   if (!model_source_.empty()) {
-    counters[checkpoint::kModelSourceCounter] = checkpoint::encodeCounterValue(model_source_);
+    counters[tensorfile::kModelSourceCounter] = tensorfile::encodeCounterValue(model_source_);
   }
   const bool base_by_reference = baseByReference();
-  if (base_by_reference) counters[checkpoint::kBaseFingerprintCounter] = base_fingerprint_;
+  if (base_by_reference) counters[tensorfile::kBaseFingerprintCounter] = base_fingerprint_;
   // A buffer's blob is its bytes; `cxxlaunch merge-weights` writes it as a tensor, from this.
   for (const auto& item : model_->named_buffers()) {
     std::string layout;
@@ -102,17 +108,17 @@ void Accelerator::saveState(const std::string& dir) {
     layout += ':';
     for (int64_t d : item.value().sizes()) layout += std::to_string(d) + ',';
     if (layout.back() == ',') layout.pop_back();
-    counters["buffer:" + item.key()] = layout;
+    counters[tensorfile::bufferCounter(item.key())] = layout;
   }
-  counters.merge(strategy_->stateCounters(optimizer_steps_));
-  const StateStream state =
-      strategy_->stateStream(world_.env.state_dict_type, /*with_frozen=*/!base_by_reference);
+  auto state = checkpoint::strategyState(*strategy_, world_.env.state_dict_type,
+                                         /*with_frozen=*/!base_by_reference, optimizer_steps_);
+  counters.merge(state.counters);
   if (async_saver_) {
-    async_saver_->start(*world_.backend, dir, state, std::move(blobs), std::move(counters),
+    async_saver_->start(*world_.backend, dir, state.stream, std::move(blobs), std::move(counters),
                         device().is_cuda(), began);
     return;
   }
-  const uint64_t bytes = checkpoint::save(*world_.backend, dir, state, blobs, counters);
+  const uint64_t bytes = checkpoint::save(*world_.backend, dir, state.stream, blobs, counters);
   const double seconds =
       std::chrono::duration<double>(checkpoint::AsyncSaver::Clock::now() - began).count();
   committed({dir, bytes, seconds, seconds});
@@ -132,8 +138,9 @@ void Accelerator::reserveSnapshot() {
   if (world_.env.offloads(OffloadDevice::kNvme)) return;
   int64_t numel = 0;
   try {
-    for (const auto& l :
-         strategy_->stateStream(world_.env.state_dict_type, !baseByReference()).layout) {
+    const auto state = checkpoint::strategyState(*strategy_, world_.env.state_dict_type,
+                                                 !baseByReference(), optimizer_steps_);
+    for (const auto& l : state.stream.layout) {
       numel += (l.end - l.begin) * static_cast<int64_t>(l.arrays.size());
     }
   } catch (const Error&) {  // a state saveState refuses: it will say so
@@ -149,13 +156,13 @@ bool Accelerator::baseByReference() const {
                      [](const torch::Tensor& p) { return !p.requires_grad(); });
 }
 
-std::string Accelerator::baseMismatch(const checkpoint::Reader& reader) const {
+std::string Accelerator::baseMismatch(const tensorfile::Reader& reader) const {
   const std::string& dir = reader.directory();
-  const auto saved = reader.counter(checkpoint::kBaseFingerprintCounter);
+  const auto saved = reader.counter(tensorfile::kBaseFingerprintCounter);
   if (!saved) return "";  // the frozen parameters are in it, if any
   std::string base = "?";
-  if (const auto text = reader.counter(checkpoint::kModelSourceCounter)) {
-    base = checkpoint::decodeCounterValue(*text).value_or("?");
+  if (const auto text = reader.counter(tensorfile::kModelSourceCounter)) {
+    base = tensorfile::decodeCounterValue(*text).value_or("?");
   }
   if (base_fingerprint_.empty()) {
     return "checkpoint '" + dir + "' holds the trainable parameters only; the frozen ones are " +
@@ -172,7 +179,7 @@ std::string Accelerator::baseMismatch(const checkpoint::Reader& reader) const {
 void Accelerator::committed(checkpoint::SaveReport report) {
   if (std::exchange(prune_when_committed_, false) && checkpoint_total_limit_ > 0 &&
       isMainProcess()) {
-    checkpoint::removeOldest(checkpoint_dir_, static_cast<size_t>(checkpoint_total_limit_));
+    tensorfile::removeOldest(checkpoint_dir_, static_cast<size_t>(checkpoint_total_limit_));
   }
   save_reports_.push_back(std::move(report));
 }
@@ -181,117 +188,52 @@ std::string Accelerator::loadState(const std::string& path) {
   const CollectiveApi api("loadState");
   if (!strategy_) throw InvalidArgument("Accelerator::loadState before prepare");
   waitForCheckpoint();  // the save in flight may be the one to load
-  // The lowest rank for which `failed`, or -1: every rank learns whether all of them succeeded.
-  auto lowestFailing = [&](bool failed) {
-    int32_t lowest = failed ? rank() : worldSize();
-    world_.backend->allreduce(&lowest, 1, DType::kInt32, ReduceOp::kMin)->wait();
-    return lowest == worldSize() ? -1 : lowest;
-  };
-  // Each checkpoint whose files have their sizes, newest first, until one loads on every rank.
-  // Its files check each chunk as it is read (formats 2 and 3: one pass; format 1's files are
-  // checked first, the ranks sharing them). Anything wrong on any rank (a checksum, a header, a
-  // name or shape, a permission) sends every rank on to the next one, with a note; the one loaded
-  // last overwrites whatever a failed one had read. Two agreements, so that a rank that cannot
-  // even open the files never meets the others' collectives inside the restore.
-  std::vector<std::string> skipped, notes;
-  // The checkpoints that are not complete (a manifest damaged, missing or failing its checksum, a
-  // rank file cut short) are skipped with a note: the same on every rank, said once.
-  const auto candidates = checkpoint::complete(path, /*checksums=*/false, &notes);
-  if (rank() == 0) {
-    for (const auto& note : notes) std::cerr << "cxxlaunch: note: " << note << "\n";
-  }
-  for (const std::string& dir : candidates) {
-    std::string problem, base_problem;
-    std::optional<checkpoint::Reader> reader;
-    try {
-      reader.emplace(dir);
-      reader->checkCounters(rank(), worldSize());
-      base_problem = baseMismatch(*reader);
-      if (!reader->checksReads() && !checkpoint::verifyShare(dir, rank(), worldSize())) {
-        problem = "a file does not match its checksum";
-      }
-    } catch (const Error& e) {
-      problem = e.what();
-    }
-    // Another base is no fault of this checkpoint's: the older ones were trained on it too.
-    if (const int r = lowestFailing(!base_problem.empty()); r >= 0) {
-      throw InvalidArgument(!base_problem.empty() ? base_problem
-                                                  : "rank " + std::to_string(r) +
-                                                        " loaded another base model than the "
-                                                        "checkpoint's (its log says why)");
-    }
-    int failed = lowestFailing(!problem.empty());
-    if (failed < 0) {
-      try {
-        restoreFrom(*reader);
-        if (auto corruption = reader->corruption()) problem = *corruption;
-      } catch (const Error& e) {  // a peer's failure to read too: the agreement below tells
-        problem = e.what();
-      }
-      failed = lowestFailing(!problem.empty());
-      if (failed < 0) return dir;
-    }
-    if (failed == rank()) {  // one note, from the lowest rank that knows why
-      // The file is to blame when it no longer matches its manifest; else it does not fit.
-      const bool intact = checkpoint::verifyShare(dir, 0, 1);
-      std::cerr << "cxxlaunch: checkpoint '" << dir << "' cannot be loaded on rank " << rank()
-                << (intact ? " (its files match their manifest): " : " (it is corrupt): ")
-                << problem << "; trying the previous one\n";
-    }
-    skipped.push_back(
-        dir + (problem.empty() ? " (rank " + std::to_string(failed) + ")" : ": " + problem));
-  }
-  std::string why;
-  for (const auto& s : notes) why += "\n  " + s;
-  for (const auto& s : skipped) why += "\n  " + s;
-  throw InvalidArgument(
-      skipped.empty() && notes.empty()
-          ? "no complete checkpoint at '" + path +
-                "' (a checkpoint directory has a manifest; a folder of them is searched for the "
-                "newest complete one)"
-          : "no checkpoint at '" + path + "' can be loaded; each was tried, newest first:" + why +
-                "\nMove the folder away (or remove these checkpoints) to start from step 0.");
+  // Another base is no fault of a checkpoint's: the older ones were trained on it too.
+  return checkpoint::loadNewest(
+      *world_.backend, path,
+      {[&](const tensorfile::Reader& reader) { return baseMismatch(reader); },
+       [&](const tensorfile::Reader& reader) { restoreFrom(reader); }});
 }
 
-void Accelerator::restoreFrom(const checkpoint::Reader& reader) {
+void Accelerator::restoreFrom(const tensorfile::Reader& reader) {
   const std::string& dir = reader.directory();
   // The counters first: a bad one (a damaged or crafted manifest) stops the load before anything
   // changed.
-  const int64_t optimizer_steps = reader.wholeCounter("optimizer_steps", 0);
-  const int64_t micro_step = reader.wholeCounter("micro_step", 0);
-  const int64_t scheduler_steps = reader.wholeCounter("scheduler_steps", 0);
+  const int64_t optimizer_steps = reader.wholeCounter(tensorfile::kOptimizerStepsCounter, 0);
+  const int64_t micro_step = reader.wholeCounter(tensorfile::kMicroStepCounter, 0);
+  const int64_t scheduler_steps = reader.wholeCounter(tensorfile::kSchedulerStepsCounter, 0);
   // The saved learning rates where the groups are the same in number (an LrScheduler then sets
   // its own, the same for the same step).
   auto& groups = optimizer_->param_groups();
   std::vector<std::optional<double>> lrs;
-  if (reader.wholeCounter("lr_groups", -1) == static_cast<int64_t>(groups.size())) {
+  if (reader.wholeCounter(tensorfile::kLrGroupsCounter, -1) ==
+      static_cast<int64_t>(groups.size())) {
     for (size_t g = 0; g < groups.size(); ++g) {
-      lrs.push_back(reader.realCounter("lr:" + std::to_string(g)));
+      lrs.push_back(reader.realCounter(tensorfile::lrCounter(g)));
     }
   }
   std::optional<LossScaler> scaler = scaler_;
-  if (const auto state = reader.counter("loss_scaler"); state && scaler) scaler->restore(*state);
+  if (const auto state = reader.counter(tensorfile::kLossScalerCounter); state && scaler)
+    scaler->restore(*state);
   std::optional<std::string> model_source;
-  if (const auto text = reader.counter(checkpoint::kModelSourceCounter)) {
-    model_source = checkpoint::decodeCounterValue(*text);
+  if (const auto text = reader.counter(tensorfile::kModelSourceCounter)) {
+    model_source = tensorfile::decodeCounterValue(*text);
   }
   // The strategy leaves a parameter the checkpoint lacks as it is: meant only for the frozen ones
   // of a checkpoint that names the base that gave them (loadState checked that base).
-  const bool names_base = reader.counter(checkpoint::kBaseFingerprintCounter).has_value();
+  const bool names_base = reader.counter(tensorfile::kBaseFingerprintCounter).has_value();
   for (const auto& item : model_->named_parameters()) {
-    if (item.value().numel() > 0 && !reader.has(item.key(), "param") &&
+    if (item.value().numel() > 0 && !reader.has(item.key(), tensorfile::kParamArray) &&
         (item.value().requires_grad() || !names_base)) {
       throw InvalidArgument("checkpoint '" + dir + "' has no parameter '" + item.key() + "'");
     }
   }
 
-  checkpoint::StateLoad load(reader, *world_.backend);
-  strategy_->fillState(load);
-  load.finish();
+  checkpoint::loadStrategyState(*strategy_, reader, *world_.backend);
   torch::NoGradGuard no_grad;
   for (const auto& item : model_->named_buffers()) {
     torch::Tensor b = item.value();
-    const auto bytes = reader.blob(0, "buffer:" + item.key());
+    const auto bytes = reader.blob(0, tensorfile::bufferBlob(item.key()));
     if (!bytes || bytes->size() != b.nbytes() || !b.is_contiguous()) {
       throw InvalidArgument("checkpoint '" + dir + "' has no buffer '" + item.key() +
                             "' of this model's size");
@@ -323,7 +265,7 @@ void Accelerator::restoreFrom(const checkpoint::Reader& reader) {
   scaler_ = scaler;
   // A checkpoint that names its base keeps the folder the base was loaded from now (moved,
   // perhaps: its fingerprint is the same); one that holds its frozen parameters names no base.
-  base_fingerprint_ = reader.counter(checkpoint::kBaseFingerprintCounter).value_or("");
+  base_fingerprint_ = reader.counter(tensorfile::kBaseFingerprintCounter).value_or("");
   if (model_source && base_fingerprint_.empty()) model_source_ = *model_source;
   strategy_->zeroGrad();
 }
@@ -401,9 +343,7 @@ void Accelerator::loadModel(const std::string& dir) {
               << " trainable parameter(s) it does not hold keep their values (" << absent.front()
               << (absent.size() > 1 ? ", ..." : "") << ")\n";
   }
-  checkpoint::StateLoad load(source);
-  strategy_->fillState(load);
-  load.finish();
+  checkpoint::loadStrategyState(*strategy_, source);
   torch::NoGradGuard no_grad;
   for (const auto& item : model_->named_buffers()) {
     const torch::Tensor saved = source.tensor(item.key());
@@ -448,7 +388,7 @@ std::string Accelerator::saveCheckpoint() {
   // Pruning counts complete checkpoints only: an asynchronous save prunes again once committed.
   prune_when_committed_ = checkpointInFlight();
   if (checkpoint_total_limit_ > 0 && isMainProcess()) {
-    checkpoint::removeOldest(checkpoint_dir_, static_cast<size_t>(checkpoint_total_limit_));
+    tensorfile::removeOldest(checkpoint_dir_, static_cast<size_t>(checkpoint_total_limit_));
   }
   waitForEveryone();
   return dir;
@@ -459,7 +399,7 @@ std::optional<std::string> Accelerator::resume() {
   // A folder that holds checkpoints, none of which loads, is an error: starting from step 0 would
   // silently throw away the run (and the next save would remove the checkpoints in the end).
   waitForCheckpoint();
-  if (checkpoint_dir_.empty() || !checkpoint::holdsCheckpoints(checkpoint_dir_)) {
+  if (checkpoint_dir_.empty() || !tensorfile::holdsCheckpoints(checkpoint_dir_)) {
     return std::nullopt;
   }
   return loadState(checkpoint_dir_);

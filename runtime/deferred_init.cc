@@ -9,7 +9,7 @@
 #include <mutex>
 
 #include "common/error.h"
-#include "runtime/host_memory.h"
+#include "common/host_memory.h"
 
 namespace cxxlaunch::runtime {
 namespace {

@@ -91,14 +91,4 @@ class StateSource {
   virtual bool failed() const = 0;
 };
 
-// Checkpoint files place arrays of this many bytes and more page-aligned, and a load reads them
-// past the page cache (O_DIRECT) into memory that is page-aligned too: emptyForReading's.
-inline constexpr size_t kDirectReadBytes = 64u << 10;
-
-// An uninitialised float32 CPU tensor for a load to fill, page-aligned (from 2 MiB on, aligned
-// to a transparent huge page), so that the load reads into it past the page cache.
-torch::Tensor emptyForReading(at::IntArrayRef sizes);
-// The alignment emptyForReading gives `bytes`.
-size_t readingAlignment(size_t bytes);
-
 }  // namespace cxxlaunch::runtime

@@ -71,10 +71,10 @@
 #include "common/env_names.h"
 #include "common/error.h"
 #include "runtime/accelerator.h"
-#include "runtime/checkpoint/manifest.h"
 #include "runtime/env.h"
 #include "runtime/error_report.h"
 #include "runtime/fused_adamw.h"
+#include "tensorfile/manifest.h"
 
 using namespace cxxlaunch;
 using namespace cxxlaunch::finetune;
@@ -91,7 +91,7 @@ std::optional<std::string> resume(Accelerator& acc, const Flags& f) {
   const std::string& from = f.resume_from_checkpoint;
   if (from.empty()) return acc.resume();
   if (from == "latest") {
-    if (!runtime::checkpoint::holdsCheckpoints(acc.checkpointDir())) {
+    if (!tensorfile::holdsCheckpoints(acc.checkpointDir())) {
       throw InvalidArgument("--resume_from_checkpoint latest: there is no checkpoint in '" +
                             acc.checkpointDir() +
                             "' to resume from; drop the flag to start afresh");

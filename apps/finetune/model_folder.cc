@@ -13,8 +13,8 @@
 #include "apps/examples/tokens.h"
 #include "common/error.h"
 #include "common/file.h"
-#include "runtime/checkpoint/model_folder.h"
 #include "runtime/checkpoint/safetensors.h"
+#include "tensorfile/model_folder.h"
 
 namespace cxxlaunch::finetune {
 
@@ -74,7 +74,7 @@ void requireWeightsFor(const LlamaConfig& config, const std::string& model_dir) 
 
 std::vector<CopiedFile> filesToCopy(const std::string& model_dir) {
   std::vector<CopiedFile> files;
-  for (const char* name : runtime::checkpoint::kModelFolderFiles) {
+  for (const char* name : tensorfile::kModelFolderFiles) {
     const std::string_view view(name);
     const CopiedFile file{name, view.starts_with("tokenizer.") ? examples::kMaxTokenizerBytes
                                                                : LlamaConfig::kMaxConfigBytes};

@@ -16,8 +16,8 @@
 #include "common/atomic_file.h"
 #include "common/error.h"
 #include "common/file.h"
-#include "runtime/checkpoint/manifest.h"
-#include "runtime/checkpoint/model_folder.h"
+#include "tensorfile/manifest.h"
+#include "tensorfile/model_folder.h"
 
 namespace cxxlaunch::finetune {
 
@@ -35,8 +35,7 @@ bool isCheckpointName(std::string name) {
   for (const char* suffix : {".tmp", ".old"}) {
     if (endsWith(name, suffix)) name.resize(name.size() - 4);
   }
-  return name.rfind("checkpoint-", 0) == 0 &&
-         runtime::checkpoint::wholeNumber(name.substr(11)).has_value();
+  return name.rfind("checkpoint-", 0) == 0 && tensorfile::wholeNumber(name.substr(11)).has_value();
 }
 
 // A file the export moves into OUT (all of them but config.json, which comes last).
@@ -46,7 +45,7 @@ bool isExportFile(const std::string& name) {
     return true;
   }
   if (name == kAdapterWeights || name == kAdapterConfig) return true;
-  for (const char* file : runtime::checkpoint::kModelFolderFiles) {
+  for (const char* file : tensorfile::kModelFolderFiles) {
     if (name == file) return true;
   }
   return false;

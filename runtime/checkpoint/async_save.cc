@@ -91,7 +91,7 @@ void AsyncSaver::reserve(int64_t numel, bool pinned) {
 
 std::string AsyncSaver::begin(Backend& backend, const std::string& dir,
                               std::vector<std::pair<std::string, std::string>> blobs,
-                              Counters counters, Clock::time_point began) {
+                              tensorfile::Counters counters, Clock::time_point began) {
   if (inFlight()) throw std::logic_error("AsyncSaver: a save started with one in flight");
   if (writer_.joinable()) writer_.join();  // reserve()'s
   std::string staging = stage(backend, dir);
@@ -104,8 +104,8 @@ std::string AsyncSaver::begin(Backend& backend, const std::string& dir,
 }
 
 void AsyncSaver::start(Backend& backend, const std::string& dir, const StateStream& state,
-                       std::vector<std::pair<std::string, std::string>> blobs, Counters counters,
-                       bool pinned, Clock::time_point began) {
+                       std::vector<std::pair<std::string, std::string>> blobs,
+                       tensorfile::Counters counters, bool pinned, Clock::time_point began) {
   const std::string staging = begin(backend, dir, std::move(blobs), std::move(counters), began);
   std::string error;
   std::vector<torch::Tensor> regions;  // where each array goes, in produce()'s order
@@ -169,7 +169,7 @@ void AsyncSaver::launch(Backend& backend, const std::string& staging,
         "; the previous checkpoint is untouched");
   }
   Flight* flight = &*flight_;
-  auto write = [flight, path = staging + "/" + rankFileName(backend.rank())] {
+  auto write = [flight, path = staging + "/" + tensorfile::rankFileName(backend.rank())] {
     try {
       flight->written = writeShardFile(path, flight->views, flight->blobs);
     } catch (const std::exception& e) {

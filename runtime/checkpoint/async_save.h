@@ -58,8 +58,8 @@ class AsyncSaver {
   // the caller's save began (its time counts as blocked). A save in flight must have been
   // finished first.
   void start(Backend& backend, const std::string& dir, const StateStream& state,
-             std::vector<std::pair<std::string, std::string>> blobs, Counters counters, bool pinned,
-             Clock::time_point began);
+             std::vector<std::pair<std::string, std::string>> blobs, tensorfile::Counters counters,
+             bool pinned, Clock::time_point began);
 
   // Whether a save was started and not yet committed (the same on every rank).
   bool inFlight() const { return flight_.has_value(); }
@@ -80,7 +80,7 @@ class AsyncSaver {
  private:
   struct Flight {
     std::string dir;
-    Counters counters;
+    tensorfile::Counters counters;
     std::vector<StateView> views;  // of the snapshot
     std::vector<std::pair<std::string, std::string>> blobs;
     Clock::time_point began;
@@ -92,8 +92,8 @@ class AsyncSaver {
   // start()'s first half: waits for reserve()'s thread, prepares the staging directory (a
   // collective) and opens the flight; returns the staging directory.
   std::string begin(Backend& backend, const std::string& dir,
-                    std::vector<std::pair<std::string, std::string>> blobs, Counters counters,
-                    Clock::time_point began);
+                    std::vector<std::pair<std::string, std::string>> blobs,
+                    tensorfile::Counters counters, Clock::time_point began);
   // The snapshot of at least `numel` float32 elements.
   torch::Tensor& snapshot(int64_t numel, bool pinned);
   // Agrees that every rank's snapshot succeeded, then starts the writer.

@@ -35,8 +35,8 @@ void agree(Backend& backend, bool ok, const std::string& what, const std::string
 }  // namespace
 
 std::vector<std::pair<std::string, std::string>> withCounters(
-    std::vector<std::pair<std::string, std::string>> blobs, const Counters& counters) {
-  blobs.emplace_back(kCountersBlob, countersText(counters));
+    std::vector<std::pair<std::string, std::string>> blobs, const tensorfile::Counters& counters) {
+  blobs.emplace_back(tensorfile::kCountersBlob, tensorfile::countersText(counters));
   return blobs;
 }
 
@@ -57,7 +57,7 @@ std::string stage(Backend& backend, const std::string& dir) {
   return staging;
 }
 
-uint64_t commit(Backend& backend, const std::string& dir, const Counters& counters,
+uint64_t commit(Backend& backend, const std::string& dir, const tensorfile::Counters& counters,
                 std::pair<uint64_t, uint32_t> written, const std::string& write_error,
                 const std::string& writing) {
   const int rank = backend.rank(), world = backend.worldSize();
@@ -78,7 +78,8 @@ uint64_t commit(Backend& backend, const std::string& dir, const Counters& counte
         files.emplace_back(all[2 * static_cast<size_t>(r)],
                            static_cast<uint32_t>(all[2 * static_cast<size_t>(r) + 1]));
       }
-      writeFileAtomically(staging + "/" + kManifestName, manifestText(world, counters, files));
+      writeFileAtomically(staging + "/" + tensorfile::kManifestName,
+                          tensorfile::manifestText(world, counters, files));
       // The swap: a crash between the renames leaves `old` complete.
       fs::remove_all(old);
       if (fs::exists(dir)) fs::rename(dir, old);
@@ -100,13 +101,13 @@ namespace {
 // The protocol both layouts share (checkpoint.h): `writeOwn` writes this rank's file (under the
 // staging directory's `path`) and returns its size and CRC-32C.
 uint64_t saveWith(
-    Backend& backend, const std::string& dir, const Counters& counters,
+    Backend& backend, const std::string& dir, const tensorfile::Counters& counters,
     const std::function<std::pair<uint64_t, uint32_t>(const std::string&)>& writeOwn) {
   const std::string staging = stage(backend, dir);
   std::pair<uint64_t, uint32_t> written{0, 0};
   std::string error;
   try {
-    written = writeOwn(staging + "/" + rankFileName(backend.rank()));
+    written = writeOwn(staging + "/" + tensorfile::rankFileName(backend.rank()));
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -117,7 +118,7 @@ uint64_t saveWith(
 
 uint64_t save(Backend& backend, const std::string& dir, const StateStream& state,
               const std::vector<std::pair<std::string, std::string>>& blobs,
-              const Counters& counters) {
+              const tensorfile::Counters& counters) {
   return saveWith(backend, dir, counters, [&](const std::string& path) {
     // Every rank runs every gather of produce() (the full layout's), whatever happens to its own
     // file, or the others would wait for it; a write error is thrown once the gathers are over.

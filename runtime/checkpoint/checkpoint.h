@@ -33,10 +33,10 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/checkpoint/manifest.h"
-#include "runtime/checkpoint/reader.h"
 #include "runtime/checkpoint/shard_file.h"
 #include "runtime/comm/backend.h"
+#include "tensorfile/manifest.h"
+#include "tensorfile/reader.h"
 
 namespace cxxlaunch::runtime::checkpoint {
 
@@ -44,11 +44,11 @@ namespace cxxlaunch::runtime::checkpoint {
 // rank 0) as its file; returns the bytes of the checkpoint's rank files, over every rank.
 uint64_t save(Backend& backend, const std::string& dir, const StateStream& state,
               const std::vector<std::pair<std::string, std::string>>& blobs,
-              const Counters& counters);
+              const tensorfile::Counters& counters);
 
 // `blobs` and the blob of the counters that a rank file records beside them (manifest.h).
 std::vector<std::pair<std::string, std::string>> withCounters(
-    std::vector<std::pair<std::string, std::string>> blobs, const Counters& counters);
+    std::vector<std::pair<std::string, std::string>> blobs, const tensorfile::Counters& counters);
 
 // The protocol's two halves around the writing of the rank files, for a save that writes them
 // later (async_save.h); save() is stage(), this rank's file, commit(). Both are collectives.
@@ -56,7 +56,7 @@ std::vector<std::pair<std::string, std::string>> withCounters(
 // rank's file (`written`: its size and CRC-32C) or the error that stopped it (`write_error` not
 // empty: every rank throws, `writing` saying what failed); it returns save()'s bytes.
 std::string stage(Backend& backend, const std::string& dir);
-uint64_t commit(Backend& backend, const std::string& dir, const Counters& counters,
+uint64_t commit(Backend& backend, const std::string& dir, const tensorfile::Counters& counters,
                 std::pair<uint64_t, uint32_t> written, const std::string& write_error,
                 const std::string& writing = "writing rank files");
 

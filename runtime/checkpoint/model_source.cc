@@ -1,6 +1,7 @@
 #include "runtime/checkpoint/model_source.h"
 
 #include "common/error.h"
+#include "tensorfile/checkpoint_schema.h"
 
 namespace cxxlaunch::runtime::checkpoint {
 namespace {
@@ -18,7 +19,7 @@ ModelSource::ModelSource(const std::string& dir) : dir_(dir), files_(dir) {}
 void ModelSource::read(const std::string& param, const std::string& array, int64_t begin,
                        int64_t end, const std::vector<int64_t>& shape, float* out) const {
   auto it = files_.entries().find(param);
-  if (array != "param" || it == files_.entries().end()) {
+  if (array != tensorfile::kParamArray || it == files_.entries().end()) {
     throw InvalidArgument("'" + dir_ + "' has no tensor '" + param + "'");
   }
   if (it->second.shape != shape) {
@@ -29,7 +30,7 @@ void ModelSource::read(const std::string& param, const std::string& array, int64
 }
 
 bool ModelSource::has(const std::string& param, const std::string& array) const {
-  return array == "param" && files_.entries().count(param) != 0;
+  return array == tensorfile::kParamArray && files_.entries().count(param) != 0;
 }
 
 torch::Tensor ModelSource::tensor(const std::string& name) const {

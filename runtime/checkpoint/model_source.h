@@ -17,7 +17,7 @@
 
 namespace cxxlaunch::runtime::checkpoint {
 
-class ModelSource final : public Source {
+class ModelSource final : public tensorfile::Source {
  public:
   // Reads `dir` (a file, or a folder with model.safetensors or an index and its shards).
   explicit ModelSource(const std::string& dir);

@@ -16,18 +16,18 @@
 #include "common/atomic_file.h"
 #include "common/error.h"
 #include "common/file.h"
+#include "common/host_memory.h"
 #include "common/sha256.h"
-#include "runtime/checkpoint/files.h"
-#include "runtime/checkpoint/safetensors_file.h"
-#include "runtime/checkpoint/safetensors_folder.h"
-#include "runtime/host_memory.h"
+#include "tensorfile/files.h"
+#include "tensorfile/safetensors_file.h"
+#include "tensorfile/safetensors_folder.h"
 
 namespace cxxlaunch::runtime::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
 
-constexpr const char* kIndex = kSafetensorsIndexName;
+constexpr const char* kIndex = tensorfile::kSafetensorsIndexName;
 
 const std::vector<std::pair<const char*, c10::ScalarType>>& dtypes() {
   static const std::vector<std::pair<const char*, c10::ScalarType>> table = {
@@ -67,7 +67,7 @@ const char* safetensorsDtypeName(c10::ScalarType t) {
 }
 
 SafetensorsReader::SafetensorsReader(const std::string& path)
-    : path_(path), folder_(std::make_unique<SafetensorsFolder>(path)) {
+    : path_(path), folder_(std::make_unique<tensorfile::SafetensorsFolder>(path)) {
   for (const auto& file : folder_->files()) {
     for (const auto& e : file.tensors) entries_[e.name] = e;
   }
@@ -77,8 +77,8 @@ SafetensorsReader::~SafetensorsReader() = default;
 
 void SafetensorsReader::readFloat(const std::string& name, int64_t begin, int64_t end,
                                   float* out) const {
-  const SafetensorsEntry& e = entries_.at(name);
-  const size_t size = safetensorsDtypeSize(e.dtype);
+  const tensorfile::SafetensorsEntry& e = entries_.at(name);
+  const size_t size = tensorfile::safetensorsDtypeSize(e.dtype);
   if (e.dtype == "F32") {
     return folder_->read(name, static_cast<uint64_t>(begin) * size,
                          static_cast<size_t>(end - begin) * size, out);
@@ -100,7 +100,7 @@ void SafetensorsReader::readFloat(const std::string& name, int64_t begin, int64_
 }
 
 torch::Tensor SafetensorsReader::tensor(const std::string& name) const {
-  const SafetensorsEntry& e = entries_.at(name);
+  const tensorfile::SafetensorsEntry& e = entries_.at(name);
   torch::Tensor t = torch::empty(e.shape, torch::TensorOptions().dtype(scalarTypeOf(e.dtype)));
   prefaultForWriting(t.data_ptr(), static_cast<size_t>(e.end - e.begin));
   folder_->read(name, 0, static_cast<size_t>(e.end - e.begin), t.data_ptr());
@@ -128,19 +128,19 @@ std::string SafetensorsReader::fingerprint() const {
 SafetensorsWriter::SafetensorsWriter(std::string dir, uint64_t max_file_bytes,
                                      std::vector<Planned> plan)
     : dir_(std::move(dir)) {
-  std::vector<SafetensorsTensor> layout;
+  std::vector<tensorfile::SafetensorsTensor> layout;
   std::vector<uint64_t> bytes;
   for (const auto& p : plan) {
     layout.push_back({p.name, safetensorsDtypeName(p.dtype), p.shape});
     bytes.push_back(safetensorsBytes(layout.back()));
   }
-  std::vector<size_t> starts = safetensorsFileStarts(bytes, max_file_bytes);
+  std::vector<size_t> starts = tensorfile::safetensorsFileStarts(bytes, max_file_bytes);
   fs::create_directories(dir_);
   starts.push_back(plan.size());
   for (size_t f = 0; f + 1 < starts.size(); ++f) {
-    const std::vector<SafetensorsTensor> mine(layout.begin() + starts[f],
-                                              layout.begin() + starts[f + 1]);
-    const std::string head = safetensorsHead(mine);
+    const std::vector<tensorfile::SafetensorsTensor> mine(layout.begin() + starts[f],
+                                                          layout.begin() + starts[f + 1]);
+    const std::string head = tensorfile::safetensorsHead(mine);
     temporary_.push_back(dir_ + "/.part-" + std::to_string(f));
     names_.emplace_back();
     const int fd = ::open(temporary_.back().c_str(),
@@ -185,14 +185,14 @@ void SafetensorsWriter::add(const std::string& name, const torch::Tensor& tensor
 
 void writeSafetensorsFile(const std::string& path,
                           const std::vector<std::pair<std::string, torch::Tensor>>& tensors) {
-  std::vector<SafetensorsTensor> layout;
+  std::vector<tensorfile::SafetensorsTensor> layout;
   std::vector<torch::Tensor> data;
   for (const auto& [name, tensor] : tensors) {
     data.push_back(tensor.detach().to(torch::kCPU).contiguous());
     layout.push_back(
         {name, safetensorsDtypeName(data.back().scalar_type()), data.back().sizes().vec()});
   }
-  SafetensorsFileWriter file(path, layout);
+  tensorfile::SafetensorsFileWriter file(path, layout);
   for (const auto& t : data) file.append(t.data_ptr(), t.nbytes());
   file.commit();
 }
@@ -212,13 +212,13 @@ std::vector<std::string> SafetensorsWriter::finish() {
   const size_t n = temporary_.size();
   std::vector<std::pair<std::string, std::string>> weight_map;
   for (size_t i = 0; i < n; ++i) {
-    const std::string name = safetensorsFileName(i, n);
+    const std::string name = tensorfile::safetensorsFileName(i, n);
     fs::rename(temporary_[i], dir_ + "/" + name);
     for (const auto& tensor : names_[i]) weight_map.emplace_back(tensor, name);
     files.push_back(name);
   }
   if (n > 1) {
-    writeSafetensorsIndex(dir_, total_bytes_, weight_map);
+    tensorfile::writeSafetensorsIndex(dir_, total_bytes_, weight_map);
     files.push_back(kIndex);
   } else {
     std::error_code ec;

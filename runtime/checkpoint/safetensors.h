@@ -23,7 +23,11 @@
 #include <string>
 #include <vector>
 
-#include "runtime/checkpoint/safetensors_header.h"
+#include "tensorfile/safetensors_header.h"
+
+namespace cxxlaunch::tensorfile {
+class SafetensorsFolder;
+}  // namespace cxxlaunch::tensorfile
 
 namespace cxxlaunch::runtime::checkpoint {
 
@@ -78,8 +82,6 @@ void writeSafetensorsFile(const std::string& path,
 // opened for reading by parts: every header is read and checked at once (a truncated or corrupt
 // file is named before anything is read), the data only as asked, so a rank that loads its
 // shards reads their bytes and no others.
-class SafetensorsFolder;
-
 class SafetensorsReader {
  public:
   explicit SafetensorsReader(const std::string& path);
@@ -88,7 +90,7 @@ class SafetensorsReader {
   SafetensorsReader& operator=(const SafetensorsReader&) = delete;
 
   // Every tensor's dtype and shape, by name (the index's names, where there is one).
-  const std::map<std::string, SafetensorsEntry>& entries() const { return entries_; }
+  const std::map<std::string, tensorfile::SafetensorsEntry>& entries() const { return entries_; }
   // Elements [begin, end) of tensor `name` in row-major order, as float32 (from F32, BF16, F16
   // or F64). Throws InvalidArgument naming the file for one that is shorter than its header said.
   void readFloat(const std::string& name, int64_t begin, int64_t end, float* out) const;
@@ -104,8 +106,9 @@ class SafetensorsReader {
 
  private:
   std::string path_;
-  std::unique_ptr<SafetensorsFolder> folder_;        // the files, read without LibTorch
-  std::map<std::string, SafetensorsEntry> entries_;  // by name; `begin`/`end` as in its file
+  std::unique_ptr<tensorfile::SafetensorsFolder> folder_;  // the files, read without LibTorch
+  std::map<std::string, tensorfile::SafetensorsEntry>
+      entries_;  // by name; `begin`/`end` as in its file
 };
 
 // Every tensor of a safetensors file, or of a folder (its index, or its model.safetensors).

@@ -39,12 +39,11 @@ namespace {
 // Arrays of at least kAlignedArrayBytes start at file offsets that are multiples of
 // kDirectAlignment (the header is padded to one, the data between arrays with zeros), so that a
 // load reads them with O_DIRECT straight into page-aligned memory (see ShardFileReader::fill).
-// The runtime allocates such memory for arrays of that size (state_view.h).
-static_assert(kAlignedArrayBytes == kDirectReadBytes);
-
+// A load reads into such memory (load_memory.h).
 uint64_t alignedOffset(uint64_t offset, uint64_t bytes) {
-  if (bytes < kAlignedArrayBytes) return offset;
-  return (offset + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
+  constexpr uint64_t kAlignment = tensorfile::kDirectAlignment;
+  if (bytes < tensorfile::kAlignedArrayBytes) return offset;
+  return (offset + kAlignment - 1) / kAlignment * kAlignment;
 }
 
 // The header, and in `offsets` each array's offset from the data's start, in the layout's order.
@@ -76,13 +75,16 @@ std::string headerOf(const std::vector<StateLayout>& layout,
   }
   std::string text = header.str();
   char first[64];
-  const int first_len = std::snprintf(first, sizeof(first), "%s %d %020zu\n", kShardFileMagic,
-                                      kShardFileFormat, size_t{0});
+  const int first_len =
+      std::snprintf(first, sizeof(first), "%s %d %020zu\n", tensorfile::kShardFileMagic,
+                    tensorfile::kShardFileFormat, size_t{0});
   // Empty lines pad the header (readers skip them) so that the data starts aligned.
-  text.append((kDirectAlignment - (first_len + text.size()) % kDirectAlignment) % kDirectAlignment,
-              '\n');
-  std::snprintf(first, sizeof(first), "%s %d %020zu\n", kShardFileMagic, kShardFileFormat,
-                text.size());
+  text.append(
+      (tensorfile::kDirectAlignment - (first_len + text.size()) % tensorfile::kDirectAlignment) %
+          tensorfile::kDirectAlignment,
+      '\n');
+  std::snprintf(first, sizeof(first), "%s %d %020zu\n", tensorfile::kShardFileMagic,
+                tensorfile::kShardFileFormat, text.size());
   return first + text;
 }
 }  // namespace
@@ -105,14 +107,16 @@ void ShardFileWriter::append(const torch::Tensor& array) {
     throw InvalidArgument("checkpoint: slice of '" + s.param + "' array " + s.arrays[array_] +
                           " has the wrong size");
   }
-  static const char kZeros[kDirectAlignment] = {};
+  static const char kZeros[tensorfile::kDirectAlignment] = {};
   file_.append(kZeros, data_start_ + offsets_[next_array_++] - file_.size());  // the alignment
   const float* data = t.data_ptr<float>();
-  const int64_t chunks = (t.numel() + kChunkElements - 1) / kChunkElements;
+  const int64_t chunks = (t.numel() + tensorfile::kChunkElements - 1) / tensorfile::kChunkElements;
   checksums_ += "array " + std::to_string(chunks);
   for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t n = std::min(kChunkElements, t.numel() - c * kChunkElements);
-    const uint32_t crc = file_.appendChecked(data + c * kChunkElements, static_cast<size_t>(n) * 4);
+    const int64_t n =
+        std::min(tensorfile::kChunkElements, t.numel() - c * tensorfile::kChunkElements);
+    const uint32_t crc =
+        file_.appendChecked(data + c * tensorfile::kChunkElements, static_cast<size_t>(n) * 4);
     checksums_ += ' ' + hex(crc);
   }
   checksums_ += '\n';
@@ -131,13 +135,14 @@ std::pair<uint64_t, uint32_t> ShardFileWriter::commit() {
   }
   for (const auto& [name, bytes] : blobs_) {
     file_.append(bytes.data(), bytes.size());
-    checksums_ += "blob " + hex(crc32c(0, bytes.data(), bytes.size())) + '\n';
+    checksums_ += "blob " + hex(tensorfile::crc32c(0, bytes.data(), bytes.size())) + '\n';
   }
   const uint64_t at = file_.size() - data_start_;
-  const std::string text = "checksums " + std::to_string(kChunkElements) + '\n' + checksums_;
+  const std::string text =
+      "checksums " + std::to_string(tensorfile::kChunkElements) + '\n' + checksums_;
   file_.append(text.data(), text.size());
   char footer[64];
-  std::snprintf(footer, sizeof(footer), "%s %020llu\n", kChecksumsMagic,
+  std::snprintf(footer, sizeof(footer), "%s %020llu\n", tensorfile::kChecksumsMagic,
                 static_cast<unsigned long long>(at));
   file_.append(footer, std::strlen(footer));
   file_.commit();

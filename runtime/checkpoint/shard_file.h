@@ -34,9 +34,9 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/checkpoint/files.h"
-#include "runtime/checkpoint/shard_file_reader.h"
 #include "runtime/state_view.h"
+#include "tensorfile/files.h"
+#include "tensorfile/shard_file_reader.h"
 
 namespace cxxlaunch::runtime::checkpoint {
 
@@ -55,7 +55,7 @@ class ShardFileWriter {
  private:
   std::vector<StateLayout> layout_;
   std::vector<std::pair<std::string, std::string>> blobs_;
-  DurableFile file_;
+  tensorfile::DurableFile file_;
   uint64_t data_start_ = 0;
   std::vector<uint64_t> offsets_;  // each array's, from data_start_
   size_t slice_ = 0, array_ = 0;   // what append() writes next

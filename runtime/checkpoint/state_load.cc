@@ -4,6 +4,7 @@
 #include <torch/utils.h>
 
 #include "common/error.h"
+#include "runtime/checkpoint/load_memory.h"
 
 namespace cxxlaunch::runtime::checkpoint {
 
@@ -27,8 +28,9 @@ void HostStaging::copyBack() {
 
 namespace {
 
-std::vector<ReadRequest> requestsOf(const std::vector<StateRead>& reads, HostStaging& staging) {
-  std::vector<ReadRequest> out;
+std::vector<tensorfile::ReadRequest> requestsOf(const std::vector<StateRead>& reads,
+                                                HostStaging& staging) {
+  std::vector<tensorfile::ReadRequest> out;
   out.reserve(reads.size());
   for (const auto& r : reads) {
     out.push_back({r.param, r.array, r.begin, r.end, r.shape, staging.hostOf(r.into)});
@@ -38,10 +40,10 @@ std::vector<ReadRequest> requestsOf(const std::vector<StateRead>& reads, HostSta
 
 }  // namespace
 
-StateLoad::StateLoad(const Reader& reader, Backend& backend)
+StateLoad::StateLoad(const tensorfile::Reader& reader, Backend& backend)
     : source_(reader), reader_(&reader), backend_(&backend) {}
 
-StateLoad::StateLoad(const Source& source) : source_(source) {}
+StateLoad::StateLoad(const tensorfile::Source& source) : source_(source) {}
 
 bool StateLoad::has(const std::string& param, const std::string& array) const {
   return source_.has(param, array);
@@ -75,7 +77,8 @@ void StateLoad::readReplicated(const std::vector<StateRead>& reads,
   if (!failure_) staging.copyBack();
 }
 
-void StateLoad::readShared(const std::vector<ReadRequest>& reads, const std::vector<int>& readers) {
+void StateLoad::readShared(const std::vector<tensorfile::ReadRequest>& reads,
+                           const std::vector<int>& readers) {
   // Every rank checks the same requests against the same files: all of them stop here alike,
   // before any broadcast.
   try {

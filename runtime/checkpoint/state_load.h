@@ -14,9 +14,9 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/checkpoint/reader.h"
 #include "runtime/comm/backend.h"
 #include "runtime/state_view.h"
+#include "tensorfile/reader.h"
 
 namespace cxxlaunch::runtime::checkpoint {
 
@@ -35,9 +35,9 @@ class HostStaging {
 class StateLoad final : public StateSource {
  public:
   // From a checkpoint: replicated state is read once over the ranks of `backend`.
-  StateLoad(const Reader& reader, Backend& backend);
+  StateLoad(const tensorfile::Reader& reader, Backend& backend);
   // From an exported model (or any source): every rank reads what it needs.
-  explicit StateLoad(const Source& source);
+  explicit StateLoad(const tensorfile::Source& source);
 
   bool has(const std::string& param, const std::string& array) const override;
   int64_t wholeCounter(const std::string& key, int64_t fallback) const override;
@@ -53,10 +53,11 @@ class StateLoad final : public StateSource {
   // the last is sent. Every request is checked on every rank first, so that all of them refuse
   // a checkpoint that does not fit. A rank whose reading fails keeps its place in the
   // broadcasts; then every rank fails.
-  void readShared(const std::vector<ReadRequest>& reads, const std::vector<int>& readers);
+  void readShared(const std::vector<tensorfile::ReadRequest>& reads,
+                  const std::vector<int>& readers);
 
-  const Source& source_;
-  const Reader* reader_ = nullptr;  // when the source is a checkpoint
+  const tensorfile::Source& source_;
+  const tensorfile::Reader* reader_ = nullptr;  // when the source is a checkpoint
   Backend* backend_ = nullptr;
   std::exception_ptr failure_;
 };

@@ -11,7 +11,7 @@
 #include "common/error.h"
 #include "common/host.h"
 #include "proto/tensorboard_event.h"
-#include "runtime/checkpoint/files.h"
+#include "tensorfile/files.h"
 
 namespace cxxlaunch::runtime {
 namespace {
@@ -23,7 +23,7 @@ void putLittleEndian(std::string& out, uint64_t value, int bytes) {
 }  // namespace
 
 uint32_t maskedCrc32c(std::string_view bytes) {
-  const uint32_t crc = checkpoint::crc32c(0, bytes.data(), bytes.size());
+  const uint32_t crc = tensorfile::crc32c(0, bytes.data(), bytes.size());
   return ((crc >> 15) | (crc << 17)) + 0xa282ead8u;
 }
 

@@ -8,8 +8,9 @@
 #include <cmath>
 
 #include "common/error.h"
-#include "runtime/host_memory.h"
+#include "common/host_memory.h"
 #include "runtime/optim/device_kernels.h"
+#include "tensorfile/checkpoint_schema.h"
 
 namespace cxxlaunch::runtime {
 namespace {
@@ -103,8 +104,8 @@ size_t ShardOptimizer::addShard(int64_t numel, std::vector<Segment> segments, c1
 }
 
 std::vector<std::string> ShardOptimizer::stateNames() const {
-  if (kind_ != Kind::kSgd) return {"exp_avg", "exp_avg_sq"};
-  if (stateArrays() == 1) return {"momentum_buffer"};
+  if (kind_ != Kind::kSgd) return {tensorfile::kExpAvgArray, tensorfile::kExpAvgSqArray};
+  if (stateArrays() == 1) return {tensorfile::kMomentumBufferArray};
   return {};
 }
 

@@ -14,9 +14,10 @@
 #include <type_traits>
 
 #include "common/error.h"
+#include "runtime/checkpoint/load_memory.h"
 #include "runtime/comm/tensor_ops.h"
-#include "runtime/host_memory.h"
 #include "runtime/optim/param_state_key.h"
+#include "tensorfile/checkpoint_schema.h"
 
 namespace cxxlaunch::runtime {
 
@@ -34,22 +35,22 @@ std::optional<std::vector<std::pair<std::string, torch::Tensor>>> torchStateArra
     if (t.defined()) out.emplace_back(array, t);
   };
   auto adam = [&](const auto& s) {  // AdamW's and Adam's states have the same fields
-    add("exp_avg", s.exp_avg());
-    add("exp_avg_sq", s.exp_avg_sq());
-    add("max_exp_avg_sq", s.max_exp_avg_sq());
+    add(tensorfile::kExpAvgArray, s.exp_avg());
+    add(tensorfile::kExpAvgSqArray, s.exp_avg_sq());
+    add(tensorfile::kMaxExpAvgSqArray, s.max_exp_avg_sq());
   };
   if (auto* s = dynamic_cast<torch::optim::AdamWParamState*>(&state)) {
     adam(*s);
   } else if (auto* s = dynamic_cast<torch::optim::AdamParamState*>(&state)) {
     adam(*s);
   } else if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(&state)) {
-    add("momentum_buffer", s->momentum_buffer());
+    add(tensorfile::kMomentumBufferArray, s->momentum_buffer());
   } else if (auto* s = dynamic_cast<torch::optim::RMSpropParamState*>(&state)) {
-    add("square_avg", s->square_avg());
-    add("momentum_buffer", s->momentum_buffer());
-    add("grad_avg", s->grad_avg());
+    add(tensorfile::kSquareAvgArray, s->square_avg());
+    add(tensorfile::kMomentumBufferArray, s->momentum_buffer());
+    add(tensorfile::kGradAvgArray, s->grad_avg());
   } else if (auto* s = dynamic_cast<torch::optim::AdagradParamState*>(&state)) {
-    add("sum", s->sum());
+    add(tensorfile::kSumArray, s->sum());
   } else {
     return std::nullopt;
   }
@@ -79,8 +80,6 @@ std::optional<int64_t> stepOf(torch::optim::OptimizerParamState& state) {
   return std::nullopt;
 }
 
-std::string stepCounter(const std::string& param) { return "step:" + param; }
-
 template <typename Options>
 const Options* groupOptions(torch::optim::Optimizer& optimizer, const torch::Tensor& param) {
   for (const auto& group : optimizer.param_groups()) {
@@ -103,7 +102,7 @@ const Options* groupOptions(torch::optim::Optimizer& optimizer, const torch::Ten
 std::unique_ptr<torch::optim::OptimizerParamState> torchStateFrom(
     torch::optim::Optimizer& optimizer, const std::string& name, const torch::Tensor& param,
     const StateSource& source, int64_t steps, std::vector<StateRead>& reads) {
-  steps = source.wholeCounter(stepCounter(name), steps);
+  steps = source.wholeCounter(tensorfile::stepCounter(name), steps);
   std::vector<std::pair<std::string, torch::Tensor>> present;
   auto& state = optimizer.state();
   if (auto it = state.find(paramStateKey(state, param)); it != state.end()) {
@@ -122,7 +121,7 @@ std::unique_ptr<torch::optim::OptimizerParamState> torchStateFrom(
     }
     if (!t.defined()) {
       t = param.is_cpu() && param.scalar_type() == torch::kFloat
-              ? emptyForReading(param.sizes())
+              ? checkpoint::emptyForReading(param.sizes())
               : torch::empty_like(param, at::MemoryFormat::Contiguous);
     }
     reads.push_back({name, array, 0, param.numel(), param.sizes().vec(), t});
@@ -130,12 +129,13 @@ std::unique_ptr<torch::optim::OptimizerParamState> torchStateFrom(
   };
   auto adam = [&](auto state, bool amsgrad) {
     state->step(steps);
-    state->exp_avg(read("exp_avg", true));
-    state->exp_avg_sq(read("exp_avg_sq", true));
-    state->max_exp_avg_sq(read("max_exp_avg_sq", amsgrad));
+    state->exp_avg(read(tensorfile::kExpAvgArray, true));
+    state->exp_avg_sq(read(tensorfile::kExpAvgSqArray, true));
+    state->max_exp_avg_sq(read(tensorfile::kMaxExpAvgSqArray, amsgrad));
     return state;
   };
-  const bool adam_state = source.has(name, "exp_avg") && source.has(name, "exp_avg_sq");
+  const bool adam_state =
+      source.has(name, tensorfile::kExpAvgArray) && source.has(name, tensorfile::kExpAvgSqArray);
   if (dynamic_cast<torch::optim::AdamW*>(&optimizer) != nullptr) {
     if (!adam_state) return nullptr;
     const auto* o = groupOptions<torch::optim::AdamWOptions>(optimizer, param);
@@ -147,27 +147,27 @@ std::unique_ptr<torch::optim::OptimizerParamState> torchStateFrom(
     return adam(std::make_unique<torch::optim::AdamParamState>(), o && o->amsgrad());
   }
   if (dynamic_cast<torch::optim::SGD*>(&optimizer) != nullptr) {
-    if (!source.has(name, "momentum_buffer")) return nullptr;
+    if (!source.has(name, tensorfile::kMomentumBufferArray)) return nullptr;
     auto s = std::make_unique<torch::optim::SGDParamState>();
-    s->momentum_buffer(read("momentum_buffer", true));
+    s->momentum_buffer(read(tensorfile::kMomentumBufferArray, true));
     return s;
   }
   if (dynamic_cast<torch::optim::RMSprop*>(&optimizer) != nullptr) {
-    if (!source.has(name, "square_avg")) return nullptr;
+    if (!source.has(name, tensorfile::kSquareAvgArray)) return nullptr;
     const auto* o = groupOptions<torch::optim::RMSpropOptions>(optimizer, param);
     auto s = std::make_unique<torch::optim::RMSpropParamState>();
     s->step(steps);
-    s->square_avg(read("square_avg", true));
-    s->momentum_buffer(read("momentum_buffer", o && o->momentum() > 0));
-    s->grad_avg(read("grad_avg", o && o->centered()));
+    s->square_avg(read(tensorfile::kSquareAvgArray, true));
+    s->momentum_buffer(read(tensorfile::kMomentumBufferArray, o && o->momentum() > 0));
+    s->grad_avg(read(tensorfile::kGradAvgArray, o && o->centered()));
     return s;
   }
   if (dynamic_cast<torch::optim::Adagrad*>(&optimizer) != nullptr) {
     // Adagrad makes every parameter's state in its constructor, and its step expects it there.
     auto s = std::make_unique<torch::optim::AdagradParamState>();
-    if (source.has(name, "sum")) {
+    if (source.has(name, tensorfile::kSumArray)) {
       s->step(steps);
-      s->sum(read("sum", true));
+      s->sum(read(tensorfile::kSumArray, true));
     } else {
       const auto* o = groupOptions<torch::optim::AdagradOptions>(optimizer, param);
       s->sum(torch::full_like(param, o ? o->initial_accumulator_value() : 0.0,
@@ -190,10 +190,8 @@ void allocateAdamState(torch::optim::Optimizer& optimizer) {
     if (!param.is_cpu() || param.scalar_type() != torch::kFloat || !param.is_contiguous()) {
       return torch::zeros_like(param, at::MemoryFormat::Preserve);
     }
-    // Page-aligned, so that a load reads into it past the page cache; faulted in at once.
-    auto t = emptyForReading(param.sizes());
-    prefaultForWriting(t.data_ptr(), static_cast<size_t>(t.nbytes()));
-    return t.zero_();
+    // Memory a load reads into fastest, faulted in at once.
+    return checkpoint::zerosForReading(param.sizes());
   };
   auto fill = [&](auto state, const torch::Tensor& param, bool amsgrad) {
     state->step(0);
@@ -219,25 +217,9 @@ void allocateAdamState(torch::optim::Optimizer& optimizer) {
   }
 }
 
-// Moves each large float32 parameter in host memory that has its storage to itself onto memory
-// from emptyForReading (the same tensor, its values copied), so that a load reads into it past
-// the page cache, as into the optimizer's state; the file holds such arrays page-aligned.
+// Each parameter on memory a load reads into fastest, as the optimizer's state is.
 std::shared_ptr<torch::nn::Module> alignForReading(std::shared_ptr<torch::nn::Module> model) {
-  torch::NoGradGuard no_grad;
-  for (auto& param : model->parameters()) {
-    const auto bytes = static_cast<size_t>(param.nbytes());
-    const bool own_storage = param.storage_offset() == 0 && param.storage().use_count() == 1 &&
-                             param.storage().nbytes() == bytes;
-    if (!param.is_cpu() || param.scalar_type() != torch::kFloat || !param.is_contiguous() ||
-        !own_storage || bytes < kDirectReadBytes ||
-        reinterpret_cast<uintptr_t>(param.data_ptr()) % readingAlignment(bytes) == 0) {
-      continue;
-    }
-    auto aligned = emptyForReading(param.sizes());
-    prefaultForWriting(aligned.data_ptr(), bytes);
-    aligned.copy_(param);
-    param.set_data(aligned);
-  }
+  for (auto& param : model->parameters()) checkpoint::alignForReading(param);
   return model;
 }
 
@@ -314,7 +296,7 @@ StateCounters ReplicatedParameters::stateCounters(int64_t optimizer_steps) {
     const bool plain = std::none_of(item.key().begin(), item.key().end(),
                                     [](unsigned char c) { return std::isspace(c); });
     if (step && *step != optimizer_steps && plain) {
-      out[stepCounter(item.key())] = std::to_string(*step);
+      out[tensorfile::stepCounter(item.key())] = std::to_string(*step);
     }
   }
   return out;
@@ -343,8 +325,11 @@ std::vector<StateView> ReplicatedParameters::viewsOf(int rank, int ranks, bool w
   for (const auto& item : model_->named_parameters()) {
     if (owners[index++] != rank || (!with_frozen && !item.value().requires_grad())) continue;
     const torch::Tensor& p = item.value();  // the optimizer's key is this TensorImpl
-    StateView slice{
-        item.key(), p.sizes().vec(), 0, p.numel(), {{"param", p.detach().reshape({-1})}}};
+    StateView slice{item.key(),
+                    p.sizes().vec(),
+                    0,
+                    p.numel(),
+                    {{tensorfile::kParamArray, p.detach().reshape({-1})}}};
     if (auto it = state.find(paramStateKey(state, p)); it != state.end()) {
       // requireSavableState checked the type
       const auto arrays = torchStateArrays(*it->second).value();
@@ -357,7 +342,7 @@ std::vector<StateView> ReplicatedParameters::viewsOf(int rank, int ranks, bool w
 
 void ReplicatedParameters::fillState(StateSource& source) {
   torch::NoGradGuard no_grad;
-  const int64_t steps = source.wholeCounter("optimizer_steps", 0);
+  const int64_t steps = source.wholeCounter(tensorfile::kOptimizerStepsCounter, 0);
   auto& state = optimizer_.state();
   // Everything read at once, straight into the parameters; the optimizer's state is installed
   // only once all of it was read. Each rank holds everything, so each parameter is read by the
@@ -374,8 +359,9 @@ void ReplicatedParameters::fillState(StateSource& source) {
     const int owner = owners[index++];
     // A parameter the source lacks keeps its values and state: a LoRA checkpoint's frozen base
     // (loaded by loadModel), a base model's export's adapters (Strategy::fillState).
-    if (!source.has(item.key(), "param")) continue;
-    reads.push_back({item.key(), "param", 0, p.numel(), p.sizes().vec(), p.detach()});
+    if (!source.has(item.key(), tensorfile::kParamArray)) continue;
+    reads.push_back(
+        {item.key(), tensorfile::kParamArray, 0, p.numel(), p.sizes().vec(), p.detach()});
     fresh.emplace_back(paramStateKey(state, p),
                        torchStateFrom(optimizer_, item.key(), p, source, steps, reads));
     readers.resize(reads.size(), owner);

@@ -8,10 +8,10 @@
 #include <iostream>
 
 #include "common/error.h"
+#include "common/host_memory.h"
 #include "runtime/comm/tensor_ops.h"
 #include "runtime/deferred_init.h"
 #include "runtime/error_report.h"
-#include "runtime/host_memory.h"
 #include "runtime/optim/device_kernels.h"
 #include "runtime/strategy/frozen_parameters.h"
 #include "runtime/strategy/model_state.h"

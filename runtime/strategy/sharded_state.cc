@@ -10,9 +10,10 @@
 #include <exception>
 #include <optional>
 
+#include "common/host_memory.h"
 #include "runtime/comm/tensor_ops.h"
-#include "runtime/host_memory.h"
 #include "runtime/strategy/sharded.h"
+#include "tensorfile/checkpoint_schema.h"
 
 namespace cxxlaunch::runtime {
 
@@ -30,7 +31,7 @@ StateStream ShardedStrategy::gatheredStream(bool with_frozen) {
   if (options_.stage == 0) return shardedStream(with_frozen);
   StateStream state;
   const bool writes = backend_->rank() == 0;  // every rank gathers, rank 0 writes
-  std::vector<std::string> arrays = {"param"};
+  std::vector<std::string> arrays = {tensorfile::kParamArray};
   for (const auto& name : optimizer_->stateNames()) arrays.push_back(name);
   // Unit by unit, array by array (one array of one unit gathered at a time), each parameter.
   for (const auto& u : units_) {
@@ -44,8 +45,11 @@ StateStream ShardedStrategy::gatheredStream(bool with_frozen) {
   const bool frozen_written = writes && with_frozen;
   for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
     if (frozen_written && !item.value().requires_grad()) {  // frozen: whole everywhere
-      state.layout.push_back(
-          {item.key(), item.value().sizes().vec(), 0, item.value().numel(), {"param"}});
+      state.layout.push_back({item.key(),
+                              item.value().sizes().vec(),
+                              0,
+                              item.value().numel(),
+                              {tensorfile::kParamArray}});
     }
   }
   state.produce = [this, arrays, writes,
@@ -126,7 +130,7 @@ StateStream ShardedStrategy::shardedStream(bool with_frozen) {
     stream.produce = [](const std::function<void(const torch::Tensor&)>&) {};
     return stream;
   }
-  std::vector<std::string> arrays = {"param"};
+  std::vector<std::string> arrays = {tensorfile::kParamArray};
   for (const auto& name : optimizer_->stateNames()) arrays.push_back(name);
   struct Piece {  // a view's elements in its unit's shard
     ShardUnit* unit;
@@ -148,7 +152,7 @@ StateStream ShardedStrategy::shardedStream(bool with_frozen) {
   for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
     const torch::Tensor& p = item.value();
     if (p.requires_grad() || backend_->rank() != 0 || !with_frozen) continue;
-    stream.layout.push_back({item.key(), p.sizes().vec(), 0, p.numel(), {"param"}});
+    stream.layout.push_back({item.key(), p.sizes().vec(), 0, p.numel(), {tensorfile::kParamArray}});
     frozen.push_back(p);
   }
   stream.produce = [this, pieces = std::move(pieces), frozen = std::move(frozen)](
@@ -199,8 +203,9 @@ void ShardedStrategy::fillState(StateSource& source) {
       const int64_t a = std::max(off, sb), b = std::min(off + p.numel(), sb + sn);
       if (a >= b) continue;
       const auto shape = p.sizes().vec();
-      if (source.has(name, "param")) {
-        reads.push_back({name, "param", a - off, b - off, shape, master.narrow(0, a - sb, b - a)});
+      if (source.has(name, tensorfile::kParamArray)) {
+        reads.push_back({name, tensorfile::kParamArray, a - off, b - off, shape,
+                         master.narrow(0, a - sb, b - a)});
       } else {  // a base model's export has no adapters: they keep their values
         if (!current.defined()) current = store_->master(u);
         if (current.data_ptr() != master.data_ptr()) {
@@ -239,10 +244,11 @@ void ShardedStrategy::fillState(StateSource& source) {
   // source lacks keeps its values (a LoRA checkpoint's base, loaded by loadModel).
   for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
     const torch::Tensor& p = item.value();
-    if (p.requires_grad() || !source.has(item.key(), "param")) continue;
-    source.read({{item.key(), "param", 0, p.numel(), p.sizes().vec(), p}});
+    if (p.requires_grad() || !source.has(item.key(), tensorfile::kParamArray)) continue;
+    source.read({{item.key(), tensorfile::kParamArray, 0, p.numel(), p.sizes().vec(), p}});
   }
-  if (!source.failed()) optimizer_->setSteps(source.wholeCounter("optimizer_steps", 0));
+  if (!source.failed())
+    optimizer_->setSteps(source.wholeCounter(tensorfile::kOptimizerStepsCounter, 0));
 }
 
 void ShardedStrategy::publish(ShardUnit& u) {

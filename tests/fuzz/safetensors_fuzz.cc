@@ -1,5 +1,5 @@
 // libFuzzer target for the safetensors header and index parsers
-// (runtime/checkpoint/safetensors_header.h): any bytes as a header, with any data size after it,
+// (tensorfile/safetensors_header.h): any bytes as a header, with any data size after it,
 // either parse or fail with InvalidArgument; what parses lies inside the data, matches its dtype
 // and shape, and does not overlap. The same bytes as an index parse or fail alike, and every
 // file they name is a plain name.
@@ -10,10 +10,10 @@
 #include <string>
 
 #include "common/error.h"
-#include "runtime/checkpoint/safetensors_header.h"
+#include "tensorfile/safetensors_header.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  using namespace cxxlaunch::runtime::checkpoint;
+  using namespace cxxlaunch::tensorfile;
   if (size < 4) return 0;
   uint32_t data_bytes = 0;  // the first 4 bytes: how much data follows the header
   std::memcpy(&data_bytes, data, 4);

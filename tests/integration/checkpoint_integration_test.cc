@@ -318,7 +318,7 @@ void killDuringSaves(int trials, bool async = false) {
     }
     std::string found;
     try {
-      found = cxxlaunch::runtime::checkpoint::find(folder);
+      found = cxxlaunch::tensorfile::find(folder);
     } catch (const std::exception&) {
       ++without_checkpoint;  // killed before its first save completed
       continue;

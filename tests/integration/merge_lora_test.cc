@@ -6,7 +6,7 @@
 // of the dtype of torch's float32 result; every other tensor byte for byte the base's. Bad input
 // is one line, exit 2, and nothing written.
 
-#include "runtime/checkpoint/merge_lora.h"
+#include "tensorfile/merge_lora.h"
 
 #include <unistd.h>
 
@@ -22,14 +22,14 @@
 #include <string>
 #include <vector>
 
-#include "runtime/checkpoint/merge_weights.h"
-#include "runtime/checkpoint/safetensors_file.h"
 #include "support/subprocess.h"
+#include "tensorfile/merge_weights.h"
+#include "tensorfile/safetensors_file.h"
 
 using cxxlaunch::testing::Finished;
 using cxxlaunch::testing::readFile;
 using cxxlaunch::testing::TempDir;
-namespace ckpt = cxxlaunch::runtime::checkpoint;
+namespace ckpt = cxxlaunch::tensorfile;
 namespace fs = std::filesystem;
 
 namespace {

@@ -4,7 +4,7 @@
 // buffers, bf16 and fp16 bit for bit as LibTorch rounds them; a small --max_shard_size gives
 // several files and an index; bad input is one line and exit 2; peak memory stays bounded.
 
-#include "runtime/checkpoint/merge_weights.h"
+#include "tensorfile/merge_weights.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -34,6 +34,7 @@
 #include "tower.h"
 
 using namespace cxxlaunch::runtime;
+namespace tensorfile = cxxlaunch::tensorfile;
 using cxxlaunch::runtime::testing::Tower;
 using cxxlaunch::testing::Finished;
 using cxxlaunch::testing::TempDir;
@@ -213,7 +214,7 @@ TEST_CASE("merge-weights refuses a missing, incomplete or corrupt checkpoint and
   const std::string victim = dir.path() + "/flipped/rank1.bin";
   uint64_t at = 0;
   {
-    const checkpoint::ShardFileReader file(victim);
+    const tensorfile::ShardFileReader file(victim);
     REQUIRE(!file.slices().empty());
     at = file.slices().front().arrays.front().second + 5;
   }
@@ -311,21 +312,21 @@ TEST_CASE("merge-weights rounds to bf16 and fp16 as LibTorch does", "[merge_weig
     uint16_t b, h;
     std::memcpy(&b, static_cast<const char*>(bf16.data_ptr()) + 2 * i, 2);
     std::memcpy(&h, static_cast<const char*>(half.data_ptr()) + 2 * i, 2);
-    bf16_wrong += checkpoint::floatToBFloat16(v[i]) != b;
-    half_wrong += checkpoint::floatToHalf(v[i]) != h;
-    const float back = checkpoint::halfToFloat(h);
+    bf16_wrong += tensorfile::floatToBFloat16(v[i]) != b;
+    half_wrong += tensorfile::floatToHalf(v[i]) != h;
+    const float back = tensorfile::halfToFloat(h);
     back_wrong += std::memcmp(&back, w + i, 4) != 0;
   }
   CHECK(bf16_wrong == 0);
   CHECK(half_wrong == 0);
   CHECK(back_wrong == 0);
-  CHECK(checkpoint::parseByteSize("5GB") == 5'000'000'000ULL);
-  CHECK(checkpoint::parseByteSize("500MB") == 500'000'000ULL);
-  CHECK(checkpoint::parseByteSize("10GiB") == 10ULL << 30);
-  CHECK(checkpoint::parseByteSize("4096") == 4096);
-  CHECK(checkpoint::parseByteSize("1.5kb") == 1500);
+  CHECK(tensorfile::parseByteSize("5GB") == 5'000'000'000ULL);
+  CHECK(tensorfile::parseByteSize("500MB") == 500'000'000ULL);
+  CHECK(tensorfile::parseByteSize("10GiB") == 10ULL << 30);
+  CHECK(tensorfile::parseByteSize("4096") == 4096);
+  CHECK(tensorfile::parseByteSize("1.5kb") == 1500);
   for (const std::string bad : {"", "GB", "0", "5 GB", "-1", "5XB", "1e3"}) {
-    CHECK_THROWS_AS(checkpoint::parseByteSize(bad), cxxlaunch::InvalidArgument);
+    CHECK_THROWS_AS(tensorfile::parseByteSize(bad), cxxlaunch::InvalidArgument);
   }
 }
 
@@ -449,7 +450,7 @@ TEST_CASE("merge-weights removes what killed merges into its output left, and no
   {  // one byte of a parameter flipped: found only while reading, after the leftovers' check
     uint64_t at = 0;
     {
-      const checkpoint::ShardFileReader file(corrupt + "/rank1.bin");
+      const tensorfile::ShardFileReader file(corrupt + "/rank1.bin");
       REQUIRE(!file.slices().empty());
       at = file.slices().front().arrays.front().second + 5;
     }

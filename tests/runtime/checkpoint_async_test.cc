@@ -5,6 +5,7 @@
 #include "checkpoint_job.h"
 
 using namespace cxxlaunch::runtime;
+namespace tensorfile = cxxlaunch::tensorfile;
 using namespace cxxlaunch::runtime::checkpoint_test;
 
 namespace {
@@ -190,7 +191,7 @@ TEST_CASE("An asynchronous save is committed by a later step, the next save, a l
       RANK_REQUIRE(acc.checkpointInFlight());
       // Pruning counts complete checkpoints: never more than the limit, never the newest.
       if (r == 0) {
-        const auto complete = checkpoint::complete(root);
+        const auto complete = tensorfile::complete(root);
         RANK_REQUIRE(complete.size() <= 2);
         if (s > 1) RANK_REQUIRE(complete.front() == root + "/checkpoint_" + std::to_string(s - 1));
       }
@@ -210,7 +211,7 @@ TEST_CASE("An asynchronous save is committed by a later step, the next save, a l
     acc.waitForEveryone();
     if (r == 0) {
       const std::vector<std::string> newest = {root + "/checkpoint_6", root + "/checkpoint_5"};
-      RANK_REQUIRE(checkpoint::complete(root) == newest);
+      RANK_REQUIRE(tensorfile::complete(root) == newest);
     }
     acc.waitForEveryone();
     // A load waits for the save in flight: it is the newest.
@@ -221,7 +222,7 @@ TEST_CASE("An asynchronous save is committed by a later step, the next save, a l
     job.step();
     acc.saveState(dir.path() + "/last");
   });
-  CHECK(checkpoint::find(dir.path() + "/last") == dir.path() + "/last");
+  CHECK(tensorfile::find(dir.path() + "/last") == dir.path() + "/last");
   for (const auto& mine : reports) {
     REQUIRE(mine.size() == 6);
     for (size_t i = 0; i < mine.size(); ++i) {
@@ -244,9 +245,9 @@ TEST_CASE("Trainer's checkpoint-<step> names are saved, pruned and resumed as ac
   // save that died between its renames) still holds one: resuming must not start at step 0.
   const std::string bare = dir.path() + "/bare";
   fs::create_directories(bare + "/checkpoint-7");
-  CHECK(checkpoint::holdsCheckpoints(bare));
+  CHECK(tensorfile::holdsCheckpoints(bare));
   std::vector<std::string> skipped;
-  CHECK(checkpoint::complete(bare, true, &skipped).empty());
+  CHECK(tensorfile::complete(bare, true, &skipped).empty());
   REQUIRE(skipped.size() == 1);
   CHECK_THAT(skipped[0], Catch::Contains("checkpoint '" + bare + "/checkpoint-7' skipped"));
 
@@ -267,7 +268,7 @@ TEST_CASE("Trainer's checkpoint-<step> names are saved, pruned and resumed as ac
     acc.waitForEveryone();
     if (r == 0) {
       const std::vector<std::string> newest = {root + "/checkpoint-3", root + "/checkpoint-2"};
-      RANK_REQUIRE(checkpoint::complete(root) == newest);  // checkpoint-1 pruned
+      RANK_REQUIRE(tensorfile::complete(root) == newest);  // checkpoint-1 pruned
     }
     acc.waitForEveryone();
     job.step();
@@ -289,7 +290,7 @@ TEST_CASE("Trainer's checkpoint-<step> names are saved, pruned and resumed as ac
     RANK_REQUIRE(acc.saveCheckpoint() == root + "/checkpoint_4");
   });
   const std::vector<std::string> mixed = {root + "/checkpoint_4", root + "/checkpoint-3"};
-  CHECK(checkpoint::complete(root) == mixed);
+  CHECK(tensorfile::complete(root) == mixed);
   CHECK_FALSE(fs::exists(root + "/checkpoint-2"));
 
   AcceleratorOptions wrong;
@@ -356,6 +357,6 @@ TEST_CASE("A background write that fails is an error on every rank, naming the c
   // Each rank's own error names its file.
   CHECK_THAT(errors[0] + errors[1], Catch::Contains("rank0.bin") || Catch::Contains("rank1.bin"));
   CHECK(!fs::exists(root + "/checkpoint_2"));
-  CHECK(checkpoint::complete(root) ==
+  CHECK(tensorfile::complete(root) ==
         std::vector<std::string>{root + "/checkpoint_3", root + "/checkpoint_1"});
 }

@@ -5,6 +5,7 @@
 #include "checkpoint_job.h"
 
 using namespace cxxlaunch::runtime;
+namespace tensorfile = cxxlaunch::tensorfile;
 using namespace cxxlaunch::runtime::checkpoint_test;
 
 namespace {
@@ -88,15 +89,15 @@ TEST_CASE("No loadable checkpoint where there were checkpoints is an error, neve
   torch::set_num_threads(1);
   cxxlaunch::testing::TempDir dir;
   const std::string root = dir.path() + "/checkpoints";
-  CHECK_FALSE(checkpoint::holdsCheckpoints(root));  // no folder: a fresh start
+  CHECK_FALSE(tensorfile::holdsCheckpoints(root));  // no folder: a fresh start
   fs::create_directories(root + "/checkpoint_5.tmp");
-  CHECK_FALSE(checkpoint::holdsCheckpoints(root));  // the first save died: a fresh start
+  CHECK_FALSE(tensorfile::holdsCheckpoints(root));  // the first save died: a fresh start
   run(Job{.to_step = 1, .save = root + "/checkpoint_1"});
   run(Job{.from_step = 1, .to_step = 2, .load = root, .save = root + "/checkpoint_2"});
-  CHECK(checkpoint::holdsCheckpoints(root));
+  CHECK(tensorfile::holdsCheckpoints(root));
   kDamages[0].second(root + "/checkpoint_1/rank0.bin");
   kDamages[1].second(root + "/checkpoint_2/rank1.bin");
-  CHECK(checkpoint::holdsCheckpoints(root));
+  CHECK(tensorfile::holdsCheckpoints(root));
   CHECK_THROWS_WITH(run(Job{.from_step = 2, .to_step = 2, .load = root}),
                     Catch::Contains("no checkpoint at '" + root + "' can be loaded") &&
                         Catch::Contains("checkpoint_2: ") && Catch::Contains("checkpoint_1: ") &&
@@ -104,7 +105,7 @@ TEST_CASE("No loadable checkpoint where there were checkpoints is an error, neve
   // Even without a manifest, a directory named as saveCheckpoint names them was a checkpoint.
   fs::remove(root + "/checkpoint_1/manifest");
   fs::remove_all(root + "/checkpoint_2");
-  CHECK(checkpoint::holdsCheckpoints(root));
+  CHECK(tensorfile::holdsCheckpoints(root));
 }
 
 TEST_CASE("A checkpoint reached through a symbolic link is never loaded", "[checkpoint]") {
@@ -114,9 +115,9 @@ TEST_CASE("A checkpoint reached through a symbolic link is never loaded", "[chec
   run(Job{.to_step = 1, .save = root + "/checkpoint_1"});
   run(Job{.from_step = 1, .to_step = 2, .load = root, .save = outside + "/checkpoint_2"});
   fs::create_directory_symlink(outside + "/checkpoint_2", root + "/checkpoint_99");
-  CHECK(checkpoint::complete(root) == std::vector<std::string>{root + "/checkpoint_1"});
+  CHECK(tensorfile::complete(root) == std::vector<std::string>{root + "/checkpoint_1"});
   CHECK(run(Job{.from_step = 1, .to_step = 1, .load = root}).loaded == root + "/checkpoint_1");
-  checkpoint::removeOldest(root, 1);  // nor counted, nor removed
+  tensorfile::removeOldest(root, 1);  // nor counted, nor removed
   CHECK(fs::is_symlink(root + "/checkpoint_99"));
   CHECK(fs::exists(outside + "/checkpoint_2/manifest"));
 }
@@ -131,7 +132,7 @@ TEST_CASE("Rank files whose slices overlap are refused as corrupt", "[checkpoint
     const torch::Tensor values = torch::full({4}, static_cast<float>(rank + 1));
     const std::string path = ckpt + "/rank" + std::to_string(rank) + ".bin";
     checkpoint::writeShardFile(path, {{"w", {8}, begin, begin + 4, {{"param", values}}}}, {});
-    return checkpoint::fileSizeAndCrc(path);
+    return tensorfile::fileSizeAndCrc(path);
   };
   auto manifest = [&](int64_t second_begin) {
     const auto a = writeRank(0, 0), b = writeRank(1, second_begin);
@@ -141,12 +142,12 @@ TEST_CASE("Rank files whose slices overlap are refused as corrupt", "[checkpoint
         << b.second << "\nend\n";
   };
   manifest(4);
-  CHECK_NOTHROW(checkpoint::Reader(ckpt));
+  CHECK_NOTHROW(tensorfile::Reader(ckpt));
   manifest(0);
-  CHECK_THROWS_WITH(checkpoint::Reader(ckpt),
+  CHECK_THROWS_WITH(tensorfile::Reader(ckpt),
                     Catch::Contains("is corrupt: its slices of 'w' (param) overlap"));
   manifest(2);
-  CHECK_THROWS_WITH(checkpoint::Reader(ckpt), Catch::Contains("elements 0-4 and 2-6"));
+  CHECK_THROWS_WITH(tensorfile::Reader(ckpt), Catch::Contains("elements 0-4 and 2-6"));
 }
 
 TEST_CASE("Crafted rank files are refused, never read out of bounds", "[checkpoint]") {
@@ -158,8 +159,8 @@ TEST_CASE("Crafted rank files are refused, never read out of bounds", "[checkpoi
     std::ofstream(path, std::ios::binary | std::ios::trunc) << first << header << data;
     return path;
   };
-  using checkpoint::ShardFileReader;
   using cxxlaunch::InvalidArgument;
+  using tensorfile::ShardFileReader;
   CHECK_NOTHROW(ShardFileReader(write("slice w 0 2 1 2 1 param 0\n", std::string(8, '\0'))));
   CHECK_THROWS_AS(ShardFileReader(write("slice w 0 2 1 2 1 param 4\n", std::string(8, '\0'))),
                   InvalidArgument);  // array past the end
@@ -192,7 +193,7 @@ TEST_CASE(
     for (int64_t c = 0; c * chunk < n; ++c) {
       char crc[16];
       std::snprintf(crc, sizeof(crc), " %08x",
-                    checkpoint::crc32c(0, values.data() + c * chunk,
+                    tensorfile::crc32c(0, values.data() + c * chunk,
                                        static_cast<size_t>(std::min(chunk, n - c * chunk)) * 4));
       sums += crc;
     }
@@ -208,7 +209,7 @@ TEST_CASE(
   };
   auto flip = [&](int64_t element) {
     std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
-    const checkpoint::ShardFileReader reader(path);
+    const tensorfile::ShardFileReader reader(path);
     file.seekp(
         static_cast<std::streamoff>(reader.slices().at(0).arrays.at(0).second + element * 4));
     file.put('\x7f');
@@ -226,14 +227,14 @@ TEST_CASE(
     const std::vector<float> values = write(c.format, c.checksums, c.chunk, c.n);
     std::vector<float> out(static_cast<size_t>(c.n));
     {
-      const checkpoint::ShardFileReader reader(path);
+      const tensorfile::ShardFileReader reader(path);
       REQUIRE(reader.checksReads());
       reader.read(reader.slices().at(0).arrays.at(0).second, 0, 0, c.n, out.data());
       CHECK_FALSE(reader.corruption());
       CHECK(out == values);
     }
     flip(c.flipped);
-    const checkpoint::ShardFileReader damaged(path);
+    const tensorfile::ShardFileReader damaged(path);
     damaged.read(damaged.slices().at(0).arrays.at(0).second, 0, 0, c.n, out.data());
     CHECK(damaged.corruption().value_or("") ==
           "checkpoint file '" + path + "': 'w' param, elements " + std::to_string(c.chunk_begin) +
@@ -251,7 +252,7 @@ TEST_CASE(
                                                 {4, "checksums 1024"}}) {
     INFO(format << " " << line);
     write(format, line, 1024, 3000);
-    CHECK_THROWS_AS(checkpoint::ShardFileReader(path), InvalidArgument);
+    CHECK_THROWS_AS(tensorfile::ShardFileReader(path), InvalidArgument);
   }
 }
 
@@ -260,7 +261,7 @@ TEST_CASE("Large arrays lie aligned in their file and read past the page cache i
   // More whole checksum chunks than one read takes and a tail that is no whole 4 KiB block,
   // after a small array (which leaves the big one's offset unaligned unless the writer pads).
   const int64_t n =
-      (checkpoint::chunksPerRead(checkpoint::kChunkElements) + 1) * checkpoint::kChunkElements +
+      (tensorfile::chunksPerRead(tensorfile::kChunkElements) + 1) * tensorfile::kChunkElements +
       1234;
   const torch::Tensor values = torch::arange(n, torch::kFloat) * 0.5;
   const std::vector<StateView> slices = {
@@ -276,7 +277,7 @@ TEST_CASE("Large arrays lie aligned in their file and read past the page cache i
     INFO(folder);
     const std::string path = folder + "/cxxlaunch-rank0-" + std::to_string(::getpid()) + ".bin";
     checkpoint::writeShardFile(path, slices, {{"rng", "abc"}});
-    const checkpoint::ShardFileReader reader(path);
+    const tensorfile::ShardFileReader reader(path);
     const auto& big = reader.slices().at(1);
     for (const auto& [array, offset] : big.arrays) CHECK(offset % 4096 == 0);
     // Element ranges and where they land: memory aligned as the file is, misaligned, and a range
@@ -303,13 +304,13 @@ TEST_CASE("Large arrays lie aligned in their file and read past the page cache i
       CHECK(cxxlaunch::testing::residentPages(path) < 16);
     }
     // A flipped bit in a chunk inside one read is found, and named by that chunk's elements.
-    const int64_t chunk = 5, K = checkpoint::kChunkElements;
+    const int64_t chunk = 5, K = tensorfile::kChunkElements;
     {
       std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
       file.seekp(static_cast<std::streamoff>(big.arrays[0].second + (chunk * K + 7) * 4));
       file.put('\x7f');
     }
-    const checkpoint::ShardFileReader damaged(path);
+    const tensorfile::ShardFileReader damaged(path);
     damaged.read(big.arrays[0].second, 10, 10, n + 10, memory);
     CHECK(damaged.corruption().value_or("") ==
           "checkpoint file '" + path + "': 'big' param, elements " +

@@ -5,16 +5,17 @@
 #include "checkpoint_job.h"
 
 using namespace cxxlaunch::runtime;
+namespace tensorfile = cxxlaunch::tensorfile;
 using namespace cxxlaunch::runtime::checkpoint_test;
 
 namespace {
 
 // Writes manifest `m` for checkpoint `dir` as a save writes it (with its checksum).
-void writeManifest(const std::string& dir, const checkpoint::Manifest& m) {
+void writeManifest(const std::string& dir, const tensorfile::Manifest& m) {
   std::vector<std::pair<uint64_t, uint32_t>> files;
   for (const auto& f : m.files) files.push_back(f.second);
   std::ofstream(dir + "/manifest", std::ios::trunc)
-      << checkpoint::manifestText(m.world, m.counters, files);
+      << tensorfile::manifestText(m.world, m.counters, files);
 }
 
 // A manifest's text as format 1 has it: the first line's number 1, no checksum line.
@@ -58,7 +59,7 @@ TEST_CASE("A folder of checkpoints loads its newest complete one", "[checkpoint]
           .to_step = 2,
           .load = root + "/checkpoint_1",
           .save = root + "/checkpoint_2"});
-  CHECK(checkpoint::find(root) == root + "/checkpoint_2");
+  CHECK(tensorfile::find(root) == root + "/checkpoint_2");
 
   // A save that died before its manifest: only a staging directory is left.
   run(Job{.strategy = "zero2",
@@ -68,33 +69,33 @@ TEST_CASE("A folder of checkpoints loads its newest complete one", "[checkpoint]
           .save = root + "/checkpoint_3"});
   fs::rename(root + "/checkpoint_3", root + "/checkpoint_3.tmp");
   fs::remove(root + "/checkpoint_3.tmp/manifest");
-  CHECK(checkpoint::find(root) == root + "/checkpoint_2");
+  CHECK(tensorfile::find(root) == root + "/checkpoint_2");
 
   // A newer one whose file was cut short, or has a flipped bit: skipped.
   fs::copy(root + "/checkpoint_2", root + "/checkpoint_9");
-  auto nine = checkpoint::readManifest(root + "/checkpoint_9");
+  auto nine = tensorfile::readManifest(root + "/checkpoint_9");
   REQUIRE(nine);
   nine->counters["optimizer_steps"] = "9";
   writeManifest(root + "/checkpoint_9", *nine);
   // (a manifest written anew, checksum and all, for step 9 with step 2's files: find() goes by
   // the sizes, so it is the newest; a load refuses its counters)
-  CHECK(checkpoint::find(root) == root + "/checkpoint_9");
+  CHECK(tensorfile::find(root) == root + "/checkpoint_9");
   const std::string victim = root + "/checkpoint_9/rank1.bin";
   const std::string intact = cxxlaunch::testing::readFile(victim);
   fs::resize_file(victim, intact.size() - 1);
-  CHECK(checkpoint::find(root) == root + "/checkpoint_2");
+  CHECK(tensorfile::find(root) == root + "/checkpoint_2");
   std::string flipped = intact;
   flipped[flipped.size() / 2] = static_cast<char>(flipped[flipped.size() / 2] ^ 0x10);
   std::ofstream(victim, std::ios::binary | std::ios::trunc) << flipped;
-  CHECK(checkpoint::find(root) == root + "/checkpoint_2");  // same size, another CRC
+  CHECK(tensorfile::find(root) == root + "/checkpoint_2");  // same size, another CRC
   std::ofstream(victim, std::ios::binary | std::ios::trunc) << intact;
-  CHECK(checkpoint::find(root) == root + "/checkpoint_9");
+  CHECK(tensorfile::find(root) == root + "/checkpoint_9");
 
   // Between the two renames of a save: the old directory is complete, the new one is staged.
   fs::rename(root + "/checkpoint_2", root + "/checkpoint_2.old");
-  CHECK(checkpoint::find(root + "/checkpoint_2") == root + "/checkpoint_2.old");
+  CHECK(tensorfile::find(root + "/checkpoint_2") == root + "/checkpoint_2.old");
 
-  CHECK_THROWS_WITH(checkpoint::find(dir.path() + "/nothing"),
+  CHECK_THROWS_WITH(tensorfile::find(dir.path() + "/nothing"),
                     Catch::Contains("no complete checkpoint at"));
 }
 
@@ -121,7 +122,7 @@ TEST_CASE("A manifest whose counters are not numbers is refused before anything 
   };
   // The step orders checkpoints: a manifest without a whole one is malformed, never loaded.
   const std::string bad_step = crafted("optimizer_steps", "2x");
-  CHECK_THROWS_WITH(checkpoint::find(bad_step), Catch::Contains("no complete checkpoint"));
+  CHECK_THROWS_WITH(tensorfile::find(bad_step), Catch::Contains("no complete checkpoint"));
   for (const auto& [key, value, says] :
        std::vector<std::tuple<std::string, std::string, std::string>>{
            {"micro_step", "lots", "not a whole number"},
@@ -190,11 +191,11 @@ TEST_CASE("Counters that disagree with what the rank files recorded are refused"
   run(Job{.from_step = 1, .to_step = 2, .load = root, .save = newest});
   const std::string pristine = cxxlaunch::testing::readFile(newest + "/manifest");
   // A manifest written anew, checksum and all, for step 9: rank 0's file recorded step 2.
-  auto m = checkpoint::readManifest(newest);
+  auto m = tensorfile::readManifest(newest);
   REQUIRE(m);
   m->counters["optimizer_steps"] = "9";
   writeManifest(newest, *m);
-  CHECK_THROWS_WITH(checkpoint::Reader(newest),
+  CHECK_THROWS_WITH(tensorfile::Reader(newest),
                     Catch::Contains("its manifest's counter 'optimizer_steps' is '9' where '" +
                                     newest + "/rank0.bin' recorded '2'"));
   Ended resumed;
@@ -209,11 +210,11 @@ TEST_CASE("Counters that disagree with what the rank files recorded are refused"
   std::ofstream(newest + "/manifest", std::ios::trunc) << pristine;
   fs::copy_file(root + "/checkpoint_1/rank1.bin", newest + "/rank1.bin",
                 fs::copy_options::overwrite_existing);
-  m = checkpoint::readManifest(newest);
+  m = tensorfile::readManifest(newest);
   REQUIRE(m);
-  m->files[1].second = checkpoint::fileSizeAndCrc(newest + "/rank1.bin");
+  m->files[1].second = tensorfile::fileSizeAndCrc(newest + "/rank1.bin");
   writeManifest(newest, *m);
-  const checkpoint::Reader reader(newest);
+  const tensorfile::Reader reader(newest);
   CHECK_NOTHROW(reader.checkCounters(0, 2));
   CHECK_THROWS_WITH(
       reader.checkCounters(1, 2),

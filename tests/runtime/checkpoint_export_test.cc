@@ -4,6 +4,7 @@
 #include "checkpoint_job.h"
 
 using namespace cxxlaunch::runtime;
+namespace tensorfile = cxxlaunch::tensorfile;
 using namespace cxxlaunch::runtime::checkpoint_test;
 
 namespace {
@@ -84,8 +85,8 @@ TEST_CASE("saveModel writes safetensors another reader reads, loadModel reads th
 
 TEST_CASE("Corrupt and crafted safetensors files get one clear error",
           "[checkpoint][safetensors]") {
-  using checkpoint::parseSafetensorsHeader;
   using cxxlaunch::InvalidArgument;
+  using tensorfile::parseSafetensorsHeader;
   const std::string ok = R"({"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}})";
   CHECK(parseSafetensorsHeader(ok, 16).size() == 1);
   auto refused = [](const std::string& header, uint64_t data, const std::string& why) {
@@ -157,8 +158,8 @@ long peakGrowthKiB(const std::function<void()>& work) {
 
 TEST_CASE("Hostile safetensors headers cost memory for what is kept, not for their size",
           "[checkpoint][safetensors]") {
-  using checkpoint::parseSafetensorsHeader;
-  using checkpoint::parseSafetensorsIndex;
+  using tensorfile::parseSafetensorsHeader;
+  using tensorfile::parseSafetensorsIndex;
   const size_t big = 95u << 20;
   // 95 MB of `[{},{},...]`: a DOM took 3.3 GB for it. Refused where the array opens.
   std::string array = "[";
@@ -241,9 +242,9 @@ TEST_CASE("A FIFO in a model file's place is refused, never waited on",
 
 TEST_CASE("CRC-32C gives the standard check value, in one piece or many", "[checkpoint]") {
   const std::string text = "123456789";
-  CHECK(checkpoint::crc32c(0, text.data(), text.size()) == 0xE3069283u);
+  CHECK(tensorfile::crc32c(0, text.data(), text.size()) == 0xE3069283u);
   uint32_t crc = 0;
-  for (char c : text) crc = checkpoint::crc32c(crc, &c, 1);
+  for (char c : text) crc = tensorfile::crc32c(crc, &c, 1);
   CHECK(crc == 0xE3069283u);
 }
 
@@ -266,12 +267,12 @@ TEST_CASE("CRC-32C over long buffers (three chains joined) equals the bit-by-bit
     for (size_t offset : {size_t{0}, size_t{3}}) {
       if (offset + n > data.size()) continue;
       INFO("bytes " << n << " from " << offset);
-      CHECK(checkpoint::crc32c(0, data.data() + offset, n) == bitwise(data.data() + offset, n));
+      CHECK(tensorfile::crc32c(0, data.data() + offset, n) == bitwise(data.data() + offset, n));
     }
   }
   // Continuing from a CRC across a split inside a block.
-  const uint32_t first = checkpoint::crc32c(0, data.data(), 100001);
-  CHECK(checkpoint::crc32c(first, data.data() + 100001, 400000) == bitwise(data.data(), 500001));
+  const uint32_t first = tensorfile::crc32c(0, data.data(), 100001);
+  CHECK(tensorfile::crc32c(first, data.data() + 100001, 400000) == bitwise(data.data(), 500001));
 }
 
 TEST_CASE("CRC-32Cs of two pieces combine into the CRC-32C of both, and a file checks once",
@@ -283,30 +284,30 @@ TEST_CASE("CRC-32Cs of two pieces combine into the CRC-32C of both, and a file c
     for (size_t tail : {size_t{0}, size_t{1}, size_t{5}, size_t{196608}, data.size() - split}) {
       if (split + tail > data.size()) continue;
       INFO("first " << split << " bytes, then " << tail);
-      const uint32_t a = checkpoint::crc32c(0, data.data(), split);
-      const uint32_t b = checkpoint::crc32c(0, data.data() + split, tail);
-      CHECK(checkpoint::crc32cCombine(a, b, tail) ==
-            checkpoint::crc32c(0, data.data(), split + tail));
+      const uint32_t a = tensorfile::crc32c(0, data.data(), split);
+      const uint32_t b = tensorfile::crc32c(0, data.data() + split, tail);
+      CHECK(tensorfile::crc32cCombine(a, b, tail) ==
+            tensorfile::crc32c(0, data.data(), split + tail));
     }
   }
   // appendChecked: the bytes' own CRC, and the file's size and CRC as append() gives them (its
   // pieces: around 192 KiB and several of them), past the page cache or through it.
   cxxlaunch::testing::TempDir dir;
-  checkpoint::DurableFile plain(dir.path() + "/plain"), checked(dir.path() + "/checked");
+  tensorfile::DurableFile plain(dir.path() + "/plain"), checked(dir.path() + "/checked");
   plain.append(data.data(), 13);
   checked.append(data.data(), 13);
   size_t at = 13;
   for (size_t n : {size_t{0}, size_t{1} << 20, size_t{196608}, size_t{196609}, size_t{1000003}}) {
     plain.append(data.data() + at, n);
-    CHECK(checked.appendChecked(data.data() + at, n) == checkpoint::crc32c(0, data.data() + at, n));
+    CHECK(checked.appendChecked(data.data() + at, n) == tensorfile::crc32c(0, data.data() + at, n));
     at += n;
   }
   CHECK(checked.size() == plain.size());
   CHECK(checked.crc() == plain.crc());
-  CHECK(checked.crc() == checkpoint::crc32c(0, data.data(), at));
+  CHECK(checked.crc() == tensorfile::crc32c(0, data.data(), at));
   plain.commit();
   checked.commit();
-  CHECK(checkpoint::fileSizeAndCrc(dir.path() + "/checked") ==
+  CHECK(tensorfile::fileSizeAndCrc(dir.path() + "/checked") ==
         std::make_pair(static_cast<uint64_t>(at), plain.crc()));
 }
 

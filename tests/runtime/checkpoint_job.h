@@ -32,7 +32,6 @@
 #include "common/error.h"
 #include "runtime/accelerator.h"
 #include "runtime/checkpoint/checkpoint.h"
-#include "runtime/checkpoint/files.h"
 #include "runtime/checkpoint/safetensors.h"
 #include "runtime/checkpoint/state_load.h"
 #include "runtime/optim/param_state_key.h"
@@ -40,6 +39,7 @@
 #include "support/page_cache.h"
 #include "support/ranks.h"
 #include "support/subprocess.h"
+#include "tensorfile/files.h"
 #include "tower.h"
 
 namespace cxxlaunch::runtime::checkpoint_test {

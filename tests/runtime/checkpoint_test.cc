@@ -9,6 +9,7 @@
 #include "checkpoint_job.h"
 
 using namespace cxxlaunch::runtime;
+namespace tensorfile = cxxlaunch::tensorfile;
 using namespace cxxlaunch::runtime::checkpoint_test;
 
 TEST_CASE("A resumed job ends bit for bit where the uninterrupted one ends", "[checkpoint]") {
@@ -165,7 +166,7 @@ TEST_CASE("A parameter torch stepped less often than the job resumes with its ow
     INFO(layout);
     const std::string saved = dir.path() + "/" + layout;
     const auto uninterrupted = job(layout, 0, "", saved, 42);
-    const checkpoint::Reader reader(saved);
+    const tensorfile::Reader reader(saved);
     CHECK(reader.counter("step:late.weight") == "2");  // steps 2 and 3 of the job's 4
     CHECK_FALSE(reader.counter("step:base.weight"));   // as many as the job's: not written
     const auto resumed = job(layout, 4, saved, "", 7);
@@ -270,7 +271,7 @@ TEST_CASE("The full layout has every parameter whole in rank 0's file and resume
       whole.save_at = 2;
       whole.save_at_dir = base + "/step2";
       const Ended uninterrupted = run(whole);
-      const checkpoint::ShardFileReader first(base + "/step2/rank0.bin"),
+      const tensorfile::ShardFileReader first(base + "/step2/rank0.bin"),
           second(base + "/step2/rank1.bin");
       CHECK(second.slices().empty());  // rank 1 keeps only its generator state
       CHECK(second.hasBlob("rng_cpu"));

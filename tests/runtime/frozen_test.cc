@@ -27,6 +27,7 @@
 #include "tower.h"
 
 using namespace cxxlaunch::runtime;
+namespace tensorfile = cxxlaunch::tensorfile;
 using cxxlaunch::runtime::testing::Tower;
 using cxxlaunch::testing::onRanks;
 using cxxlaunch::testing::TempDir;
@@ -417,12 +418,12 @@ TEST_CASE("a LoRA run's checkpoint: the trainable parameters and a reference to 
     CHECK(uninterrupted.losses[2] == resumed.losses[0]);
     CHECK(uninterrupted.losses[3] == resumed.losses[1]);
 
-    const checkpoint::Reader reader(saved);
+    const tensorfile::Reader reader(saved);
     for (const auto& [name, t] : initialTower()) {
       INFO(name);
       CHECK(reader.has(name, "param") == !isFrozen(name));
     }
-    const auto fingerprint = reader.counter(checkpoint::kBaseFingerprintCounter);
+    const auto fingerprint = reader.counter(tensorfile::kBaseFingerprintCounter);
     REQUIRE(fingerprint);
     CHECK(*fingerprint == checkpoint::SafetensorsReader(base).fingerprint());
     CHECK(fingerprint->rfind("sha256:", 0) == 0);
@@ -454,8 +455,8 @@ TEST_CASE("a checkpoint without frozen parameters names no base", "[frozen][chec
             .base = freeze ? "" : dir.path() + "/base",
             .save = dir.path() + "/saved" + std::to_string(freeze)};
     run(job);
-    const checkpoint::Reader reader(job.save);
-    CHECK_FALSE(reader.counter(checkpoint::kBaseFingerprintCounter));
+    const tensorfile::Reader reader(job.save);
+    CHECK_FALSE(reader.counter(tensorfile::kBaseFingerprintCounter));
     for (const auto& [name, t] : initialTower()) CHECK(reader.has(name, "param"));
   }
   // Without frozen parameters an export is the whole model: one without the output layer is

@@ -2,7 +2,7 @@
 // tuning wins. prefaultForWriting: the whole pages of a range are there afterwards (its whole
 // 2 MiB extents as huge pages, where the kernel makes them), and no byte changes.
 
-#include "runtime/host_memory.h"
+#include "common/host_memory.h"
 
 #include <malloc.h>
 #include <stdlib.h>
@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-using namespace cxxlaunch::runtime;
+using namespace cxxlaunch;
 
 TEST_CASE("A user's malloc tuning in the environment is left alone", "[host_memory]") {
   ::setenv("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=131072", 1);

@@ -12,7 +12,7 @@
 
 #include "runtime/accelerator.h"
 #include "runtime/checkpoint/checkpoint.h"
-#include "runtime/checkpoint/state_load.h"
+#include "runtime/checkpoint/strategy_state.h"
 #include "runtime/precision/policy.h"
 #include "runtime/strategy/sharded.h"
 #include "sharded_run.h"
@@ -21,6 +21,7 @@
 #include "tower.h"
 
 using namespace cxxlaunch::runtime;
+namespace tensorfile = cxxlaunch::tensorfile;
 using namespace cxxlaunch::runtime::testing;
 using cxxlaunch::testing::onRanks;
 
@@ -188,10 +189,8 @@ DirectResult trainDirect(const DirectRun& run) {
                                options.compute_dtype != torch::kFloat);
         (void)net->forward(torch::ones({kBatch, 6}));
       }
-      const checkpoint::Reader reader(run.load_from);
-      checkpoint::StateLoad load(reader, *backend);
-      strategy.fillState(load);
-      load.finish();
+      const tensorfile::Reader reader(run.load_from);
+      checkpoint::loadStrategyState(strategy, reader, *backend);
     }
     const bool mixed = options.compute_dtype != torch::kFloat;
     for (int64_t m = 0; m < micro_steps; ++m) {
@@ -211,7 +210,7 @@ DirectResult trainDirect(const DirectRun& run) {
       strategy.zeroGrad();
     }
     if (!run.save_to.empty()) {
-      const checkpoint::Counters counters = {{"optimizer_steps", std::to_string(run.steps)}};
+      const tensorfile::Counters counters = {{"optimizer_steps", std::to_string(run.steps)}};
       const auto type = run.full_layout ? StateDictType::kFull : StateDictType::kSharded;
       checkpoint::save(*backend, run.save_to, strategy.stateStream(type, true), {}, counters);
     }

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-namespace cxxlaunch::runtime::checkpoint {
+namespace cxxlaunch::tensorfile {
 
 // `path` as the file system resolves it: absolute, symbolic links and `..` resolved as far as
 // the path exists (the rest lexically), no trailing separator.
@@ -77,4 +77,4 @@ class StagedOutput {
   bool done_ = false;
 };
 
-}  // namespace cxxlaunch::runtime::checkpoint
+}  // namespace cxxlaunch::tensorfile

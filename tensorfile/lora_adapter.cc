@@ -1,4 +1,4 @@
-#include "runtime/checkpoint/lora_adapter.h"
+#include "tensorfile/lora_adapter.h"
 
 #include <cmath>
 #include <filesystem>
@@ -11,7 +11,7 @@
 #include "common/error.h"
 #include "common/file.h"
 
-namespace cxxlaunch::runtime::checkpoint {
+namespace cxxlaunch::tensorfile {
 namespace {
 
 namespace fs = std::filesystem;
@@ -233,4 +233,4 @@ void checkLoraAgainstBase(const LoraAdapter& adapter, const SafetensorsFolder& w
   }
 }
 
-}  // namespace cxxlaunch::runtime::checkpoint
+}  // namespace cxxlaunch::tensorfile

@@ -1,4 +1,4 @@
-#include "runtime/checkpoint/merge_lora.h"
+#include "tensorfile/merge_lora.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,14 +10,14 @@
 #include "common/atomic_file.h"
 #include "common/error.h"
 #include "common/file.h"
-#include "runtime/checkpoint/lora_adapter.h"
-#include "runtime/checkpoint/merge_output.h"
-#include "runtime/checkpoint/merge_weights.h"
-#include "runtime/checkpoint/model_folder.h"
-#include "runtime/checkpoint/safetensors_file.h"
-#include "runtime/checkpoint/safetensors_folder.h"
+#include "tensorfile/lora_adapter.h"
+#include "tensorfile/merge_output.h"
+#include "tensorfile/merge_weights.h"
+#include "tensorfile/model_folder.h"
+#include "tensorfile/safetensors_file.h"
+#include "tensorfile/safetensors_folder.h"
 
-namespace cxxlaunch::runtime::checkpoint {
+namespace cxxlaunch::tensorfile {
 namespace {
 
 namespace fs = std::filesystem;
@@ -348,4 +348,4 @@ float roundToOddFloat(double value) {
   return f;
 }
 
-}  // namespace cxxlaunch::runtime::checkpoint
+}  // namespace cxxlaunch::tensorfile

@@ -4,7 +4,7 @@
 // `cxxlaunch merge-weights` from the folder the checkpoint's job loaded (manifest counter
 // model_source), so that both outputs load as the folder they came from did.
 
-namespace cxxlaunch::runtime::checkpoint {
+namespace cxxlaunch::tensorfile {
 
 // Copied when the source folder has them; config.json is the one a model folder needs.
 inline constexpr const char* kModelFolderFiles[] = {
@@ -14,4 +14,4 @@ inline constexpr const char* kModelFolderFiles[] = {
 // The most bytes such a file may have (a tokenizer.json of a 256k vocabulary is about 30 MB).
 inline constexpr unsigned long kMaxModelFolderFileBytes = 512ul << 20;
 
-}  // namespace cxxlaunch::runtime::checkpoint
+}  // namespace cxxlaunch::tensorfile

@@ -1,4 +1,4 @@
-#include "runtime/checkpoint/merge_output.h"
+#include "tensorfile/merge_output.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -12,9 +12,9 @@
 
 #include "common/atomic_file.h"
 #include "common/error.h"
-#include "runtime/checkpoint/manifest.h"
+#include "tensorfile/manifest.h"
 
-namespace cxxlaunch::runtime::checkpoint {
+namespace cxxlaunch::tensorfile {
 namespace {
 
 namespace fs = std::filesystem;
@@ -170,4 +170,4 @@ void StagedOutput::commit(std::vector<std::string>& notes) {
   }
 }
 
-}  // namespace cxxlaunch::runtime::checkpoint
+}  // namespace cxxlaunch::tensorfile

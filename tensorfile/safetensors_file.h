@@ -14,7 +14,7 @@
 
 #include "common/atomic_file.h"
 
-namespace cxxlaunch::runtime::checkpoint {
+namespace cxxlaunch::tensorfile {
 
 struct SafetensorsTensor {
   std::string name;
@@ -63,4 +63,4 @@ std::vector<size_t> safetensorsFileStarts(const std::vector<uint64_t>& bytes,
 void writeSafetensorsIndex(const std::string& dir, uint64_t total_bytes,
                            const std::vector<std::pair<std::string, std::string>>& weight_map);
 
-}  // namespace cxxlaunch::runtime::checkpoint
+}  // namespace cxxlaunch::tensorfile

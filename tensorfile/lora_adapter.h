@@ -12,9 +12,9 @@
 #include <map>
 #include <string>
 
-#include "runtime/checkpoint/safetensors_folder.h"
+#include "tensorfile/safetensors_folder.h"
 
-namespace cxxlaunch::runtime::checkpoint {
+namespace cxxlaunch::tensorfile {
 
 inline constexpr char kAdapterConfigName[] = "adapter_config.json";
 inline constexpr char kAdapterWeightsName[] = "adapter_model.safetensors";
@@ -49,4 +49,4 @@ void pairLoraTensors(LoraAdapter& adapter, const SafetensorsFolder& weights,
 void checkLoraAgainstBase(const LoraAdapter& adapter, const SafetensorsFolder& weights,
                           const SafetensorsFolder& base, const std::string& base_path);
 
-}  // namespace cxxlaunch::runtime::checkpoint
+}  // namespace cxxlaunch::tensorfile

@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-namespace cxxlaunch::runtime::checkpoint {
+namespace cxxlaunch::tensorfile {
 
 struct MergeLoraOptions {
   std::string adapter;     // the folder with adapter_config.json and adapter_model.safetensors
@@ -61,4 +61,4 @@ MergeLoraResult mergeLora(const MergeLoraOptions& options);
 // F16) to nearest even rounds `value` once.
 float roundToOddFloat(double value);
 
-}  // namespace cxxlaunch::runtime::checkpoint
+}  // namespace cxxlaunch::tensorfile

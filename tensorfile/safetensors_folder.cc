@@ -1,4 +1,4 @@
-#include "runtime/checkpoint/safetensors_folder.h"
+#include "tensorfile/safetensors_folder.h"
 
 #include <unistd.h>
 
@@ -10,10 +10,10 @@
 
 #include "common/error.h"
 #include "common/file.h"
-#include "runtime/checkpoint/files.h"
-#include "runtime/checkpoint/safetensors_file.h"
+#include "tensorfile/files.h"
+#include "tensorfile/safetensors_file.h"
 
-namespace cxxlaunch::runtime::checkpoint {
+namespace cxxlaunch::tensorfile {
 
 namespace fs = std::filesystem;
 
@@ -135,4 +135,4 @@ void SafetensorsFolder::read(const std::string& name, uint64_t offset, size_t by
   o.read(o.data_start + e.begin + offset, out, bytes);
 }
 
-}  // namespace cxxlaunch::runtime::checkpoint
+}  // namespace cxxlaunch::tensorfile

@@ -1,13 +1,13 @@
-#include "runtime/checkpoint/safetensors_file.h"
+#include "tensorfile/safetensors_file.h"
 
 #include <cstdio>
 #include <limits>
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
-#include "runtime/checkpoint/safetensors_header.h"
+#include "tensorfile/safetensors_header.h"
 
-namespace cxxlaunch::runtime::checkpoint {
+namespace cxxlaunch::tensorfile {
 namespace {
 
 using nlohmann::json;
@@ -101,4 +101,4 @@ void writeSafetensorsIndex(const std::string& dir, uint64_t total_bytes,
   writeFileAtomically(dir + "/" + kSafetensorsIndexName, index.dump(2) + "\n");
 }
 
-}  // namespace cxxlaunch::runtime::checkpoint
+}  // namespace cxxlaunch::tensorfile

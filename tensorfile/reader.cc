@@ -1,4 +1,4 @@
-#include "runtime/checkpoint/reader.h"
+#include "tensorfile/reader.h"
 
 #include <algorithm>
 #include <atomic>
@@ -11,7 +11,7 @@
 
 #include "common/error.h"
 
-namespace cxxlaunch::runtime::checkpoint {
+namespace cxxlaunch::tensorfile {
 
 Reader::Reader(const std::string& dir) : dir_(dir) {
   std::string why;
@@ -54,9 +54,6 @@ Reader::Reader(const std::string& dir) : dir_(dir) {
 }
 
 namespace {
-
-// The counters whose values every rank holds alike: the run's position.
-constexpr const char* kPositionCounters[] = {"optimizer_steps", "micro_step", "scheduler_steps"};
 
 std::string valueOrNone(const Counters& counters, const std::string& key) {
   auto it = counters.find(key);
@@ -240,4 +237,4 @@ std::optional<std::string> Reader::blob(int rank, const std::string& name) const
   return file.blob(name);
 }
 
-}  // namespace cxxlaunch::runtime::checkpoint
+}  // namespace cxxlaunch::tensorfile

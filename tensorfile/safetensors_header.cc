@@ -1,4 +1,4 @@
-#include "runtime/checkpoint/safetensors_header.h"
+#include "tensorfile/safetensors_header.h"
 
 #include <algorithm>
 #include <limits>
@@ -7,7 +7,7 @@
 
 #include "common/error.h"
 
-namespace cxxlaunch::runtime::checkpoint {
+namespace cxxlaunch::tensorfile {
 namespace {
 
 using nlohmann::json;
@@ -325,4 +325,4 @@ std::map<std::string, std::set<std::string>> parseSafetensorsIndex(const std::st
   return std::move(events.by_file);
 }
 
-}  // namespace cxxlaunch::runtime::checkpoint
+}  // namespace cxxlaunch::tensorfile

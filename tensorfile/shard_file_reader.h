@@ -1,5 +1,5 @@
 #pragma once
-// Reading one rank's file of a checkpoint (its format: checkpoint/shard_file.h), without
+// Reading one rank's file of a checkpoint (its format: runtime/checkpoint/shard_file.h), without
 // LibTorch, so that `cxxlaunch merge-weights` reads checkpoints in the launcher's binary.
 //
 // Thread-safety: ShardFileReader's read() and blob() may run on several threads at once (the
@@ -15,9 +15,9 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/checkpoint/files.h"
+#include "tensorfile/files.h"
 
-namespace cxxlaunch::runtime::checkpoint {
+namespace cxxlaunch::tensorfile {
 
 // The file's first line and its checksums' last line: "<magic> <format> <header bytes>\n",
 // "<checksums magic> <offset>\n". Format 1 had no checksums; 2 had chunks of 2^20 elements.
@@ -103,4 +103,4 @@ class ShardFileReader {
   mutable std::optional<std::string> corruption_;
 };
 
-}  // namespace cxxlaunch::runtime::checkpoint
+}  // namespace cxxlaunch::tensorfile

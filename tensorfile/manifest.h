@@ -1,6 +1,6 @@
 #pragma once
-// A checkpoint directory's manifest (checkpoint.h): written last, it makes the checkpoint
-// complete. Text, one item a line: "cxxlaunch-checkpoint-manifest 2", "world <N>",
+// A checkpoint directory's manifest (runtime/checkpoint/checkpoint.h): written last, it makes the
+// checkpoint complete. Text, one item a line: "cxxlaunch-checkpoint-manifest 2", "world <N>",
 // "counter <key> <value>" ..., "file rank<r>.bin <bytes> <CRC-32C>" for each rank, "end", and
 // last "crc32c <8 hex digits>": the CRC-32C of every byte before that line, so that a manifest
 // damaged or edited after the save (a counter changed, a line cut) is never read as another
@@ -18,7 +18,9 @@
 #include <utility>
 #include <vector>
 
-namespace cxxlaunch::runtime::checkpoint {
+#include "tensorfile/checkpoint_schema.h"  // the counters' names
+
+namespace cxxlaunch::tensorfile {
 
 // The counters a checkpoint records besides the tensors (text key -> value).
 using Counters = std::map<std::string, std::string>;
@@ -26,17 +28,6 @@ using Counters = std::map<std::string, std::string>;
 inline constexpr char kManifestName[] = "manifest";
 inline constexpr int kManifestFormat = 2;  // written; 1 and 2 are read
 std::string rankFileName(int rank);        // rank<r>.bin
-
-// The blob of every rank file that holds the counters of its save, as countersText writes them.
-inline constexpr char kCountersBlob[] = "counters";
-// The counter naming the model folder the saved job loaded (Accelerator::loadModel), encoded by
-// encodeCounterValue; merge-weights copies that folder's config and tokenizer files.
-inline constexpr char kModelSourceCounter[] = "model_source";
-// What a checkpoint of a run whose frozen parameters came from loadModel (a LoRA run's base)
-// records instead of them: the base's fingerprint (SafetensorsReader::fingerprint), its folder
-// being model_source. Such a checkpoint holds the trainable parameters and their optimizer state
-// only; a load checks that the base loaded now has this fingerprint.
-inline constexpr char kBaseFingerprintCounter[] = "base_fingerprint";
 
 struct Manifest {
   int format = kManifestFormat;
@@ -62,13 +53,13 @@ std::optional<std::string> decodeCounterValue(const std::string& value);
 // The whole number `text` is, all of it, or nullopt.
 std::optional<int64_t> wholeNumber(const std::string& text);
 
-// The complete checkpoints `path` names, best first (checkpoint.h): `path` itself, `<path>.old`,
-// then the subdirectories of `path` by step, newest first. Without `checksums` files are checked
-// by size only (verifyShare, or a format 2/3 file's reads, then check the CRCs). A subdirectory
-// that is a symbolic link is never taken: a checkpoint lies inside its folder. `skipped`, if
-// given, gets a line for each checkpoint that is not complete (one with a manifest, or named
-// checkpoint_<step> or checkpoint-<step>), naming it and why ("checkpoint 'D' skipped: ..."),
-// newest first.
+// The complete checkpoints `path` names, best first (runtime/checkpoint/checkpoint.h): `path`
+// itself, `<path>.old`, then the subdirectories of `path` by step, newest first. Without
+// `checksums` files are checked by size only (verifyShare, or a format 2/3 file's reads, then check
+// the CRCs). A subdirectory that is a symbolic link is never taken: a checkpoint lies inside its
+// folder. `skipped`, if given, gets a line for each checkpoint that is not complete (one with a
+// manifest, or named checkpoint_<step> or checkpoint-<step>), naming it and why ("checkpoint 'D'
+// skipped: ..."), newest first.
 std::vector<std::string> complete(const std::string& path, bool checksums = true,
                                   std::vector<std::string>* skipped = nullptr);
 // The first of complete(); throws InvalidArgument when there is none.
@@ -90,4 +81,4 @@ std::optional<std::string> whyIncomplete(const std::string& dir);
 // older ones; incomplete ones and anything else are left alone. keep >= 1.
 void removeOldest(const std::string& root, size_t keep);
 
-}  // namespace cxxlaunch::runtime::checkpoint
+}  // namespace cxxlaunch::tensorfile

@@ -1,4 +1,4 @@
-#include "runtime/checkpoint/shard_file_reader.h"
+#include "tensorfile/shard_file_reader.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -16,9 +16,9 @@
 #include <sstream>
 
 #include "common/error.h"
-#include "runtime/host_memory.h"
+#include "common/host_memory.h"
 
-namespace cxxlaunch::runtime::checkpoint {
+namespace cxxlaunch::tensorfile {
 namespace {
 
 constexpr int64_t kFormat2Chunk = int64_t{1} << 20;
@@ -374,4 +374,4 @@ std::string ShardFileReader::blob(const std::string& name) const {
   throw InvalidArgument("checkpoint file '" + path_ + "' has no '" + name + "'");
 }
 
-}  // namespace cxxlaunch::runtime::checkpoint
+}  // namespace cxxlaunch::tensorfile

@@ -1,4 +1,4 @@
-#include "runtime/host_memory.h"
+#include "common/host_memory.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -15,7 +15,7 @@
 #include <malloc.h>
 #endif
 
-namespace cxxlaunch::runtime {
+namespace cxxlaunch {
 namespace {
 
 [[maybe_unused]] bool userTunesMalloc() {
@@ -90,4 +90,4 @@ void releaseFreedHostMemory() {
 #endif
 }
 
-}  // namespace cxxlaunch::runtime
+}  // namespace cxxlaunch

@@ -1,6 +1,6 @@
 #pragma once
-// Reading a complete checkpoint (checkpoint.h): every rank file's slices, and reads of any
-// parameter's element range from whichever files cover it. No LibTorch: `cxxlaunch
+// Reading a complete checkpoint (runtime/checkpoint/checkpoint.h): every rank file's slices, and
+// reads of any parameter's element range from whichever files cover it. No LibTorch: `cxxlaunch
 // merge-weights` reads checkpoints with it in the launcher's binary.
 //
 // Thread-safety: readAll() reads on several threads; a Reader is used by one thread.
@@ -12,10 +12,10 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/checkpoint/manifest.h"
-#include "runtime/checkpoint/shard_file_reader.h"
+#include "tensorfile/manifest.h"
+#include "tensorfile/shard_file_reader.h"
 
-namespace cxxlaunch::runtime::checkpoint {
+namespace cxxlaunch::tensorfile {
 
 // One read of a load: elements [begin, end) of `array` of parameter `param` (whose shape must be
 // `shape`) into `out` (float32).
@@ -111,4 +111,4 @@ class Reader final : public Source {
   std::map<std::pair<std::string, std::string>, std::vector<Piece>> pieces_;  // (param, array)
 };
 
-}  // namespace cxxlaunch::runtime::checkpoint
+}  // namespace cxxlaunch::tensorfile

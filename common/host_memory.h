@@ -7,7 +7,7 @@
 
 #include <cstddef>
 
-namespace cxxlaunch::runtime {
+namespace cxxlaunch {
 
 // Raises glibc's mmap and trim thresholds so that freed tensor memory stays in the process for
 // the next step. Does nothing when the user tunes malloc through the environment
@@ -37,4 +37,4 @@ void releaseFreedHostMemory();
 // 512 of them. A warm DDP load (1.2 GB at world 2) went from 4.6-6.7 s to 2.7-3.0 s.
 void prefaultForWriting(void* data, size_t bytes);
 
-}  // namespace cxxlaunch::runtime
+}  // namespace cxxlaunch

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-namespace cxxlaunch::runtime::checkpoint {
+namespace cxxlaunch::tensorfile {
 
 struct SafetensorsEntry {
   std::string name;
@@ -32,4 +32,4 @@ std::vector<SafetensorsEntry> parseSafetensorsHeader(const std::string& json, ui
 // rest skipped, as above; at most 2^20 tensors). Throws InvalidArgument saying what is wrong.
 std::map<std::string, std::set<std::string>> parseSafetensorsIndex(const std::string& json);
 
-}  // namespace cxxlaunch::runtime::checkpoint
+}  // namespace cxxlaunch::tensorfile

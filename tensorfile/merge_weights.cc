@@ -1,4 +1,4 @@
-#include "runtime/checkpoint/merge_weights.h"
+#include "tensorfile/merge_weights.h"
 
 #include <algorithm>
 #include <cctype>
@@ -9,18 +9,20 @@
 #include <memory>
 #include <optional>
 #include <sstream>
+#include <string_view>
 
 #include "common/atomic_file.h"
 #include "common/error.h"
 #include "common/file.h"
-#include "runtime/checkpoint/manifest.h"
-#include "runtime/checkpoint/merge_output.h"
-#include "runtime/checkpoint/model_folder.h"
-#include "runtime/checkpoint/reader.h"
-#include "runtime/checkpoint/safetensors_file.h"
-#include "runtime/checkpoint/safetensors_header.h"
+#include "tensorfile/checkpoint_schema.h"
+#include "tensorfile/manifest.h"
+#include "tensorfile/merge_output.h"
+#include "tensorfile/model_folder.h"
+#include "tensorfile/reader.h"
+#include "tensorfile/safetensors_file.h"
+#include "tensorfile/safetensors_header.h"
 
-namespace cxxlaunch::runtime::checkpoint {
+namespace cxxlaunch::tensorfile {
 namespace {
 
 namespace fs = std::filesystem;
@@ -34,7 +36,8 @@ constexpr int64_t kBlockElements = 4 * kChunkElements;
 // incomplete ones it skipped go to `notes`).
 std::string checkpointDirectory(const std::string& path, std::vector<std::string>& notes) {
   std::error_code ec;
-  // A crash between a save's two renames leaves `<dir>.old` complete (checkpoint.h).
+  // A crash between a save's two renames leaves `<dir>.old` complete
+  // (runtime/checkpoint/checkpoint.h).
   if (!fs::exists(path, ec) && fs::exists(path + ".old", ec) && !whyIncomplete(path + ".old")) {
     return path + ".old";
   }
@@ -107,7 +110,7 @@ void copyModelFolderFiles(const Reader& reader, const std::string& staging,
   }
 }
 
-// A buffer as the checkpoint's counter "buffer:<name>" describes it: "<dtype>:<d0>,<d1>,...".
+// A buffer as the checkpoint's counter bufferCounter(<name>) describes it: "<dtype>:<d0>,<d1>,...".
 std::optional<SafetensorsTensor> bufferLayout(const std::string& name, const std::string& value) {
   const size_t colon = value.find(':');
   if (colon == std::string::npos) return std::nullopt;
@@ -213,13 +216,13 @@ MergeWeightsResult mergeWeights(const MergeWeightsOptions& options) {
   }
 
   std::vector<Item> items;
-  for (const auto& [name, shape] : reader.params("param")) {
+  for (const auto& [name, shape] : reader.params(kParamArray)) {
     items.push_back({{name, options.dtype, shape}, ""});
   }
   for (const auto& blob : reader.files().front()->blobNames()) {
-    if (blob.rfind("buffer:", 0) != 0) continue;
-    const std::string name = blob.substr(7);
-    const auto value = reader.counter(blob);
+    if (blob.rfind(kBufferPrefix, 0) != 0) continue;
+    const std::string name = blob.substr(std::string_view(kBufferPrefix).size());
+    const auto value = reader.counter(bufferCounter(name));
     auto layout = value ? bufferLayout(name, *value) : std::nullopt;
     if (!layout) {
       result.notes.push_back("buffer '" + name +
@@ -255,7 +258,7 @@ MergeWeightsResult mergeWeights(const MergeWeightsOptions& options) {
       const Item& item = items[i];
       weight_map.emplace_back(item.out.name, name);
       if (!item.buffer_dtype.empty()) {
-        const auto bytes = reader.blob(0, "buffer:" + item.out.name);
+        const auto bytes = reader.blob(0, bufferBlob(item.out.name));
         throwIfCorrupt(reader);
         const SafetensorsTensor saved{item.out.name, item.buffer_dtype, item.out.shape};
         if (!bytes || bytes->size() != safetensorsBytes(saved)) {
@@ -281,7 +284,7 @@ MergeWeightsResult mergeWeights(const MergeWeightsOptions& options) {
       for (int64_t begin = 0; begin < numel; begin += kBlockElements) {
         const int64_t end = std::min(numel, begin + kBlockElements);
         block.resize(static_cast<size_t>(end - begin));
-        reader.read(item.out.name, "param", begin, end, item.out.shape, block.data());
+        reader.read(item.out.name, kParamArray, begin, end, item.out.shape, block.data());
         throwIfCorrupt(reader);
         appendAs(item.out.dtype, block.data(), block.size(), scratch, file);
       }
@@ -394,4 +397,4 @@ float halfToFloat(uint16_t h) {
   return f;
 }
 
-}  // namespace cxxlaunch::runtime::checkpoint
+}  // namespace cxxlaunch::tensorfile

@@ -1,4 +1,4 @@
-#include "runtime/checkpoint/manifest.h"
+#include "tensorfile/manifest.h"
 
 #include <algorithm>
 #include <charconv>
@@ -8,9 +8,9 @@
 #include <tuple>
 
 #include "common/error.h"
-#include "runtime/checkpoint/files.h"
+#include "tensorfile/files.h"
 
-namespace cxxlaunch::runtime::checkpoint {
+namespace cxxlaunch::tensorfile {
 namespace {
 
 namespace fs = std::filesystem;
@@ -45,7 +45,7 @@ std::optional<std::string> whyFilesNotIntact(const std::string& dir, const Manif
 }
 
 int64_t stepOf(const Manifest& m) {
-  auto it = m.counters.find("optimizer_steps");
+  auto it = m.counters.find(kOptimizerStepsCounter);
   return it == m.counters.end() ? -1 : *wholeNumber(it->second);  // readManifest checked it
 }
 
@@ -221,7 +221,7 @@ std::optional<Manifest> readManifest(const std::string& dir, std::string* why) {
                 std::to_string(m.files.size()) + " rank file(s)");
   }
   // find() orders checkpoints by their step.
-  if (auto it = m.counters.find("optimizer_steps");
+  if (auto it = m.counters.find(kOptimizerStepsCounter);
       it != m.counters.end() && !wholeNumber(it->second)) {
     return fail("has an optimizer_steps counter that is no whole number ('" + it->second + "')");
   }
@@ -380,4 +380,4 @@ std::string find(const std::string& path, bool checksums) {
                         why);
 }
 
-}  // namespace cxxlaunch::runtime::checkpoint
+}  // namespace cxxlaunch::tensorfile

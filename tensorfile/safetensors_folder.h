@@ -1,6 +1,6 @@
 #pragma once
-// Safetensors read as raw bytes, without LibTorch (the format: checkpoint/safetensors.h): one
-// file, or a Hugging Face model folder (model.safetensors, or model.safetensors.index.json and
+// Safetensors read as raw bytes, without LibTorch (the format: runtime/checkpoint/safetensors.h):
+// one file, or a Hugging Face model folder (model.safetensors, or model.safetensors.index.json and
 // the files it names). `cxxlaunch merge-weights --lora` reads the base model and the adapter
 // through it in the launcher's binary. Every header is read and checked when it is opened (a
 // truncated or corrupt file is named before anything is read); the data only as asked.
@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "runtime/checkpoint/safetensors_header.h"
+#include "tensorfile/safetensors_header.h"
 
-namespace cxxlaunch::runtime::checkpoint {
+namespace cxxlaunch::tensorfile {
 
 class SafetensorsFolder {
  public:
@@ -49,4 +49,4 @@ class SafetensorsFolder {
   std::map<std::string, std::pair<size_t, size_t>> where_;  // name -> (file, tensor)
 };
 
-}  // namespace cxxlaunch::runtime::checkpoint
+}  // namespace cxxlaunch::tensorfile

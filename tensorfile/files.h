@@ -1,14 +1,14 @@
 #pragma once
 // Checkpoint files: written durably through common/atomic_file.h (temporary name, fsync,
 // rename, fsync of the folder) with the CRC-32C and size the manifest records; CRC-32C of files
-// read back. Internal to runtime/.
+// read back. Internal to tensorfile/ and runtime/checkpoint/.
 
 #include <cstdint>
 #include <string>
 
 #include "common/atomic_file.h"
 
-namespace cxxlaunch::runtime::checkpoint {
+namespace cxxlaunch::tensorfile {
 
 // An AtomicFile that also counts the bytes and the CRC-32C of what was appended.
 class DurableFile {
@@ -45,4 +45,4 @@ std::pair<uint64_t, uint32_t> fileSizeAndCrc(const std::string& path);
 
 std::string readWholeFile(const std::string& path, size_t max_bytes);
 
-}  // namespace cxxlaunch::runtime::checkpoint
+}  // namespace cxxlaunch::tensorfile

@@ -1,4 +1,4 @@
-#include "runtime/checkpoint/files.h"
+#include "tensorfile/files.h"
 
 #include <fcntl.h>
 #include <nmmintrin.h>
@@ -13,7 +13,7 @@
 
 #include "common/error.h"
 
-namespace cxxlaunch::runtime::checkpoint {
+namespace cxxlaunch::tensorfile {
 namespace {
 
 // CRC-32C (Castagnoli): the SSE4.2 instruction where the CPU has it (three chains: ~8 bytes a
@@ -197,4 +197,4 @@ std::string readWholeFile(const std::string& path, size_t max_bytes) {
   return out;
 }
 
-}  // namespace cxxlaunch::runtime::checkpoint
+}  // namespace cxxlaunch::tensorfile

@@ -1,8 +1,9 @@
 #pragma once
 // `cxxlaunch merge-weights`, accelerate's merge-weights: a checkpoint of any strategy, layout and
-// world size (checkpoint.h) -> the model's parameters and buffers as safetensors, the layout
-// `transformers` reads (model.safetensors, or model-0000k-of-0000n.safetensors with
-// model.safetensors.index.json). Optimizer state, counters and generators are not written.
+// world size (runtime/checkpoint/checkpoint.h) -> the model's parameters and buffers as
+// safetensors, the layout `transformers` reads (model.safetensors, or
+// model-0000k-of-0000n.safetensors with model.safetensors.index.json). Optimizer state, counters
+// and generators are not written.
 //
 // Streamed: each tensor is read from the rank files a block at a time (every chunk's CRC-32C
 // checked as it is read), converted, and appended to its output file, so memory stays within
@@ -21,7 +22,7 @@
 #include <string>
 #include <vector>
 
-namespace cxxlaunch::runtime::checkpoint {
+namespace cxxlaunch::tensorfile {
 
 struct MergeWeightsOptions {
   std::string checkpoint;     // a checkpoint directory, or a folder of them (the newest complete)
@@ -58,4 +59,4 @@ uint16_t floatToBFloat16(float value);
 uint16_t floatToHalf(float value);
 float halfToFloat(uint16_t bits);
 
-}  // namespace cxxlaunch::runtime::checkpoint
+}  // namespace cxxlaunch::tensorfile
