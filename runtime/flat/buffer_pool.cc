@@ -5,29 +5,30 @@
 
 namespace cxxlaunch::runtime {
 
+void BufferPool::addClass(size_t bytes, size_t count) {
+  if (bytes == 0 || count == 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  classes_[bytes].count += count;
+}
+
 c10::DataPtr BufferPool::take(size_t bytes, c10::Allocator* allocator) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto it = kept_.begin(); it != kept_.end(); ++it) {
-      if (it->bytes == bytes) {
-        c10::DataPtr ptr = std::move(it->ptr);
-        kept_.erase(it);
-        return ptr;
-      }
+    auto it = classes_.find(bytes);
+    if (it != classes_.end() && !it->second.kept.empty()) {
+      c10::DataPtr ptr = std::move(it->second.kept.back());
+      it->second.kept.pop_back();
+      return ptr;
     }
   }
   return allocator->allocate(bytes);
 }
 
 void BufferPool::give(c10::DataPtr ptr, size_t bytes) {
-  if (bytes == 0 || capacity_ == 0) return;  // nothing worth keeping: freed here
-  c10::DataPtr dropped;                      // freed outside the lock
   std::lock_guard<std::mutex> lock(mu_);
-  if (kept_.size() == capacity_) {
-    dropped = std::move(kept_.front().ptr);
-    kept_.pop_front();
-  }
-  kept_.push_back({bytes, std::move(ptr)});
+  auto it = classes_.find(bytes);
+  if (it == classes_.end() || it->second.kept.size() >= it->second.count) return;  // freed here
+  it->second.kept.push_back(std::move(ptr));
 }
 
 torch::Tensor BufferPool::empty(int64_t numel, const torch::TensorOptions& options) {
@@ -54,7 +55,14 @@ void BufferPool::recycle(torch::Tensor& t) {
 size_t BufferPool::bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   size_t total = 0;
-  for (const auto& k : kept_) total += k.bytes;
+  for (const auto& [bytes, c] : classes_) total += bytes * c.kept.size();
+  return total;
+}
+
+size_t BufferPool::capacity() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t total = 0;
+  for (const auto& [bytes, c] : classes_) total += bytes * c.count;
   return total;
 }
 

@@ -1,10 +1,12 @@
 #pragma once
-// BufferPool: a few freed buffers kept for the next allocation of the same size. A ZeRO-3 step
-// gathers every unit twice and frees it after each use, and allocates each unit's full gradient
-// once; all of them are of a few equal sizes. Host memory that goes back to the kernel costs a
-// page fault per 4 KiB when it is allocated again (the kernel zeroes it first): on CPU that
-// halved the step of a 100M-parameter model. Keeping `capacity` buffers bounds what this holds
-// to the transients a step has anyway (gathers in flight, gradients being reduced).
+// BufferPool: freed buffers kept for the next allocation of their size, in size classes its owner
+// declares from its schedule. A ZeRO-3 step gathers every unit twice and frees it after each use,
+// and allocates each unit's full gradient and reduced shard once; all of them are of a few sizes,
+// one per unit size. Host memory that goes back to the kernel costs a page fault per 4 KiB when it
+// is allocated again (the kernel zeroes it first): on CPU that halved the step of a 100M-parameter
+// model. A class keeps at most as many buffers of its size as the schedule has in use at once
+// (the strategy counts them: sharded.cc), so the pool holds no more than the step's own peak of
+// transients, and never a buffer of a size no one will ask for again.
 // GPUs do not need it: LibTorch's CUDA caching allocator does the same.
 //
 // Thread-safety: every member may be called from any thread.
@@ -13,18 +15,23 @@
 #include <torch/types.h>
 
 #include <cstddef>
-#include <deque>
+#include <map>
 #include <mutex>
+#include <vector>
 
 namespace cxxlaunch::runtime {
 
 class BufferPool {
  public:
-  explicit BufferPool(size_t capacity) : capacity_(capacity) {}
+  BufferPool() = default;
 
-  // `bytes` of memory: a kept buffer of exactly that size, else a new one from `allocator`.
+  // Buffers of `bytes` are kept, at most `count` of them; classes of one size add up.
+  void addClass(size_t bytes, size_t count);
+
+  // `bytes` of memory: a kept buffer of exactly that size (the last given), else a new one from
+  // `allocator`.
   c10::DataPtr take(size_t bytes, c10::Allocator* allocator);
-  // Keeps `ptr` (of `bytes`) for a later take; beyond the capacity the oldest kept one is freed.
+  // Keeps `ptr` (of `bytes`) for a later take when its class has room; frees it otherwise.
   void give(c10::DataPtr ptr, size_t bytes);
 
   // A contiguous tensor (uninitialised, or zeroed) whose memory comes from take(), and its way
@@ -36,16 +43,16 @@ class BufferPool {
   }
   void recycle(torch::Tensor& t);
 
-  size_t bytes() const;  // kept now
+  size_t bytes() const;     // kept now
+  size_t capacity() const;  // kept at most: every class full
 
  private:
-  struct Kept {
-    size_t bytes;
-    c10::DataPtr ptr;
+  struct SizeClass {
+    size_t count = 0;
+    std::vector<c10::DataPtr> kept;  // the most recently given last: the warmest in cache
   };
-  const size_t capacity_;
   mutable std::mutex mu_;
-  std::deque<Kept> kept_;  // oldest first
+  std::map<size_t, SizeClass> classes_;  // by bytes
 };
 
 }  // namespace cxxlaunch::runtime

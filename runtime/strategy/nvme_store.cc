@@ -38,7 +38,7 @@ torch::Tensor floats(float* at, int64_t numel) {
 
 }  // namespace
 
-NvmeStore::NvmeStore(ShardOptimizer& optimizer, torch::TensorOptions options, int stage,
+NvmeStore::NvmeStore(ShardOptimizer& optimizer, torch::TensorOptions options, bool gradients_too,
                      const std::string& optimizer_dir, const std::string& param_dir,
                      const std::vector<ShardUnit>& units, const std::vector<int64_t>& shard_numels)
     : MemoryStore(optimizer, options, /*free_gradients_between_steps=*/false) {
@@ -49,7 +49,7 @@ NvmeStore::NvmeStore(ShardOptimizer& optimizer, torch::TensorOptions options, in
   if (!optimizer_dir.empty() && optimizer_.stateArrays() > 0) {
     state_file_ = std::make_unique<NvmeFile>(optimizer_dir, "offload_optimizer_nvme_path");
   }
-  if (!optimizer_dir.empty() && stage >= 2) {
+  if (!optimizer_dir.empty() && gradients_too) {
     grad_file_ = std::make_unique<NvmeFile>(optimizer_dir, "offload_optimizer_nvme_path");
   }
   for (size_t i = 0; i < units.size(); ++i) {
@@ -72,12 +72,12 @@ size_t NvmeStore::pieceBytes() const { return regionBytes(std::min(largest_shard
 
 void NvmeStore::settle(ShardUnit& u) {
   if (!param_file_) return;
-  put(u, u.master, {});  // the fp32 master moves out
-  u.master = torch::Tensor();
+  put(u, u.master(), {});  // the fp32 master moves out
+  u.setMaster(torch::Tensor());
 }
 
 torch::Tensor NvmeStore::master(ShardUnit& u) {
-  if (!param_file_) return u.master;
+  if (!param_file_) return u.master();
   AlignedBuffer buffer = alignedBuffer(static_cast<size_t>(u.flat().shardNumel()));
   param_file_->read(regions(u).master, buffer.data.get(), buffer.bytes)->wait();
   return torch::from_blob(
@@ -101,7 +101,7 @@ std::vector<torch::Tensor> NvmeStore::state(ShardUnit& u) {
 }
 
 torch::Tensor NvmeStore::masterToOverwrite(ShardUnit& u) {
-  return param_file_ ? torch::zeros({u.flat().shardNumel()}) : u.master;
+  return param_file_ ? torch::zeros({u.flat().shardNumel()}) : u.master();
 }
 
 std::vector<torch::Tensor> NvmeStore::stateToOverwrite(ShardUnit& u) {
@@ -242,18 +242,18 @@ void NvmeStore::step(std::vector<ShardUnit>& units) {
     ShardUnit& u = *p.unit;
     const Regions& r = regions(u);
     const int64_t n = p.end - p.begin;
-    float* master = param_file_ ? at(k, 0) : u.master.data_ptr<float>() + p.begin;
+    float* master = param_file_ ? at(k, 0) : u.master().data_ptr<float>() + p.begin;
     std::vector<float*> state;
     for (size_t a = 0; a < arrays; ++a) state.push_back(at(k, first_state + a));
     float* grad = grad_file_ ? at(k, gradient) : gradShard(u).data_ptr<float>() + p.begin;
     if (grad_file_ && r.factor != 1) device_kernels::scaleInPlace(floats(grad, n), r.factor);
-    optimizer_.stepRange(u.optimizer_shard, p.begin, p.end, master, grad,
+    optimizer_.stepRange(u.optimizerShard(), p.begin, p.end, master, grad,
                          state_file_ ? state.data() : nullptr);
     auto& written = writes[k % 3];
     const int64_t offset = p.begin * 4;
     const size_t bytes = regionBytes(n);
     if (param_file_) {
-      if (!u.routed) {  // whole at rest: its own shard of the buffer is the gather's input
+      if (!u.routed()) {  // whole at rest: its own shard of the buffer is the gather's input
         u.flat().shard().narrow(0, p.begin, n).copy_(floats(master, n));
       }
       written.push_back(param_file_->write(r.master + offset, master, bytes));

@@ -11,25 +11,28 @@ MemoryStore::MemoryStore(ShardOptimizer& optimizer, torch::TensorOptions options
     : optimizer_(optimizer), options_(options), free_gradients_(free_gradients_between_steps) {}
 
 std::vector<torch::Tensor> MemoryStore::state(ShardUnit& u) {
-  return optimizer_.state(u.optimizer_shard);
+  return optimizer_.state(u.optimizerShard());
 }
 
 std::vector<torch::Tensor> MemoryStore::stateToOverwrite(ShardUnit& u) {
-  return optimizer_.stateToOverwrite(u.optimizer_shard);
+  return optimizer_.stateToOverwrite(u.optimizerShard());
 }
 
-torch::Tensor& MemoryStore::gradShard(ShardUnit& u) {
-  if (!u.grad_shard.defined()) u.grad_shard = torch::zeros({u.flat().shardNumel()}, options_);
-  return u.grad_shard;
+torch::Tensor MemoryStore::gradShard(ShardUnit& u) {
+  if (!u.gradientShard().defined()) {
+    u.setGradientShard(torch::zeros({u.flat().shardNumel()}, options_));
+  }
+  return u.gradientShard();
 }
 
 void MemoryStore::addGradient(ShardUnit& u, const torch::Tensor& incoming) {
-  if (!u.grad_shard.defined()) {  // the first reduction since it was made or freed: one pass
-    u.grad_shard = torch::empty({u.flat().shardNumel()}, options_).copy_(incoming);
+  const torch::Tensor& shard = u.gradientShard();
+  if (!shard.defined()) {  // the first reduction since it was made or freed: one pass
+    u.setGradientShard(torch::empty({u.flat().shardNumel()}, options_).copy_(incoming));
     return;
   }
   // cpu offload: the incoming shard comes down first
-  u.grad_shard.add_(incoming.to(u.grad_shard.device()));
+  shard.add_(incoming.to(shard.device()));
 }
 
 double MemoryStore::gradientSquares(ShardUnit& u) {
@@ -44,15 +47,16 @@ void MemoryStore::scaleGradient(ShardUnit& u, float factor) {
 
 void MemoryStore::zeroGradient(ShardUnit& u) {
   if (free_gradients_) {
-    u.grad_shard = torch::Tensor();  // gradShard makes it again, zeroed
-  } else if (u.grad_shard.defined()) {
-    u.grad_shard.zero_();
+    u.setGradientShard(torch::Tensor());  // gradShard makes it again, zeroed
+  } else if (u.gradientShard().defined()) {
+    u.gradientShard().zero_();
   }
 }
 
 void MemoryStore::step(std::vector<ShardUnit>& units) {
   for (auto& u : units) {
-    optimizer_.step(u.optimizer_shard, u.master.data_ptr<float>(), gradShard(u).data_ptr<float>());
+    optimizer_.step(u.optimizerShard(), u.master().data_ptr<float>(),
+                    gradShard(u).data_ptr<float>());
   }
 }
 

@@ -2,9 +2,9 @@
 // ShardStore: where the sharded engine's fp32 shards rest between uses, behind one interface, so
 // that ShardedStrategy schedules its units without asking where their memory is. Per unit, three
 // kinds of array:
-//   master    this rank's fp32 master weights (ShardUnit::master while it is in memory);
+//   master    this rank's fp32 master weights (ShardUnit::master() while it is in memory);
 //   state     the optimizer's state arrays (Adam's two moments), ShardOptimizer's in memory;
-//   gradient  the fp32 gradient shard the optimizer reads (ShardUnit::grad_shard in memory).
+//   gradient  the fp32 gradient shard the optimizer reads (ShardUnit::gradientShard() in memory).
 //             Stage 2-3: the reductions' shards are added into it; stage 0-1: the strategy
 //             fills it from the all-reduced buffer.
 // Three places, as DeepSpeed and FSDP offer them:
@@ -40,7 +40,7 @@ class ShardStore {
   virtual torch::TensorOptions options() const = 0;
   // Whether ShardOptimizer keeps the units' state arrays (false: the store does, in a file).
   virtual bool optimizerKeepsState() const = 0;
-  // A unit just built holds its master in u.master: it moves where it rests.
+  // A unit just built holds its master in u.master(): it moves where it rests.
   virtual void settle(ShardUnit& u) = 0;
 
   // The master and the optimizer state in memory now: the arrays themselves where they are in
@@ -77,9 +77,9 @@ class MemoryStore : public ShardStore {
   torch::TensorOptions options() const override { return options_; }
   bool optimizerKeepsState() const override { return true; }
   void settle(ShardUnit& /*u*/) override {}
-  torch::Tensor master(ShardUnit& u) override { return u.master; }
+  torch::Tensor master(ShardUnit& u) override { return u.master(); }
   std::vector<torch::Tensor> state(ShardUnit& u) override;
-  torch::Tensor masterToOverwrite(ShardUnit& u) override { return u.master; }
+  torch::Tensor masterToOverwrite(ShardUnit& u) override { return u.master(); }
   std::vector<torch::Tensor> stateToOverwrite(ShardUnit& u) override;
   void put(ShardUnit& /*u*/, const torch::Tensor& /*master*/,
            const std::vector<torch::Tensor>& /*state*/) override {}  // read in place
@@ -92,7 +92,7 @@ class MemoryStore : public ShardStore {
   void report(MemoryReport& /*report*/) const override {}
 
  protected:
-  torch::Tensor& gradShard(ShardUnit& u);  // stage 2-3: made (zeroed) at its first use
+  torch::Tensor gradShard(ShardUnit& u);  // sharded gradients: made (zeroed) at first use
 
   ShardOptimizer& optimizer_;
 
@@ -104,11 +104,11 @@ class MemoryStore : public ShardStore {
 // Swap files in the offload directories; in memory what has none.
 class NvmeStore final : public MemoryStore {
  public:
-  // optimizer_dir: the state, and at stage 2-3 the gradient; param_dir: the master (stage 3).
+  // optimizer_dir: the state, and with `gradients_too` the gradient; param_dir: the master.
   // Either may be empty. `shard_numels`: each unit's, in the order of `units`, whose regions the
   // files reserve and allocate now (a disk that cannot hold them fails here). The units are
   // known by their address from then on: `units` must not be moved or grown.
-  NvmeStore(ShardOptimizer& optimizer, torch::TensorOptions options, int stage,
+  NvmeStore(ShardOptimizer& optimizer, torch::TensorOptions options, bool gradients_too,
             const std::string& optimizer_dir, const std::string& param_dir,
             const std::vector<ShardUnit>& units, const std::vector<int64_t>& shard_numels);
 

@@ -3,15 +3,23 @@
 #include <torch/torch.h>
 
 #include "runtime/comm/tensor_ops.h"
+#include "runtime/strategy/shard_store.h"
 
 namespace cxxlaunch::runtime {
 
-void ShardUnit::unshard(Backend& group, torch::Tensor input, BufferPool* pool) {
+// ---- parameters -----------------------------------------------------------------------------
+
+void ShardUnit::unshard(const UnitContext& c) {
   TORCH_INTERNAL_ASSERT(state_ == State::kSharded, "unshard of unit '", name_, "' not sharded");
-  flat_.restore(pool);
+  // In the compute dtype: a bf16 gather moves half the bytes. On the device: a master offloaded
+  // to the host is copied up (or the device's copy read).
+  torch::Tensor input = device_shard_.defined()
+                            ? device_shard_
+                            : c.store->master(*this).to(flat_.full().device(), c.compute_dtype);
+  flat_.restore(c.pool);
   gather_input_ = std::move(input);
-  gather_ = group.allGather(gather_input_.data_ptr(), flat_.full().data_ptr(),
-                            static_cast<size_t>(flat_.shardNumel()), dtypeOf(flat_.full()));
+  gather_ = c.shards->allGather(gather_input_.data_ptr(), flat_.full().data_ptr(),
+                                static_cast<size_t>(flat_.shardNumel()), dtypeOf(flat_.full()));
   state_ = State::kGathering;
 }
 
@@ -23,12 +31,76 @@ void ShardUnit::waitUnsharded() {
   state_ = State::kUnsharded;
 }
 
-void ShardUnit::reshard(BufferPool* pool) {
-  waitUnsharded();
-  if (state_ == State::kSharded) return;
-  flat_.release(pool);
-  state_ = State::kSharded;
+void ShardUnit::prefetch(const UnitContext& c) {
+  if (state_ == State::kSharded) unshard(c);
 }
+
+void ShardUnit::gatherNow(const UnitContext& c) {
+  prefetch(c);
+  waitUnsharded();
+}
+
+bool ShardUnit::reshardIfRouted(const UnitContext& c) {
+  if (!c.policy.reshard_after_forward || !routed_) return false;
+  waitUnsharded();  // never free memory a collective is writing
+  if (state_ == State::kSharded) return true;
+  if (c.policy.device_keeps_shard && !device_shard_.defined()) {
+    device_shard_ = flat_.shard().clone();  // the gathers' input from now on (current values)
+  }
+  flat_.release(c.pool);
+  state_ = State::kSharded;
+  return true;
+}
+
+void ShardUnit::preForward(const UnitContext& c) {
+  training_ = TrainingState::kForward;
+  gatherNow(c);
+}
+
+bool ShardUnit::postForward(const UnitContext& c) {
+  routed_ = true;
+  training_ = TrainingState::kIdle;
+  return reshardIfRouted(c);
+}
+
+void ShardUnit::preBackward(const UnitContext& c) {
+  training_ = TrainingState::kPreBackward;
+  gatherNow(c);
+}
+
+bool ShardUnit::postBackward(const UnitContext& c) {
+  training_ = TrainingState::kPostBackward;
+  return reshardIfRouted(c);
+}
+
+bool ShardUnit::rest(const UnitContext& c) {
+  training_ = TrainingState::kIdle;
+  return reshardIfRouted(c);
+}
+
+WorkPtr ShardUnit::afterStep(const UnitContext& c) {
+  if (device_shard_.defined()) device_shard_.copy_(master_);
+  if (c.policy.reshard_after_forward && routed_) return nullptr;  // gathered at its next use
+  // The whole buffer is resident here: this rank's slice is the gather's input, in place.
+  if (master_.defined() && master_.data_ptr() != flat_.shard().data_ptr()) {
+    flat_.shard().copy_(master_);  // (nvme params: copied as they were updated)
+  }
+  if (!c.policy.shard_optimizer) return nullptr;  // every rank stepped everything
+  return c.shards->allGather(flat_.shard().data_ptr(), flat_.full().data_ptr(),
+                             static_cast<size_t>(flat_.shardNumel()), dtypeOf(flat_.full()));
+}
+
+void ShardUnit::drain() noexcept {
+  for (auto* work : {&reduce_, &gather_}) {
+    try {
+      if (*work) (*work)->wait();
+    } catch (...) {
+      // Destruction must not throw; the error was or will be reported where it was waited on.
+    }
+  }
+}
+
+// ---- gradients ------------------------------------------------------------------------------
 
 void ShardUnit::placeGradientsIn(torch::Tensor buffer) {
   grad_full_ = std::move(buffer);
@@ -60,7 +132,7 @@ void ShardUnit::pointGradientAtPlace(size_t index) {
   flat_.params()[index].mutable_grad() = grad_places_[index];
 }
 
-void ShardUnit::takeGradient(size_t index, torch::ScalarType dtype, BufferPool* pool) {
+void ShardUnit::takeGradient(size_t index, const UnitContext& c) {
   torch::NoGradGuard no_grad;
   const torch::Tensor& param = flat_.params()[index];
   torch::Tensor& grad = param.mutable_grad();
@@ -69,6 +141,7 @@ void ShardUnit::takeGradient(size_t index, torch::ScalarType dtype, BufferPool* 
     grad = grad_places_[index];  // from now on autograd accumulates in the unit's buffer
     return;
   }
+  const torch::ScalarType dtype = c.compute_dtype;
   // A unit of one parameter (an embedding, an output layer) takes autograd's gradient as its
   // full gradient: no second buffer of the unit's size, no copy.
   if (!grad_full_.defined() && flat_.params().size() == 1 && grad.defined() &&
@@ -80,7 +153,7 @@ void ShardUnit::takeGradient(size_t index, torch::ScalarType dtype, BufferPool* 
   if (!grad_full_.defined()) {
     const auto options = flat_.full().options().dtype(dtype);
     grad_full_ =
-        pool ? pool->zeros(flat_.padded(), options) : torch::zeros({flat_.padded()}, options);
+        c.pool ? c.pool->zeros(flat_.padded(), options) : torch::zeros({flat_.padded()}, options);
   }
   if (grad.defined()) {
     grad_full_.narrow(0, flat_.offset(index), param.numel()).view_as(param).copy_(grad);
@@ -88,28 +161,45 @@ void ShardUnit::takeGradient(size_t index, torch::ScalarType dtype, BufferPool* 
   grad = torch::Tensor();  // the full gradient lives on only in the unit's buffer
 }
 
-void ShardUnit::reduceGradients(Backend& group, BufferPool* pool) {
+void ShardUnit::reduceGradients(const UnitContext& c) {
   if (replicated_gradients_) {
-    reduce_ = group.allreduce(grad_full_.data_ptr(), static_cast<size_t>(flat_.padded()),
-                              dtypeOf(grad_full_), ReduceOp::kAvg);
+    reduce_ = c.every->allreduce(grad_full_.data_ptr(), static_cast<size_t>(flat_.padded()),
+                                 dtypeOf(grad_full_), ReduceOp::kAvg);
     return;
   }
-  grad_incoming_ = pool ? pool->empty(flat_.shardNumel(), grad_full_.options())
-                        : torch::empty({flat_.shardNumel()}, grad_full_.options());
-  reduce_ = group.reduceScatter(grad_full_.data_ptr(), grad_incoming_.data_ptr(),
-                                static_cast<size_t>(flat_.shardNumel()), dtypeOf(grad_full_),
-                                ReduceOp::kAvg);
+  grad_incoming_ = c.pool ? c.pool->empty(flat_.shardNumel(), grad_full_.options())
+                          : torch::empty({flat_.shardNumel()}, grad_full_.options());
+  reduce_ = c.shards->reduceScatter(grad_full_.data_ptr(), grad_incoming_.data_ptr(),
+                                    static_cast<size_t>(flat_.shardNumel()), dtypeOf(grad_full_),
+                                    ReduceOp::kAvg);
 }
 
-void ShardUnit::finishReduction(Backend* replicas) {
+void ShardUnit::finishReduction(const UnitContext& c) {
   reduce_->wait();
   reduce_.reset();
-  if (replicas == nullptr) return;
-  // Hybrid: the average over the nodes of their nodes' averages.
-  replicas
-      ->allreduce(grad_incoming_.data_ptr(), static_cast<size_t>(flat_.shardNumel()),
-                  dtypeOf(grad_incoming_), ReduceOp::kAvg)
-      ->wait();
+  if (replicated_gradients_) {
+    if (!grad_shard_.defined()) return;  // DDP: the parameters' gradients are the places
+    const torch::Tensor mine = grad_full_.narrow(0, flat_.shardBegin(), flat_.shardNumel());
+    // The fp32 shard is memory of its own under mixed precision and cpu offload.
+    if (grad_shard_.data_ptr() != mine.data_ptr()) grad_shard_.copy_(mine);
+    return;
+  }
+  if (c.replicas != nullptr) {  // hybrid: the average over the nodes of their nodes' averages
+    c.replicas
+        ->allreduce(grad_incoming_.data_ptr(), static_cast<size_t>(flat_.shardNumel()),
+                    dtypeOf(grad_incoming_), ReduceOp::kAvg)
+        ->wait();
+  }
+  c.store->addGradient(*this, grad_incoming_);  // accumulated across micro-steps
+  dropGradientBuffers(c.pool);
+}
+
+void ShardUnit::zeroGradients(const UnitContext& c) {
+  if (replicated_gradients_) {
+    grad_full_.zero_();
+  } else {
+    c.store->zeroGradient(*this);
+  }
 }
 
 void ShardUnit::useLentGradientBuffer(torch::Tensor zeroed) {
@@ -125,16 +215,6 @@ void ShardUnit::dropGradientBuffers(BufferPool* pool) {
   grad_incoming_ = torch::Tensor();
   grad_full_ = torch::Tensor();
   full_gradient_lent_ = false;
-}
-
-void ShardUnit::drain() noexcept {
-  for (auto* work : {&reduce_, &gather_}) {
-    try {
-      if (*work) (*work)->wait();
-    } catch (...) {
-      // Destruction must not throw; the error was or will be reported where it was waited on.
-    }
-  }
 }
 
 size_t ShardUnit::gradientBufferBytes() const {

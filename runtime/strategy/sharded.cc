@@ -20,7 +20,6 @@
 namespace cxxlaunch::runtime {
 namespace {
 
-constexpr size_t kNone = static_cast<size_t>(-1);
 constexpr size_t kMaxReductionsInFlight = 2;
 
 }  // namespace
@@ -32,41 +31,63 @@ ShardedStrategy::ShardedStrategy(std::shared_ptr<Backend> backend,
       model_(std::move(model)),
       options_(std::move(options)),
       device_(model_->parameters().empty() ? c10::Device(c10::kCPU)
-                                           : model_->parameters().front().device()) {
-  if (options_.stage < 0 || options_.stage > 3) {
-    throw InvalidArgument("ZeRO stage must be 0, 1, 2 or 3");
-  }
+                                           : model_->parameters().front().device()),
+      policy_(ShardingPolicy::of(options_, device_)) {
   if (options_.trainer_optimizer) {
-    if (options_.stage != 0 || mixed() || options_.offload_to_host ||
-        !options_.nvme_optimizer_dir.empty() || !options_.nvme_param_dir.empty()) {
-      throw InvalidArgument(
-          "the trainer's own optimizer steps only stage 0 in the model's dtype, nothing offloaded");
-    }
     replicated_ = std::make_unique<ReplicatedParameters>(model_, optimizer, backend_->rank(),
                                                          backend_->worldSize());
   } else {
     optimizer_ = std::make_unique<ShardOptimizer>(optimizer);
   }
   // Where memory is the point, freed memory goes back to the kernel (host_memory.h).
-  lean_ = options_.stage == 3 || !options_.nvme_optimizer_dir.empty() ||
-          !options_.nvme_param_dir.empty();
-  if (lean_) returnFreedHostMemory();
-  // What a step frees and allocates again, in two sizes (a unit's, its shard's): in backward up
-  // to five of the first (the unit in use, the one prefetched, the gradient being filled, two
-  // reduced) and two of the second (those reductions' outputs). The pool matches sizes exactly
-  // and drops its oldest: 6 kept missed, each miss above 32 MiB faulted in anew (2.7x DDP's step).
-  constexpr size_t kReusedBuffers = 12;
-  if (options_.stage == 3 && device_.is_cpu()) {
-    pool_ = std::make_unique<BufferPool>(kReusedBuffers);
-  }
-  // A model built under a DeferredInit: a unit's parameters are made as the unit is built (at
-  // stage 3, so that no rank holds the model whole); everything else now, frozen in 16 bits.
-  materializeParameters(*model_, options_.stage != 3, options_.compute_dtype);
+  if (policy_.return_freed_memory) returnFreedHostMemory();
+  if (policy_.pool_buffers) pool_ = std::make_unique<BufferPool>();  // sized by sizePool()
+  // A model built under a DeferredInit: a unit's parameters are made as the unit is built (when
+  // parameters rest sharded, so that no rank holds the model whole); everything else now, frozen
+  // in 16 bits.
+  materializeParameters(*model_, !policy_.reshard_after_forward, options_.compute_dtype);
   if (options_.sync_module_states) broadcastModuleState(*backend_, *model_, 0);
   shards_ = backend_;
   if (options_.hybrid) connectHybridGroups();
+  ctx_ = {.every = backend_.get(),
+          .shards = shards_.get(),
+          .replicas = replicas_.get(),
+          .pool = pool_.get(),
+          .policy = policy_,
+          .compute_dtype = options_.compute_dtype};
   buildUnits();
+  // Sized once the units are built: the build's buffers (each unit's, freed as it comes to rest)
+  // go back to the kernel, so that a model made unit by unit is never held whole; the first step
+  // fills the pool.
+  if (pool_) sizePool();
   if (!replicated_) releaseFreedHostMemory();  // the old storage of parameters now flat
+}
+
+void ShardedStrategy::sizePool() {
+  // What a step holds at once of the units of one size (their flat buffers in the compute
+  // dtype): two gathered (the unit in use and the one prefetched, forward or backward), three
+  // full gradients (the one being filled and kMaxReductionsInFlight being reduced) and three
+  // reductions' outputs of the shard's size (a launch makes its output before the oldest
+  // completes). Only module units are gathered; a unit of one parameter takes autograd's
+  // gradient as its own (ShardUnit::takeGradient), none from the pool. Units of one size share
+  // their classes, so the pool keeps at most what one step has in use at its peak.
+  struct Units {
+    size_t gathered = 0, gradients = 0, reduced = 0, shard_bytes = 0;
+  };
+  std::map<size_t, Units> by_size;  // by the flat buffer's bytes
+  const size_t element = c10::elementSize(options_.compute_dtype);
+  for (const ShardUnit& u : units_) {
+    Units& n = by_size[static_cast<size_t>(u.flat().padded()) * element];
+    n.gathered += u.module() != nullptr;
+    n.gradients += u.flat().params().size() > 1 || u.flat().numel() != u.flat().padded();
+    n.reduced += 1;
+    n.shard_bytes = static_cast<size_t>(u.flat().shardNumel()) * element;
+  }
+  for (const auto& [bytes, n] : by_size) {
+    pool_->addClass(
+        bytes, std::min<size_t>(n.gathered, 2) + std::min(n.gradients, kMaxReductionsInFlight + 1));
+    pool_->addClass(n.shard_bytes, std::min(n.reduced, kMaxReductionsInFlight + 1));
+  }
 }
 
 ShardedStrategy::~ShardedStrategy() {
@@ -107,7 +128,7 @@ void ShardedStrategy::buildUnits() {
                                       .unit_types = options_.unit_types,
                                       .min_num_params = options_.min_num_params,
                                       .wrapped = options_.wrapped,
-                                      .module_units = options_.stage == 3,
+                                      .module_units = policy_.reshard_after_forward,
                                       .bucket_bytes = options_.bucket_bytes});
   frozen_ = std::move(plan.frozen);
   for (const auto& planned : plan.units) units_.emplace_back(planned.name, planned.module);
@@ -115,9 +136,9 @@ void ShardedStrategy::buildUnits() {
   // Per unit: the flat buffer, the master shard, gradient buffers, the optimizer's shard. Then
   // the unit settles to its state at rest, before the next one adds memory: a model built under
   // a DeferredInit is never whole on any rank.
-  // Stage 0 replicates: one "shard" of everything on every rank.
-  const int flat_world = options_.stage == 0 ? 1 : world,
-            flat_rank = options_.stage == 0 ? 0 : rank;
+  // An optimizer not sharded: one "shard" of everything on every rank.
+  const int flat_world = policy_.shard_optimizer ? world : 1,
+            flat_rank = policy_.shard_optimizer ? rank : 0;
   std::vector<int64_t> shard_numels;
   for (const auto& planned : plan.units) {
     int64_t numel = 0;
@@ -126,32 +147,33 @@ void ShardedStrategy::buildUnits() {
   }
   const auto on = torch::TensorOptions().dtype(torch::kFloat);
   if (replicated_) {  // no fp32 shards: the parameters are the model's own tensors
-  } else if (!options_.nvme_optimizer_dir.empty() || !options_.nvme_param_dir.empty()) {
-    store_ = std::make_unique<NvmeStore>(*optimizer_, on.device(device_), options_.stage,
-                                         options_.nvme_optimizer_dir, options_.nvme_param_dir,
-                                         units_, shard_numels);
+  } else if (policy_.master == Placement::kNvme || policy_.optimizer_state == Placement::kNvme) {
+    store_ = std::make_unique<NvmeStore>(
+        *optimizer_, on.device(device_), policy_.gradient_shards == Placement::kNvme,
+        options_.nvme_optimizer_dir, options_.nvme_param_dir, units_, shard_numels);
   } else {
     // cpu offload: pinned, so that the copies to and from the GPU run at the bus's speed,
     // without a bounce buffer.
     store_ = std::make_unique<MemoryStore>(
         *optimizer_,
-        options_.offload_to_host ? on.device(torch::kCPU).pinned_memory(device_.is_cuda())
-                                 : on.device(device_),
+        policy_.master == Placement::kHost ? on.device(torch::kCPU).pinned_memory(device_.is_cuda())
+                                           : on.device(device_),
         options_.free_gradients_between_steps);
   }
-  if (options_.stage == 2 && device_.is_cpu() && world > 1 && !options_.hybrid &&
+  ctx_.store = store_.get();
+  if (policy_.share_full_gradients && world > 1 &&
       !shard_numels.empty()) {  // buffers: the unit being filled, those reduced, one more
     const int64_t largest = *std::max_element(shard_numels.begin(), shard_numels.end()) * world;
     const size_t bytes = static_cast<size_t>(largest) * c10::elementSize(options_.compute_dtype);
     shared_grads_ = std::make_unique<SharedGradients>(*backend_, kMaxReductionsInFlight + 2, bytes);
   }
-  // Stage 0-1: every unit's whole gradient, all-reduced in place. Where the backend has memory
+  // Replicated gradients: every unit's whole, all-reduced in place. Where the backend has memory
   // the ranks share (Gloo on one host) they all live there, one block: the all-reduce reads the
   // peers' buffers where they are and writes the average into each, no copy in or out. The same
   // decision on every rank (same units), so that all of them ask.
   std::vector<size_t> grad_offsets;
   std::shared_ptr<void> grad_block;
-  if (options_.stage <= 1) {
+  if (!policy_.shard_gradients) {
     size_t total = 0;
     bool on_cpu = true;
     for (size_t ui = 0; ui < units_.size(); ++ui) {
@@ -165,7 +187,7 @@ void ShardedStrategy::buildUnits() {
     if (on_cpu && world > 1 && total > 0) grad_block = backend_->sharedBuffer(total);
     gradients_shared_ = grad_block != nullptr;
   }
-  // The gradient buffer of unit `ui` at stage 0-1, in `options`' dtype.
+  // The replicated gradient buffer of unit `ui`, in `options`' dtype.
   auto gradientBuffer = [&](size_t ui, int64_t numel, const torch::TensorOptions& options) {
     return grad_block ? torch::from_blob(
                             static_cast<char*>(grad_block.get()) + grad_offsets[ui], {numel},
@@ -190,7 +212,7 @@ void ShardedStrategy::buildUnits() {
     if (deferred && options_.sync_module_states) broadcast(*backend_, u.flat().full(), 0)->wait();
     // The parameters' old storage, freed into the heap: returned unit by unit, so that the
     // model is never held twice.
-    if (lean_) releaseFreedHostMemory();
+    if (policy_.return_freed_memory) releaseFreedHostMemory();
     if (u.flat().params().front().scalar_type() != torch::kFloat) {
       throw InvalidArgument("sharded strategies train float32 parameters ('" +
                             u.flat().names().front() + "' is " +
@@ -198,16 +220,16 @@ void ShardedStrategy::buildUnits() {
                             "); mixed precision comes from the config's mixed_precision");
     }
     const int64_t sb = u.flat().shardBegin(), sn = u.flat().shardNumel();
-    u.master = ownMaster() ? torch::empty({sn}, store_->options()).copy_(u.flat().shard())
-                           : u.flat().shard();
+    u.setMaster(policy_.own_master ? torch::empty({sn}, store_->options()).copy_(u.flat().shard())
+                                   : u.flat().shard());
     // Before the gradient accumulators exist: they take the parameters' dtype.
     u.flat().convert(options_.compute_dtype);
-    if (options_.stage <= 1) {
+    if (!policy_.shard_gradients) {
       const auto options = u.flat().full().options();
       u.placeGradientsIn(gradientBuffer(ui, u.flat().padded(), options));
-      u.grad_shard = mixed() || options_.offload_to_host ? torch::zeros({sn}, store_->options())
-                                                         : u.fullGradient().narrow(0, sb, sn);
-    }  // stage 2-3: the gradient shard comes with the first reduction (ShardStore::addGradient)
+      u.setGradientShard(policy_.own_gradient_shard ? torch::zeros({sn}, store_->options())
+                                                    : u.fullGradient().narrow(0, sb, sn));
+    }  // sharded: the gradient shard comes with the first reduction (ShardStore::addGradient)
     std::vector<ShardOptimizer::Segment> segments;
     for (size_t i = 0; i < u.flat().params().size(); ++i) {
       const int64_t begin = std::max(u.flat().offset(i), sb);
@@ -221,8 +243,8 @@ void ShardedStrategy::buildUnits() {
         segments.push_back({begin - sb, end - sb, group});
       }
     }
-    u.optimizer_shard = optimizer_->addShard(sn, std::move(segments), store_->options().device(),
-                                             store_->optimizerKeepsState());
+    u.setOptimizerShard(optimizer_->addShard(sn, std::move(segments), store_->options().device(),
+                                             store_->optimizerKeepsState()));
     if (u.module() != nullptr) {
       unit_of_module_[u.module()] = ui;
       detail::registerUnit(u.module(), this);
@@ -244,14 +266,16 @@ void ShardedStrategy::settle(size_t i) {
   if (u.module() != nullptr && (std::find(options_.wrapped.begin(), options_.wrapped.end(),
                                           u.module()) != options_.wrapped.end() ||
                                 detail::runsThroughUnitForward(u.module()))) {
-    u.routed = true;
+    u.route();
     release(i);
   }
   // The optimizer's state, now that the unit holds what it keeps at rest: here for a unit that
-  // is never released, in release() for the others (one the policy chose: at its first
+  // is never released, in rested() for the others (one the policy chose: at its first
   // unitForward).
-  if (options_.stage != 3 || u.module() == nullptr) optimizer_->allocateState(u.optimizer_shard);
-  if (lean_) releaseFreedHostMemory();
+  if (!policy_.reshard_after_forward || u.module() == nullptr) {
+    optimizer_->allocateState(u.optimizerShard());
+  }
+  if (policy_.return_freed_memory) releaseFreedHostMemory();
 }
 
 std::string ShardedStrategy::describe() const {
@@ -264,13 +288,15 @@ std::string ShardedStrategy::describe() const {
   return options_.name + ": " + std::to_string(units_.size()) + " unit(s) (" +
          std::to_string(modules) + " module(s), " + std::to_string(units_.size() - modules) +
          " bucket(s)), " + optimizer_->name() +
-         (options_.stage == 0 ? " on fp32 master weights"
-                              : " on 1/" + std::to_string(shards_->worldSize()) + " shards") +
+         (policy_.shard_optimizer ? " on 1/" + std::to_string(shards_->worldSize()) + " shards"
+                                  : " on fp32 master weights") +
          (replicas_ ? " x " + std::to_string(replicas_->worldSize()) + " node replicas" : "") +
          (mixed() ? ", compute in " + std::string(c10::toString(options_.compute_dtype)) : "") +
          (shared_grads_ && !shared_grads_->empty() ? ", full gradients in shared memory" : "") +
-         (options_.offload_to_host ? ", optimizer on the CPU" : "") +
-         (options_.offload_params_to_host && options_.stage == 3 ? ", parameters offloaded" : "");
+         (policy_.optimizer_state == Placement::kHost ? ", optimizer on the CPU" : "") +
+         (policy_.reshard_after_forward && options_.offload_params_to_host
+              ? ", parameters offloaded"
+              : "");
 }
 
 std::vector<const torch::nn::Module*> ShardedStrategy::unitModules() const {
@@ -298,29 +324,18 @@ size_t ShardedStrategy::unitOf(const torch::nn::Module& module) const {
 void ShardedStrategy::beforeForward(const torch::nn::Module& module) {
   std::lock_guard<std::mutex> lock(mu_);
   const size_t i = unitOf(module);
-  // The order is recorded for the backward's prefetch: passes without autograd (evaluation)
-  // have no backward and are not recorded.
-  if (torch::GradMode::is_enabled()) {
-    if (!in_forward_) {
-      in_forward_ = true;
-      last_forward_order_ = std::move(forward_order_);
-      forward_order_.clear();
-    }
-    forward_order_.push_back(i);
-  }
-  gatherNow(i);
-  if (options_.forward_prefetch && options_.stage == 3) {
-    // The unit that followed this one in the previous forward (a static graph's order).
-    auto it = std::find(last_forward_order_.begin(), last_forward_order_.end(), i);
-    if (it != last_forward_order_.end() && it + 1 != last_forward_order_.end()) prefetch(*(it + 1));
+  if (torch::GradMode::is_enabled()) order_.record(i);
+  units_[i].preForward(ctx_);
+  if (options_.forward_prefetch && policy_.reshard_after_forward) {
+    const size_t next = order_.afterInPreviousForward(i);
+    if (next != ForwardOrder::kNone) units_[next].prefetch(ctx_);
   }
 }
 
 torch::Tensor ShardedStrategy::afterForward(const torch::nn::Module& module, torch::Tensor output) {
   std::lock_guard<std::mutex> lock(mu_);
   const size_t i = unitOf(module);
-  units_[i].routed = true;
-  if (options_.stage == 3) release(i);
+  if (units_[i].postForward(ctx_)) rested(i);
   if (output.requires_grad()) {
     output.register_hook([this, i](const torch::Tensor&) { preBackward(i); });
   }
@@ -329,44 +344,15 @@ torch::Tensor ShardedStrategy::afterForward(const torch::nn::Module& module, tor
 
 void ShardedStrategy::preBackward(size_t i) {
   std::lock_guard<std::mutex> lock(mu_);
-  gatherNow(i);
+  units_[i].preBackward(ctx_);
   if (options_.backward_prefetch == BackwardPrefetch::kPre) {
-    const size_t next = previousInForward(i);
-    if (next != kNone) prefetch(next);
+    const size_t next = order_.beforeInThisForward(i);
+    if (next != ForwardOrder::kNone) units_[next].prefetch(ctx_);
   }
 }
 
-size_t ShardedStrategy::previousInForward(size_t unit) const {
-  auto it = std::find(forward_order_.begin(), forward_order_.end(), unit);
-  return it == forward_order_.end() || it == forward_order_.begin() ? kNone : *(it - 1);
-}
-
-torch::Tensor ShardedStrategy::gatherInput(ShardUnit& u) {
-  // In the compute dtype: a bf16 gather moves half the bytes. On the device: a master offloaded
-  // to the host is copied up (or its device copy read).
-  if (u.device_shard.defined()) return u.device_shard;
-  return store_->master(u).to(u.flat().full().device(), options_.compute_dtype);
-}
-
-void ShardedStrategy::prefetch(size_t i) {
-  ShardUnit& u = units_[i];
-  if (u.state() == ShardUnit::State::kSharded) u.unshard(*shards_, gatherInput(u), pool_.get());
-}
-
-void ShardedStrategy::gatherNow(size_t i) {
-  prefetch(i);
-  units_[i].waitUnsharded();
-}
-
-void ShardedStrategy::release(size_t i) {
-  ShardUnit& u = units_[i];
-  if (options_.stage != 3 || !u.routed) return;
-  u.waitUnsharded();
-  if (options_.offload_to_host && !options_.offload_params_to_host && !u.device_shard.defined()) {
-    u.device_shard = u.flat().shard().clone();  // the gathers' input from now on (current values)
-  }
-  u.reshard(pool_.get());
-  optimizer_->allocateState(u.optimizer_shard);
+void ShardedStrategy::rested(size_t i) {
+  optimizer_->allocateState(units_[i].optimizerShard());
   // What LibTorch says of a freed parameter (1.13 and 2.x), which says nothing of units.
   for (const char* freed : {"data is not allocated yet", "for storage of size 0"}) {
     addUncaughtErrorHint(
@@ -379,13 +365,13 @@ void ShardedStrategy::release(size_t i) {
 }
 
 void ShardedStrategy::warnOfUnitsNeverRouted() {
-  if (warned_never_routed_ || options_.stage != 3) return;
+  if (warned_never_routed_ || !policy_.reshard_after_forward) return;
   warned_never_routed_ = true;
   std::string names;
   size_t count = 0;
   for (const auto& item : model_->named_modules()) {
     for (const ShardUnit& u : units_) {
-      if (u.module() != item.value().get() || u.routed) continue;
+      if (u.module() != item.value().get() || u.routed()) continue;
       if (++count <= 4) names += std::string(count > 1 ? ", " : "") + "'" + item.key() + "'";
     }
   }
@@ -406,7 +392,8 @@ void ShardedStrategy::beforeBackward(bool sync) {
 
 void ShardedStrategy::onGradientReady(size_t unit, size_t param) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (options_.stage <= 1 && !sync_) return;  // accumulates in param.grad() until the sync
+  // Replicated gradients accumulate in param.grad() until the synchronising backward.
+  if (!policy_.shard_gradients && !sync_) return;
   if (replicated_) used_[first_param_[unit] + param] = 1;
   markReady(unit, param);
 }
@@ -418,26 +405,26 @@ void ShardedStrategy::markReady(size_t unit, size_t param) {
     torch::Tensor lent = shared_grads_->lend(unit, u.flat().padded(), options_.compute_dtype);
     if (lent.defined()) u.useLentGradientBuffer(std::move(lent));
   }
-  u.takeGradient(param, options_.compute_dtype, pool_.get());
+  u.takeGradient(param, ctx_);
   if (unit_done) unitGradientsDone(unit);
   launchReady();
 }
 
 void ShardedStrategy::unitGradientsDone(size_t i) {
   // Every gradient of the unit is computed: backward reads its parameters no more.
-  release(i);
+  if (units_[i].postBackward(ctx_)) rested(i);
   if (options_.backward_prefetch == BackwardPrefetch::kPost) {
-    const size_t next = previousInForward(i);
-    if (next != kNone) prefetch(next);
+    const size_t next = order_.beforeInThisForward(i);
+    if (next != ForwardOrder::kNone) units_[next].prefetch(ctx_);
   }
 }
 
 void ShardedStrategy::launchReady() {
   for (size_t i; (i = readiness_->nextToLaunch()) != GradientReadiness::kNone;) {
-    // Stage 0-1: all-reduced over every rank, waited for in afterBackward; 2-3: reduce-scattered
-    // over the shard group, at most kMaxReductionsInFlight at a time.
-    units_[i].reduceGradients(options_.stage <= 1 ? *backend_ : *shards_, pool_.get());
-    if (options_.stage <= 1) continue;
+    // Replicated: all-reduced over every rank, waited for in afterBackward; sharded:
+    // reduce-scattered over the shard group, at most kMaxReductionsInFlight at a time.
+    units_[i].reduceGradients(ctx_);
+    if (!policy_.shard_gradients) continue;
     in_flight_.push_back(i);
     while (in_flight_.size() > kMaxReductionsInFlight) completeOldestReduction();
   }
@@ -445,30 +432,21 @@ void ShardedStrategy::launchReady() {
 
 void ShardedStrategy::completeOldestReduction() {
   const size_t i = in_flight_.front();
-  ShardUnit& u = units_[i];
   in_flight_.pop_front();
-  u.finishReduction(replicas_.get());
-  store_->addGradient(u, u.incomingGradient());  // accumulated across micro-steps
-  u.dropGradientBuffers(pool_.get());
+  units_[i].finishReduction(ctx_);
   if (shared_grads_) shared_grads_->giveBack(i);
 }
 
 void ShardedStrategy::afterBackward(bool sync) {
   std::lock_guard<std::mutex> lock(mu_);
-  in_forward_ = false;
-  if (options_.stage <= 1 && !sync) return;
+  order_.backwardEnded();
+  if (!policy_.shard_gradients && !sync) return;
   if (replicated_) return finishReplicatedBackward();
   // Parameters this backward did not reach (unused in this forward) contribute zeros, so that no
   // rank waits for a reduction another rank never starts.
   for (const auto& [unit, param] : readiness_->pending()) markReady(unit, param);
-  if (options_.stage <= 1) {
-    for (auto& u : units_) {
-      u.finishReduction(nullptr);
-      const torch::Tensor mine =
-          u.fullGradient().narrow(0, u.flat().shardBegin(), u.flat().shardNumel());
-      // The fp32 shard is memory of its own under mixed precision and cpu offload.
-      if (u.grad_shard.data_ptr() != mine.data_ptr()) u.grad_shard.copy_(mine);
-    }
+  if (!policy_.shard_gradients) {
+    for (auto& u : units_) u.finishReduction(ctx_);
   }
   while (!in_flight_.empty()) completeOldestReduction();
   readiness_->reset();
@@ -481,7 +459,7 @@ double ShardedStrategy::clipGradNorm(double max_norm) {
   if (replicated_) return replicated_->clipGradNorm(max_norm);
   double squares = 0;
   for (auto& u : units_) squares += store_->gradientSquares(u);
-  if (options_.stage > 0) {  // each shard holds a part of the gradient
+  if (policy_.shard_optimizer) {  // each shard holds a part of the gradient
     shards_->allreduce(&squares, 1, DType::kFloat64, ReduceOp::kSum)->wait();
   }
   const double norm = std::sqrt(squares);
@@ -508,20 +486,10 @@ void ShardedStrategy::step() {
   torch::NoGradGuard no_grad;
   optimizer_->beginStep();
   store_->step(units_);
-  // Parameters up to date everywhere: gathered now, or (stage 3 units run through unitForward)
-  // at their next forward.
+  // Parameters up to date everywhere: gathered now, or (units resting sharded) at their next use.
   std::vector<WorkPtr> gathers;
   for (auto& u : units_) {
-    if (u.device_shard.defined()) u.device_shard.copy_(u.master);
-    if (options_.stage == 3 && u.routed) continue;
-    // The whole buffer is resident here: this rank's slice is the gather's input, in place.
-    if (u.master.defined() && u.master.data_ptr() != u.flat().shard().data_ptr()) {
-      u.flat().shard().copy_(u.master);  // (nvme params: copied as they were updated)
-    }
-    if (options_.stage == 0) continue;  // every rank stepped everything
-    gathers.push_back(shards_->allGather(u.flat().shard().data_ptr(), u.flat().full().data_ptr(),
-                                         static_cast<size_t>(u.flat().shardNumel()),
-                                         dtypeOf(u.flat().full())));
+    if (WorkPtr gather = u.afterStep(ctx_)) gathers.push_back(std::move(gather));
   }
   for (auto& w : gathers) w->wait();
   warnOfUnitsNeverRouted();
@@ -529,13 +497,7 @@ void ShardedStrategy::step() {
 
 void ShardedStrategy::zeroGrad() {
   if (replicated_) return replicated_->zeroGrad();
-  for (auto& u : units_) {
-    if (options_.stage <= 1) {
-      u.fullGradient().zero_();
-    } else {
-      store_->zeroGradient(u);
-    }
-  }
+  for (auto& u : units_) u.zeroGradients(ctx_);
 }
 
 MemoryReport ShardedStrategy::memoryReport() const {
@@ -545,18 +507,17 @@ MemoryReport ShardedStrategy::memoryReport() const {
     return report;
   }
   // cpu offload: the fp32 shards and the optimizer state are host memory, reported apart.
-  size_t& shards = options_.offload_to_host ? report.offloaded_to_cpu : report.parameters;
-  size_t& gradient_shards = options_.offload_to_host ? report.offloaded_to_cpu : report.gradients;
+  const bool on_host = policy_.master == Placement::kHost;
+  size_t& shards = on_host ? report.offloaded_to_cpu : report.parameters;
+  size_t& gradient_shards = on_host ? report.offloaded_to_cpu : report.gradients;
   for (const auto& u : units_) {
-    report.parameters += u.flat().residentBytes() + bytesOf(u.device_shard);
-    if (ownMaster()) shards += bytesOf(u.master);
+    report.parameters += u.flat().residentBytes() + bytesOf(u.deviceShard());
+    if (policy_.own_master) shards += bytesOf(u.master());
     report.gradients += u.gradientBufferBytes();
-    const bool own_gradient_shard = options_.stage >= 2 || mixed() || options_.offload_to_host;
-    if (own_gradient_shard) gradient_shards += bytesOf(u.grad_shard);
+    if (policy_.own_gradient_shard) gradient_shards += bytesOf(u.gradientShard());
   }
   for (const auto& p : frozen_) report.parameters += bytesOf(p);
-  (options_.offload_to_host ? report.offloaded_to_cpu : report.optimizer_state) +=
-      optimizer_->stateBytes();
+  (on_host ? report.offloaded_to_cpu : report.optimizer_state) += optimizer_->stateBytes();
   store_->report(report);
   if (pool_) report.kept_for_reuse = pool_->bytes();
   return report;
@@ -569,8 +530,8 @@ void ShardedStrategy::visitFullParameters(const ParameterVisitor& visit) {
   for (auto& u : units_) {  // one unit whole at a time
     torch::Tensor full;
     u.waitUnsharded();
-    if (options_.stage == 0) {
-      full = u.master;
+    if (!policy_.shard_optimizer) {
+      full = u.master();
     } else if (u.flat().resident() && !mixed()) {
       full = u.flat().full();
     } else {  // from the fp32 master shards: the precise values, not the compute copies

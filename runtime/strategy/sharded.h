@@ -28,10 +28,12 @@
 // modules it names, the remaining parameters (below stage 3: all of them) in buckets of
 // bucket_bytes, in reverse registration order as DDP's. Each is a ShardUnit
 // (strategy/shard_unit.h: one FlatParameter, its master and gradient buffers, an explicit
-// sharded / gathering / unsharded state) and one shard of the optimizer
-// (optim/shard_optimizer.h). This class is the scheduler of the units: when each is gathered,
-// released, reduced and stepped; where its fp32 shards rest (device, host, nvme files) is its
-// ShardStore's (strategy/shard_store.h).
+// sharded / gathering / unsharded state and a training state, its pre/post forward and backward
+// steps) and one shard of the optimizer (optim/shard_optimizer.h). This class is the scheduler
+// of the units: when each is gathered, released, reduced and stepped, in what order. What a
+// stage means (shard the optimizer, the gradients, reshard after forward; where the fp32 shards
+// rest) it asks a ShardingPolicy (strategy/sharding_policy.h), made once from these options;
+// where the shards rest (device, host, nvme files) is the ShardStore's (strategy/shard_store.h).
 //
 // Collectives run in one order on every rank: gradient reductions in a fixed unit order (a unit
 // that completes early waits for the ones before it), gathers in forward order and in the
@@ -47,10 +49,12 @@
 #include <vector>
 
 #include "runtime/optim/shard_optimizer.h"
+#include "runtime/strategy/forward_order.h"
 #include "runtime/strategy/gradient_readiness.h"
 #include "runtime/strategy/replicated_parameters.h"
 #include "runtime/strategy/shard_store.h"
 #include "runtime/strategy/shard_unit.h"
+#include "runtime/strategy/sharding_policy.h"
 #include "runtime/strategy/shared_gradients.h"
 #include "runtime/strategy/strategy.h"
 #include "runtime/strategy/unit.h"
@@ -138,25 +142,26 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
 
  private:
   void buildUnits();
-  torch::Tensor gatherInput(ShardUnit& unit);       // this rank's shard, as the gathers read it
+  // Per size of the units' buffers, as many kept as the schedule uses at once (flat/buffer_pool.h).
+  void sizePool();
   void onGradientReady(size_t unit, size_t param);  // autograd's hook
   void markReady(size_t unit, size_t param);        // under mu_
   void preBackward(size_t unit);                    // hook on a unit's output gradient
   void launchReady();                               // reductions, in order
-  void completeOldestReduction();                   // stage 2-3
+  void completeOldestReduction();                   // sharded gradients
   void finishReplicatedBackward();                  // trainer_optimizer
-  void unitGradientsDone(size_t unit);              // stage 3: release, BACKWARD_POST prefetch
-  void gatherNow(size_t unit);                      // waits
+  void unitGradientsDone(size_t unit);              // release, BACKWARD_POST prefetch
   bool mixed() const { return options_.compute_dtype != torch::kFloat; }
-  // Whether the master shard is memory of its own, not a view of the flat buffer.
-  bool ownMaster() const { return options_.stage == 3 || mixed() || options_.offload_to_host; }
-  void prefetch(size_t unit);  // returns at once
-  void release(size_t unit);   // stage 3, routed units only
+  // After a unit came to rest sharded (ShardUnit::rest and its like returned true): its
+  // optimizer state, and the hint for a trainer that uses its freed parameters.
+  void rested(size_t unit);
+  void release(size_t unit) {  // a unit in use back to rest
+    if (units_[unit].rest(ctx_)) rested(unit);
+  }
   // After the first step: one warning naming the units the policy chose that never ran through
   // unitForward (whole at rest on every rank), on rank 0.
   void warnOfUnitsNeverRouted();
   size_t unitOf(const torch::nn::Module& module) const;
-  size_t previousInForward(size_t unit) const;  // next in backward order, or kNone
 
   void connectHybridGroups();
   void settle(size_t unit);  // built: to the state it rests in
@@ -173,7 +178,8 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   std::shared_ptr<torch::nn::Module> model_;
   bool warned_never_routed_ = false;
   ShardingOptions options_;
-  c10::Device device_;                         // the model's
+  c10::Device device_;  // the model's
+  ShardingPolicy policy_;
   std::unique_ptr<ShardOptimizer> optimizer_;  // the fp32 shards' (none: trainer_optimizer)
   // trainer_optimizer: the trainer's optimizer on whole parameters, and which parameters got a
   // gradient on this rank in this backward (find_unused_parameters), unit by unit.
@@ -185,14 +191,13 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   std::unique_ptr<ShardStore> store_;  // where the units' fp32 shards rest
   // The hooks, which gradients are in, which unit's reduction launches next (in plan order).
   std::unique_ptr<GradientReadiness> readiness_;
-  std::deque<size_t> in_flight_;  // stage 2-3 reductions not yet added to the shards
+  std::deque<size_t> in_flight_;  // sharded gradients' reductions not yet added to the shards
   std::map<const torch::nn::Module*, size_t> unit_of_module_;
-  std::vector<size_t> forward_order_, last_forward_order_;
-  bool in_forward_ = false;
-  bool sync_ = true;
-  bool lean_ = false;  // memory is the point: freed host memory returned to the kernel
-  // ZeRO-3 on CPU: the units' gathered buffers and full gradients, reused (flat/buffer_pool.h).
+  ForwardOrder order_;
+  bool sync_ = true;  // this backward synchronises (not a noSync micro-step)
+  // ZeRO-3 on CPU: the units' gathered buffers and gradients, reused (flat/buffer_pool.h).
   std::unique_ptr<BufferPool> pool_;
+  UnitContext ctx_;  // what the units' steps use: the groups, the store, the pool, the policy
   // ZeRO-2 on one host: full gradients in memory the ranks share (shared_gradients.h).
   std::unique_ptr<SharedGradients> shared_grads_;
   // Parameters without gradients: whole, never sharded, in the compute dtype

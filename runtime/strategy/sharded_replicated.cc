@@ -24,7 +24,7 @@ void ShardedStrategy::finishReplicatedBackward() {
   if (options_.find_unused_parameters) {
     used = backend_->allreduce(used_.data(), used_.size(), DType::kInt32, ReduceOp::kMax);
   }
-  for (auto& u : units_) u.finishReduction(nullptr);
+  for (auto& u : units_) u.finishReduction(ctx_);
   if (used) used->wait();
   for (size_t ui = 0; ui < units_.size(); ++ui) {
     for (size_t i = 0; i < units_[ui].flat().params().size(); ++i) {

@@ -27,8 +27,8 @@ StateCounters ShardedStrategy::stateCounters(int64_t optimizer_steps) {
 }
 
 StateStream ShardedStrategy::gatheredStream(bool with_frozen) {
-  // At stage 0 every rank holds everything, and rank 0's views are already whole.
-  if (options_.stage == 0) return shardedStream(with_frozen);
+  // Without a sharded optimizer every rank holds everything: rank 0's views are already whole.
+  if (!policy_.shard_optimizer) return shardedStream(with_frozen);
   StateStream state;
   const bool writes = backend_->rank() == 0;  // every rank gathers, rank 0 writes
   std::vector<std::string> arrays = {tensorfile::kParamArray};
@@ -124,9 +124,10 @@ StateStream ShardedStrategy::gatheredStream(bool with_frozen) {
 StateStream ShardedStrategy::shardedStream(bool with_frozen) {
   std::lock_guard<std::mutex> lock(mu_);
   StateStream stream;
-  // Every element once: at stage 0 every rank holds everything, under hybrid sharding the
-  // other nodes hold copies of node 0's shards.
-  if ((options_.stage == 0 && backend_->rank() != 0) || (replicas_ && replicas_->rank() != 0)) {
+  // Every element once: without a sharded optimizer every rank holds everything, under hybrid
+  // sharding the other nodes hold copies of node 0's shards.
+  if ((!policy_.shard_optimizer && backend_->rank() != 0) ||
+      (replicas_ && replicas_->rank() != 0)) {
     stream.produce = [](const std::function<void(const torch::Tensor&)>&) {};
     return stream;
   }
@@ -235,9 +236,9 @@ void ShardedStrategy::fillState(StateSource& source) {
     if (u.flat().resident() && master.data_ptr() != u.flat().shard().data_ptr()) {
       u.flat().shard().copy_(master);
     }
-    if (u.device_shard.defined()) u.device_shard.copy_(master);
+    if (u.deviceShard().defined()) u.deviceShard().copy_(master);
     publish(u);
-    if (lean_) releaseFreedHostMemory();  // this unit's staging, before the next one's
+    if (policy_.return_freed_memory) releaseFreedHostMemory();  // this unit's staging first
   }
   // Frozen parameters, whole on every rank, one at a time: one held in 16 bits is read through a
   // float32 copy of itself, and the base's copies together would be twice the base. One the
@@ -254,11 +255,8 @@ void ShardedStrategy::fillState(StateSource& source) {
 void ShardedStrategy::publish(ShardUnit& u) {
   // Whole units get every rank's new shard now; units at rest sharded get it at their next
   // gather (from the master).
-  if (options_.stage == 0 || !u.flat().resident()) return;
-  if (options_.stage == 3 && u.routed) {
-    u.reshard(pool_.get());
-    return;
-  }
+  if (!policy_.shard_optimizer || !u.flat().resident()) return;
+  if (u.rest(ctx_)) return;  // rests sharded: gathers it at its next use
   shards_
       ->allGather(u.flat().shard().data_ptr(), u.flat().full().data_ptr(),
                   static_cast<size_t>(u.flat().shardNumel()), dtypeOf(u.flat().full()))

@@ -575,27 +575,52 @@ TEST_CASE("planUnits: inner units first, buckets in reverse order, frozen parame
       Catch::Contains("its module types are: BlockImpl, LayerNormImpl"));
 }
 
-TEST_CASE("A ShardUnit moves between unsharded, gathering and sharded", "[sharded]") {
+TEST_CASE("A ShardUnit is gathered around its forward and backward and rests as its policy says",
+          "[sharded]") {
   auto fake = makeFakeWorld(2);
   onRanks(2, [&](int r) {
     torch::NoGradGuard no_grad;
     std::shared_ptr<Backend> backend = makeFakeBackend(fake, r);
     const auto a = torch::arange(5, torch::kFloat), b = torch::full({2}, 7.0f);
-    ShardUnit unit("u", nullptr);
-    unit.flat() = FlatParameter({a.clone(), b.clone()}, {"a", "b"}, 2, r);
-    CHECK(unit.state() == ShardUnit::State::kUnsharded);
-    const torch::Tensor mine = unit.flat().shard().clone();
-    unit.reshard(nullptr);
-    CHECK(unit.state() == ShardUnit::State::kSharded);
-    CHECK_FALSE(unit.flat().resident());
-    unit.unshard(*backend, mine, nullptr);
-    CHECK(unit.state() == ShardUnit::State::kGathering);
-    unit.waitUnsharded();
-    CHECK(unit.state() == ShardUnit::State::kUnsharded);
-    CHECK(torch::equal(unit.flat().params()[0], a));
-    CHECK(torch::equal(unit.flat().params()[1], b));
-    unit.reshard(nullptr);  // twice: nothing more to free
-    unit.reshard(nullptr);
-    CHECK(unit.state() == ShardUnit::State::kSharded);
+    torch::Tensor weights = torch::zeros({1});
+    torch::optim::SGD sgd({weights}, torch::optim::SGDOptions(0.1));
+    ShardOptimizer optimizer(sgd);
+    MemoryStore store(optimizer, torch::kFloat, /*free_gradients_between_steps=*/false);
+    for (const bool reshard : {true, false}) {  // ZeRO-3, then ZeRO-2's parameters
+      INFO((reshard ? "reshard after forward" : "whole at rest"));
+      const UnitContext c{.every = backend.get(),
+                          .shards = backend.get(),
+                          .store = &store,
+                          .policy = {.shard_optimizer = true,
+                                     .shard_gradients = true,
+                                     .reshard_after_forward = reshard,
+                                     .own_master = true}};
+      ShardUnit unit("u", nullptr);
+      unit.flat() = FlatParameter({a.clone(), b.clone()}, {"a", "b"}, 2, r);
+      unit.setMaster(unit.flat().shard().clone());
+      CHECK(unit.state() == ShardUnit::State::kUnsharded);
+      CHECK_FALSE(unit.rest(c));  // not routed yet: a trainer that never calls unitForward
+      CHECK(unit.state() == ShardUnit::State::kUnsharded);
+
+      unit.preForward(c);
+      CHECK(unit.trainingState() == ShardUnit::TrainingState::kForward);
+      CHECK(unit.postForward(c) == reshard);
+      CHECK(unit.routed());
+      CHECK(unit.trainingState() == ShardUnit::TrainingState::kIdle);
+      CHECK(unit.flat().resident() != reshard);
+      unit.prefetch(c);  // the backward's prefetch
+      CHECK(unit.state() ==
+            (reshard ? ShardUnit::State::kGathering : ShardUnit::State::kUnsharded));
+      unit.preBackward(c);
+      CHECK(unit.state() == ShardUnit::State::kUnsharded);
+      CHECK(unit.trainingState() == ShardUnit::TrainingState::kPreBackward);
+      CHECK(torch::equal(unit.flat().params()[0], a));  // gathered from every rank's master
+      CHECK(torch::equal(unit.flat().params()[1], b));
+      CHECK(unit.postBackward(c) == reshard);
+      CHECK(unit.trainingState() == ShardUnit::TrainingState::kPostBackward);
+      CHECK(unit.rest(c) == reshard);  // the end of backward: nothing more to free
+      CHECK(unit.trainingState() == ShardUnit::TrainingState::kIdle);
+      CHECK(unit.state() == (reshard ? ShardUnit::State::kSharded : ShardUnit::State::kUnsharded));
+    }
   });
 }
