@@ -124,8 +124,8 @@ def main():
     except ImportError:
         trainer = False
     print("peer: " + ("transformers %s Trainer + accelerate" % transformers.__version__ if trainer
-                      else "transformers %s LlamaForCausalLM, plain bf16 loop, fused AdamW "
-                      "(no accelerate)" % transformers.__version__), flush=True)
+                      else "transformers %s LlamaForCausalLM in a plain bf16 loop (no accelerate), "
+                      "fused AdamW" % transformers.__version__), flush=True)
     torch.manual_seed(1234)
     model = transformers.LlamaForCausalLM.from_pretrained(
         a.model_dir, torch_dtype=torch.float32, attn_implementation="sdpa").cuda()

@@ -390,6 +390,8 @@ finetune_speed() {
   local where_ft=(--nproc_per_node 1) ckpt_ours=() ckpt_peer=()
   cat "$root"/docs/*.md "$root"/README.md >"$text"
   rm -rf "$llama" "$logs/llama-speed-tuned"
+  # The fine-tune step's TinyLlama folder when it made one (the same shape and seed).
+  [ "$dry" = 1 ] || [ ! -f "$logs/llama-1b/config.json" ] || ln -s "$logs/llama-1b" "$llama"
   local shape=(--hidden_size 2048 --intermediate_size 5632 --num_hidden_layers 22
     --num_attention_heads 32 --num_key_value_heads 4 --vocab_size 32000)
   seq=2048 batch=8 steps=15 every=5
@@ -406,8 +408,8 @@ finetune_speed() {
     ckpt_ours=(--use_deepspeed --zero_stage 3)
   fi
   local name="finetune MFU TinyLlama 2048x8 zero3 bf16"
-  if ! run_step speed_init 120 "${with_bundle[@]}" "$bin/llama_init" --output_dir "$llama" \
-       "${shape[@]}" --dtype bf16 --max_file_bytes 1000000000 ||
+  if ! { [ -e "$llama" ] || run_step speed_init 120 "${with_bundle[@]}" "$bin/llama_init" \
+         --output_dir "$llama" "${shape[@]}" --dtype bf16 --max_file_bytes 1000000000; } ||
      ! run_step finetune_mfu 240 "${with_bundle[@]}" "$bin/cxxlaunch" run "${where_ft[@]}" \
        "${ckpt_ours[@]}" --mixed_precision bf16 --zero3_init_flag true "$bin/finetune" \
        --model_dir "$llama" --data "$text" --seq_len "$seq" --batch_size "$batch" --lr 5e-5 \
@@ -494,6 +496,7 @@ print('; '.join('%s%% %s' % (r[0], r[-1][:60].replace('|', '/')) for r in top))"
 # A dry run does it at a toy width on the CPU, world 1.
 offload_8b() {
   local llama="$logs/llama-8b" text="$logs/finetune.txt" layers=32 host_kib name seq=2048 steps=8
+  local lr=1e-4
   cat "$root"/docs/*.md "$root"/README.md >"$text"
   rm -rf "$llama" "$logs/llama-8b-tuned"
   local shape=(--hidden_size 4096 --intermediate_size 14336 --num_attention_heads 32
@@ -508,7 +511,7 @@ print(max(1, min(32, int((host / 16 - head) // layer))))" "$host_kib")"
   if [ "$dry" = 1 ]; then
     shape=(--hidden_size 64 --intermediate_size 224 --num_attention_heads 4 --num_key_value_heads 1
       --vocab_size 256)
-    layers=2 seq=128 steps=6 where_ft=(--cpu --nproc_per_node 1)
+    layers=2 seq=128 steps=6 lr=1e-3 where_ft=(--cpu --nproc_per_node 1)
   fi
   name="finetune Llama-3-8B shape ($layers of 32 layers) zero3 + cpu offload"
   if ! run_step offload_init 300 "${with_bundle[@]}" "$bin/llama_init" --output_dir "$llama" \
@@ -520,7 +523,7 @@ print("host peak %.1f GiB" % (resource.getrusage(resource.RUSAGE_CHILDREN).ru_ma
 sys.exit(rc)' "${with_bundle[@]}" "$bin/cxxlaunch" run "${where_ft[@]}" --use_deepspeed \
        --zero_stage 3 --offload_optimizer_device cpu --mixed_precision bf16 --zero3_init_flag true \
        "$bin/finetune" --model_dir "$llama" --data "$text" --seq_len "$seq" --batch_size 1 \
-       --lr 1e-4 --eval_fraction 0.01 --steps "$steps" --print_every 2 --save_steps 0 \
+       --lr "$lr" --eval_fraction 0.01 --steps "$steps" --print_every 2 --save_steps 0 \
        --output_dir "$logs/llama-8b-tuned"; then
     record FAIL "$name" "$logs/offload_init.log, $logs/finetune_offload.log"
     return

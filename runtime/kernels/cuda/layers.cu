@@ -84,6 +84,12 @@ __device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
   if (m == -INFINITY) return {m, 0.0f};
   return {m, a.sum * expf(a.max - m) + b.sum * expf(b.max - m)};
 }
+// The state with one more value x: one exponential per element.
+__device__ __forceinline__ MaxSum add(MaxSum a, float x) {
+  if (x == -INFINITY) return a;
+  if (x <= a.max) return {a.max, a.sum + expf(x - a.max)};
+  return {x, a.sum * expf(a.max - x) + 1.0f};
+}
 __device__ MaxSum blockMaxSum(MaxSum v) {
   __shared__ MaxSum partial[kWarps];
   for (int offset = 16; offset > 0; offset /= 2) {
@@ -229,8 +235,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t row = blockIdx.x;
   const T* lr = logits + row * vocab;
   MaxSum state{-INFINITY, 0.0f};
-  for (int64_t j = threadIdx.x; j < vocab; j += kThreads)
-    state = combine(state, {toFloat(lr[j]), 1.0f});
+  for (int64_t j = threadIdx.x; j < vocab; j += kThreads) state = add(state, toFloat(lr[j]));
   state = blockMaxSum(state);
   if (threadIdx.x == 0) {
     const float value = state.max + logf(state.sum);
