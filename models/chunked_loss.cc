@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "common/error.h"
+#include "models/fused.h"
 #include "runtime/precision/policy.h"
 #include "runtime/strategy/unit.h"
 
@@ -41,13 +42,22 @@ class ChunkedCrossEntropyFunction : public torch::autograd::Function<ChunkedCros
     const auto f32 = h.options().dtype(torch::kFloat);
     torch::Tensor lse = torch::empty({n}, f32);
     torch::Tensor total = torch::zeros({}, f32);
+    // On a GPU: the logits stay in the compute dtype, one kernel reads them once (models/fused.h).
+    const bool fused = detail::fusable({&h, &w});
     for (int64_t start = 0; start < n; start += chunk) {
       const int64_t size = std::min(chunk, n - start);
-      const torch::Tensor logits = torch::matmul(h.narrow(0, start, size), w.t()).to(torch::kFloat);
-      const torch::Tensor chunk_lse = torch::logsumexp(logits, 1);
+      const torch::Tensor chunk_labels = labels.narrow(0, start, size);
+      const torch::Tensor logits = torch::matmul(h.narrow(0, start, size), w.t());
+      if (fused) {
+        const auto [chunk_lse, losses] = detail::crossEntropyRows(logits, chunk_labels);
+        lse.narrow(0, start, size).copy_(chunk_lse);
+        total.add_(losses.sum());
+        continue;
+      }
+      const torch::Tensor logits32 = logits.to(torch::kFloat);
+      const torch::Tensor chunk_lse = torch::logsumexp(logits32, 1);
       lse.narrow(0, start, size).copy_(chunk_lse);
-      const torch::Tensor target =
-          logits.gather(1, labels.narrow(0, start, size).unsqueeze(1)).squeeze(1);
+      const torch::Tensor target = logits32.gather(1, chunk_labels.unsqueeze(1)).squeeze(1);
       total.add_((chunk_lse - target).sum());
     }
     ctx->save_for_backward({hidden, weight, labels, lse});
@@ -74,16 +84,24 @@ class ChunkedCrossEntropyFunction : public torch::autograd::Function<ChunkedCros
     if (want_weight) grad_weight = torch::zeros(w.sizes(), f32);
     if (n > 0 && (want_hidden || want_weight)) {
       const torch::Tensor scale = grad_outputs[0].to(torch::kFloat) / static_cast<double>(n);
+      const bool fused = detail::fusable({&h, &w});
       for (int64_t start = 0; start < n; start += chunk) {
         const int64_t size = std::min(chunk, n - start);
         const torch::Tensor h_chunk = h.narrow(0, start, size);
-        // d loss / d logits = (softmax - onehot(label)) * scale, made in the logits' buffer.
-        torch::Tensor grad_logits = torch::matmul(h_chunk, w.t()).to(torch::kFloat);
-        grad_logits.sub_(lse.narrow(0, start, size).unsqueeze(1)).exp_();
-        grad_logits.scatter_add_(1, labels.narrow(0, start, size).unsqueeze(1),
-                                 torch::full({size, 1}, -1.0, f32));
-        grad_logits.mul_(scale);
-        const torch::Tensor g = grad_logits.to(dtype);
+        // d loss / d logits = (softmax - onehot(label)) * scale, made in the logits' buffer (on a
+        // GPU by one kernel, in the compute dtype: no fp32 chunk).
+        torch::Tensor g = torch::matmul(h_chunk, w.t());
+        if (fused) {
+          detail::crossEntropyGradInPlace(g, labels.narrow(0, start, size),
+                                          lse.narrow(0, start, size), scale.reshape({1}));
+        } else {
+          torch::Tensor grad_logits = g.to(torch::kFloat);
+          grad_logits.sub_(lse.narrow(0, start, size).unsqueeze(1)).exp_();
+          grad_logits.scatter_add_(1, labels.narrow(0, start, size).unsqueeze(1),
+                                   torch::full({size, 1}, -1.0, f32));
+          grad_logits.mul_(scale);
+          g = grad_logits.to(dtype);
+        }
         if (want_hidden) {
           torch::Tensor rows = grad_hidden.narrow(0, start, size);
           torch::mm_out(rows, g, w);

@@ -14,6 +14,8 @@
 
 #include "common/error.h"
 #include "common/file.h"
+#include "models/attention.h"
+#include "models/fused.h"
 #include "models/lora.h"
 #include "runtime/deferred_init.h"
 #include "runtime/strategy/unit.h"
@@ -50,12 +52,6 @@ torch::nn::Linear linear(int64_t in, int64_t out, bool bias) {
   runtime::initParameter(l->weight, normal(0.02));
   if (bias) runtime::initParameter(l->bias, constant(0));
   return l;
-}
-
-// x with its last dimension's halves swapped, the first negated: (-x2, x1).
-torch::Tensor rotateHalf(const torch::Tensor& x) {
-  const int64_t half = x.size(-1) / 2;
-  return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
 }
 
 // The rotary angles position * inv_freq, for fp32 positions of any shape [...]: [..., head_dim]
@@ -232,9 +228,7 @@ LlamaRMSNormImpl::LlamaRMSNormImpl(int64_t size, double eps)
 }
 
 torch::Tensor LlamaRMSNormImpl::forward(const torch::Tensor& x) {
-  const torch::Tensor x32 = x.to(torch::kFloat);
-  const torch::Tensor normed = x32 * torch::rsqrt(x32.pow(2).mean(-1, true) + eps_);
-  return weight * normed.to(x.scalar_type());
+  return rmsNorm(x, weight, eps_);  // one fused kernel on a GPU (models/fused.h)
 }
 
 LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c)
@@ -254,28 +248,14 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::T
   auto heads = [&](const torch::Tensor& t, int64_t n) {  // [B, T, n*d] -> [B, n, T, d]
     return t.view({batch, length, n, head_dim_}).transpose(1, 2);
   };
-  torch::Tensor q = heads(linearForward(*q_proj, x), heads_),
-                k = heads(linearForward(*k_proj, x), kv_heads_);
-  torch::Tensor v = heads(linearForward(*v_proj, x), kv_heads_);
-  const torch::Tensor c = cos.to(q.scalar_type()), s = sin.to(q.scalar_type());
-  q = q * c + rotateHalf(q) * s;
-  k = k * c + rotateHalf(k) * s;
-  if (kv_heads_ != heads_) {  // each key/value head serves heads_ / kv_heads_ query heads in turn
-    const int64_t repeat = heads_ / kv_heads_;
-    auto widen = [&](const torch::Tensor& t) {
-      return t.unsqueeze(2)
-          .expand({batch, kv_heads_, repeat, length, head_dim_})
-          .reshape({batch, heads_, length, head_dim_});
-    };
-    k = widen(k);
-    v = widen(v);
-  }
-  torch::Tensor scores = torch::matmul(q, k.transpose(2, 3)) / std::sqrt(double(head_dim_));
-  // As HF: the lowest float, not -inf, so that a padding query that sees no key gets a uniform
-  // row rather than NaN (its output is never used).
-  scores = scores.to(torch::kFloat).masked_fill(masked, std::numeric_limits<float>::lowest());
-  const torch::Tensor weights = torch::softmax(scores, -1).to(q.scalar_type());
-  const torch::Tensor out = torch::matmul(weights, v).transpose(1, 2).reshape({batch, length, -1});
+  // The rotary embedding on the projections' outputs as they lie (fused on a GPU, models/fused.h).
+  const torch::Tensor q = heads(rotary(linearForward(*q_proj, x), heads_, cos, sin), heads_);
+  const torch::Tensor k = heads(rotary(linearForward(*k_proj, x), kv_heads_, cos, sin), kv_heads_);
+  const torch::Tensor v = heads(linearForward(*v_proj, x), kv_heads_);
+  // Flash / memory-efficient attention where this LibTorch has it, else the math
+  // (models/attention.h); each K/V head serves heads_ / kv_heads_ query heads without a copy.
+  const torch::Tensor out =
+      attention(q, k, v, masked).transpose(1, 2).reshape({batch, length, heads_ * head_dim_});
   return linearForward(*o_proj, out);
 }
 
@@ -286,7 +266,7 @@ LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c)
 
 torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
   return linearForward(*down_proj,
-                       torch::silu(linearForward(*gate_proj, x)) * linearForward(*up_proj, x));
+                       swiglu(linearForward(*gate_proj, x), linearForward(*up_proj, x)));
 }
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c)
@@ -351,26 +331,41 @@ torch::Tensor LlamaModelImpl::forward(const torch::Tensor& input_ids,
                           ", which this build does not implement; use shorter sequences");
   }
   torch::Tensor cos, sin;
-  // What each query must not see: the future, and padding keys. [T, T] or [B, 1, T, T].
-  torch::Tensor masked =
-      torch::ones({length, length},
-                  torch::TensorOptions().dtype(torch::kBool).device(input_ids.device()))
-          .triu(1);
+  // What each query must not see besides the future: packed examples' other examples, padding
+  // keys. Undefined (the plain causal batch): attention() needs no mask tensor then (the flash
+  // kernel). Else the causal part included, [T, T] or [B, 1, T, T].
+  torch::Tensor masked;
+  auto causal = [&] {
+    return torch::ones({length, length},
+                       torch::TensorOptions().dtype(torch::kBool).device(input_ids.device()))
+        .triu(1);
+  };
   if (position_ids.defined()) {
     if (position_ids.sizes() != input_ids.sizes() || position_ids.scalar_type() != torch::kLong) {
       throw InvalidArgument(
           "LlamaModel: position_ids must be int64 of input_ids' shape [batch, length]");
     }
     const torch::Tensor positions = position_ids.to(input_ids.device());
-    std::tie(cos, sin) = rotaryTables(config_, positions);
+    // The cached tables' rows at each token's position: one read of the range (a GPU sync).
+    const torch::Tensor range = torch::stack({positions.min(), positions.max()}).cpu();
+    if (range[0].item<int64_t>() < 0) {
+      throw InvalidArgument("LlamaModel: position_ids must be >= 0");
+    }
+    std::tie(cos, sin) = rotary(range[1].item<int64_t>() + 1, input_ids.device());
+    // One table per row, [B, 1, T, head_dim].
+    const torch::Tensor flat = positions.reshape({-1});
+    cos = cos.index_select(0, flat).view({batch, 1, length, -1});
+    sin = sin.index_select(0, flat).view({batch, 1, length, -1});
     // Packed examples (HF's padding-free convention): an example starts wherever its position is
     // 0, and a query sees only the keys of its own example. Segment ids by a running count of the
     // starts: one comparison per query-key pair, no loop over examples.
     const torch::Tensor segment = (positions == 0).cumsum(1);
     const torch::Tensor other = segment.unsqueeze(2) != segment.unsqueeze(1);  // [B, T, T]
-    masked = (masked.unsqueeze(0) | other).view({batch, 1, length, length});
+    masked = (causal().unsqueeze(0) | other).view({batch, 1, length, length});
   } else {
-    std::tie(cos, sin) = rotaryTables(config_, length, input_ids.device());
+    std::tie(cos, sin) = rotary(length, input_ids.device());
+    cos = cos.narrow(0, 0, length);
+    sin = sin.narrow(0, 0, length);
   }
   if (attention_mask.defined()) {
     if (attention_mask.sizes() != input_ids.sizes()) {
@@ -378,6 +373,7 @@ torch::Tensor LlamaModelImpl::forward(const torch::Tensor& input_ids,
           "LlamaModel: attention_mask must have input_ids' shape [batch, length]");
     }
     const torch::Tensor padding = (attention_mask == 0).to(input_ids.device());
+    if (!masked.defined()) masked = causal();
     masked = masked.dim() == 2 ? masked.unsqueeze(0) : masked.squeeze(1);
     masked = (masked | padding.view({batch, 1, length})).unsqueeze(1);
   }
@@ -399,6 +395,19 @@ torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& input_ids,
   const torch::Tensor h = model(input_ids, attention_mask, position_ids);
   return lm_head ? runtime::unitForward(lm_head, h)
                  : torch::matmul(h, model->embed_tokens->weight.t());
+}
+
+std::pair<torch::Tensor, torch::Tensor> LlamaModelImpl::rotary(int64_t positions,
+                                                               const torch::Device& device) {
+  std::lock_guard<std::mutex> lock(rotary_mutex_);
+  if (!rotary_cos_.defined() || rotary_cos_.device() != device || rotary_cos_.size(0) < positions) {
+    // Grown to a power of two, so that lengths that creep up rebuild it a few times at most.
+    int64_t rows = 64;
+    while (rows < positions) rows *= 2;
+    torch::NoGradGuard no_grad;
+    std::tie(rotary_cos_, rotary_sin_) = rotaryTables(config_, rows, device);
+  }
+  return {rotary_cos_, rotary_sin_};
 }
 
 std::pair<torch::Tensor, torch::Tensor> rotaryTables(const LlamaConfig& c, int64_t length,

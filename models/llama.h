@@ -3,7 +3,8 @@
 // parameter names (`model.layers.3.self_attn.q_proj.weight`, ...), so an HF model folder loads by
 // name (Accelerator::loadModel) and an export loads back into transformers, and the same math
 // (RMSNorm in fp32, rotary embeddings with rotate_half, grouped-query attention, a causal mask,
-// softmax in fp32, a SwiGLU MLP), checked against an independent plain-PyTorch forward
+// softmax in fp32, a SwiGLU MLP; the attention through flash kernels where the LibTorch built
+// against has them, models/attention.h), checked against an independent plain-PyTorch forward
 // (tests/models/llama_reference.py).
 //
 //   auto config = cxxlaunch::models::LlamaConfig::fromFile(dir + "/config.json");
@@ -38,6 +39,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -103,7 +105,8 @@ class LlamaAttentionImpl : public torch::nn::Module {
  public:
   explicit LlamaAttentionImpl(const LlamaConfig& config);
   // x [B, T, hidden]; cos and sin [T, head_dim] or, per row, [B, 1, T, head_dim] (rotaryTables);
-  // `masked`: true where a query must not see a key, [T, T] or [B, 1, T, T].
+  // `masked`: true where a query must not see a key, [T, T] or [B, 1, T, T]; undefined: the
+  // plain causal mask (models/attention.h).
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                         const torch::Tensor& masked);
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
@@ -178,8 +181,14 @@ class LlamaModelImpl : public torch::nn::Module {
   LlamaRMSNorm norm{nullptr};
 
  private:
+  // cos and sin for positions 0..N-1 with N >= positions, [N, head_dim] fp32 on `device`: the
+  // rotary tables, built once (again for a longer sequence or another device), not per forward.
+  std::pair<torch::Tensor, torch::Tensor> rotary(int64_t positions, const torch::Device& device);
+
   LlamaConfig config_;
   std::vector<LlamaDecoderLayer> decoder_;  // the layers, as holders unitForward takes
+  std::mutex rotary_mutex_;
+  torch::Tensor rotary_cos_, rotary_sin_;
 };
 TORCH_MODULE(LlamaModel);
 
