@@ -491,8 +491,8 @@ print('; '.join('%s%% %s' % (r[0], r[-1][:60].replace('|', '/')) for r in top))"
 # whole on the one GPU with ZeRO-3 and the optimizer offloaded to host memory (DeepSpeed's
 # ZeRO-Offload): the fp32 master weights, Adam's moments and the fp32 gradients live in host
 # memory, 16 bytes a parameter. All 32 layers where the host holds that within 85% of its
-# memory, else as many as it holds (the row says how many). It trains: the loss falls over 8
-# steps of 2,048 tokens; tokens/s, the GPU peak and the host's (the largest process's RSS).
+# memory, else as many as it holds (the row says how many). It trains: the held-out loss falls
+# over 8 steps of 2,048 tokens; tokens/s, the GPU peak and the host's (the largest process's RSS).
 # A dry run does it at a toy width on the CPU, world 1.
 offload_8b() {
   local llama="$logs/llama-8b" text="$logs/finetune.txt" layers=32 host_kib name seq=2048 steps=8
@@ -528,12 +528,12 @@ sys.exit(rc)' "${with_bundle[@]}" "$bin/cxxlaunch" run "${where_ft[@]}" --use_de
     record FAIL "$name" "$logs/offload_init.log, $logs/finetune_offload.log"
     return
   fi
-  local losses first last
-  losses="$(grep -o 'loss [0-9.]*' "$logs/finetune_offload.log" | cut -d' ' -f2)"
-  first="$(echo "$losses" | head -1)" last="$(echo "$losses" | tail -1)"
+  local first last  # the held-out loss before and after training
+  first="$(grep -o 'eval loss [0-9.]* perplexity [0-9.]*  (before' "$logs/finetune_offload.log" | awk '{print $3}')"
+  last="$(grep -o 'eval loss [0-9.]* perplexity [0-9.]*  (after' "$logs/finetune_offload.log" | awk '{print $3}')"
   local verdict
   verdict="$(python3 -c "import sys; print('PASS' if float(sys.argv[2]) < float(sys.argv[1]) else 'FAIL')" "$first" "$last" 2>&1)"
-  record "$verdict" "$name" "loss $first -> $last, $(tokens_of "$logs/finetune_offload.log") tokens/s, GPU peak $(peak_of "$logs/finetune_offload.log"), $(grep -o 'host peak [0-9.]* GiB' "$logs/finetune_offload.log")"
+  record "$verdict" "$name" "eval loss $first -> $last, $(tokens_of "$logs/finetune_offload.log") tokens/s, GPU peak $(peak_of "$logs/finetune_offload.log"), $(grep -o 'host peak [0-9.]* GiB' "$logs/finetune_offload.log")"
   rm -rf "$llama" "$logs/llama-8b-tuned"  # tens of GB
 }
 
