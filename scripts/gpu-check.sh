@@ -20,8 +20,8 @@
 #                            [--only STEPS]
 #   DIR defaults: .gpu-bundle (made by scripts/gpu-bundle.sh), build-gpu; SECONDS: when to stop
 #   starting steps, from the script's start (default 540; none in a dry run); STEPS: some of
-#   tests,train,finetune,speed,checkpoint,bench,offload, comma-separated (default all; on a GPU
-#   all but offload, whose 8B model takes a device call of its own; the build always runs)
+#   tests,train,finetune,speed,checkpoint,bench,offload,lora, comma-separated (default all; on a
+#   GPU all but offload and lora, whose 8B models take a device call each; the build always runs)
 # Exit code: 0 when no step failed, 1 otherwise, 2 for a bad command line.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -47,12 +47,12 @@ done
 [[ -z "$deadline" || "$deadline" =~ ^[0-9]+$ ]] || { echo "gpu-check: --deadline takes whole seconds, not '$deadline'" >&2; exit 2; }
 for step in ${only//,/ }; do
   case "$step" in
-    tests | train | finetune | speed | checkpoint | bench | offload) ;;
-    *) echo "gpu-check: --only takes tests,train,finetune,speed,checkpoint,bench,offload, not '$step'" >&2; exit 2 ;;
+    tests | train | finetune | speed | checkpoint | bench | offload | lora) ;;
+    *) echo "gpu-check: --only takes tests,train,finetune,speed,checkpoint,bench,offload,lora, not '$step'" >&2; exit 2 ;;
   esac
 done
-# By default every step; on a GPU not offload, whose 8B model takes a device call of its own.
-[ -n "$only" ] || only="tests,train,finetune,speed,checkpoint,bench$([ "$dry" = 1 ] && echo ,offload)"
+# By default every step; on a GPU not offload and lora, whose 8B models take a device call each.
+[ -n "$only" ] || only="tests,train,finetune,speed,checkpoint,bench$([ "$dry" = 1 ] && echo ,offload,lora)"
 wanted() { [[ ",$only," == *",$1,"* ]]; }
 [ -n "$deadline" ] || deadline=$([ "$dry" = 1 ] && echo 100000 || echo 540)
 [ -d "$bundle" ] || { echo "gpu-check: no bundle at $bundle: run scripts/gpu-bundle.sh where the Debian packages are" >&2; exit 2; }
@@ -486,56 +486,8 @@ print('; '.join('%s%% %s' % (r[0], r[-1][:60].replace('|', '/')) for r in top))"
   fi
 }
 
-# ---- c) a Llama-3-8B-shaped full fine-tune on one GPU -----------------------------------------
-# Llama 3 8B's shape (hidden 4096, MLP 14336, 32 heads, 8 KV heads, vocabulary 128256) trained
-# whole on the one GPU with ZeRO-3 and the optimizer offloaded to host memory (DeepSpeed's
-# ZeRO-Offload): the fp32 master weights, Adam's moments and the fp32 gradients live in host
-# memory, 16 bytes a parameter. All 32 layers where the host holds that within 85% of its
-# memory, else as many as it holds (the row says how many). It trains: the held-out loss falls
-# over 8 steps of 2,048 tokens; tokens/s, the GPU peak and the host's (the largest process's RSS).
-# A dry run does it at a toy width on the CPU, world 1.
-offload_8b() {
-  local llama="$logs/llama-8b" text="$logs/finetune.txt" layers=32 host_kib name seq=2048 steps=8
-  local lr=1e-4
-  cat "$root"/docs/*.md "$root"/README.md >"$text"
-  rm -rf "$llama" "$logs/llama-8b-tuned"
-  local shape=(--hidden_size 4096 --intermediate_size 14336 --num_attention_heads 32
-    --num_key_value_heads 8 --vocab_size 128256 --max_position_embeddings 8192)
-  local where_ft=(--nproc_per_node 1)
-  host_kib="$(awk '/^MemTotal/ {print $2}' /proc/meminfo)"
-  layers="$(python3 -c "
-import sys
-host = float(sys.argv[1]) * 1024 * 0.85
-head, layer = 2 * 128256 * 4096, 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
-print(max(1, min(32, int((host / 16 - head) // layer))))" "$host_kib")"
-  if [ "$dry" = 1 ]; then
-    shape=(--hidden_size 64 --intermediate_size 224 --num_attention_heads 4 --num_key_value_heads 1
-      --vocab_size 256)
-    layers=2 seq=128 steps=6 lr=1e-3 where_ft=(--cpu --nproc_per_node 1)
-  fi
-  name="finetune Llama-3-8B shape ($layers of 32 layers) zero3 + cpu offload"
-  if ! run_step offload_init 300 "${with_bundle[@]}" "$bin/llama_init" --output_dir "$llama" \
-       "${shape[@]}" --num_hidden_layers "$layers" --dtype bf16 --max_file_bytes 5000000000 ||
-     ! run_step finetune_offload 420 python3 -c '
-import resource, subprocess, sys
-rc = subprocess.call(sys.argv[1:])
-print("host peak %.1f GiB" % (resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20))
-sys.exit(rc)' "${with_bundle[@]}" "$bin/cxxlaunch" run "${where_ft[@]}" --use_deepspeed \
-       --zero_stage 3 --offload_optimizer_device cpu --mixed_precision bf16 --zero3_init_flag true \
-       "$bin/finetune" --model_dir "$llama" --data "$text" --seq_len "$seq" --batch_size 1 \
-       --lr "$lr" --eval_fraction 0.01 --steps "$steps" --print_every 2 --save_steps 0 \
-       --output_dir "$logs/llama-8b-tuned"; then
-    record FAIL "$name" "$logs/offload_init.log, $logs/finetune_offload.log"
-    return
-  fi
-  local first last  # the held-out loss before and after training
-  first="$(grep -o 'eval loss [0-9.]* perplexity [0-9.]*  (before' "$logs/finetune_offload.log" | awk '{print $3}')"
-  last="$(grep -o 'eval loss [0-9.]* perplexity [0-9.]*  (after' "$logs/finetune_offload.log" | awk '{print $3}')"
-  local verdict
-  verdict="$(python3 -c "import sys; print('PASS' if float(sys.argv[2]) < float(sys.argv[1]) else 'FAIL')" "$first" "$last" 2>&1)"
-  record "$verdict" "$name" "eval loss $first -> $last, $(tokens_of "$logs/finetune_offload.log") tokens/s, GPU peak $(peak_of "$logs/finetune_offload.log"), $(grep -o 'host peak [0-9.]* GiB' "$logs/finetune_offload.log")"
-  rm -rf "$llama" "$logs/llama-8b-tuned"  # tens of GB
-}
+# ---- the Llama-3-8B shape on one GPU: c) the full fine-tune with ZeRO-Offload, and LoRA -------
+source "$root/scripts/gpu-check-8b.sh"
 
 # ---- benchmarks ---------------------------------------------------------------------------------
 benchmarks() {
@@ -595,5 +547,6 @@ print('PASS' if o <= 1.1 * p and om <= pm else 'FAIL')" "$ours_ms" "$peer_ms" "$
 ! wanted train || train_modes zero2 zero2_offload fsdp_full_shard_offload
 ! wanted checkpoint || checkpoint_round_trip
 ! wanted bench || benchmarks
-! wanted offload || offload_8b
+! wanted offload || llama_8b offload
+! wanted lora || llama_8b lora
 finish
