@@ -132,7 +132,7 @@ SafetensorsWriter::SafetensorsWriter(std::string dir, uint64_t max_file_bytes,
   std::vector<uint64_t> bytes;
   for (const auto& p : plan) {
     layout.push_back({p.name, safetensorsDtypeName(p.dtype), p.shape});
-    bytes.push_back(safetensorsBytes(layout.back()));
+    bytes.push_back(tensorfile::safetensorsBytes(layout.back()));
   }
   std::vector<size_t> starts = tensorfile::safetensorsFileStarts(bytes, max_file_bytes);
   fs::create_directories(dir_);
