@@ -3,10 +3,15 @@
 #include <absl/synchronization/mutex.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/support/server_interceptor.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <filesystem>
+#include <thread>
 
 #include "common/host.h"
 #include "rendezvous/server/core.h"
@@ -51,6 +56,28 @@ class UndecodableRequestFactory final
   }
 };
 
+// A port of `host` (IPv4) that this process holds until gRPC listens on it too: a socket bound
+// with SO_REUSEPORT and not listening (so it takes no connections). -1 when `host` is not an
+// IPv4 address; the port through `port`.
+int reservePort(const std::string& host, int& port) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  if (::inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) return -1;
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd == -1) throw SystemError("listening on " + formatHostPort(host, 0), errno);
+  const int on = 1;
+  socklen_t len = sizeof(addr);
+  if (::setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &on, sizeof(on)) != 0 ||
+      ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw SystemError("listening on " + formatHostPort(host, 0), err);
+  }
+  port = ntohs(addr.sin_port);
+  return fd;
+}
+
 }  // namespace
 
 struct RendezvousServer::Impl {
@@ -63,6 +90,12 @@ struct RendezvousServer::Impl {
   server::Joins joins;  // after the server in shutdown, destroyed after it
   std::unique_ptr<grpc::Server> server;
   int port = 0;
+  std::thread starter;  // start_in_background: until gRPC has started
+  std::exception_ptr start_error;
+
+  // Builds and starts gRPC; throws as the constructor documents. `reserved`: the port is held
+  // by this process's socket, which gRPC shares (SO_REUSEPORT) and which closes once it listens.
+  void start(std::optional<grpc::SslServerCredentialsOptions> ssl, int reserved);
 };
 
 RendezvousServer::RendezvousServer(const ServerOptions& options)
@@ -72,24 +105,53 @@ RendezvousServer::RendezvousServer(const ServerOptions& options)
   // detector, whose graph lookups grow with the mutexes alive: one set per open call, 5.5% of
   // the daemon's time at 65,536 waiting joins (perf). A diagnostic, off as in release builds.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  std::shared_ptr<grpc::ServerCredentials> credentials;
+  // The files are read here even when gRPC starts in the background: a wrong path is the
+  // caller's mistake, to be told at once.
+  std::optional<grpc::SslServerCredentialsOptions> ssl;
   if (!options.tls_cert_file.empty() || !options.tls_key_file.empty()) {
-    grpc::SslServerCredentialsOptions ssl;
-    ssl.pem_key_cert_pairs.push_back({wire::readTlsFile(options.tls_key_file, "key"),
-                                      wire::readTlsFile(options.tls_cert_file, "certificate")});
+    ssl.emplace();
+    ssl->pem_key_cert_pairs.push_back({wire::readTlsFile(options.tls_key_file, "key"),
+                                       wire::readTlsFile(options.tls_cert_file, "certificate")});
     if (!options.tls_ca_file.empty()) {
-      ssl.pem_root_certs = wire::readTlsFile(options.tls_ca_file, "CA");
-      ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+      ssl->pem_root_certs = wire::readTlsFile(options.tls_ca_file, "CA");
+      ssl->client_certificate_request =
+          GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
     }
-    credentials = grpc::SslServerCredentials(ssl);
-  } else {
-    credentials = grpc::InsecureServerCredentials();
   }
+  const int reserved = options.start_in_background && options.port == 0
+                           ? reservePort(options.host, impl_->port)
+                           : -1;
+  if (reserved == -1) {
+    impl_->start(std::move(ssl), -1);
+    return;
+  }
+  try {
+    impl_->starter = std::thread([impl = impl_.get(), ssl = std::move(ssl), reserved]() mutable {
+      try {
+        impl->start(std::move(ssl), reserved);
+      } catch (...) {
+        impl->start_error = std::current_exception();
+      }
+    });
+  } catch (...) {
+    ::close(reserved);
+    impl_->core.stop();
+    throw;
+  }
+}
+
+void RendezvousServer::Impl::start(std::optional<grpc::SslServerCredentialsOptions> ssl,
+                                   int reserved) {
+  const std::shared_ptr<grpc::ServerCredentials> credentials =
+      ssl ? grpc::SslServerCredentials(*ssl) : grpc::InsecureServerCredentials();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(formatHostPort(options.host, options.port), credentials, &impl_->port);
+  int listening = 0;
+  builder.AddListeningPort(formatHostPort(options.host, reserved == -1 ? options.port : port),
+                           credentials, &listening);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a taken port must fail, not share
+  // A taken port must fail, not share; a port reserved by this process is shared with itself.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, reserved == -1 ? 0 : 1);
   // No timer per call for the client's deadline: the client ends its own call when it passes
   // (and a dead client's connection ends all of its calls), and a parked call is answered by
   // Core within its own wait, never past max_wait. Debian's gRPC (no NDEBUG) files every timer
@@ -99,12 +161,13 @@ RendezvousServer::RendezvousServer(const ServerOptions& options)
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(std::make_unique<UndecodableRequestFactory>());
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
-  builder.RegisterService(&impl_->store);
-  builder.RegisterService(&impl_->rendezvous);
-  impl_->joins.addTo(builder);
-  impl_->server = builder.BuildAndStart();
-  if (!impl_->server || impl_->port == 0) {
-    impl_->core.stop();
+  builder.RegisterService(&store);
+  builder.RegisterService(&rendezvous);
+  joins.addTo(builder);
+  server = builder.BuildAndStart();
+  if (reserved != -1) ::close(reserved);
+  if (!server || listening == 0) {
+    if (reserved == -1) core.stop();  // a server started in the background still serves its node
     // gRPC says only that it failed (and has closed what it opened by now): a process whose
     // descriptors are nearly all in use (a server needs a dozen or so) is told apart from a port.
     rlimit limit{};
@@ -118,10 +181,16 @@ RendezvousServer::RendezvousServer(const ServerOptions& options)
     throw CommunicationError("cannot listen on " + formatHostPort(options.host, options.port) +
                              ": the port is taken or the address is not on this machine");
   }
-  impl_->joins.accept();
+  if (reserved == -1) port = listening;
+  joins.accept();
 }
 
 RendezvousServer::~RendezvousServer() { shutdown(); }
+
+void RendezvousServer::started() {
+  if (impl_->starter.joinable()) impl_->starter.join();
+  if (impl_->start_error) std::rethrow_exception(impl_->start_error);
+}
 
 int RendezvousServer::port() const { return impl_->port; }
 
@@ -130,6 +199,7 @@ std::string RendezvousServer::endpoint() const {
 }
 
 std::shared_ptr<grpc::Channel> RendezvousServer::inProcessChannel() {
+  started();
   return impl_->server->InProcessChannel(grpc::ChannelArguments());
 }
 
@@ -172,6 +242,7 @@ Verdict RendezvousServer::leave(const std::string& run_id, const std::string& no
 void RendezvousServer::wakeJoins() { impl_->core.wakeHere(); }
 
 void RendezvousServer::shutdown() {
+  if (impl_->starter.joinable()) impl_->starter.join();
   if (!impl_->server) return;
   impl_->core.stop();  // answers parked calls first, so Shutdown does not wait for them
   impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
@@ -179,6 +250,7 @@ void RendezvousServer::shutdown() {
 }
 
 void RendezvousServer::wait() {
+  if (impl_->starter.joinable()) impl_->starter.join();
   if (impl_->server) impl_->server->Wait();
 }
 
