@@ -83,8 +83,9 @@ struct GrpcStore::Impl {
   rdzv::Scope scope;
 
   // Until a call has got through, calls wait for the server to come up (within their deadline)
-  // instead of failing at once: a launcher starts its server while its workers start
-  // (rendezvous/server.h, start_in_background). Afterwards a server that is gone fails at once.
+  // instead of failing at once: a launcher's own server starts gRPC when its first client
+  // connects, and may reset a connection while it does (rendezvous/server.h,
+  // start_on_first_connection). Afterwards a server that is gone fails at once.
   std::atomic<bool> reached{false};
 
   template <typename Call>

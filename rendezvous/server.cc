@@ -4,13 +4,20 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/support/server_interceptor.h>
 #include <arpa/inet.h>
+#include <grpcpp/server_posix.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <condition_variable>
 #include <filesystem>
+#include <mutex>
+#include <optional>
 #include <thread>
 
 #include "common/host.h"
@@ -56,20 +63,20 @@ class UndecodableRequestFactory final
   }
 };
 
-// A port of `host` (IPv4) that this process holds until gRPC listens on it too: a socket bound
-// with SO_REUSEPORT and not listening (so it takes no connections). -1 when `host` is not an
-// IPv4 address; the port through `port`.
-int reservePort(const std::string& host, int& port) {
+// A listening socket on a free port of `host` (IPv4), non-blocking, with SO_REUSEPORT so that
+// gRPC can listen on the port too before this one closes; -1 when `host` is not an IPv4 address.
+int listenOnFreePort(const std::string& host, int& port) {
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   if (::inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) return -1;
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd == -1) throw SystemError("listening on " + formatHostPort(host, 0), errno);
   const int on = 1;
   socklen_t len = sizeof(addr);
   if (::setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &on, sizeof(on)) != 0 ||
       ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0 ||
+      ::listen(fd, SOMAXCONN) != 0) {
     const int err = errno;
     ::close(fd);
     throw SystemError("listening on " + formatHostPort(host, 0), err);
@@ -90,12 +97,20 @@ struct RendezvousServer::Impl {
   server::Joins joins;  // after the server in shutdown, destroyed after it
   std::unique_ptr<grpc::Server> server;
   int port = 0;
-  std::thread starter;  // start_in_background: until gRPC has started
+  // start_on_first_connection: the plain listening socket, the thread that waits on it and
+  // starts gRPC, and how that went.
+  int door = -1;
+  int door_bell = -1;  // an eventfd: shutdown() rings it
+  std::thread doorman;
+  std::mutex start_mu;
+  std::condition_variable start_cv;
+  bool starting = false;
   std::exception_ptr start_error;
 
-  // Builds and starts gRPC; throws as the constructor documents. `reserved`: the port is held
-  // by this process's socket, which gRPC shares (SO_REUSEPORT) and which closes once it listens.
-  void start(std::optional<grpc::SslServerCredentialsOptions> ssl, int reserved);
+  // Builds and starts gRPC; throws as the constructor documents. With `door` open, gRPC shares
+  // its port (SO_REUSEPORT).
+  void start(std::optional<grpc::SslServerCredentialsOptions> ssl);
+  void serveDoor();
 };
 
 RendezvousServer::RendezvousServer(const ServerOptions& options)
@@ -118,40 +133,71 @@ RendezvousServer::RendezvousServer(const ServerOptions& options)
           GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
     }
   }
-  const int reserved = options.start_in_background && options.port == 0
-                           ? reservePort(options.host, impl_->port)
-                           : -1;
-  if (reserved == -1) {
-    impl_->start(std::move(ssl), -1);
+  if (options.start_on_first_connection && options.port == 0 && !ssl) {
+    impl_->door = listenOnFreePort(options.host, impl_->port);
+  }
+  if (impl_->door == -1) {
+    impl_->start(std::move(ssl));
     return;
   }
   try {
-    impl_->starter = std::thread([impl = impl_.get(), ssl = std::move(ssl), reserved]() mutable {
-      try {
-        impl->start(std::move(ssl), reserved);
-      } catch (...) {
-        impl->start_error = std::current_exception();
-      }
-    });
+    impl_->door_bell = CXXLAUNCH_SYSCALL(::eventfd(0, EFD_CLOEXEC));
+    impl_->doorman = std::thread([impl = impl_.get()] { impl->serveDoor(); });
   } catch (...) {
-    ::close(reserved);
+    ::close(impl_->door);
+    if (impl_->door_bell != -1) ::close(impl_->door_bell);
     impl_->core.stop();
     throw;
   }
 }
 
-void RendezvousServer::Impl::start(std::optional<grpc::SslServerCredentialsOptions> ssl,
-                                   int reserved) {
+// Waits for the first connection (or shutdown), starts gRPC, and hands it the connections that
+// came to the door meanwhile; then closes the door. One that comes between the last accept and
+// the close is reset, and its client connects again (to gRPC: the store waits for its first
+// answer).
+void RendezvousServer::Impl::serveDoor() {
+  pollfd fds[2] = {{door, POLLIN, 0}, {door_bell, POLLIN, 0}};
+  while (::poll(fds, 2, -1) == -1 && errno == EINTR) {
+  }
+  if ((fds[1].revents & POLLIN) == 0) {
+    {
+      std::lock_guard<std::mutex> lock(start_mu);
+      starting = true;
+    }
+    try {
+      start(std::nullopt);
+    } catch (...) {
+      start_error = std::current_exception();
+    }
+    int fd;
+    while ((fd = ::accept4(door, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC)) != -1) {
+      if (!server) {
+        ::close(fd);
+        continue;
+      }
+      const int on = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));  // as gRPC's own accepts
+      grpc::AddInsecureChannelFromFd(server.get(), fd);
+    }
+    std::lock_guard<std::mutex> lock(start_mu);
+    starting = false;
+    start_cv.notify_all();
+  }
+  ::close(door);
+  door = -1;
+}
+
+void RendezvousServer::Impl::start(std::optional<grpc::SslServerCredentialsOptions> ssl) {
   const std::shared_ptr<grpc::ServerCredentials> credentials =
       ssl ? grpc::SslServerCredentials(*ssl) : grpc::InsecureServerCredentials();
   grpc::ServerBuilder builder;
   int listening = 0;
-  builder.AddListeningPort(formatHostPort(options.host, reserved == -1 ? options.port : port),
+  builder.AddListeningPort(formatHostPort(options.host, door == -1 ? options.port : port),
                            credentials, &listening);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
-  // A taken port must fail, not share; a port reserved by this process is shared with itself.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, reserved == -1 ? 0 : 1);
+  // A taken port must fail, not share; the door's port is shared with the door.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, door == -1 ? 0 : 1);
   // No timer per call for the client's deadline: the client ends its own call when it passes
   // (and a dead client's connection ends all of its calls), and a parked call is answered by
   // Core within its own wait, never past max_wait. Debian's gRPC (no NDEBUG) files every timer
@@ -165,9 +211,8 @@ void RendezvousServer::Impl::start(std::optional<grpc::SslServerCredentialsOptio
   builder.RegisterService(&rendezvous);
   joins.addTo(builder);
   server = builder.BuildAndStart();
-  if (reserved != -1) ::close(reserved);
   if (!server || listening == 0) {
-    if (reserved == -1) core.stop();  // a server started in the background still serves its node
+    if (door == -1) core.stop();  // one started at the door still serves its own node
     // gRPC says only that it failed (and has closed what it opened by now): a process whose
     // descriptors are nearly all in use (a server needs a dozen or so) is told apart from a port.
     rlimit limit{};
@@ -181,14 +226,15 @@ void RendezvousServer::Impl::start(std::optional<grpc::SslServerCredentialsOptio
     throw CommunicationError("cannot listen on " + formatHostPort(options.host, options.port) +
                              ": the port is taken or the address is not on this machine");
   }
-  if (reserved == -1) port = listening;
+  if (door == -1) port = listening;
   joins.accept();
 }
 
 RendezvousServer::~RendezvousServer() { shutdown(); }
 
-void RendezvousServer::started() {
-  if (impl_->starter.joinable()) impl_->starter.join();
+void RendezvousServer::checkStarted() {
+  std::unique_lock<std::mutex> lock(impl_->start_mu);
+  impl_->start_cv.wait(lock, [&] { return !impl_->starting; });
   if (impl_->start_error) std::rethrow_exception(impl_->start_error);
 }
 
@@ -199,7 +245,7 @@ std::string RendezvousServer::endpoint() const {
 }
 
 std::shared_ptr<grpc::Channel> RendezvousServer::inProcessChannel() {
-  started();
+  if (!impl_->server) throw CommunicationError("the rendezvous server has not started gRPC");
   return impl_->server->InProcessChannel(grpc::ChannelArguments());
 }
 
@@ -241,8 +287,14 @@ Verdict RendezvousServer::leave(const std::string& run_id, const std::string& no
 
 void RendezvousServer::wakeJoins() { impl_->core.wakeHere(); }
 
+// Ends the door's wait (or lets a start in progress finish) first.
 void RendezvousServer::shutdown() {
-  if (impl_->starter.joinable()) impl_->starter.join();
+  if (impl_->doorman.joinable()) {
+    const uint64_t one = 1;
+    (void)!::write(impl_->door_bell, &one, sizeof(one));
+    impl_->doorman.join();
+    ::close(impl_->door_bell);
+  }
   if (!impl_->server) return;
   impl_->core.stop();  // answers parked calls first, so Shutdown does not wait for them
   impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
@@ -250,7 +302,6 @@ void RendezvousServer::shutdown() {
 }
 
 void RendezvousServer::wait() {
-  if (impl_->starter.joinable()) impl_->starter.join();
   if (impl_->server) impl_->server->Wait();
 }
 

@@ -1,6 +1,6 @@
-// A server started in the background (ServerOptions::start_in_background), as a single-node
-// launcher starts its own while its workers start: the port is known and held at once, the
-// hosting node is served at once, and gRPC clients that come first wait for it.
+// A server that starts gRPC when its first client connects (start_on_first_connection), as a
+// single-node launcher hosts its own: the port is known and held at once, the hosting node is
+// served at once, and the first client's connection is handed to gRPC once it has started.
 
 #include <catch2/catch.hpp>
 
@@ -14,9 +14,9 @@ using namespace std::chrono_literals;
 
 namespace {
 
-ServerOptions inBackground() {
+ServerOptions atFirstConnection() {
   ServerOptions options;
-  options.start_in_background = true;
+  options.start_on_first_connection = true;
   return options;
 }
 
@@ -47,37 +47,40 @@ ClientOptions clientOf(const RendezvousServer& server) {
 
 }  // namespace
 
-TEST_CASE("A server started in the background serves its node at once and its workers' stores "
-          "once it listens",
+TEST_CASE("A server started at its first connection serves its node at once and its workers' "
+          "stores from their first call",
           "[server][local]") {
-  RendezvousServer server(inBackground());
+  RendezvousServer server(atFirstConnection());
   REQUIRE(server.port() > 0);
   std::atomic<bool> never = false;
-  // Before gRPC may have started: the direct join needs none of it.
+  // Before gRPC has started: the direct join needs none of it.
   const JoinPoll poll = server.join("job", host(), solo(), 1s, never);
   REQUIRE(poll.placement);
-  // A worker's store, made at once (gRPC usually still starting): its first call waits for the
-  // server instead of failing with "failed to connect".
+  // A worker's store: its connection starts gRPC, which takes it over.
   GrpcStore store(clientOf(server), "job", poll.placement->round);
   store.set("k", "v");
   CHECK(store.get("k", 1s) == "v");
-  server.started();
+  server.checkStarted();
   RendezvousClient client(clientOf(server), "job");
   CHECK(client.leave("host", poll.placement->round).action == Action::kClosed);
 }
 
-TEST_CASE("A server started in the background holds its port from the start", "[server]") {
-  RendezvousServer first(inBackground());
+TEST_CASE("A server started at its first connection holds its port throughout", "[server]") {
+  RendezvousServer first(atFirstConnection());
   ServerOptions same;
   same.port = first.port();
-  // Taken before gRPC listens (the reservation) and after (gRPC's own socket).
+  // Taken before gRPC listens (the door) and after (gRPC's own socket).
   REQUIRE_THROWS_AS(RendezvousServer(same), CommunicationError);
-  first.started();
+  std::atomic<bool> never = false;
+  const JoinPoll poll = first.join("job", host(), solo(), 1s, never);
+  REQUIRE(poll.placement);
+  GrpcStore(clientOf(first), "job", poll.placement->round).set("k", "v");
+  first.checkStarted();
   REQUIRE_THROWS_AS(RendezvousServer(same), CommunicationError);
 }
 
 TEST_CASE("A store whose server went away after answering fails at once", "[server][store]") {
-  auto server = std::make_unique<RendezvousServer>(inBackground());
+  auto server = std::make_unique<RendezvousServer>(atFirstConnection());
   std::atomic<bool> never = false;
   const JoinPoll poll = server->join("job", host(), solo(), 1s, never);
   REQUIRE(poll.placement);
