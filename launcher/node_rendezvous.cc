@@ -279,6 +279,9 @@ class RemoteRendezvous final : public NodeRendezvous {
   }
 
   Decision workersFailed(int rank, int exit_code, const std::string& description) override {
+    // A hosted server that could not start (out of descriptors or threads) failed the workers
+    // that needed its store: that is the launcher's failure, reported as such.
+    if (server_) server_->checkStarted();
     try {
       return remember(decisionOf(
           link_->requestRestart(node_.id, round_, {node_.id, rank, exit_code, description}),
@@ -326,6 +329,10 @@ class RemoteRendezvous final : public NodeRendezvous {
     server.tls_cert_file = options.rdzv.tls_cert;
     server.tls_key_file = options.rdzv.tls_key;
     server.tls_ca_file = options.rdzv.tls_cert.empty() ? "" : options.rdzv.tls_ca;
+    // The private server of a single-node job starts gRPC when a worker first connects (to its
+    // store), not before the workers start: this launcher calls it directly. A given endpoint is
+    // served at once: whether it can be bound decides who serves it.
+    server.start_on_first_connection = endpoint.empty();
     try {
       server_ = std::make_unique<rdzv::RendezvousServer>(server);
     } catch (const CommunicationError&) {

@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -81,12 +82,20 @@ struct GrpcStore::Impl {
   std::unique_ptr<rdzv::Store::Stub> stub;
   rdzv::Scope scope;
 
+  // Until a call has got through, calls wait for the server to come up (within their deadline)
+  // instead of failing at once: a launcher's own server starts gRPC when its first client
+  // connects, and may reset a connection while it does (rendezvous/server.h,
+  // start_on_first_connection). Afterwards a server that is gone fails at once.
+  std::atomic<bool> reached{false};
+
   template <typename Call>
   void call(const char* what, Millis timeout, Call&& rpc) {
     grpc::ClientContext ctx;
     prepare(ctx, options, timeout);
-    wire::throwIfError(explainUnreachable(rpc(ctx), *channel, options),
-                       std::string("store ") + what);
+    ctx.set_wait_for_ready(!reached);
+    const grpc::Status status = rpc(ctx);
+    if (status.ok() || channel->GetState(false) == GRPC_CHANNEL_READY) reached = true;
+    wire::throwIfError(explainUnreachable(status, *channel, options), std::string("store ") + what);
   }
   // Blocking calls get the server-side wait plus the usual margin.
   Millis blocking(Timeout timeout) const { return timeout + options.call_timeout; }

@@ -42,6 +42,12 @@ struct ServerOptions {
   // should hear "closed"), and after its last call when no node of it is alive any more (joins
   // that never completed). Then its state is freed.
   std::chrono::milliseconds run_retention = std::chrono::minutes(10);
+  // With port 0 on an IPv4 host and no TLS: the constructor only listens on a port with a plain
+  // socket, and gRPC starts when the first client connects, which gets that connection. A
+  // launcher whose workers never use the store never starts gRPC (5 to 10 ms and eleven
+  // threads); its own node (join(), keepAlive() ...) is served at once. A start that fails is
+  // reported by checkStarted(). Otherwise (or when false) gRPC has started on return.
+  bool start_on_first_connection = false;
 
   static constexpr int kDefaultMaxMessageBytes = 64 << 20;
   static constexpr int64_t kDefaultMaxTotalBytes = int64_t{1} << 30;
@@ -63,7 +69,12 @@ class RendezvousServer {
   int port() const;
   std::string endpoint() const;  // host:port
 
+  // start_on_first_connection: throws what kept gRPC from starting (what the constructor throws
+  // otherwise), once a client came; waits for a start in progress.
+  void checkStarted();
+
   // A channel to this server that skips the network. Carries no TLS; the token is still checked.
+  // Not with start_on_first_connection.
   std::shared_ptr<grpc::Channel> inProcessChannel();
 
   // The node agent of the process that hosts this server (a launcher that hosts its job's
