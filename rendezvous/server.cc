@@ -164,10 +164,11 @@ void RendezvousServer::Impl::serveDoor() {
       std::lock_guard<std::mutex> lock(start_mu);
       starting = true;
     }
+    std::exception_ptr error;
     try {
       start(std::nullopt);
     } catch (...) {
-      start_error = std::current_exception();
+      error = std::current_exception();
     }
     int fd;
     while ((fd = ::accept4(door, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC)) != -1) {
@@ -180,6 +181,7 @@ void RendezvousServer::Impl::serveDoor() {
       grpc::AddInsecureChannelFromFd(server.get(), fd);
     }
     std::lock_guard<std::mutex> lock(start_mu);
+    start_error = error;
     starting = false;
     start_cv.notify_all();
   }

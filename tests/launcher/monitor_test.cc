@@ -77,10 +77,13 @@ bool exitedBy(const Worker& w) { return !w.running; }
 TEST_CASE("The first failure stops the other workers and is reported with its last words",
           "[monitor]") {
   Attempt attempt(optionsFor("monitor-failure"));
+  // Rank 0 fails once rank 1 has written its line (which a loaded machine may otherwise not
+  // let it do before the stop).
   attempt.start(0,
+                "while [ ! -e $DIR/../1/ready ]; do sleep 0.01; done;"
                 "echo 'Traceback' >&2; echo 'RuntimeError: boom' >&2;"
                 "echo '{\"message\": \"boom in step 3\"}' > $DIR/error.json; exit 3");
-  attempt.start(1, "echo ready; exec sleep 100");
+  attempt.start(1, "echo ready; touch $DIR/ready; exec sleep 100");
   const AttemptResult result = attempt.run();
   CHECK(result.outcome == Outcome::kFailed);
   REQUIRE(result.failures.size() == 1);  // rank 1's SIGTERM came from the stop: not a failure
