@@ -1,15 +1,16 @@
 #pragma once
-// The node agent: runs this node's share of a job.
-//   1. learn this node's place in the world (NodeRendezvous::join),
-//   2. spawn the local workers with the environment contract (common/env_names.h),
-//   3. monitor them from one event loop: exits (SIGCHLD via signalfd), output pipes, forwarded
-//      signals and the shutdown-grace timer; nothing polls on a timer,
-//   4. the first failing worker stops the group (SIGTERM, SIGKILL after the grace) and the nodes
-//      decide: with restarts left every worker of every node restarts with
-//      TORCHELASTIC_RESTART_COUNT + 1, otherwise the failure table and run-summary.json report
-//      the root cause, whose exit code the launcher returns,
-//   5. news from the rendezvous (a failure elsewhere, an evicted node, a newcomer) stops the
-//      workers and re-joins; success waits for the other nodes, then exits 0.
+// The node agent, cut as torch.distributed.elastic cuts its own:
+//  - agent.cc, the restart loop: join a rendezvous round (NodeRendezvous::join), start the local
+//    workers with the environment contract (worker_spec.h), monitor them, then let the
+//    nodes decide: with restarts left every worker of every node restarts with
+//    TORCHELASTIC_RESTART_COUNT + 1, otherwise the failure table and run-summary.json report the
+//    root cause, whose exit code the launcher returns; success waits for the other nodes;
+//  - worker_group.h, the process context: spawning, signals, reaping, the cgroup and the
+//    watchdog, so that nothing the workers start outlives the job;
+//  - output_mux.h, the workers' output onto log files and the console;
+//  - monitor.h, the event loop of an attempt: exits, output, forwarded signals, the shutdown
+//    grace, news from the rendezvous (a failure elsewhere, an evicted node, a newcomer: the
+//    workers stop and the agent re-joins); nothing polls on a timer.
 // Not thread-safe: one agent per process, driven from the main thread (PR_SET_PDEATHSIG follows
 // the thread that forks).
 

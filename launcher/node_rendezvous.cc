@@ -18,6 +18,7 @@
 #include "common/heartbeat_record.h"
 #include "common/host.h"
 #include "launcher/process.h"
+#include "launcher/rendezvous_link.h"
 #include "rendezvous/client.h"
 #include "rendezvous/daemon_flags.h"
 #include "rendezvous/etcd_client.h"
@@ -144,113 +145,6 @@ std::vector<rdzv::WorkerProgress> progressOf(const std::vector<LocalWorker>& wor
   return out;
 }
 
-// How this node's agent reaches the rendezvous: a server elsewhere (cxxlaunchd, another
-// node's launcher) over gRPC, or the one this launcher hosts, directly (no channel, no RPC: the
-// same calls on the same state, so the other nodes cannot tell the difference).
-class Link {
- public:
-  virtual ~Link() = default;
-  virtual rdzv::JoinPoll join(const rdzv::NodeSpec& node, const rdzv::RunSettings& settings,
-                              rdzv::Millis poll) = 0;
-  virtual void cancel() = 0;  // ends a join in progress: it throws CommunicationError
-  virtual rdzv::Verdict keepAlive(const std::string& node_id, int64_t round, rdzv::Millis timeout,
-                                  const std::vector<rdzv::WorkerProgress>& workers) = 0;
-  virtual rdzv::Verdict requestRestart(const std::string& node_id, int64_t round,
-                                       const rdzv::FailureReport& failure) = 0;
-  virtual rdzv::Verdict leave(const std::string& node_id, int64_t round) = 0;
-  virtual void close() {}  // before the launcher exits
-};
-
-class GrpcLink final : public Link {
- public:
-  GrpcLink(const rdzv::ClientOptions& options, const std::string& run_id)
-      : client_(options, run_id) {}
-  rdzv::JoinPoll join(const rdzv::NodeSpec& node, const rdzv::RunSettings& settings,
-                      rdzv::Millis poll) override {
-    return client_.join(node, settings, poll);
-  }
-  void cancel() override { client_.cancel(); }
-  rdzv::Verdict keepAlive(const std::string& node_id, int64_t round, rdzv::Millis timeout,
-                          const std::vector<rdzv::WorkerProgress>& workers) override {
-    return client_.keepAlive(node_id, round, timeout, workers);
-  }
-  rdzv::Verdict requestRestart(const std::string& node_id, int64_t round,
-                               const rdzv::FailureReport& failure) override {
-    return client_.requestRestart(node_id, round, failure);
-  }
-  rdzv::Verdict leave(const std::string& node_id, int64_t round) override {
-    return client_.leave(node_id, round);
-  }
-
- private:
-  rdzv::RendezvousClient client_;
-};
-
-class HostedLink final : public Link {
- public:
-  HostedLink(rdzv::RendezvousServer& server, std::string run_id)
-      : server_(server), run_id_(std::move(run_id)) {}
-  rdzv::JoinPoll join(const rdzv::NodeSpec& node, const rdzv::RunSettings& settings,
-                      rdzv::Millis poll) override {
-    return server_.join(run_id_, node, settings, poll, cancelled_);
-  }
-  void cancel() override {
-    cancelled_ = true;
-    server_.wakeJoins();
-  }
-  rdzv::Verdict keepAlive(const std::string& node_id, int64_t round, rdzv::Millis,
-                          const std::vector<rdzv::WorkerProgress>& workers) override {
-    return server_.keepAlive(run_id_, node_id, round, workers);
-  }
-  rdzv::Verdict requestRestart(const std::string& node_id, int64_t round,
-                               const rdzv::FailureReport& failure) override {
-    return server_.requestRestart(run_id_, node_id, round, failure);
-  }
-  rdzv::Verdict leave(const std::string& node_id, int64_t round) override {
-    return server_.leave(run_id_, node_id, round);
-  }
-
- private:
-  rdzv::RendezvousServer& server_;
-  const std::string run_id_;
-  std::atomic<bool> cancelled_ = false;
-};
-
-// --rdzv_backend etcd: no server; the agents agree through an etcd cluster
-// (rendezvous/etcd_rendezvous.h).
-class EtcdLink final : public Link {
- public:
-  EtcdLink(std::shared_ptr<rdzv::EtcdClient> client, const std::string& run_id,
-           const std::string& root)
-      : rendezvous_(std::move(client), run_id, root) {}
-  rdzv::JoinPoll join(const rdzv::NodeSpec& node, const rdzv::RunSettings& settings,
-                      rdzv::Millis poll) override {
-    return rendezvous_.join(node, settings, poll);
-  }
-  void cancel() override { rendezvous_.cancel(); }
-  rdzv::Verdict keepAlive(const std::string& node_id, int64_t round, rdzv::Millis timeout,
-                          const std::vector<rdzv::WorkerProgress>& workers) override {
-    return rendezvous_.keepAlive(node_id, round, workers, timeout);
-  }
-  rdzv::Verdict requestRestart(const std::string& node_id, int64_t round,
-                               const rdzv::FailureReport& failure) override {
-    return rendezvous_.requestRestart(node_id, round, failure);
-  }
-  rdzv::Verdict leave(const std::string& node_id, int64_t round) override {
-    return rendezvous_.leave(node_id, round);
-  }
-  void close() override {
-    try {
-      rendezvous_.close();
-    } catch (const Error&) {
-      // etcd is unreachable: the lease expires on its own.
-    }
-  }
-
- private:
-  rdzv::EtcdRendezvous rendezvous_;
-};
-
 // Every job goes through a rendezvous server, a single-node job too: it hosts a private one on
 // loopback, so that its workers get a store (for Gloo and NCCL bootstrap) like any other job.
 // The launcher that hosts the server joins it directly (HostedLink); the others over gRPC.
@@ -289,11 +183,11 @@ class RemoteRendezvous final : public NodeRendezvous {
     run_id_ = options.run_id;
     // The hosting launcher calls its own server directly.
     if (etcd) {
-      link_ = std::make_unique<EtcdLink>(etcd, run_id_, etcdKeyRoot(r));
+      link_ = etcdLink(etcd, run_id_, etcdKeyRoot(r));
     } else if (server_) {
-      link_ = std::make_unique<HostedLink>(*server_, run_id_);
+      link_ = hostedLink(*server_, run_id_);
     } else {
-      link_ = std::make_unique<GrpcLink>(client_options_, run_id_);
+      link_ = grpcLink(client_options_, run_id_);
     }
 
     const std::string toward = etcd
@@ -541,7 +435,7 @@ class RemoteRendezvous final : public NodeRendezvous {
   std::string run_id_;
   std::string store_user_;  // etcd: the user the workers' store authenticates as
   std::unique_ptr<rdzv::RendezvousServer> server_;
-  std::unique_ptr<Link> link_;  // after server_: it may refer to it
+  std::unique_ptr<RendezvousLink> link_;  // after server_: it may refer to it
   rdzv::NodeSpec node_;
   rdzv::RunSettings settings_;
   int64_t round_ = 0;

@@ -296,11 +296,24 @@ namespace {
 
 constexpr size_t kWatchdogSlots = 4096;
 
-// The helper's loop: only async-signal-safe calls, no allocation (it runs in a fork of a threaded
-// process). A message is one int32: a group to watch (> 0) or to forget (< 0).
-// `cgroup_dir`: the job's cgroup, or "".
+// Reads exactly `size` bytes; false at EOF or an error. Async-signal-safe.
+bool readExactly(int fd, void* data, size_t size) {
+  auto* at = static_cast<char*>(data);
+  while (size > 0) {
+    const ssize_t n = ::read(fd, at, size);
+    if (n == -1 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    at += n;
+    size -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// The helper's loop: only async-signal-safe calls, no allocation (it runs in a fork of a
+// possibly threaded process). A message is one int32: a group to watch (> 0) or to forget (< 0),
+// or 0 followed by an int32 length and the path of the cgroup to remove (into `cgroup_dir`).
 [[noreturn]] void watchdogMain(int fd, std::array<int32_t, kWatchdogSlots>& groups,
-                               const char* cgroup_dir) {
+                               std::array<char, PATH_MAX>& cgroup_dir) {
   ::setpgid(0, 0);  // Ctrl-C at the terminal is for the agent, not for us
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE, SIGTSTP}) {
     ::signal(sig, SIG_IGN);
@@ -309,10 +322,17 @@ constexpr size_t kWatchdogSlots = 4096;
   if (fd > 0) ::close_range(0, static_cast<unsigned>(fd) - 1, 0);
   ::close_range(static_cast<unsigned>(fd) + 1, ~0U, 0);
   int32_t message = 0;
-  for (;;) {
-    const ssize_t n = ::read(fd, &message, sizeof(message));
-    if (n == -1 && errno == EINTR) continue;
-    if (n != static_cast<ssize_t>(sizeof(message))) break;  // EOF: the agent is gone
+  while (readExactly(fd, &message, sizeof(message))) {  // EOF: the agent is gone
+    if (message == 0) {
+      int32_t size = 0;
+      if (!readExactly(fd, &size, sizeof(size)) || size < 0 ||
+          static_cast<size_t>(size) >= cgroup_dir.size() ||
+          !readExactly(fd, cgroup_dir.data(), static_cast<size_t>(size))) {
+        break;
+      }
+      cgroup_dir[static_cast<size_t>(size)] = '\0';
+      continue;
+    }
     for (auto& slot : groups) {
       if (message > 0 && slot == 0) {
         slot = message;
@@ -328,7 +348,7 @@ constexpr size_t kWatchdogSlots = 4096;
     if (group > 0) ::kill(-group, SIGKILL);
   }
   // Everything the workers started, however it detached; then the cgroup itself.
-  if (cgroup_dir[0] != '\0') removeCgroup(cgroup_dir, 10'000);
+  if (cgroup_dir[0] != '\0') removeCgroup(cgroup_dir.data(), 10'000);
   ::_exit(0);
 }
 
@@ -337,8 +357,6 @@ constexpr size_t kWatchdogSlots = 4096;
 GroupWatchdog::GroupWatchdog(const std::string& cgroup_dir) {
   static std::array<int32_t, kWatchdogSlots> groups{};  // allocated before the fork
   static std::array<char, PATH_MAX> cgroup{};
-  if (cgroup_dir.size() >= cgroup.size()) throw InvalidArgument("cgroup path too long");
-  std::memcpy(cgroup.data(), cgroup_dir.c_str(), cgroup_dir.size() + 1);
   int fds[2];
   CXXLAUNCH_SYSCALL(::pipe2(fds, O_CLOEXEC));
   const pid_t pid = ::fork();
@@ -350,11 +368,12 @@ GroupWatchdog::GroupWatchdog(const std::string& cgroup_dir) {
   }
   if (pid == 0) {
     ::close(fds[1]);
-    watchdogMain(fds[0], groups, cgroup.data());
+    watchdogMain(fds[0], groups, cgroup);
   }
   ::close(fds[0]);
   pid_ = pid;
   fd_ = fds[1];
+  if (!cgroup_dir.empty()) watchCgroup(cgroup_dir);
 }
 
 GroupWatchdog::~GroupWatchdog() {
@@ -372,6 +391,19 @@ void GroupWatchdog::add(pid_t group) {
 void GroupWatchdog::remove(pid_t group) {
   const auto message = -static_cast<int32_t>(group);
   ssize_t ignored = ::write(fd_, &message, sizeof(message));
+  (void)ignored;
+}
+
+void GroupWatchdog::watchCgroup(const std::string& dir) {
+  // One write of at most PIPE_BUF bytes: atomic, never interleaved with add() and remove().
+  const int32_t header[2] = {0, static_cast<int32_t>(dir.size())};
+  if (sizeof(header) + dir.size() > PIPE_BUF || dir.size() >= PATH_MAX) {
+    throw InvalidArgument("cgroup path too long: " + dir);
+  }
+  char message[PIPE_BUF];
+  std::memcpy(message, header, sizeof(header));
+  std::memcpy(message + sizeof(header), dir.data(), dir.size());
+  ssize_t ignored = ::write(fd_, message, sizeof(header) + dir.size());
   (void)ignored;
 }
 

@@ -50,10 +50,16 @@ std::string processState(pid_t pid);
 // docs/reliability.md.) The agent unregisters a group once it is empty, so the watchdog never
 // signals a reused id. It ignores terminal signals, lives in its own process group, and stays
 // out of the job's cgroup.
+//
+// Fork it early (worker_group.h, prestartWatchdog): a fork copies the page tables, and every page
+// either process writes afterwards is copied once more, with a TLB shootdown to each CPU that
+// runs one of the agent's threads. Forked beside gRPC's threads, that cost the launch more than
+// the rest of the agent's set-up.
 class GroupWatchdog {
  public:
   // Forks the helper; it does only async-signal-safe work, so a threaded agent may start it.
-  // `cgroup_dir`: the job's cgroup (JobCgroup::path), or "". Throws SystemError.
+  // `cgroup_dir`: the job's cgroup (JobCgroup::path), or "" (watchCgroup may say it later).
+  // Throws SystemError.
   explicit GroupWatchdog(const std::string& cgroup_dir = "");
   // Closes the pipe: the helper kills what is still registered (and the cgroup), removes the
   // cgroup and exits; waits for that.
@@ -63,6 +69,9 @@ class GroupWatchdog {
 
   void add(pid_t group);
   void remove(pid_t group);
+  // From now on the helper also kills and removes the cgroup at `dir` when the agent is gone.
+  // Throws InvalidArgument for a path too long to pass in one message.
+  void watchCgroup(const std::string& dir);
   pid_t pid() const { return pid_; }
 
  private:

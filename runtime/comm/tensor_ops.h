@@ -8,6 +8,11 @@
 
 namespace cxxlaunch::runtime {
 
+// The bytes a tensor's elements take; 0 for an undefined tensor.
+inline size_t bytesOf(const at::Tensor& t) {
+  return t.defined() ? static_cast<size_t>(t.numel()) * t.element_size() : 0;
+}
+
 // Throws InvalidArgument for dtypes the backends do not carry (complex, bool...).
 DType dtypeOf(const at::Tensor& tensor);
 

@@ -14,16 +14,13 @@
 #include <type_traits>
 
 #include "common/error.h"
+#include "runtime/comm/tensor_ops.h"
 #include "runtime/host_memory.h"
 #include "runtime/optim/param_state_key.h"
 
 namespace cxxlaunch::runtime {
 
 namespace {
-
-size_t bytesOf(const torch::Tensor& t) {
-  return t.defined() ? static_cast<size_t>(t.numel()) * t.element_size() : 0;
-}
 
 // torch::optim's per-parameter state as checkpoint arrays, under the sharded optimizers' names
 // where they have one: AdamW and Adam (FusedAdamW too) exp_avg, exp_avg_sq and, with amsgrad,

@@ -6,13 +6,6 @@
 #include "runtime/strategy/shard_store.h"
 
 namespace cxxlaunch::runtime {
-namespace {
-
-size_t bytesOf(const torch::Tensor& t) {
-  return t.defined() ? static_cast<size_t>(t.numel()) * t.element_size() : 0;
-}
-
-}  // namespace
 
 // ---- parameters -----------------------------------------------------------------------------
 

@@ -22,10 +22,6 @@ namespace {
 
 constexpr size_t kMaxReductionsInFlight = 2;
 
-size_t bytesOf(const torch::Tensor& t) {
-  return t.defined() ? static_cast<size_t>(t.numel()) * t.element_size() : 0;
-}
-
 }  // namespace
 
 ShardedStrategy::ShardedStrategy(std::shared_ptr<Backend> backend,
