@@ -9,7 +9,7 @@
 #include "rendezvous/client.h"
 #include "rendezvous/server.h"
 
-namespace cxxlaunch::rendezvous::testing {
+namespace cxxlaunch::rendezvous::server_fixture {
 
 using namespace std::chrono_literals;
 
@@ -58,4 +58,4 @@ inline Placement soloRun(const RendezvousServer& server, const std::string& run_
   return joinUntilPlaced(client, node("solo"), settings(1, 1));
 }
 
-}  // namespace cxxlaunch::rendezvous::testing
+}  // namespace cxxlaunch::rendezvous::server_fixture

@@ -14,7 +14,7 @@
 
 using namespace cxxlaunch;
 using namespace cxxlaunch::rendezvous;
-using namespace cxxlaunch::rendezvous::testing;
+using namespace cxxlaunch::rendezvous::server_fixture;
 using namespace std::chrono_literals;
 
 TEST_CASE("Each run's store is bounded: a full run is refused, others keep being served",

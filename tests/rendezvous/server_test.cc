@@ -26,7 +26,7 @@
 using namespace cxxlaunch;
 using namespace cxxlaunch::rendezvous;
 using namespace std::chrono_literals;
-using namespace cxxlaunch::rendezvous::testing;
+using namespace cxxlaunch::rendezvous::server_fixture;
 
 TEST_CASE("The gRPC store has c10d semantics", "[server][store]") {
   RendezvousServer server({});
