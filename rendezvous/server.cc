@@ -1,10 +1,10 @@
 #include "rendezvous/server.h"
 
 #include <absl/synchronization/mutex.h>
-#include <grpcpp/grpcpp.h>
-#include <grpcpp/support/server_interceptor.h>
 #include <arpa/inet.h>
+#include <grpcpp/grpcpp.h>
 #include <grpcpp/server_posix.h>
+#include <grpcpp/support/server_interceptor.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -129,8 +129,7 @@ RendezvousServer::RendezvousServer(const ServerOptions& options)
                                        wire::readTlsFile(options.tls_cert_file, "certificate")});
     if (!options.tls_ca_file.empty()) {
       ssl->pem_root_certs = wire::readTlsFile(options.tls_ca_file, "CA");
-      ssl->client_certificate_request =
-          GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+      ssl->client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
     }
   }
   if (options.start_on_first_connection && options.port == 0 && !ssl) {

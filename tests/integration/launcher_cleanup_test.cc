@@ -10,6 +10,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
@@ -224,4 +225,3 @@ TEST_CASE("A stop signal during the leftovers' grace kills them at once and ends
   CHECK(std::chrono::steady_clock::now() - start < 3s);
   CHECK(noneAlive(pids));
 }
-

@@ -47,9 +47,10 @@ ClientOptions clientOf(const RendezvousServer& server) {
 
 }  // namespace
 
-TEST_CASE("A server started at its first connection serves its node at once and its workers' "
-          "stores from their first call",
-          "[server][local]") {
+TEST_CASE(
+    "A server started at its first connection serves its node at once and its workers' "
+    "stores from their first call",
+    "[server][local]") {
   RendezvousServer server(atFirstConnection());
   REQUIRE(server.port() > 0);
   std::atomic<bool> never = false;
