@@ -28,7 +28,7 @@ TEST_CASE("A buffer given back is the one the next take of its size gets", "[buf
   REQUIRE(pool.bytes() == 0);
 }
 
-TEST_CASE("Each size class keeps at most its count; a size without a class is freed",
+TEST_CASE("Each size class keeps at most its count, and a size without a class is freed",
           "[buffer_pool]") {
   BufferPool pool;
   pool.addClass(1000, 1);
