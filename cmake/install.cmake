@@ -63,19 +63,39 @@ install(TARGETS cxxlaunch_package ${_cxxlaunch_libraries} EXPORT cxxlaunchTarget
   INCLUDES DESTINATION ${CXXLAUNCH_INSTALL_INCLUDEDIR})
 install(EXPORT cxxlaunchTargets NAMESPACE cxxlaunch:: DESTINATION ${CXXLAUNCH_INSTALL_CMAKEDIR})
 
-# The public headers: these entry points and every header of ours they include, followed at
-# install time (cmake/install_headers.cmake), so the set cannot fall behind the code.
-set(CXXLAUNCH_PUBLIC_HEADERS runtime/accelerator.h runtime/env.h common/error.h common/env_names.h
-    models/llama.h models/chunked_loss.h models/lora.h)
+# The public API (docs/install.md#the-public-headers), listed here and nowhere else: the
+# Accelerator, the settings it reads, what it reports, the unit handle (with activation
+# checkpointing and deferred init), the errors, the models. Everything else (comm/, the
+# strategies, heartbeat, checkpoint files) stays private behind the Accelerator's pimpl.
+set(CXXLAUNCH_PUBLIC_HEADERS runtime/accelerator.h runtime/env.h runtime/reports.h
+    runtime/strategy/unit.h common/error.h models/llama.h models/lora.h models/chunked_loss.h)
+# text/'s, where built: a library of its own (cxxlaunch::text, no LibTorch) with its own API.
+set(CXXLAUNCH_TEXT_HEADERS text/tokenizer.h text/chat_template.h text/sft_data.h text/packing.h
+    text/token_cache.h)
+# A public header may include only public headers of ours (checked here, at configure time):
+# the installed set compiles on its own (tests/integration/installed_headers_test.sh).
+function(cxxlaunch_check_public_headers allowed)
+  foreach(_header IN LISTS ARGN)
+    file(STRINGS "${PROJECT_SOURCE_DIR}/${_header}" _lines REGEX "^[ \t]*#[ \t]*include[ \t]*\"")
+    foreach(_line IN LISTS _lines)
+      string(REGEX REPLACE "^[ \t]*#[ \t]*include[ \t]*\"([^\"]+)\".*" "\\1" _included "${_line}")
+      if(NOT _included IN_LIST allowed)
+        message(FATAL_ERROR "cxxlaunch: the public header ${_header} includes \"${_included}\", "
+                            "which is not public (cmake/install.cmake lists the public headers)")
+      endif()
+    endforeach()
+  endforeach()
+endfunction()
+cxxlaunch_check_public_headers("${CXXLAUNCH_PUBLIC_HEADERS}" ${CXXLAUNCH_PUBLIC_HEADERS})
+set(_cxxlaunch_installed_headers ${CXXLAUNCH_PUBLIC_HEADERS})
 if(CXXLAUNCH_PACKAGE_WITH_TEXT)
-  list(APPEND CXXLAUNCH_PUBLIC_HEADERS text/tokenizer.h text/chat_template.h text/sft_data.h
-       text/packing.h text/token_cache.h)
+  cxxlaunch_check_public_headers("${CXXLAUNCH_TEXT_HEADERS}" ${CXXLAUNCH_TEXT_HEADERS})
+  list(APPEND _cxxlaunch_installed_headers ${CXXLAUNCH_TEXT_HEADERS})
 endif()
-install(CODE "
-  set(CXXLAUNCH_HEADER_SOURCE_DIR \"${CMAKE_SOURCE_DIR}\")
-  set(CXXLAUNCH_HEADER_ROOTS \"${CXXLAUNCH_PUBLIC_HEADERS}\")
-  set(CXXLAUNCH_HEADER_DESTINATION \"\${CMAKE_INSTALL_PREFIX}/${CXXLAUNCH_INSTALL_INCLUDEDIR}\")
-  include(\"${CMAKE_CURRENT_LIST_DIR}/install_headers.cmake\")")
+foreach(_header IN LISTS _cxxlaunch_installed_headers)
+  get_filename_component(_folder "${_header}" DIRECTORY)
+  install(FILES ${PROJECT_SOURCE_DIR}/${_header} DESTINATION ${CXXLAUNCH_INSTALL_INCLUDEDIR}/${_folder})
+endforeach()
 
 # The package config and its version (0.x: a minor version may break the interface).
 get_filename_component(CXXLAUNCH_TORCH_DIR "${Torch_DIR}" ABSOLUTE)

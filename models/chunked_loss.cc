@@ -10,7 +10,7 @@
 #include "common/error.h"
 #include "models/fused.h"
 #include "runtime/precision/policy.h"
-#include "runtime/strategy/unit.h"
+#include "runtime/strategy/unit_registry.h"
 
 namespace cxxlaunch::models {
 namespace {

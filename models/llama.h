@@ -22,8 +22,8 @@
 //
 // Built inside Accelerator::deferredInit() (the config's zero3_init_flag or
 // fsdp_cpu_ram_efficient_loading), the parameters take no memory until prepare makes them, one
-// unit at a time under ZeRO-3 / FULL_SHARD: no rank holds the model whole
-// (runtime/deferred_init.h). Each parameter's initial values come from a seed it draws as it is
+// unit at a time under ZeRO-3 / FULL_SHARD: no rank holds the model whole (DeferredInit,
+// runtime/strategy/unit.h). Each parameter's initial values come from a seed it draws as it is
 // built, so a model is the same built either way.
 //
 // The projections compute through linearForward (models/lora.h), which adds a LoRA adapter's

@@ -17,11 +17,14 @@
 #include "common/host.h"
 #include "common/host_memory.h"
 #include "common/tracker_names.h"
+#include "runtime/accelerator_impl.h"
 #include "runtime/checkpoint/async_save.h"
 #include "runtime/comm/checked_backend.h"
 #include "runtime/comm/tensor_ops.h"
+#include "runtime/deferred_init.h"
 #include "runtime/error_report.h"
 #include "runtime/strategy/strategy.h"
+#include "runtime/strategy/unit_registry.h"
 
 namespace cxxlaunch::runtime {
 namespace {
@@ -43,58 +46,61 @@ Accelerator::Accelerator(AcceleratorOptions options)
                   options) {}
 
 Accelerator::Accelerator(World world, AcceleratorOptions options)
-    : world_(std::move(world)),
-      bucket_bytes_(options.bucket_bytes),
-      find_unused_(options.find_unused_parameters),
-      checkpoint_dir_(options.checkpoint_dir.value_or(world_.env.checkpoint_dir)),
-      checkpoint_prefix_(options.checkpoint_prefix),
-      checkpoint_total_limit_(
-          options.checkpoint_total_limit.value_or(world_.env.checkpoint_total_limit)) {
-  if (checkpoint_total_limit_ < 0) {
+    : impl_(std::make_unique<Impl>()) {
+  impl_->world = std::move(world);
+  impl_->bucket_bytes = options.bucket_bytes;
+  impl_->find_unused = options.find_unused_parameters;
+  impl_->checkpoint_dir = options.checkpoint_dir.value_or(impl_->world.env.checkpoint_dir);
+  impl_->checkpoint_prefix = options.checkpoint_prefix;
+  impl_->checkpoint_total_limit =
+      options.checkpoint_total_limit.value_or(impl_->world.env.checkpoint_total_limit);
+  if (impl_->checkpoint_total_limit < 0) {
     throw InvalidArgument(
         "AcceleratorOptions::checkpoint_total_limit is negative; give the "
         "number of checkpoints to keep, or 0 for all");
   }
-  if (checkpoint_prefix_ != "checkpoint_" && checkpoint_prefix_ != "checkpoint-") {
-    throw InvalidArgument("AcceleratorOptions::checkpoint_prefix '" + checkpoint_prefix_ +
+  if (impl_->checkpoint_prefix != "checkpoint_" && impl_->checkpoint_prefix != "checkpoint-") {
+    throw InvalidArgument("AcceleratorOptions::checkpoint_prefix '" + impl_->checkpoint_prefix +
                           "' is neither \"checkpoint_\" (accelerate's) nor \"checkpoint-\" "
                           "(Trainer's): resume and pruning find only those");
   }
-  log_with_ = options.log_with ? parseTrackerList(*options.log_with, "AcceleratorOptions::log_with")
-                               : world_.env.log_with;
-  project_dir_ = options.project_dir.value_or(world_.env.project_dir);
-  report_every_ = options.report_every;
-  if (options.checkpoint_async.value_or(world_.env.checkpoint_async)) {
-    async_saver_ = std::make_unique<checkpoint::AsyncSaver>();
+  impl_->log_with = options.log_with
+                        ? parseTrackerList(*options.log_with, "AcceleratorOptions::log_with")
+                        : impl_->world.env.log_with;
+  impl_->project_dir = options.project_dir.value_or(impl_->world.env.project_dir);
+  impl_->report_every = options.report_every;
+  if (options.checkpoint_async.value_or(impl_->world.env.checkpoint_async)) {
+    impl_->async_saver = std::make_unique<checkpoint::AsyncSaver>();
   }
-  installUncaughtErrorReport(world_.env.error_file);
-  if (world_.env.gradient_accumulation_steps < 1) {
+  installUncaughtErrorReport(impl_->world.env.error_file);
+  if (impl_->world.env.gradient_accumulation_steps < 1) {
     throw InvalidArgument("gradient accumulation steps must be >= 1");
   }
   keepFreedHostMemory();
-  accumulation_steps_ = world_.env.gradient_accumulation_steps;
-  clipping_ = world_.env.gradient_clipping;
-  if (!world_.heartbeat) {
-    world_.heartbeat = std::make_shared<Heartbeat>(world_.env.heartbeat_file);
+  impl_->accumulation_steps = impl_->world.env.gradient_accumulation_steps;
+  impl_->clipping = impl_->world.env.gradient_clipping;
+  if (!impl_->world.heartbeat) {
+    impl_->world.heartbeat = std::make_shared<Heartbeat>(impl_->world.env.heartbeat_file);
   }
-  if (!world_.backend) {
-    if (!world_.store) world_.store = storeFromEnv(world_.env);
+  if (!impl_->world.backend) {
+    if (!impl_->world.store) impl_->world.store = storeFromEnv(impl_->world.env);
     // As accelerate: a worker that sees a GPU trains on it (over NCCL, with backend auto); the
     // launcher's --cpu hides them (CUDA_VISIBLE_DEVICES empty).
-    world_.backend =
-        backendFromEnv(world_.env, world_.store, torch::cuda::is_available(), world_.heartbeat);
+    impl_->world.backend = backendFromEnv(impl_->world.env, impl_->world.store,
+                                          torch::cuda::is_available(), impl_->world.heartbeat);
   }
-  precision_ = precisionPolicy(world_.env.mixed_precision, device().type());
-  if (precision_.scalesLoss() || options.loss_scaling) {
-    scaler_.emplace(options.loss_scaling.value_or(LossScalerOptions{}));
+  impl_->precision = precisionPolicy(impl_->world.env.mixed_precision, device().type());
+  if (impl_->precision.scalesLoss() || options.loss_scaling) {
+    impl_->scaler.emplace(options.loss_scaling.value_or(LossScalerOptions{}));
   }
 }
 
 Accelerator::~Accelerator() {
-  for (const auto* module : checkpointed_) detail::setCheckpointActivations(module, false);
+  for (const auto* module : impl_->checkpointed) detail::setCheckpointActivations(module, false);
   if (checkpointInFlight()) {
     if (std::uncaught_exceptions() > 0) {
-      async_saver_->abandon();  // the other ranks may never come: left incomplete, uncommitted
+      impl_->async_saver
+          ->abandon();  // the other ranks may never come: left incomplete, uncommitted
     } else {
       // The end of training commits the last save; a write that failed ends the process as an
       // uncaught error would (error_report.h), never silently.
@@ -105,28 +111,55 @@ Accelerator::~Accelerator() {
       }
     }
   }
-  if (backward_pending_ && std::uncaught_exceptions() == 0) {
+  if (impl_->backward_pending && std::uncaught_exceptions() == 0) {
     std::cerr << "cxxlaunch: warning: the last Accelerator::backward had no Accelerator::step "
                  "after it, so its gradients were never applied (call acc.step() after each "
                  "acc.backward)\n";
   }
 }
 
+int Accelerator::rank() const { return impl_->world.env.rank; }
+int Accelerator::localRank() const { return impl_->world.env.local_rank; }
+int Accelerator::worldSize() const { return impl_->world.env.world_size; }
+int Accelerator::gradientAccumulationSteps() const { return impl_->accumulation_steps; }
+const WorkerEnv& Accelerator::env() const { return impl_->world.env; }
+Backend& Accelerator::backend() { return *impl_->world.backend; }
+DeferredInit Accelerator::deferredInit() const {
+  const WorkerEnv& env = impl_->world.env;
+  return DeferredInit(env.zero3_init_flag || env.fsdp_cpu_ram_efficient_loading);
+}
+bool Accelerator::stepWasSkipped() const { return impl_->step_was_skipped; }
+double Accelerator::lossScale() const { return impl_->scaler ? impl_->scaler->scale() : 1.0; }
+const PrecisionPolicy& Accelerator::precision() const { return impl_->precision; }
+const std::vector<std::string>& Accelerator::trackerNames() const { return impl_->log_with; }
+std::string Accelerator::reportPath() const {
+  return impl_->trackers ? impl_->trackers->reportPath() : "";
+}
+std::vector<checkpoint::SaveReport> Accelerator::takeSaveReports() {
+  return std::exchange(impl_->save_reports, {});
+}
+const std::string& Accelerator::checkpointDir() const { return impl_->checkpoint_dir; }
+int64_t Accelerator::optimizerSteps() const { return impl_->optimizer_steps; }
+int64_t Accelerator::microSteps() const { return impl_->micro_step; }
+std::shared_ptr<EvalPosition> Accelerator::evalPosition() const { return impl_->eval_position; }
+
 torch::Device Accelerator::device() const {
-  if (world_.backend->name() == "nccl") {
-    return {torch::kCUDA, static_cast<c10::DeviceIndex>(world_.env.device.value_or(localRank()))};
+  if (impl_->world.backend->name() == "nccl") {
+    return {torch::kCUDA,
+            static_cast<c10::DeviceIndex>(impl_->world.env.device.value_or(localRank()))};
   }
   return torch::kCPU;
 }
 
 void Accelerator::wrap(const torch::nn::Module& unit) {
-  if (strategy_) throw InvalidArgument("Accelerator::wrap after prepare: mark units before it");
-  wrapped_.push_back(&unit);
+  if (impl_->strategy)
+    throw InvalidArgument("Accelerator::wrap after prepare: mark units before it");
+  impl_->wrapped.push_back(&unit);
 }
 
 void Accelerator::checkpointActivations(const torch::nn::Module& block, bool on) {
   detail::setCheckpointActivations(&block, on);
-  if (on) checkpointed_.push_back(&block);
+  if (on) impl_->checkpointed.push_back(&block);
 }
 
 void Accelerator::prepare(std::shared_ptr<torch::nn::Module> model,
@@ -135,30 +168,31 @@ void Accelerator::prepare(std::shared_ptr<torch::nn::Module> model,
   // As accelerate's prepare: the model trains on this worker's device (a GPU under NCCL).
   moveModule(*model, device());
   StrategyOptions options;
-  options.bucket_bytes = bucket_bytes_;
-  options.find_unused_parameters = find_unused_;
-  options.wrapped = wrapped_;
-  options.precision = precision_;
-  strategy_ = makeStrategy(world_.env, world_.backend, model, optimizer, options);
-  scheduler_ = scheduler;
+  options.bucket_bytes = impl_->bucket_bytes;
+  options.find_unused_parameters = impl_->find_unused;
+  options.wrapped = impl_->wrapped;
+  options.precision = impl_->precision;
+  impl_->strategy = makeStrategy(impl_->world.env, impl_->world.backend, model, optimizer, options);
+  impl_->scheduler = scheduler;
   // The schedule's length is the run's, unless the trainer said otherwise (setTotalSteps).
-  if (scheduler_ != nullptr && world_.heartbeat->record().total == 0) {
-    world_.heartbeat->setTotalSteps(scheduler_->totalSteps());
+  if (impl_->scheduler != nullptr && impl_->world.heartbeat->record().total == 0) {
+    impl_->world.heartbeat->setTotalSteps(impl_->scheduler->totalSteps());
   }
-  optimizer_ = &optimizer;
-  model_ = model;
-  if (world_.env.fsdp_activation_checkpointing) checkpointUnits(*model);
-  if (precision_.mixed()) {
-    autocast_ = std::make_unique<AutocastScope>(device().type(), precision_.compute, true);
+  impl_->optimizer = &optimizer;
+  impl_->model = model;
+  if (impl_->world.env.fsdp_activation_checkpointing) checkpointUnits(*model);
+  if (impl_->precision.mixed()) {
+    impl_->autocast =
+        std::make_unique<AutocastScope>(device().type(), impl_->precision.compute, true);
   }
 }
 
 void Accelerator::checkpointUnits(const torch::nn::Module& model) {
-  std::vector<const torch::nn::Module*> blocks = strategy_->unitModules();
+  std::vector<const torch::nn::Module*> blocks = impl_->strategy->unitModules();
   if (blocks.empty()) {  // nothing sharded at rest: the modules that would be units
-    blocks = wrapped_;
+    blocks = impl_->wrapped;
     for (const auto& module : model.modules(/*include_self=*/false)) {
-      for (const auto& wanted : world_.env.fsdp_transformer_layer_cls) {
+      for (const auto& wanted : impl_->world.env.fsdp_transformer_layer_cls) {
         if (detail::typeMatches(*module, wanted)) blocks.push_back(module.get());
       }
     }
@@ -172,15 +206,18 @@ void Accelerator::checkpointUnits(const torch::nn::Module& model) {
   for (const auto* block : blocks) checkpointActivations(*block);
 }
 
-bool Accelerator::syncGradients() const { return (micro_step_ + 1) % accumulation_steps_ == 0; }
+bool Accelerator::syncGradients() const {
+  return (impl_->micro_step + 1) % impl_->accumulation_steps == 0;
+}
 
 void Accelerator::backward(const torch::Tensor& loss) {
   const CollectiveApi api("backward");
-  if (!strategy_) throw InvalidArgument("Accelerator::backward before prepare(model, optimizer)");
+  if (!impl_->strategy)
+    throw InvalidArgument("Accelerator::backward before prepare(model, optimizer)");
   // The trainer that steps its own optimizer instead of acc.step() must hear it at once: under
   // ZeRO-2/3 and FSDP the optimizer's step() finds no gradients (they live in the strategy's
   // shards) and changes nothing, and under every strategy the schedule would not advance.
-  if (backward_pending_) {
+  if (impl_->backward_pending) {
     throw InvalidArgument(
         "Accelerator::backward was called again without Accelerator::step after the last one: "
         "call acc.step() after each acc.backward(loss), not optimizer.step() (acc.step() steps "
@@ -188,49 +225,52 @@ void Accelerator::backward(const torch::Tensor& loss) {
         "schedule, and counts gradient accumulation). For several losses in one step, call "
         "acc.backward on their sum");
   }
-  backward_pending_ = true;
-  world_.heartbeat->beat();  // progress, for the launcher's --watchdog_timeout
+  impl_->backward_pending = true;
+  impl_->world.heartbeat->beat();  // progress, for the launcher's --watchdog_timeout
   const bool sync = syncGradients();
-  strategy_->beforeBackward(sync);
-  torch::Tensor scaled = accumulation_steps_ > 1 ? loss / accumulation_steps_ : loss;
-  if (scaler_) scaled = scaled * scaler_->scale();
+  impl_->strategy->beforeBackward(sync);
+  torch::Tensor scaled = impl_->accumulation_steps > 1 ? loss / impl_->accumulation_steps : loss;
+  if (impl_->scaler) scaled = scaled * impl_->scaler->scale();
   {
     // Backward runs the dtypes its forward chose; autocast is for forward passes only.
     std::optional<AutocastScope> no_autocast;
-    if (autocast_) no_autocast.emplace(device().type(), precision_.compute, false);
+    if (impl_->autocast) no_autocast.emplace(device().type(), impl_->precision.compute, false);
     scaled.backward();
   }
-  strategy_->afterBackward(sync);
+  impl_->strategy->afterBackward(sync);
 }
 
 bool Accelerator::step() {
   const CollectiveApi api("step");
-  if (!strategy_) throw InvalidArgument("Accelerator::step before prepare(model, optimizer)");
-  backward_pending_ = false;
+  if (!impl_->strategy) throw InvalidArgument("Accelerator::step before prepare(model, optimizer)");
+  impl_->backward_pending = false;
   if (checkpointInFlight()) {
-    if (auto report = async_saver_->poll(*world_.backend)) committed(std::move(*report));
+    if (auto report = impl_->async_saver->poll(*impl_->world.backend))
+      committed(std::move(*report));
   }
   const bool sync = syncGradients();
-  ++micro_step_;
+  ++impl_->micro_step;
   if (!sync) return false;
-  if (scaler_) {
-    const bool finite = strategy_->unscaleGradients(1.0 / scaler_->scale());
-    scaler_->update(!finite);
-    step_was_skipped_ = !finite;
+  if (impl_->scaler) {
+    const bool finite = impl_->strategy->unscaleGradients(1.0 / impl_->scaler->scale());
+    impl_->scaler->update(!finite);
+    impl_->step_was_skipped = !finite;
     if (!finite) {
-      strategy_->zeroGrad();
-      world_.heartbeat->stepDone(micro_step_ / accumulation_steps_, collectiveWaitOnThisThread());
+      impl_->strategy->zeroGrad();
+      impl_->world.heartbeat->stepDone(impl_->micro_step / impl_->accumulation_steps,
+                                       collectiveWaitOnThisThread());
       return true;
     }
   }
-  if (clipping_ > 0) clipGradNorm(clipping_);
-  strategy_->step();
-  if (scheduler_ != nullptr) scheduler_->step();
-  strategy_->zeroGrad();
-  ++optimizer_steps_;
-  if (async_saver_ && !std::exchange(snapshot_reserved_, true)) reserveSnapshot();
+  if (impl_->clipping > 0) clipGradNorm(impl_->clipping);
+  impl_->strategy->step();
+  if (impl_->scheduler != nullptr) impl_->scheduler->step();
+  impl_->strategy->zeroGrad();
+  ++impl_->optimizer_steps;
+  if (impl_->async_saver && !std::exchange(impl_->snapshot_reserved, true)) reserveSnapshot();
   // For the launcher's progress line and straggler check (heartbeat.h).
-  world_.heartbeat->stepDone(micro_step_ / accumulation_steps_, collectiveWaitOnThisThread());
+  impl_->world.heartbeat->stepDone(impl_->micro_step / impl_->accumulation_steps,
+                                   collectiveWaitOnThisThread());
   return true;
 }
 
@@ -239,10 +279,10 @@ void Accelerator::setTotalSteps(int64_t steps) {
     throw InvalidArgument("Accelerator::setTotalSteps(" + std::to_string(steps) +
                           "): give the number of training steps, or 0 for unknown");
   }
-  world_.heartbeat->setTotalSteps(steps);
+  impl_->world.heartbeat->setTotalSteps(steps);
 }
 
-void Accelerator::setProgressLoss(double loss) { world_.heartbeat->setLoss(loss); }
+void Accelerator::setProgressLoss(double loss) { impl_->world.heartbeat->setLoss(loss); }
 
 bool Accelerator::accumulate(const std::function<torch::Tensor()>& micro_step) {
   backward(micro_step());
@@ -251,17 +291,17 @@ bool Accelerator::accumulate(const std::function<torch::Tensor()>& micro_step) {
 
 double Accelerator::clipGradNorm(double max_norm) {
   const CollectiveApi api("clipGradNorm");
-  if (!strategy_) throw InvalidArgument("Accelerator::clipGradNorm before prepare");
+  if (!impl_->strategy) throw InvalidArgument("Accelerator::clipGradNorm before prepare");
   if (!(max_norm > 0) || !std::isfinite(max_norm)) {
     throw InvalidArgument("Accelerator::clipGradNorm: max_norm is " + std::to_string(max_norm) +
                           "; give a finite norm > 0");
   }
-  return strategy_->clipGradNorm(max_norm);
+  return impl_->strategy->clipGradNorm(max_norm);
 }
 
 void Accelerator::waitForEveryone() {
   const CollectiveApi api("waitForEveryone");
-  world_.backend->barrier()->wait();
+  impl_->world.backend->barrier()->wait();
 }
 
 void Accelerator::mainProcessFirst(const std::function<void()>& work) {
@@ -278,7 +318,7 @@ torch::Tensor Accelerator::gather(const torch::Tensor& tensor) {
   if (shape.empty()) shape.push_back(1);
   shape[0] *= worldSize();
   auto output = torch::empty(shape, input.options());
-  world_.backend
+  impl_->world.backend
       ->allGather(input.data_ptr(), output.data_ptr(), static_cast<size_t>(input.numel()),
                   dtypeOf(input))
       ->wait();
@@ -287,7 +327,7 @@ torch::Tensor Accelerator::gather(const torch::Tensor& tensor) {
 
 torch::Tensor Accelerator::gatherForMetrics(const torch::Tensor& tensor) {
   auto gathered = gather(tensor);
-  const auto& at = *eval_position_;
+  const auto& at = *impl_->eval_position;
   const bool last_batch = at.batches > 0 && at.batch == at.batches - 1;
   if (!last_batch || tensor.dim() == 0 || tensor.size(0) != static_cast<int64_t>(at.batch_size)) {
     return gathered;
@@ -301,7 +341,7 @@ torch::Tensor Accelerator::reduce(const torch::Tensor& tensor, const std::string
   }
   const CollectiveApi api("reduce");
   auto out = tensor.contiguous().clone();
-  allreduce(*world_.backend, out, ReduceOp::kSum)->wait();
+  allreduce(*impl_->world.backend, out, ReduceOp::kSum)->wait();
   if (op == "mean") return torch::div(out, worldSize());
   return out;
 }
@@ -319,7 +359,7 @@ torch::Tensor Accelerator::padAcrossProcesses(const torch::Tensor& tensor, int64
   // Every rank's (dimensions, size at dim): the dimensions must agree to pad at all.
   auto mine = torch::tensor({dims, tensor.size(dim)}, torch::kInt64);
   auto all = torch::empty({2 * worldSize()}, torch::kInt64);
-  world_.backend->allGather(mine.data_ptr(), all.data_ptr(), 2, DType::kInt64)->wait();
+  impl_->world.backend->allGather(mine.data_ptr(), all.data_ptr(), 2, DType::kInt64)->wait();
   const auto* sizes = all.data_ptr<int64_t>();
   int64_t longest = 0;
   for (int r = 0; r < worldSize(); ++r) {
@@ -354,27 +394,27 @@ torch::Tensor Accelerator::splitBetweenProcesses(const torch::Tensor& items) con
 }
 
 void Accelerator::initTrackers(const std::string& run_name, const RunConfig& config) {
-  if (log_with_.empty() || !isMainProcess()) return;
+  if (impl_->log_with.empty() || !isMainProcess()) return;
   RunConfig resolved = config;
-  const auto& e = world_.env;
+  const auto& e = impl_->world.env;
   resolved.emplace_back("launch.world_size", e.world_size);
   resolved.emplace_back("launch.num_nodes", e.num_nodes);
   resolved.emplace_back("launch.strategy", std::string(e.strategy.name()));
   resolved.emplace_back("launch.mixed_precision", e.mixed_precision);
-  resolved.emplace_back("launch.gradient_accumulation_steps", accumulation_steps_);
-  resolved.emplace_back("launch.gradient_clipping", clipping_);
-  resolved.emplace_back("launch.backend", world_.backend->name());
+  resolved.emplace_back("launch.gradient_accumulation_steps", impl_->accumulation_steps);
+  resolved.emplace_back("launch.gradient_clipping", impl_->clipping);
+  resolved.emplace_back("launch.backend", impl_->world.backend->name());
   RunConfig summary = {{"world size", e.world_size},
                        {"nodes", e.num_nodes},
                        {"strategy", std::string(e.strategy.name())},
                        {"mixed precision", e.mixed_precision},
-                       {"backend", world_.backend->name()},
+                       {"backend", impl_->world.backend->name()},
                        {"host of rank 0", hostName()}};
   if (!e.run_id.empty()) summary.emplace_back("run id", e.run_id);
-  trackers_.reset();  // a second initTrackers starts another run: the last one's report ends
-  trackers_ =
-      std::make_unique<Trackers>(TrackerOptions{log_with_, project_dir_, run_name, report_every_},
-                                 std::move(resolved), std::move(summary));
+  impl_->trackers.reset();  // a second initTrackers starts another run: the last one's report ends
+  impl_->trackers = std::make_unique<Trackers>(
+      TrackerOptions{impl_->log_with, impl_->project_dir, run_name, impl_->report_every},
+      std::move(resolved), std::move(summary));
 }
 
 void Accelerator::log(const Scalars& values, std::optional<int64_t> step) {
@@ -382,16 +422,16 @@ void Accelerator::log(const Scalars& values, std::optional<int64_t> step) {
   for (const auto& [name, value] : values) {
     if (name == "loss") setProgressLoss(value);
   }
-  if (log_with_.empty() || !isMainProcess()) return;
-  if (!trackers_) {
+  if (impl_->log_with.empty() || !isMainProcess()) return;
+  if (!impl_->trackers) {
     throw InvalidArgument(
         "log before initTrackers: call acc.initTrackers(run_name, config) once before logging");
   }
-  trackers_->log(values, step.value_or(optimizer_steps_));
+  impl_->trackers->log(values, step.value_or(impl_->optimizer_steps));
 }
 
 void Accelerator::endTraining() {
-  if (trackers_) trackers_->finish();
+  if (impl_->trackers) impl_->trackers->finish();
 }
 
 void Accelerator::requireBatchSize(size_t batch_size) {
@@ -402,11 +442,11 @@ void Accelerator::requireBatchSize(size_t batch_size) {
 }
 
 std::optional<int64_t> Accelerator::takeResumePosition() {
-  return std::exchange(resume_position_, std::nullopt);
+  return std::exchange(impl_->resume_position, std::nullopt);
 }
 
 MemoryReport Accelerator::memoryReport() const {
-  MemoryReport report = strategy_ ? strategy_->memoryReport() : MemoryReport{};
+  MemoryReport report = impl_->strategy ? impl_->strategy->memoryReport() : MemoryReport{};
 #if defined(CXXLAUNCH_TORCH_CUDA)
   if (device().is_cuda()) {  // [0]: the aggregate over LibTorch's small and large pools
     report.device_peak = static_cast<size_t>(
@@ -417,23 +457,23 @@ MemoryReport Accelerator::memoryReport() const {
 }
 
 std::string Accelerator::describeStrategy() const {
-  return strategy_ ? strategy_->describe()
-                   : std::string(world_.env.strategy.name()) + " (not prepared)";
+  return impl_->strategy ? impl_->strategy->describe()
+                         : std::string(impl_->world.env.strategy.name()) + " (not prepared)";
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> Accelerator::fullParameters(
     const std::function<bool(const std::string&)>& keep) {
   const CollectiveApi api("fullParameters");
-  if (!strategy_) throw InvalidArgument("Accelerator::fullParameters before prepare");
-  return strategy_->fullParameters(keep);
+  if (!impl_->strategy) throw InvalidArgument("Accelerator::fullParameters before prepare");
+  return impl_->strategy->fullParameters(keep);
 }
 
 std::string Accelerator::describeBatch(size_t per_process_batch) const {
   return "global batch " +
          std::to_string(per_process_batch * static_cast<size_t>(worldSize()) *
-                        static_cast<size_t>(accumulation_steps_)) +
+                        static_cast<size_t>(impl_->accumulation_steps)) +
          " = " + std::to_string(per_process_batch) + " per process x " +
-         std::to_string(worldSize()) + " processes x " + std::to_string(accumulation_steps_) +
+         std::to_string(worldSize()) + " processes x " + std::to_string(impl_->accumulation_steps) +
          " accumulation steps";
 }
 

@@ -12,10 +12,10 @@
 //   }
 //
 // Settings (strategy, gradient accumulation, clipping, mixed precision, backend) come from the
-// environment the launcher sets (common/env_names.h); AcceleratorOptions can override them.
-// The strategy (DDP, ZeRO-1/2/3, FSDP: strategy/strategy.h) is the launch's choice; the only
+// environment the launcher sets (docs/env.md); AcceleratorOptions can override them.
+// The strategy (DDP, ZeRO-1/2/3, FSDP: docs/sharding.md) is the launch's choice; the only
 // thing a trainer does for it is to run its big repeated blocks through unitForward
-// (strategy/unit.h), which is a plain forward call unless parameters are sharded at rest.
+// (runtime/strategy/unit.h), which is a plain forward call unless parameters are sharded at rest.
 // Rank-0 helpers (print, isMainProcess, mainProcessFirst) make rank-0 I/O the easy path.
 //
 // Thread-safety: one training thread.
@@ -35,60 +35,152 @@
 #include <vector>
 
 #include "common/error.h"
-#include "runtime/checkpoint/save_report.h"
-#include "runtime/deferred_init.h"
-#include "runtime/epoch_sampler.h"
-#include "runtime/eval_loader.h"
-#include "runtime/memory_report.h"
-#include "runtime/observability/trackers.h"
-#include "runtime/precision/loss_scaler.h"
-#include "runtime/precision/policy.h"
-#include "runtime/scheduler.h"
+#include "runtime/env.h"
+#include "runtime/reports.h"
 #include "runtime/strategy/unit.h"
-#include "runtime/world.h"
 
-// The engine and the file format stay behind the facade.
 namespace cxxlaunch::tensorfile {
-class Reader;
+class Reader;  // a checkpoint file (tensorfile/), read behind the facade
 }  // namespace cxxlaunch::tensorfile
 
 namespace cxxlaunch::runtime {
 
-class Strategy;
-namespace checkpoint {
-class AsyncSaver;
-}  // namespace checkpoint
+// The engine behind the facade: never needed to train (runtime/world.h, comm/backend.h).
+struct World;
+class Backend;
 
-struct AcceleratorOptions {
-  std::optional<int> gradient_accumulation_steps;  // default: CXXLAUNCH_GRADIENT_ACCUMULATION_STEPS
-  std::optional<double> gradient_clipping;         // default: CXXLAUNCH_GRADIENT_CLIPPING
-  std::optional<std::string> backend;              // default: CXXLAUNCH_BACKEND
-  std::optional<std::string> mixed_precision;      // default: CXXLAUNCH_MIXED_PRECISION
-  // Dynamic loss scaling: always on for fp16 (with these settings, or the defaults); given for
-  // another precision, its loss is scaled too.
-  std::optional<LossScalerOptions> loss_scaling;
-  size_t bucket_bytes = 25u << 20;
-  // PyTorch's find_unused_parameters: exact optimizer semantics for parameters no rank used,
-  // for one more small collective per step.
-  bool find_unused_parameters = false;
-  std::optional<std::string> checkpoint_dir;  // default: CXXLAUNCH_CHECKPOINT_DIR
-  // What saveCheckpoint names its checkpoints: <prefix><optimizer steps>. "checkpoint_" as
-  // accelerate's save_state(automatic naming) does, or "checkpoint-" as HF Trainer does; resume
-  // and pruning find both (checkpoint/manifest.h). Anything else is InvalidArgument.
-  std::string checkpoint_prefix = "checkpoint_";
-  // saveCheckpoint keeps the newest this many (accelerate's total_limit); 0: all of them.
-  // Unset: the launch's (--checkpoint_total_limit, CXXLAUNCH_CHECKPOINT_TOTAL_LIMIT,
-  // cxxlaunch.checkpoint_total_limit), else 0.
-  std::optional<int64_t> checkpoint_total_limit;
-  // The trackers log() writes to (accelerate's log_with): a comma list of tensorboard, csv,
-  // jsonl, or "all". Unset: the launch's (--log_with, CXXLAUNCH_LOG_WITH, cxxlaunch.log_with).
-  std::optional<std::string> log_with;
-  std::optional<std::string> project_dir;  // default: CXXLAUNCH_PROJECT_DIR (--project_dir)
-  int report_every = 10;                   // logs between rewrites of report.html
-  // saveState / saveCheckpoint return once this rank's state is copied into host memory and
-  // write it in the background (docs/checkpoints.md#asynchronous-saves). Unset: the launch's
-  // (--checkpoint_async, CXXLAUNCH_CHECKPOINT_ASYNC, cxxlaunch.checkpoint_async), else false.
-  std::optional<bool> checkpoint_async;
+// Learning-rate schedules with warmup, stepped once per optimizer step (not per micro-step):
+// constant, linear decay to zero, and cosine decay to zero, each after `warmup_steps` of linear
+// warmup from zero — the formulas of transformers' get_{constant,linear,cosine}_schedule_with_
+// warmup. Scales the lr each parameter group had at construction.
+class LrScheduler {
+ public:
+  enum class Kind { kConstant, kLinear, kCosine };
+  // Throws InvalidArgument for negative steps or warmup beyond the total.
+  LrScheduler(torch::optim::Optimizer& optimizer, Kind kind, int64_t warmup_steps,
+              int64_t total_steps);
+
+  // "constant", "linear", "cosine".
+  static Kind parse(const std::string& name);
+
+  void step();            // after each optimizer step
+  double factor() const;  // of the base lr, at the current step
+  int64_t stepCount() const { return step_; }
+  int64_t totalSteps() const { return total_; }
+  void setStepCount(int64_t steps);  // a resumed run's; sets the lr for it
+
+ private:
+  void apply();
+
+  torch::optim::Optimizer& optimizer_;
+  Kind kind_;
+  int64_t warmup_;
+  int64_t total_;
+  int64_t step_ = 0;
+  std::vector<double> base_lrs_;
+};
+
+// EpochSampler: the sampler of Accelerator::prepareDataLoader. LibTorch's
+// DistributedRandomSampler (each rank a disjoint share of one shuffled order, the same on every
+// rank), reshuffled at the start of each epoch with the epoch as its seed, as PyTorch's
+// DistributedSampler after set_epoch(epoch): every epoch has its own order, the same on every
+// rank and in every run. The epoch a loader starts next lives in `next_epoch`, which the loader
+// that owns this sampler shares (PreparedDataLoader::setEpoch, and a resumed run's position).
+class EpochSampler final : public torch::data::samplers::Sampler<> {
+ public:
+  EpochSampler(size_t examples, size_t replicas, size_t rank, std::shared_ptr<size_t> next_epoch)
+      : inner_(examples, replicas, rank, /*allow_duplicates=*/true),
+        next_epoch_(std::move(next_epoch)) {}
+
+  // A DataLoader calls this as each epoch begins.
+  void reset(torch::optional<size_t> new_size = torch::nullopt) override {
+    inner_.set_epoch((*next_epoch_)++);
+    inner_.reset(new_size);
+  }
+  torch::optional<std::vector<size_t>> next(size_t batch_size) override {
+    return inner_.next(batch_size);
+  }
+  void save(torch::serialize::OutputArchive& archive) const override { inner_.save(archive); }
+  void load(torch::serialize::InputArchive& archive) override { inner_.load(archive); }
+
+ private:
+  torch::data::samplers::DistributedRandomSampler inner_;
+  std::shared_ptr<size_t> next_epoch_;
+};
+
+// The evaluation data loader of Accelerator::prepareEvalDataLoader (accelerate's prepared
+// DataLoader with even_batches): the dataset in order, in batches of `batch_size` per process,
+// every rank the same number of full batches. Batch k of rank r holds the examples
+// [(k * world + r) * batch_size, ... + batch_size), so that gathering batch k from every rank
+// (rank order) gives the dataset's next world * batch_size examples in order; the examples
+// past the end are the first ones again (padding). The loop's position is shared with the
+// Accelerator (EvalPosition), whose gatherForMetrics drops the padding of the last batch.
+//
+// Where the evaluation loop that began last is.
+struct EvalPosition {
+  int64_t batch = -1;  // the batch its loop is at; -1: none begun; `batches`: past the end
+  int64_t batches = 0;
+  size_t batch_size = 0;
+  size_t last_batch_examples = 0;  // the real examples of the last batch, over all ranks
+};
+
+class EvalSampler final : public torch::data::samplers::Sampler<> {
+ public:
+  EvalSampler(size_t examples, size_t world, size_t rank, size_t batch_size);
+  void reset(torch::optional<size_t> = torch::nullopt) override { next_ = 0; }
+  torch::optional<std::vector<size_t>> next(size_t batch_size) override;
+  void save(torch::serialize::OutputArchive&) const override {}
+  void load(torch::serialize::InputArchive&) override {}
+
+  // Batches per rank: ceil(examples / (world * batch_size)).
+  static int64_t batchesOf(size_t examples, size_t world, size_t batch_size);
+
+ private:
+  std::vector<size_t> indices_;  // this rank's, batch after batch
+  size_t next_ = 0;
+};
+
+// LibTorch's iterator, moving the shared position as it goes.
+template <typename Inner>
+class EvalIterator {
+ public:
+  EvalIterator(Inner inner, EvalPosition* position)
+      : inner_(std::move(inner)), position_(position) {}
+  decltype(auto) operator*() { return *inner_; }
+  auto operator->() { return inner_.operator->(); }
+  EvalIterator& operator++() {
+    ++inner_;
+    if (position_) ++position_->batch;
+    return *this;
+  }
+  bool operator==(const EvalIterator& other) const { return inner_ == other.inner_; }
+  bool operator!=(const EvalIterator& other) const { return !(*this == other); }
+
+ private:
+  Inner inner_;
+  EvalPosition* position_;
+};
+
+template <typename Loader>
+class PreparedEvalDataLoader {
+ public:
+  PreparedEvalDataLoader(std::unique_ptr<Loader> loader, std::shared_ptr<EvalPosition> shared,
+                         EvalPosition mine)
+      : loader_(std::move(loader)), shared_(std::move(shared)), mine_(mine) {}
+  // Starts a pass over the dataset: gatherForMetrics follows this loop from here on.
+  auto begin() {
+    *shared_ = mine_;
+    shared_->batch = 0;
+    return EvalIterator<decltype(loader_->begin())>(loader_->begin(), shared_.get());
+  }
+  auto end() { return EvalIterator<decltype(loader_->end())>(loader_->end(), nullptr); }
+  int64_t batchesPerProcess() const { return mine_.batches; }
+  Loader& torchLoader() { return *loader_; }
+
+ private:
+  std::unique_ptr<Loader> loader_;
+  std::shared_ptr<EvalPosition> shared_;
+  EvalPosition mine_;
 };
 
 class Accelerator;
@@ -135,14 +227,15 @@ class Accelerator {
   Accelerator(World world, AcceleratorOptions options);
   ~Accelerator();
 
-  int rank() const { return world_.env.rank; }
-  int localRank() const { return world_.env.local_rank; }
-  int worldSize() const { return world_.env.world_size; }
+  int rank() const;
+  int localRank() const;
+  int worldSize() const;
   bool isMainProcess() const { return rank() == 0; }
   bool isLocalMainProcess() const { return localRank() == 0; }
-  int gradientAccumulationSteps() const { return accumulation_steps_; }
-  const WorkerEnv& env() const { return world_.env; }
-  Backend& backend() { return *world_.backend; }
+  int gradientAccumulationSteps() const;
+  const WorkerEnv& env() const;
+  // The collectives' backend (runtime/comm/backend.h, not installed): for the runtime's tools.
+  Backend& backend();
   // Where this worker trains: its GPU when the backend is NCCL, the CPU otherwise.
   torch::Device device() const;
 
@@ -162,12 +255,10 @@ class Accelerator {
   // (deepspeed_config.zero3_init_flag, fsdp_config.fsdp_cpu_ram_efficient_loading): models/
   // built while the scope lives take no memory for their parameters until prepare, which under
   // ZeRO-3 / FULL_SHARD makes them one unit at a time, keeping this rank's shards
-  // (runtime/deferred_init.h). Off, it changes nothing.
+  // (DeferredInit in runtime/strategy/unit.h). Off, it changes nothing.
   //
   //   { auto deferred = acc.deferredInit(); model = LlamaForCausalLM(config); }
-  DeferredInit deferredInit() const {
-    return DeferredInit(world_.env.zero3_init_flag || world_.env.fsdp_cpu_ram_efficient_loading);
-  }
+  DeferredInit deferredInit() const;
 
   // Recomputes `block`'s activations in backward instead of keeping them (in every strategy),
   // when it runs through unitForward. The config's fsdp_activation_checkpointing does this for
@@ -178,7 +269,7 @@ class Accelerator {
   // remembers the optimizer and scheduler that step() drives (a sharded strategy runs the
   // optimizer's update on its shards). Batches are the trainer's to move: `x.to(acc.device())`.
   // With mixed precision, the calling thread's forward passes run under autocast from here on
-  // (precision/policy.h). Throws InvalidArgument for what this build cannot run, saying what to
+  // (docs/runtime.md). Throws InvalidArgument for what this build cannot run, saying what to
   // change.
   void prepare(std::shared_ptr<torch::nn::Module> model, torch::optim::Optimizer& optimizer,
                LrScheduler* scheduler = nullptr);
@@ -226,10 +317,10 @@ class Accelerator {
   // With loss scaling, a cycle whose gradients overflowed (on any rank) skips the optimizer and
   // scheduler steps on every rank, still returning true; stepWasSkipped() tells.
   bool step();
-  bool stepWasSkipped() const { return step_was_skipped_; }
+  bool stepWasSkipped() const;
   // The current loss scale; 1 without loss scaling.
-  double lossScale() const { return scaler_ ? scaler_->scale() : 1.0; }
-  const PrecisionPolicy& precision() const { return precision_; }
+  double lossScale() const;
+  const PrecisionPolicy& precision() const;
 
   // accelerate's accumulate(): runs one micro-step (`micro_step` returns the loss), then step().
   bool accumulate(const std::function<torch::Tensor()>& micro_step);
@@ -255,8 +346,8 @@ class Accelerator {
   //     auto labels = acc.gatherForMetrics(batch.target);  // both: exactly the dataset's rows
   //   }
   //
-  // A data loader over `dataset` in order (runtime/eval_loader.h): every rank the same number
-  // of full batches of `batch_size`, the last ones padded with the dataset's first examples.
+  // A data loader over `dataset` in order (PreparedEvalDataLoader above): every rank the same
+  // number of full batches of `batch_size`, the last ones padded with the dataset's first examples.
   template <typename Dataset>
   auto prepareEvalDataLoader(Dataset dataset, size_t batch_size) {
     requireBatchSize(batch_size);
@@ -272,7 +363,7 @@ class Accelerator {
         std::move(dataset), EvalSampler(examples, world, static_cast<size_t>(rank()), batch_size),
         torch::data::DataLoaderOptions(batch_size));
     using Loader = typename decltype(loader)::element_type;
-    return std::make_unique<PreparedEvalDataLoader<Loader>>(std::move(loader), eval_position_,
+    return std::make_unique<PreparedEvalDataLoader<Loader>>(std::move(loader), evalPosition(),
                                                             mine);
   }
   // gather(), less the padding: within a prepared evaluation loop, the last batch's gathered
@@ -314,9 +405,9 @@ class Accelerator {
   void log(const Scalars& values, std::optional<int64_t> step = std::nullopt);
   void endTraining();
   // The trackers log() writes to; empty without log_with.
-  const std::vector<std::string>& trackerNames() const { return log_with_; }
+  const std::vector<std::string>& trackerNames() const;
   // Where the report is (<project_dir>/report.html) once initTrackers ran; "" otherwise.
-  std::string reportPath() const { return trackers_ ? trackers_->reportPath() : ""; }
+  std::string reportPath() const;
 
   // Prints on the main process only, one line.
   template <typename... Parts>
@@ -327,7 +418,7 @@ class Accelerator {
     std::cout << line.str() << std::endl;
   }
 
-  // accelerate's save_state / load_state (runtime/checkpoint/checkpoint.h): the parameters,
+  // accelerate's save_state / load_state (docs/checkpoints.md): the parameters,
   // the optimizer state, the step counters, the LR schedule's position, the loss scaler and
   // every rank's random generator, into the directory `dir` (crash-safe; each rank writes its
   // own file, the manifest last). Collectives: every rank calls them. loadState takes a
@@ -335,7 +426,7 @@ class Accelerator {
   // strategy at any world size, and returns the directory it loaded. Call both after step().
   //
   // With checkpoint_async, saveState returns once this rank's state is copied into host memory
-  // and a background thread writes it (checkpoint/async_save.h); the checkpoint is complete once
+  // and a background thread writes it (docs/checkpoints.md); the checkpoint is complete once
   // committed, at the first step() that finds every rank's write over, or when the next save,
   // loadState, waitForCheckpoint or the end of the Accelerator waits for it. A write that failed
   // is an error on every rank there.
@@ -346,11 +437,11 @@ class Accelerator {
   bool checkpointInFlight() const;
   // The saves committed since the last call, oldest first: a synchronous one when saveState
   // returns, an asynchronous one when it was committed (see above). For a trainer's log line.
-  std::vector<checkpoint::SaveReport> takeSaveReports() { return std::exchange(save_reports_, {}); }
+  std::vector<checkpoint::SaveReport> takeSaveReports();
 
   // accelerate's save_model (unwrap_model + save_pretrained): the whole model — parameters in
   // `dtype`, gathered one unit at a time, and buffers — as safetensors in `dir`, for other tools
-  // (checkpoint/safetensors.h), split into files of at most `max_file_bytes`. Without `dtype`:
+  // (safetensors), split into files of at most `max_file_bytes`. Without `dtype`:
   // fp32, or 16-bit weights where the config asks for them (DeepSpeed's zero3_save_16bit_model:
   // the mixed precision's dtype, bf16 without one). Rank 0 writes; a collective. loadModel reads
   // such an export (or another tool's) into the model, every rank, casting to the parameters'
@@ -361,7 +452,7 @@ class Accelerator {
   //
   // Frozen parameters (requires_grad false before prepare: a LoRA run's base) are held in the
   // mixed precision's dtype, without master, gradient or optimizer state
-  // (strategy/frozen_parameters.h). When loadModel gave them their values, the checkpoints
+  // (docs/finetune.md). When loadModel gave them their values, the checkpoints
   // saved after it hold the trainable parameters and their optimizer state only, and name the
   // base instead: its folder and fingerprint (SafetensorsReader::fingerprint). Loading such a
   // checkpoint wants the same base loaded first (prepare, loadModel(base), then loadState or
@@ -393,7 +484,7 @@ class Accelerator {
   //   ... if (acc.step() && acc.optimizerSteps() % 100 == 0) acc.saveCheckpoint();
   std::string saveCheckpoint();
   std::optional<std::string> resume();
-  const std::string& checkpointDir() const { return checkpoint_dir_; }
+  const std::string& checkpointDir() const;
 
   // Model-state bytes this rank holds now (parameters, gradients, optimizer state).
   MemoryReport memoryReport() const;
@@ -416,10 +507,10 @@ class Accelerator {
   void setTotalSteps(int64_t steps);
   void setProgressLoss(double loss);
 
-  int64_t optimizerSteps() const { return optimizer_steps_; }
+  int64_t optimizerSteps() const;
   // Micro-steps (backward + step calls) so far, a resumed run's included: how many batches a
   // data loader has given, so that a resumed run can skip to where it was.
-  int64_t microSteps() const { return micro_step_; }
+  int64_t microSteps() const;
 
  private:
   void checkpointUnits(const torch::nn::Module& model);  // fsdp_activation_checkpointing
@@ -431,40 +522,10 @@ class Accelerator {
   // Why checkpoint `reader` cannot load over the base loaded now (empty: it can).
   std::string baseMismatch(const tensorfile::Reader& reader) const;
 
-  World world_;
-  int accumulation_steps_ = 1;
-  double clipping_ = 0;
-  size_t bucket_bytes_;
-  bool find_unused_;
-  LrScheduler* scheduler_ = nullptr;
-  torch::optim::Optimizer* optimizer_ = nullptr;  // the trainer's, from prepare on
-  std::shared_ptr<torch::nn::Module> model_;      // its buffers go into checkpoints
-  std::string checkpoint_dir_;
-  std::string checkpoint_prefix_;  // checkpoint_ or checkpoint-
-  std::string model_source_;       // the folder loadModel read (absolute), for checkpoints to name
-  std::string base_fingerprint_;   // its fingerprint, when it gave frozen parameters their values
-  int64_t checkpoint_total_limit_ = 0;
-  std::unique_ptr<checkpoint::AsyncSaver> async_saver_;  // with checkpoint_async
-  bool prune_when_committed_ = false;                    // the save in flight is saveCheckpoint's
-  bool snapshot_reserved_ = false;
-  std::vector<checkpoint::SaveReport> save_reports_;
-  std::vector<const torch::nn::Module*> wrapped_;
-  std::vector<const torch::nn::Module*> checkpointed_;  // unmarked when this ends
-  PrecisionPolicy precision_;
-  std::optional<LossScaler> scaler_;
-  std::unique_ptr<AutocastScope> autocast_;  // from prepare on, with mixed precision
-  bool step_was_skipped_ = false;
-  std::unique_ptr<Strategy> strategy_;
-  int64_t micro_step_ = 0;
-  int64_t optimizer_steps_ = 0;
-  bool backward_pending_ = false;  // a backward() that no step() followed yet
-  std::optional<int64_t>
-      resume_position_;  // micro-steps of the loaded run, until a loader takes them
-  std::shared_ptr<EvalPosition> eval_position_ = std::make_shared<EvalPosition>();
-  std::vector<std::string> log_with_;
-  std::string project_dir_;
-  int report_every_;
-  std::unique_ptr<Trackers> trackers_;  // main process, from initTrackers on
+  struct Impl;  // runtime/accelerator_impl.h: the engine and the run's state
+  std::shared_ptr<EvalPosition> evalPosition() const;  // where prepared evaluation loops are
+
+  std::unique_ptr<Impl> impl_;
 };
 
 template <typename Loader>

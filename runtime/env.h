@@ -1,9 +1,13 @@
 #pragma once
-// WorkerEnv: the launcher's contract (common/env_names.h) read once into a typed struct.
-// A program started without the launcher gets a world of one: rank 0 of 1, no store.
+// The settings the Accelerator reads (a public header): WorkerEnv, the launcher's contract
+// (docs/env.md) read once into a typed struct, and AcceleratorOptions, a trainer's overrides of
+// them. A program started without the launcher gets a world of one: rank 0 of 1, no store.
 // readWorkerEnv() throws InvalidArgument naming the variable when a value is malformed.
 // Thread-safety: reads the process environment; call it before starting threads that setenv.
 
+#include <c10/core/ScalarType.h>
+
+#include <cstddef>
 #include <cstdint>
 #include <iosfwd>
 #include <optional>
@@ -101,7 +105,7 @@ struct WorkerEnv {
   std::string node_addr = "127.0.0.1";  // where other ranks reach this one
   std::string tls_ca, tls_cert, tls_key;
 
-  // Training settings (common/env_names.h), validated.
+  // Training settings (docs/env.md), validated.
   StrategySetting strategy;  // ddp
   std::string mixed_precision = "no";
   int gradient_accumulation_steps = 1;
@@ -113,9 +117,9 @@ struct WorkerEnv {
   std::string offload_optimizer_nvme_path, offload_param_nvme_path;  // nvme's directories
   std::string checkpoint_dir;                                        // "" : none configured
   int64_t checkpoint_total_limit = 0;                                // 0: keep every one
-  std::vector<std::string> log_with;  // trackers (common/tracker_names.h); empty: none
+  std::vector<std::string> log_with;  // trackers (docs/observability.md); empty: none
   std::string project_dir;            // where the trackers write; "" : none configured
-  bool checkpoint_async = false;      // saves written in the background (checkpoint/async_save.h)
+  bool checkpoint_async = false;      // saves written in the background (docs/checkpoints.md)
   // saveState's layout (CXXLAUNCH_STATE_DICT_TYPE sharded | full): full gathers every
   // parameter whole to rank 0 while it writes.
   StateDictType state_dict_type = StateDictType::kSharded;
@@ -144,5 +148,57 @@ struct WorkerEnv {
 };
 
 WorkerEnv readWorkerEnv();
+
+// fp16's dynamic loss scaling, as DeepSpeed's DynamicLossScaler and
+// PyTorch's GradScaler.
+struct LossScalerOptions {
+  double initial_scale = 65536;  // 2^16, DeepSpeed's initial_scale_power 16
+  double growth_factor = 2;
+  double backoff_factor = 0.5;
+  int64_t growth_interval = 2000;  // DeepSpeed's loss_scale_window is 1000
+  int hysteresis = 2;
+  double min_scale = 1;
+};
+
+// The mixed precision a run computes in (docs/runtime.md: what each strategy does with it).
+struct PrecisionPolicy {
+  std::string name = "no";                           // no | bf16 | fp16
+  c10::ScalarType compute = c10::ScalarType::Float;  // what the model computes in
+  bool mixed() const { return compute != c10::ScalarType::Float; }
+  bool scalesLoss() const { return compute == c10::ScalarType::Half; }
+};
+
+// A trainer's overrides of the launch's settings: Accelerator(AcceleratorOptions{...}).
+struct AcceleratorOptions {
+  std::optional<int> gradient_accumulation_steps;  // default: CXXLAUNCH_GRADIENT_ACCUMULATION_STEPS
+  std::optional<double> gradient_clipping;         // default: CXXLAUNCH_GRADIENT_CLIPPING
+  std::optional<std::string> backend;              // default: CXXLAUNCH_BACKEND
+  std::optional<std::string> mixed_precision;      // default: CXXLAUNCH_MIXED_PRECISION
+  // Dynamic loss scaling: always on for fp16 (with these settings, or the defaults); given for
+  // another precision, its loss is scaled too.
+  std::optional<LossScalerOptions> loss_scaling;
+  size_t bucket_bytes = 25u << 20;
+  // PyTorch's find_unused_parameters: exact optimizer semantics for parameters no rank used,
+  // for one more small collective per step.
+  bool find_unused_parameters = false;
+  std::optional<std::string> checkpoint_dir;  // default: CXXLAUNCH_CHECKPOINT_DIR
+  // What saveCheckpoint names its checkpoints: <prefix><optimizer steps>. "checkpoint_" as
+  // accelerate's save_state(automatic naming) does, or "checkpoint-" as HF Trainer does; resume
+  // and pruning find both. Anything else is InvalidArgument.
+  std::string checkpoint_prefix = "checkpoint_";
+  // saveCheckpoint keeps the newest this many (accelerate's total_limit); 0: all of them.
+  // Unset: the launch's (--checkpoint_total_limit, CXXLAUNCH_CHECKPOINT_TOTAL_LIMIT,
+  // cxxlaunch.checkpoint_total_limit), else 0.
+  std::optional<int64_t> checkpoint_total_limit;
+  // The trackers log() writes to (accelerate's log_with): a comma list of tensorboard, csv,
+  // jsonl, or "all". Unset: the launch's (--log_with, CXXLAUNCH_LOG_WITH, cxxlaunch.log_with).
+  std::optional<std::string> log_with;
+  std::optional<std::string> project_dir;  // default: CXXLAUNCH_PROJECT_DIR (--project_dir)
+  int report_every = 10;                   // logs between rewrites of report.html
+  // saveState / saveCheckpoint return once this rank's state is copied into host memory and
+  // write it in the background (docs/checkpoints.md#asynchronous-saves). Unset: the launch's
+  // (--checkpoint_async, CXXLAUNCH_CHECKPOINT_ASYNC, cxxlaunch.checkpoint_async), else false.
+  std::optional<bool> checkpoint_async;
+};
 
 }  // namespace cxxlaunch::runtime

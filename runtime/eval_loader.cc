@@ -1,6 +1,6 @@
-#include "runtime/eval_loader.h"
-
 #include <algorithm>
+
+#include "runtime/accelerator.h"
 
 namespace cxxlaunch::runtime {
 

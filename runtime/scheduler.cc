@@ -1,8 +1,7 @@
-#include "runtime/scheduler.h"
-
 #include <cmath>
 
 #include "common/error.h"
+#include "runtime/accelerator.h"
 
 namespace cxxlaunch::runtime {
 

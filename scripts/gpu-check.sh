@@ -16,10 +16,13 @@
 # past the deadline: the table is rewritten after every step, so it comes back even from a run
 # that is killed, and the logs come back as one archive ($OUT/gpu-logs.tar.gz).
 #
-# usage: scripts/gpu-check.sh [--dry-run] [--bundle DIR] [--build DIR] [--deadline SECONDS]
-#                            [--only STEPS]
-#   DIR defaults: .gpu-bundle (made by scripts/gpu-bundle.sh), build-gpu; SECONDS: when to stop
-#   starting steps, from the script's start (default 540; none in a dry run); STEPS: some of
+# usage: scripts/gpu-check.sh [--dry-run [--objects BUILD]] [--bundle DIR] [--build DIR]
+#                            [--deadline SECONDS] [--only STEPS]
+#   DIR defaults: .gpu-bundle (made by scripts/gpu-bundle.sh), build-gpu; BUILD: a dry run still
+#   configures DIR against the bundle, but builds its targets in BUILD (the test suite's: its
+#   objects are there already) and runs those, not compiling the runtime a second time;
+#   SECONDS: when to stop starting steps, from the script's start (default 540; none in a dry
+#   run); STEPS: some of
 #   tests,train,finetune,speed,checkpoint,bench,offload,lora, comma-separated (default all; on a
 #   GPU all but offload and lora, whose 8B models take a device call each; the build always runs)
 # Exit code: 0 when no step failed, 1 otherwise, 2 for a bad command line.
@@ -30,6 +33,7 @@ root="$PWD"
 dry=0
 bundle=.gpu-bundle
 build=build-gpu
+objects=""
 deadline=""
 only=""
 while (($#)); do
@@ -37,9 +41,10 @@ while (($#)); do
     --dry-run) dry=1 ;;
     --bundle) bundle="${2:?--bundle needs a folder}"; shift ;;
     --build) build="${2:?--build needs a folder}"; shift ;;
+    --objects) objects="${2:?--objects needs a build folder}"; shift ;;
     --deadline) deadline="${2:?--deadline needs seconds}"; shift ;;
     --only) only="${2:?--only needs steps}"; shift ;;
-    -h | --help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu-check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -55,11 +60,15 @@ done
 [ -n "$only" ] || only="tests,train,finetune,speed,checkpoint,bench$([ "$dry" = 1 ] && echo ,offload,lora)"
 wanted() { [[ ",$only," == *",$1,"* ]]; }
 [ -n "$deadline" ] || deadline=$([ "$dry" = 1 ] && echo 100000 || echo 540)
+[[ -z "$objects" || "$dry" = 1 ]] || { echo "gpu-check: --objects is for a dry run (a GPU build is its own)" >&2; exit 2; }
+[[ -z "$objects" || -f "$objects/build.ninja" ]] || { echo "gpu-check: --objects $objects is no configured build folder" >&2; exit 2; }
 [ -d "$bundle" ] || { echo "gpu-check: no bundle at $bundle: run scripts/gpu-bundle.sh where the Debian packages are" >&2; exit 2; }
 bundle="$(cd "$bundle" && pwd)"
 mkdir -p "$build/logs"
 build="$(cd "$build" && pwd)"
 logs="$build/logs"
+# Where the targets are built and run from: the configured folder, or a dry run's --objects.
+objects="$(cd "${objects:-$build}" && pwd)"
 results="${OUT:-$build}/gpu-results.md"
 jobs="$(nproc)"
 # Our binaries find the bundle's libraries (gRPC, Gloo, ...) here; the Python peers run without.
@@ -178,18 +187,18 @@ record PASS "configure" "$(grep -o 'NCCL backend [a-z]*\|CUDA kernels [a-z]*' "$
 
 targets=(train kernels_cpu_test runtime_backend_test models_attention_test kernels_bench llama_init
   finetune)
-known_targets="$(cmake --build "$build" --target help)"
+known_targets="$(cmake --build "$objects" --target help)"
 for gpu_target in kernels_cuda_test runtime_nccl_test; do
   if grep -q "^$gpu_target:" <<<"$known_targets"; then targets+=("$gpu_target"); fi
 done
 # -k 0: one call shows every compile error, and what did build still runs below.
 started=$SECONDS
-if run_step build 420 cmake --build "$build" -j "$jobs" --target "${targets[@]}" -- -k 0; then
-  record PASS "build" "${targets[*]} in $((SECONDS - started)) s"
+if run_step build 420 cmake --build "$objects" -j "$jobs" --target "${targets[@]}" -- -k 0; then
+  record PASS "build" "${targets[*]} in $((SECONDS - started)) s$([ "$objects" = "$build" ] || echo ", in $objects")"
 else
   record FAIL "build" "$(grep -c 'FAILED:' "$logs/build.log") target(s) failed in $((SECONDS - started)) s: $logs/build.log"
 fi
-bin="$build/bin"
+bin="$objects/bin"
 
 # ---- tests ----------------------------------------------------------------------------------------
 run_test() {  # run_test NAME BINARY: Catch2's summary line as the detail; exit 77 is a skip
@@ -209,16 +218,16 @@ run_test() {  # run_test NAME BINARY: Catch2's summary line as the detail; exit 
   esac
 }
 run_tests() {
-  run_test kernels_cpu_test "$build/tests/kernels/kernels_cpu_test"
-  run_test runtime_backend_test "$build/tests/runtime/runtime_backend_test"
+  run_test kernels_cpu_test "$objects/tests/kernels/kernels_cpu_test"
+  run_test runtime_backend_test "$objects/tests/runtime/runtime_backend_test"
   # The attention's sdpa path (LibTorch >= 2.0) against the math and sdpa's semantics, on the
   # CPU and the GPU: with Debian's 1.13 (a dry run) only the math path and the translation.
-  run_test models_attention_test "$build/tests/models/models_attention_test"
+  run_test models_attention_test "$objects/tests/models/models_attention_test"
   local gpu_test name
   for gpu_test in kernels_cuda_test:kernels runtime_nccl_test:runtime; do
     name="${gpu_test%%:*}"
     if grep -q "^$name:" <<<"$known_targets"; then
-      run_test "$name" "$build/tests/${gpu_test##*:}/$name"
+      run_test "$name" "$objects/tests/${gpu_test##*:}/$name"
     else
       record SKIP "$name" "no such target (no nvcc or no NCCL)"
     fi

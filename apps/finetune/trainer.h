@@ -13,7 +13,6 @@
 #include "apps/finetune/flags.h"
 #include "models/llama.h"
 #include "runtime/accelerator.h"
-#include "runtime/scheduler.h"
 
 namespace cxxlaunch::finetune {
 

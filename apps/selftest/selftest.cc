@@ -22,6 +22,9 @@
 #include "common/env_names.h"
 #include "common/error.h"
 #include "runtime/accelerator.h"
+#include "runtime/comm/backend.h"
+#include "runtime/precision/policy.h"
+#include "runtime/world.h"
 
 using namespace cxxlaunch;
 using namespace cxxlaunch::runtime;

@@ -39,7 +39,7 @@
 #include <vector>
 
 #include "runtime/checkpoint/checkpoint.h"
-#include "runtime/checkpoint/save_report.h"
+#include "runtime/reports.h"
 
 namespace cxxlaunch::runtime::checkpoint {
 

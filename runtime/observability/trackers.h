@@ -17,37 +17,9 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/reports.h"
+
 namespace cxxlaunch::runtime {
-
-// A config value as a trainer gives it: a number, a flag or text.
-class ConfigValue {
- public:
-  ConfigValue(const char* text) : text_(text) {}             // NOLINT: implicit, as a literal
-  ConfigValue(std::string text) : text_(std::move(text)) {}  // NOLINT
-  ConfigValue(bool flag) : text_(flag ? "true" : "false"), kind_(Kind::kFlag) {}          // NOLINT
-  ConfigValue(int number) : ConfigValue(static_cast<long long>(number)) {}                // NOLINT
-  ConfigValue(long number) : ConfigValue(static_cast<long long>(number)) {}               // NOLINT
-  ConfigValue(long long number);                                                          // NOLINT
-  ConfigValue(unsigned number) : ConfigValue(static_cast<unsigned long long>(number)) {}  // NOLINT
-  ConfigValue(unsigned long number)                                                       // NOLINT
-      : ConfigValue(static_cast<unsigned long long>(number)) {}
-  ConfigValue(unsigned long long number);                                  // NOLINT
-  ConfigValue(float number) : ConfigValue(static_cast<double>(number)) {}  // NOLINT
-  ConfigValue(double number);                                              // NOLINT
-
-  const std::string& text() const { return text_; }
-  // The value as JSON: a number, true/false, or a string.
-  std::string json() const;
-
- private:
-  enum class Kind { kText, kNumber, kFlag };
-  std::string text_;
-  Kind kind_ = Kind::kText;
-};
-
-// Named values in the order given: a run's config, a log's scalars.
-using RunConfig = std::vector<std::pair<std::string, ConfigValue>>;
-using Scalars = std::vector<std::pair<std::string, double>>;
 
 // The shortest decimal text that reads back as `value` ("nan", "inf", "-inf" for those).
 std::string formatNumber(double value);

@@ -12,16 +12,9 @@
 #include <cstdint>
 #include <string>
 
-namespace cxxlaunch::runtime {
+#include "runtime/env.h"
 
-struct LossScalerOptions {
-  double initial_scale = 65536;  // 2^16, DeepSpeed's initial_scale_power 16
-  double growth_factor = 2;
-  double backoff_factor = 0.5;
-  int64_t growth_interval = 2000;  // DeepSpeed's loss_scale_window is 1000
-  int hysteresis = 2;
-  double min_scale = 1;
-};
+namespace cxxlaunch::runtime {
 
 class LossScaler {
  public:

@@ -18,14 +18,9 @@
 
 #include <string>
 
-namespace cxxlaunch::runtime {
+#include "runtime/env.h"
 
-struct PrecisionPolicy {
-  std::string name = "no";                           // no | bf16 | fp16
-  c10::ScalarType compute = c10::ScalarType::Float;  // what the model computes in
-  bool mixed() const { return compute != c10::ScalarType::Float; }
-  bool scalesLoss() const { return compute == c10::ScalarType::Half; }
-};
+namespace cxxlaunch::runtime {
 
 // From CXXLAUNCH_MIXED_PRECISION's values. Throws InvalidArgument for fp16 on a CPU device
 // (LibTorch has no half-precision matmul on CPU) and for unknown names.

@@ -1,5 +1,3 @@
-#include "runtime/strategy/activation_checkpointing.h"
-
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/torch.h>
@@ -8,6 +6,7 @@
 
 #include "common/error.h"
 #include "runtime/precision/policy.h"
+#include "runtime/strategy/unit.h"
 
 namespace cxxlaunch::runtime {
 namespace {

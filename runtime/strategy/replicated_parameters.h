@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/memory_report.h"
+#include "runtime/reports.h"
 #include "runtime/state_view.h"
 
 namespace cxxlaunch::runtime {

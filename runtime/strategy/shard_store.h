@@ -25,9 +25,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "runtime/memory_report.h"
 #include "runtime/offload/nvme_file.h"
 #include "runtime/optim/shard_optimizer.h"
+#include "runtime/reports.h"
 #include "runtime/strategy/shard_unit.h"
 
 namespace cxxlaunch::runtime {

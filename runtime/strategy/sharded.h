@@ -57,7 +57,7 @@
 #include "runtime/strategy/sharding_policy.h"
 #include "runtime/strategy/shared_gradients.h"
 #include "runtime/strategy/strategy.h"
-#include "runtime/strategy/unit.h"
+#include "runtime/strategy/unit_registry.h"
 
 namespace cxxlaunch::runtime {
 

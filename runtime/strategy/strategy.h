@@ -28,8 +28,8 @@
 
 #include "runtime/comm/backend.h"
 #include "runtime/env.h"
-#include "runtime/memory_report.h"
 #include "runtime/precision/policy.h"
+#include "runtime/reports.h"
 #include "runtime/state_view.h"
 
 namespace cxxlaunch::runtime {

@@ -1,12 +1,12 @@
-#include "runtime/strategy/unit.h"
-
 #include <map>
 #include <set>
 #include <shared_mutex>
 
 #include "common/error.h"
+#include "runtime/strategy/unit_registry.h"
 
-namespace cxxlaunch::runtime::detail {
+namespace cxxlaunch::runtime {
+namespace detail {
 namespace {
 
 // Module -> the strategy that owns it as a unit. Keyed by module, not per thread: ranks run as
@@ -75,17 +75,27 @@ bool typeMatches(const torch::nn::Module& module, const std::string& wanted) {
   return name == wanted || name == wanted + "Impl";
 }
 
-void throwCheckpointNeedsTensorInput(const torch::nn::Module& module) {
-  throw InvalidArgument("activation checkpointing of " + shortTypeName(module) +
-                        ": its forward's first argument must be the tensor that flows through "
-                        "it; turn checkpointing off for it, or reorder its arguments");
+}  // namespace detail
+
+const char* const kUnitInputNotTensor =
+    "its forward's first argument must be the tensor that flows through it; turn checkpointing "
+    "off for it, or reorder its arguments";
+const char* const kUnitConstantNeedsGrad =
+    "only its forward's first argument may require a gradient (the others are recomputed as "
+    "constants); pass the tensor that needs one first, or turn checkpointing off for it";
+
+torch::Tensor runUnitCall(const UnitCall& call) {
+  const bool recompute = detail::checkpointsActivations(&call.unit);
+  if (recompute && !call.recomputed && call.not_recomputable != nullptr) {
+    throw InvalidArgument("activation checkpointing of " + detail::shortTypeName(call.unit) + ": " +
+                          call.not_recomputable);
+  }
+  const auto& run = recompute && call.recomputed ? call.recomputed : call.forward;
+  UnitHooks* hooks = detail::unitHooksFor(&call.unit);
+  if (hooks == nullptr) return run();
+  hooks->beforeForward(call.unit);
+  torch::Tensor output = run();
+  return hooks->afterForward(call.unit, std::move(output));
 }
 
-void throwCheckpointConstantNeedsGrad(const torch::nn::Module& module) {
-  throw InvalidArgument("activation checkpointing of " + shortTypeName(module) +
-                        ": only its forward's first argument may require a gradient (the "
-                        "others are recomputed as constants); pass the tensor that needs one "
-                        "first, or turn checkpointing off for it");
-}
-
-}  // namespace cxxlaunch::runtime::detail
+}  // namespace cxxlaunch::runtime

@@ -1,6 +1,9 @@
 #pragma once
-// unitForward: how a trainer lets shard units be gathered in time. LibTorch modules have no
-// forward hooks, so a model calls its big repeated blocks through this function:
+// What a model does for the strategies (a public header): runs its big repeated blocks through
+// unitForward (or a Unit handle), lets them recompute their activations, and builds its
+// parameters through initParameter, so that a model too big for one rank can be built sharded.
+//
+// unitForward: LibTorch modules have no forward hooks, so a model calls its blocks through it:
 //
 //   for (auto& block : blocks) x = cxxlaunch::runtime::unitForward(block, x, mask);
 //
@@ -15,24 +18,42 @@
 //
 // A block selected for activation checkpointing (fsdp_activation_checkpointing, or
 // Accelerator::checkpointActivations) keeps no activations: unitForward runs it through
-// checkpointActivations (strategy/activation_checkpointing.h), in every strategy. Its first
-// argument must then be the tensor that flows through it; the others are taken as constants.
+// checkpointActivations, in every strategy. Its first argument must then be the tensor that flows
+// through it; the others are taken as constants.
 //
-// Thread-safety: units of one model are called from one thread at a time.
+// Thread-safety: units of one model are called from one thread at a time; a DeferredInit scope
+// is per thread; checkpointActivations as autograd (the backward may run on its threads).
 
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 #include <torch/types.h>
 
-#include <string>
+#include <functional>
 #include <tuple>
 #include <type_traits>
 #include <utility>
 
-#include "runtime/strategy/activation_checkpointing.h"
-
 namespace cxxlaunch::runtime {
 
+// ---- activation checkpointing -------------------------------------------------------------
+// A block's forward keeps none of its intermediate activations; its backward runs the forward
+// again (with autograd on) and back-propagates through that: activations fall from every
+// block's to one block's at a time, for about one more forward per step. LibTorch's C++ API has
+// no torch.utils.checkpoint; this is it, reentrant style (PyTorch's use_reentrant=True):
+//
+//   x = cxxlaunch::runtime::checkpointActivations([&](const torch::Tensor& h) { return block(h); },
+//                                                 x);
+//
+// The recomputation sees what the first forward saw: the CPU random generator's state (and the
+// CUDA one of the input's device), and the autocast state. Gradients flow to `input` and to
+// every parameter `forward` uses; anything else `forward` reads is taken as a constant.
+using CheckpointedForward = std::function<torch::Tensor(const torch::Tensor&)>;
+
+// `forward(input)`, without its activations kept for backward (they are recomputed). Outside
+// autograd (no gradient wanted), just `forward(input)`.
+torch::Tensor checkpointActivations(CheckpointedForward forward, const torch::Tensor& input);
+
+// ---- shard units ---------------------------------------------------------------------------
 // A base of module types that call unitForward for themselves wherever they are used (models/'s
 // decoder layers: their model's forward does). Under ZeRO-3 / FULL_SHARD such a module is a
 // shard unit whatever the wrap policy, resting sharded from prepare on, as one marked with
@@ -45,62 +66,21 @@ class RunsThroughUnitForward {
   virtual bool runsThroughUnitForward() const { return true; }
 };
 
-// Implemented by strategies that gather parameters just in time (strategy/sharded.h).
-class UnitHooks {
- public:
-  virtual ~UnitHooks() = default;
-  virtual void beforeForward(const torch::nn::Module& unit) = 0;
-  // Returns `output`, with a hook that gathers the unit again before its backward.
-  virtual torch::Tensor afterForward(const torch::nn::Module& unit, torch::Tensor output) = 0;
+// One call of a module through unitForward, as the strategy owning it as a unit runs it
+// (gathered before, its backward hooked after, recomputed where selected).
+struct UnitCall {
+  const torch::nn::Module& unit;
+  std::function<torch::Tensor()> forward;  // the module's forward, as called
+  // The same through checkpointActivations; empty where the call's arguments cannot be
+  // recomputed, `not_recomputable` saying why (for the error if the unit is selected).
+  std::function<torch::Tensor()> recomputed;
+  const char* not_recomputable = nullptr;
 };
+torch::Tensor runUnitCall(const UnitCall& call);
 
-namespace detail {
-// The hooks of the strategy that owns `module` as a unit, or null. Strategies register their
-// units for their lifetime.
-UnitHooks* unitHooksFor(const torch::nn::Module* module);
-// Whether `module` is a RunsThroughUnitForward that says it does.
-bool runsThroughUnitForward(const torch::nn::Module* module);
-void registerUnit(const torch::nn::Module* module, UnitHooks* hooks);
-void unregisterUnit(const torch::nn::Module* module);
-
-// Modules whose activations unitForward recomputes in backward.
-bool checkpointsActivations(const torch::nn::Module* module);
-void setCheckpointActivations(const torch::nn::Module* module, bool on);
-
-// "BlockImpl" for "(anonymous namespace)::BlockImpl"; whether that is `wanted` or wanted + "Impl"
-// (a config names `Block` for LibTorch's BlockImpl).
-std::string shortTypeName(const torch::nn::Module& module);
-bool typeMatches(const torch::nn::Module& module, const std::string& wanted);
-
-[[noreturn]] void throwCheckpointNeedsTensorInput(const torch::nn::Module& module);
-[[noreturn]] void throwCheckpointConstantNeedsGrad(const torch::nn::Module& module);
-template <typename Arg>
-void requireConstant(const torch::nn::Module& module, const Arg& arg);
-
-// module->forward(input, rest...) with activations recomputed in backward; `rest` copied.
-template <typename ModuleHolder, typename First, typename... Rest>
-torch::Tensor checkpointedForward(ModuleHolder& module, First&& input, Rest&&... rest) {
-  if constexpr (!std::is_convertible_v<First, torch::Tensor>) {
-    throwCheckpointNeedsTensorInput(*module.ptr());
-  } else {
-    (requireConstant(*module.ptr(), rest), ...);
-    return checkpointActivations(
-        [holder = module,
-         constants = std::make_tuple(std::decay_t<Rest>(rest)...)](const torch::Tensor& x) mutable {
-          return std::apply([&](auto&... c) { return holder->forward(x, c...); }, constants);
-        },
-        input);
-  }
-}
-
-template <typename Arg>
-void requireConstant(const torch::nn::Module& module, const Arg& arg) {
-  if constexpr (std::is_convertible_v<const Arg&, const torch::Tensor&>) {
-    const torch::Tensor& t = arg;
-    if (t.defined() && t.requires_grad()) throwCheckpointConstantNeedsGrad(module);
-  }
-}
-}  // namespace detail
+// The reasons runUnitCall gives when a selected unit cannot recompute (unit.cc).
+extern const char* const kUnitInputNotTensor;
+extern const char* const kUnitConstantNeedsGrad;
 
 template <typename ModuleHolder, typename... Args>
 auto unitForward(ModuleHolder& module, Args&&... args) {
@@ -109,19 +89,42 @@ auto unitForward(ModuleHolder& module, Args&&... args) {
     // Only a tensor output can carry the pre-backward hook: such a unit is never freed.
     return module->forward(std::forward<Args>(args)...);
   } else {
-    const torch::nn::Module* unit = module.ptr().get();
-    UnitHooks* hooks = detail::unitHooksFor(unit);
-    const bool recompute = detail::checkpointsActivations(unit);
-    auto run = [&] {
-      if constexpr (sizeof...(Args) > 0) {
-        if (recompute) return detail::checkpointedForward(module, std::forward<Args>(args)...);
-      }
-      return torch::Tensor(module->forward(std::forward<Args>(args)...));
-    };
-    if (hooks == nullptr) return run();
-    hooks->beforeForward(*unit);
-    torch::Tensor output = run();
-    return hooks->afterForward(*unit, std::move(output));
+    UnitCall call{*module.ptr(),
+                  [&] { return torch::Tensor(module->forward(std::forward<Args>(args)...)); },
+                  {},
+                  nullptr};
+    if constexpr (sizeof...(Args) > 0) {
+      // The recomputation's forward holds the module and copies of the constant arguments.
+      [&call, &module](const auto& input, const auto&... rest) {
+        if constexpr (std::is_convertible_v<decltype(input), torch::Tensor>) {
+          const auto needs_grad = [](const auto& arg) {
+            if constexpr (std::is_convertible_v<decltype(arg), const torch::Tensor&>) {
+              const torch::Tensor& t = arg;
+              return t.defined() && t.requires_grad();
+            }
+            return false;
+          };
+          if ((needs_grad(rest) || ...)) {
+            call.not_recomputable = kUnitConstantNeedsGrad;
+            return;
+          }
+          call.not_recomputable = nullptr;
+          call.recomputed = [holder = module, x = torch::Tensor(input),
+                             constants = std::make_tuple(std::decay_t<decltype(rest)>(rest)...)] {
+            return checkpointActivations(
+                [holder, constants](const torch::Tensor& h) mutable {
+                  return std::apply(
+                      [&](auto&... c) { return torch::Tensor(holder->forward(h, c...)); },
+                      constants);
+                },
+                x);
+          };
+        } else {
+          call.not_recomputable = kUnitInputNotTensor;
+        }
+      }(args...);
+    }
+    return runUnitCall(call);
   }
 }
 
@@ -153,5 +156,45 @@ class Unit {
  private:
   ModuleHolder module_;
 };
+
+// ---- deferred initialisation ---------------------------------------------------------------
+// Building a model that does not fit on one rank: DeepSpeed's zero.Init (zero3_init_flag), FSDP's
+// meta-device init (fsdp_cpu_ram_efficient_loading). A parameter given its initial values through
+// initParameter() inside a DeferredInit scope keeps its shape and dtype but no memory (its storage
+// is one element, every stride 0, NaN): its initializer runs later, when the strategy
+// materialises it. A model run before prepare computes NaN. Under ZeRO-3 / FULL_SHARD / HYBRID
+// that is one shard unit at a time, right into the unit's flat buffer, of which the rank keeps
+// its shard; the other strategies materialise the whole model at prepare.
+//
+//   cxxlaunch::models::LlamaForCausalLM model{nullptr};
+//   {
+//     auto deferred = acc.deferredInit();        // on when the config asks for it
+//     model = cxxlaunch::models::LlamaForCausalLM(config);
+//   }
+//   acc.prepare(model.ptr(), optimizer);         // materialised here, unit by unit
+//
+// The values are the initializer's, so a model is the same built either way (models/ draw each
+// parameter's seed when it is built). Modules that build their parameters otherwise (LibTorch's
+// own layers) are built as usual inside the scope: whole, then sharded at prepare.
+
+// Writes a parameter's initial values into `values` (its shape and dtype, on any device).
+using Initializer = std::function<void(torch::Tensor& values)>;
+
+// While one is alive on this thread (and constructed `on`), initParameter defers.
+class DeferredInit {
+ public:
+  explicit DeferredInit(bool on = true);
+  ~DeferredInit();
+  DeferredInit(const DeferredInit&) = delete;
+  DeferredInit& operator=(const DeferredInit&) = delete;
+  static bool active();
+
+ private:
+  bool on_;
+};
+
+// Gives `param` its initial values by `init`: now, or, inside an active DeferredInit, when a
+// strategy materialises it (its memory is released until then).
+void initParameter(torch::Tensor& param, Initializer init);
 
 }  // namespace cxxlaunch::runtime

@@ -5,7 +5,7 @@
 #include <set>
 
 #include "common/error.h"
-#include "runtime/strategy/unit.h"
+#include "runtime/strategy/unit_registry.h"
 
 namespace cxxlaunch::runtime {
 namespace {

@@ -29,6 +29,7 @@
 #include "runtime/accelerator.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/checkpoint/safetensors.h"
+#include "runtime/world.h"
 #include "support/ranks.h"
 #include "support/subprocess.h"
 #include "tower.h"

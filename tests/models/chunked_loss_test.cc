@@ -15,6 +15,7 @@
 #include "common/error.h"
 #include "runtime/accelerator.h"
 #include "runtime/precision/policy.h"
+#include "runtime/world.h"
 #include "support/ranks.h"
 
 using namespace cxxlaunch;

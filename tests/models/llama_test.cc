@@ -15,6 +15,7 @@
 #include "common/error.h"
 #include "runtime/accelerator.h"
 #include "runtime/checkpoint/safetensors.h"
+#include "runtime/world.h"
 #include "support/ranks.h"
 #include "support/subprocess.h"
 

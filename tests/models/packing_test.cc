@@ -18,6 +18,7 @@
 #include "models/llama.h"
 #include "runtime/accelerator.h"
 #include "runtime/checkpoint/safetensors.h"
+#include "runtime/world.h"
 #include "support/ranks.h"
 #include "support/subprocess.h"
 

@@ -1,11 +1,11 @@
 // checkpointActivations against the plain forward: the same outputs and gradients (inputs and
 // parameters), random ops replayed identically in the recomputation, no graph kept.
 
-#include "runtime/strategy/activation_checkpointing.h"
-
 #include <torch/torch.h>
 
 #include <catch2/catch.hpp>
+
+#include "runtime/strategy/unit.h"
 
 using namespace cxxlaunch::runtime;
 

@@ -36,6 +36,7 @@
 #include "runtime/checkpoint/state_load.h"
 #include "runtime/optim/param_state_key.h"
 #include "runtime/strategy/strategy.h"
+#include "runtime/world.h"
 #include "support/page_cache.h"
 #include "support/ranks.h"
 #include "support/subprocess.h"

@@ -14,6 +14,7 @@
 #include "rendezvous/memory_store.h"
 #include "runtime/accelerator.h"
 #include "runtime/strategy/sharded.h"
+#include "runtime/world.h"
 #include "support/mappings.h"
 #include "support/ranks.h"
 

@@ -22,6 +22,7 @@
 #include "runtime/deferred_init.h"
 #include "runtime/precision/policy.h"
 #include "runtime/strategy/sharded.h"
+#include "runtime/world.h"
 #include "support/ranks.h"
 #include "support/subprocess.h"
 #include "tower.h"

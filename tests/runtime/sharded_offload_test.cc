@@ -15,6 +15,7 @@
 #include "runtime/checkpoint/strategy_state.h"
 #include "runtime/precision/policy.h"
 #include "runtime/strategy/sharded.h"
+#include "runtime/world.h"
 #include "sharded_run.h"
 #include "support/ranks.h"
 #include "support/subprocess.h"

@@ -4,6 +4,7 @@
 #include <limits>
 #include <mutex>
 
+#include "runtime/world.h"
 #include "support/ranks.h"
 
 namespace cxxlaunch::runtime::testing {

@@ -19,6 +19,7 @@
 #include "runtime/precision/policy.h"
 #include "runtime/strategy/unit.h"
 #include "runtime/strategy/unit_plan.h"
+#include "runtime/world.h"
 #include "sharded_run.h"
 #include "support/ranks.h"
 #include "support/subprocess.h"
