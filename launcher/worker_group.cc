@@ -34,25 +34,13 @@ void removeSharedMemoryOf(pid_t pid) {
   }
 }
 
-std::unique_ptr<GroupWatchdog>& prestarted() {
-  static std::unique_ptr<GroupWatchdog> watchdog;
-  return watchdog;
-}
-
 }  // namespace
-
-void prestartWatchdog() {
-  if (!prestarted()) prestarted() = std::make_unique<GroupWatchdog>();
-}
-
-void endPrestartedWatchdog() { prestarted().reset(); }
 
 WorkerGroup::WorkerGroup(std::string name) {
   CXXLAUNCH_SYSCALL(::prctl(PR_SET_CHILD_SUBREAPER, 1));
   cgroup_ = JobCgroup::create(name);
   confinement_ = cgroup_ ? "cgroup " + cgroup_->path() : "process groups";
-  watchdog_ = prestarted() ? std::move(prestarted()) : std::make_unique<GroupWatchdog>();
-  if (cgroup_) watchdog_->watchCgroup(cgroup_->path());
+  watchdog_ = std::make_unique<GroupWatchdog>(cgroup_ ? cgroup_->path() : "");
 }
 
 WorkerGroup::~WorkerGroup() = default;
