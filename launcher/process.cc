@@ -388,16 +388,17 @@ int watchdogEntry(void* state) { watchdogMain(*static_cast<WatchdogState*>(state
 // copy-on-write fault: on a paravirtualised machine, 13 us each, a millisecond or two of the
 // launch. The helper shares no thread's locks: it allocates nothing and writes nothing but its
 // own state; the errno it may set after EOF belongs to a thread that is then waiting for it (the
-// destructor) or gone. Under the sanitizers, whose runtimes take any clone for a thread or a
-// fork, it is forked.
+// destructor) or gone. No exit signal: a clone child, which waitpid(-1) and waitid(P_ALL) do not
+// see unless asked (__WALL), so that "no child left" means no orphan of the job's is left
+// (WorkerGroup::stopLeftovers). Under the sanitizers, whose runtimes take any clone for a thread
+// or a fork, it is forked.
 pid_t startWatchdog(WatchdogState& state) {
 #if defined(CXXLAUNCH_TSAN) || defined(CXXLAUNCH_ASAN)
   const pid_t pid = ::fork();
   if (pid == 0) watchdogMain(state);
   return pid;
 #else
-  return ::clone(watchdogEntry, state.stack.data() + state.stack.size(), CLONE_VM | SIGCHLD,
-                 &state);
+  return ::clone(watchdogEntry, state.stack.data() + state.stack.size(), CLONE_VM, &state);
 #endif
 }
 
@@ -431,10 +432,15 @@ GroupWatchdog::GroupWatchdog(const std::string& cgroup_dir) {
   if (!cgroup_dir.empty()) watchCgroup(cgroup_dir);
 }
 
-GroupWatchdog::~GroupWatchdog() {
+void GroupWatchdog::end() {
   if (fd_ != -1) ::close(fd_);
+  fd_ = -1;
+}
+
+GroupWatchdog::~GroupWatchdog() {
+  end();
   // It exits at once now; reaped here, it leaves no zombie under an init that does not reap.
-  if (pid_ > 0) ::waitpid(pid_, nullptr, 0);
+  if (pid_ > 0) ::waitpid(pid_, nullptr, __WALL);
   if (state_ != nullptr) ::munmap(state_, sizeof(WatchdogState));
 }
 
