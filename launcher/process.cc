@@ -380,8 +380,6 @@ bool readExactly(int fd, void* data, size_t size) {
   ::_exit(0);
 }
 
-int watchdogEntry(void* state) { watchdogMain(*static_cast<WatchdogState*>(state)); }
-
 // Starts the helper on its own stack in our memory (CLONE_VM without CLONE_THREAD: a process of
 // its own, which a SIGKILL of the agent leaves alive, and which keeps the memory alive). A fork
 // would copy the agent's page tables and turn every page the agent writes afterwards into a
@@ -398,7 +396,8 @@ pid_t startWatchdog(WatchdogState& state) {
   if (pid == 0) watchdogMain(state);
   return pid;
 #else
-  return ::clone(watchdogEntry, state.stack.data() + state.stack.size(), CLONE_VM, &state);
+  auto entry = [](void* arg) -> int { watchdogMain(*static_cast<WatchdogState*>(arg)); };
+  return ::clone(entry, state.stack.data() + state.stack.size(), CLONE_VM, &state);
 #endif
 }
 
