@@ -191,7 +191,8 @@ void RendezvousServer::Impl::serveDoor() {
 }
 
 void RendezvousServer::Impl::start(std::optional<grpc::SslServerCredentialsOptions> ssl) {
-  joins.emplace(core, rendezvous);  // its thread first (Joins says why)
+  core.startTicker();  // threads first (Joins says why)
+  joins.emplace(core, rendezvous);
   const std::shared_ptr<grpc::ServerCredentials> credentials =
       ssl ? grpc::SslServerCredentials(*ssl) : grpc::InsecureServerCredentials();
   grpc::ServerBuilder builder;
