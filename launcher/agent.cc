@@ -155,7 +155,6 @@ std::optional<Decision> Agent::waitForPeers(int& signal) {
 }
 
 int Agent::finish(RunReport& report, const std::string& status, int exit_code) {
-  group_.endWatchdog();  // it removes the cgroup meanwhile
   report.status = status;
   report.exit_code = exit_code;
   report.confinement = group_.confinement();

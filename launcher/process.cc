@@ -431,13 +431,8 @@ GroupWatchdog::GroupWatchdog(const std::string& cgroup_dir) {
   if (!cgroup_dir.empty()) watchCgroup(cgroup_dir);
 }
 
-void GroupWatchdog::end() {
-  if (fd_ != -1) ::close(fd_);
-  fd_ = -1;
-}
-
 GroupWatchdog::~GroupWatchdog() {
-  end();
+  if (fd_ != -1) ::close(fd_);
   // It exits at once now; reaped here, it leaves no zombie under an init that does not reap.
   if (pid_ > 0) ::waitpid(pid_, nullptr, __WALL);
   if (state_ != nullptr) ::munmap(state_, sizeof(WatchdogState));

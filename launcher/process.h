@@ -62,9 +62,8 @@ class GroupWatchdog {
   // Throws SystemError.
   explicit GroupWatchdog(const std::string& cgroup_dir = "");
   // Closes the pipe: the helper kills what is still registered (and the cgroup), removes the
-  // cgroup and exits, while the caller goes on. add() and remove() do nothing from then on.
-  void end();
-  // end(), and waits for the helper's exit.
+  // cgroup and exits; waits for that. (Waiting is what lets the helper share the errno of the
+  // thread that started it, process.cc.)
   ~GroupWatchdog();
   GroupWatchdog(const GroupWatchdog&) = delete;
   GroupWatchdog& operator=(const GroupWatchdog&) = delete;

@@ -81,10 +81,6 @@ class WorkerGroup {
   int stopLeftovers(std::chrono::steady_clock::time_point deadline,
                     const std::function<int(std::chrono::milliseconds)>& wait);
 
-  // Lets the watchdog go once the job is over (after stopLeftovers: nothing is left): it removes
-  // the job's cgroup while the agent writes its summary. Nothing is spawned afterwards.
-  void endWatchdog() { watchdog_->end(); }
-
   // How the job is confined, for run-summary.json: "cgroup PATH", "process groups", or why a
   // cgroup that was made was not used.
   const std::string& confinement() const { return confinement_; }
