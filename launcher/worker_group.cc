@@ -35,8 +35,8 @@ void removeSharedMemoryOf(pid_t pid) {
 }
 
 // Whether we have a child (alive or unreaped) that waitid sees: every one but the watchdog, a
-// clone child (process.cc). Cheaper than reading /proc, and nearly always the answer at a job's
-// end: none.
+// clone child (process.cc; forked under the sanitizers, where this is always true). Cheaper than
+// reading /proc, and nearly always the answer at a job's end: none.
 bool hasChildren() {
   siginfo_t info{};
   return ::waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) == 0;
