@@ -51,18 +51,19 @@ std::string processState(pid_t pid);
 // signals a reused id. It ignores terminal signals, lives in its own process group, and stays
 // out of the job's cgroup.
 //
-// Fork it early (worker_group.h, prestartWatchdog): a fork copies the page tables, and every page
-// either process writes afterwards is copied once more, with a TLB shootdown to each CPU that
-// runs one of the agent's threads. Forked beside gRPC's threads, that cost the launch more than
-// the rest of the agent's set-up.
+// It runs in the agent's memory (clone with CLONE_VM, not CLONE_THREAD: a process of its own,
+// on a stack of its own), so that starting it copies no page tables and costs the agent no
+// copy-on-write faults afterwards (process.cc says what it may and may not do there). Under the
+// sanitizers it is forked.
 class GroupWatchdog {
  public:
-  // Forks the helper; it does only async-signal-safe work, so a threaded agent may start it.
+  // Starts the helper; it does only async-signal-safe work, so a threaded agent may start it.
   // `cgroup_dir`: the job's cgroup (JobCgroup::path), or "" (watchCgroup may say it later).
   // Throws SystemError.
   explicit GroupWatchdog(const std::string& cgroup_dir = "");
   // Closes the pipe: the helper kills what is still registered (and the cgroup), removes the
-  // cgroup and exits; waits for that.
+  // cgroup and exits; waits for that. (Waiting is what lets the helper share the errno of the
+  // thread that started it, process.cc.)
   ~GroupWatchdog();
   GroupWatchdog(const GroupWatchdog&) = delete;
   GroupWatchdog& operator=(const GroupWatchdog&) = delete;
@@ -76,7 +77,8 @@ class GroupWatchdog {
 
  private:
   pid_t pid_ = -1;
-  int fd_ = -1;  // write end
+  int fd_ = -1;            // write end
+  void* state_ = nullptr;  // the helper's stack and lists (process.cc), unmapped once it is reaped
 };
 
 // "SIGSEGV" for 11; "SIG42" for a signal without a name.

@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 
 #include "common/command_line.h"
 #include "launcher/cli.h"
@@ -32,6 +33,9 @@ struct FlagSpec {
   // flags are applied after the config, so they win over it.
   bool config = false;
 };
+
+// A flag on the command line: its row and its value.
+using GivenFlag = std::pair<const FlagSpec*, std::string>;
 
 // accelerate's `launch` flags: one per config key that has one, plus its hardware and paradigm
 // switches.
@@ -224,17 +228,55 @@ std::optional<std::string> booleanWord(const std::string& text) {
 
 // The app for `cxxlaunch run`, one option per row of the table; `specs` maps them back. A
 // boolean flag is an option that always has its value: joinBooleanValues supplies it.
-void addRunFlags(CLI::App& app, std::map<const CLI::Option*, const FlagSpec*>& specs) {
+void addRunFlags(CLI::App& app, std::map<const CLI::Option*, const FlagSpec*>& specs,
+                 const std::vector<const FlagSpec*>& rows) {
   cli::useConventions(app);
   app.prefix_command();  // the first argument it does not know starts the program
   app.footer("More in " + docReference("launcher.md") +
              "; the guides named above (the clusters guide, ...) are beside it.");
-  for (const FlagSpec& spec : flagTable()) {
-    CLI::Option* option = app.add_option(cli::spellings(spec.names))
-                              ->type_name(isBoolean(spec) ? "[true|false]" : spec.value_name);
-    option->description(spec.help);
-    specs[option] = &spec;
+  for (const FlagSpec* spec : rows) {
+    CLI::Option* option = app.add_option(cli::spellings(spec->names))
+                              ->type_name(isBoolean(*spec) ? "[true|false]" : spec->value_name);
+    option->description(spec->help);
+    specs[option] = spec;
   }
+}
+
+// Every row of the table, by each of its spellings ("--nnodes", "-r").
+const std::map<std::string, const FlagSpec*>& flagsByName() {
+  static const std::map<std::string, const FlagSpec*> by_name = [] {
+    std::map<std::string, const FlagSpec*> out;
+    for (const FlagSpec& spec : flagTable()) {
+      for (const auto& name : split(cli::spellings(spec.names), ',')) out[name] = &spec;
+    }
+    return out;
+  }();
+  return by_name;
+}
+
+std::vector<const FlagSpec*> allRows() {
+  std::vector<const FlagSpec*> rows;
+  for (const FlagSpec& spec : flagTable()) rows.push_back(&spec);
+  return rows;
+}
+
+// The rows `args` names, in the table's order: each argument that looks like a flag, looked up
+// by its name (`--flag=V`: --flag; `-rV`: -r). More than the flags before the program (the
+// program's own arguments may name some) costs nothing: the parse stops at the program.
+std::vector<const FlagSpec*> rowsNamedIn(const std::vector<std::string>& args) {
+  const auto& by_name = flagsByName();
+  std::set<const FlagSpec*> named;
+  for (const std::string& arg : args) {
+    if (arg.size() < 2 || arg[0] != '-') continue;
+    const auto it =
+        by_name.find(arg.starts_with("--") ? arg.substr(0, arg.find('=')) : arg.substr(0, 2));
+    if (it != by_name.end()) named.insert(it->second);
+  }
+  std::vector<const FlagSpec*> rows;
+  for (const FlagSpec* spec : allRows()) {
+    if (named.contains(spec)) rows.push_back(spec);
+  }
+  return rows;
 }
 
 // Boolean flags take an optional value: `--flag`, `--flag=V`, or `--flag V` when V is a boolean
@@ -244,10 +286,7 @@ void addRunFlags(CLI::App& app, std::map<const CLI::Option*, const FlagSpec*>& s
 // argument that is neither a flag nor a flag's value (the program), at `--`, or at a flag it
 // does not know (which CLI11 reports).
 std::vector<std::string> joinBooleanValues(const std::vector<std::string>& args) {
-  std::map<std::string, const FlagSpec*> by_name;
-  for (const FlagSpec& spec : flagTable()) {
-    for (const auto& name : split(cli::spellings(spec.names), ',')) by_name[name] = &spec;
-  }
+  const auto& by_name = flagsByName();
   std::vector<std::string> out;
   size_t i = 0;
   for (; i < args.size(); ++i) {
@@ -281,14 +320,12 @@ std::vector<std::string> joinBooleanValues(const std::vector<std::string>& args)
 }
 
 // --hostfile (launcher/remote.h): the user's flags go on to every host's agent.
-std::optional<RemoteLaunch> planRemote(const Config& config, const std::vector<cli::Given>& given,
-                                       const std::map<const CLI::Option*, const FlagSpec*>& specs,
+std::optional<RemoteLaunch> planRemote(const Config& config, const std::vector<GivenFlag>& given,
                                        const LaunchOptions& options,
                                        const std::vector<std::string>& rest, const HostInfo& host) {
   RemotePlan plan{config, {}, "", "", {}};
   bool endpoint_flag = false;
-  for (const auto& [option, value] : given) {
-    const FlagSpec* spec = specs.at(option);
+  for (const auto& [spec, value] : given) {
     const std::string name = spec->names.substr(0, spec->names.find(','));
     endpoint_flag = endpoint_flag || name == "rdzv_endpoint";
     // A boolean flag that is on goes on as the switch it was (most likely) typed as.
@@ -304,28 +341,35 @@ std::optional<RemoteLaunch> planRemote(const Config& config, const std::vector<c
   return planRemoteLaunch(plan);
 }
 
-}  // namespace
+// The flags given, in their order, with their values (a boolean's as "true" or "false"), and
+// what follows them (the program and its arguments). Parsed with CLI11 by the table's `rows`.
+struct CommandLine {
+  std::vector<GivenFlag> given;
+  std::vector<std::string> rest;
+};
 
-LaunchOptions parseRunArgs(const std::vector<std::string>& args, const HostInfo& host) {
+CommandLine parseFlags(const std::vector<std::string>& args,
+                       const std::vector<const FlagSpec*>& rows) {
   CLI::App app(kRunDescription, "cxxlaunch run");
   std::map<const CLI::Option*, const FlagSpec*> specs;
-  addRunFlags(app, specs);
-  std::vector<std::string> rest;
-  std::vector<cli::Given> given;
+  addRunFlags(app, specs, rows);
+  CommandLine line;
   try {
     cli::parse(app, joinBooleanValues(args));
-    rest = app.remaining();
-    if (!rest.empty() && rest[0] != "--" && rest[0].size() > 1 && rest[0][0] == '-') {
-      cli::throwUnknownFlag(app, rest[0]);
+    line.rest = app.remaining();
+    if (!line.rest.empty() && line.rest[0] != "--" && line.rest[0].size() > 1 &&
+        line.rest[0][0] == '-') {
+      cli::throwUnknownFlag(app, line.rest[0]);
     }
-    given = cli::givenInOrder(app);
+    for (auto& [option, value] : cli::givenInOrder(app)) {
+      line.given.emplace_back(specs.at(option), std::move(value));
+    }
   } catch (const UsageError&) {
     throw;
   } catch (const InvalidArgument& e) {
     throw UsageError(e.what());
   }
-  for (auto& [option, value] : given) {
-    const FlagSpec* spec = specs.at(option);
+  for (auto& [spec, value] : line.given) {
     if (!isBoolean(*spec)) continue;
     const auto word = booleanWord(value);
     if (!word) {
@@ -334,6 +378,24 @@ LaunchOptions parseRunArgs(const std::vector<std::string>& args, const HostInfo&
     }
     value = *word;
   }
+  return line;
+}
+
+}  // namespace
+
+LaunchOptions parseRunArgs(const std::vector<std::string>& args, const HostInfo& host) {
+  // CLI11 checks each option it is given against every one it has: for the whole table, 150
+  // rows, that is 3.5 M instructions, most of a launch's own work before its first worker. So
+  // the flags are parsed with the rows the command line names; anything that goes wrong then
+  // (a flag the table lacks, a missing value, --help) is parsed again with every row, for CLI11's
+  // full answer: the help, the suggestions, the messages as they always were.
+  CommandLine line;
+  try {
+    line = parseFlags(args, rowsNamedIn(args));
+  } catch (...) {
+    line = parseFlags(args, allRows());
+  }
+  auto& [given, rest] = line;
   if (!rest.empty() && rest[0] == "--") rest.erase(rest.begin());
   if (rest.empty()) throw UsageError("no program given: cxxlaunch run [flags] PROGRAM [ARGS...]");
 
@@ -342,8 +404,7 @@ LaunchOptions parseRunArgs(const std::vector<std::string>& args, const HostInfo&
   // accelerate's flags feed the config's flag layer, resolved first; torchrun's flags are applied
   // after the config, so they win over it.
   std::vector<std::pair<const FlagSpec*, std::string>> torchrun_flags;
-  for (const auto& [option, value] : given) {
-    const FlagSpec* spec = specs.at(option);
+  for (const auto& [spec, value] : given) {
     const std::string canonical = spec->names.substr(0, spec->names.find(','));
     if (spec->config) {
       spec->apply(parsed, canonical, value);
@@ -376,7 +437,7 @@ LaunchOptions parseRunArgs(const std::vector<std::string>& args, const HostInfo&
                                "; if it was meant as a flag's value, write --FLAG=" + rest[0] +
                                " before the program");
   }
-  if (auto remote = planRemote(config, given, specs, options, rest, host)) {
+  if (auto remote = planRemote(config, given, options, rest, host)) {
     options.remote = std::move(remote);
     return options;
   }
@@ -395,7 +456,7 @@ LaunchOptions parseRunArgs(const std::vector<std::string>& args, const HostInfo&
 std::string runHelp() {
   CLI::App app(kRunDescription, "cxxlaunch run");
   std::map<const CLI::Option*, const FlagSpec*> specs;
-  addRunFlags(app, specs);
+  addRunFlags(app, specs, allRows());
   return app.help();
 }
 

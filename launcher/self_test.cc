@@ -10,7 +10,6 @@
 #include "launcher/agent.h"
 #include "launcher/cli.h"
 #include "launcher/node_rendezvous.h"
-#include "launcher/worker_group.h"
 
 namespace cxxlaunch::launcher {
 
@@ -40,7 +39,6 @@ int runSelfTest(const std::vector<std::string>& args, std::ostream& out) {
     std::cerr << "cxxlaunch: warning: " << warning << "\n";
   }
   blockAgentSignals();
-  prestartWatchdog();
   auto rendezvous = makeNodeRendezvous(options);
   const int code = runAgent(options, *rendezvous);
   if (code == 0) {

@@ -29,14 +29,6 @@ namespace cxxlaunch::launcher {
 
 class JobCgroup;
 
-// Forks the watchdog that the next WorkerGroup takes, now: call it early in main, while the
-// launcher is small and has no threads (GroupWatchdog, process.h, says why). Without it, the
-// WorkerGroup forks its own.
-void prestartWatchdog();
-// Ends a prestarted watchdog that no WorkerGroup took (the launch failed before the agent
-// started) and reaps it: an init that does not reap would keep it as a zombie.
-void endPrestartedWatchdog();
-
 struct Worker {
   int local_rank = 0;
   int global_rank = 0;

@@ -89,12 +89,14 @@ int listenOnFreePort(const std::string& host, int& port) {
 
 struct RendezvousServer::Impl {
   explicit Impl(const ServerOptions& options)
-      : options(options), core(options), store(core), rendezvous(core), joins(core, rendezvous) {}
+      : options(options), core(options), store(core), rendezvous(core) {}
   ServerOptions options;
   server::Core core;
   server::StoreService store;
   server::RendezvousService rendezvous;
-  server::Joins joins;  // after the server in shutdown, destroyed after it
+  // Made by start() (a launcher whose workers never use the store starts no thread for it);
+  // after the server in shutdown, destroyed after it.
+  std::optional<server::Joins> joins;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
   // start_on_first_connection: the plain listening socket, the thread that waits on it and
@@ -189,6 +191,8 @@ void RendezvousServer::Impl::serveDoor() {
 }
 
 void RendezvousServer::Impl::start(std::optional<grpc::SslServerCredentialsOptions> ssl) {
+  core.startTicker();  // threads first (Joins says why)
+  joins.emplace(core, rendezvous);
   const std::shared_ptr<grpc::ServerCredentials> credentials =
       ssl ? grpc::SslServerCredentials(*ssl) : grpc::InsecureServerCredentials();
   grpc::ServerBuilder builder;
@@ -210,7 +214,7 @@ void RendezvousServer::Impl::start(std::optional<grpc::SslServerCredentialsOptio
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   builder.RegisterService(&store);
   builder.RegisterService(&rendezvous);
-  joins.addTo(builder);
+  joins->addTo(builder);
   server = builder.BuildAndStart();
   if (!server || listening == 0) {
     if (door == -1) core.stop();  // one started at the door still serves its own node
@@ -228,7 +232,7 @@ void RendezvousServer::Impl::start(std::optional<grpc::SslServerCredentialsOptio
                              ": the port is taken or the address is not on this machine");
   }
   if (door == -1) port = listening;
-  joins.accept();
+  joins->accept();
 }
 
 RendezvousServer::~RendezvousServer() { shutdown(); }
@@ -299,7 +303,7 @@ void RendezvousServer::shutdown() {
   if (!impl_->server) return;
   impl_->core.stop();  // answers parked calls first, so Shutdown does not wait for them
   impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  impl_->joins.close();  // the queue closes after the server, as gRPC requires
+  impl_->joins->close();  // the queue closes after the server, as gRPC requires
 }
 
 void RendezvousServer::wait() {

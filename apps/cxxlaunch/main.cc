@@ -24,7 +24,6 @@
 #include "launcher/stop_deadline.h"
 #include "launcher/system_info.h"
 #include "launcher/wizard.h"
-#include "launcher/worker_group.h"
 
 namespace {
 
@@ -96,13 +95,10 @@ int run(const Args& args) {
   // them for ever while it is torn down. Declared outside the try: unwinding would destroy it.
   std::unique_ptr<NodeRendezvous> rendezvous;
   try {
-    prestartWatchdog();  // while no thread runs: the fork is cheap (worker_group.h)
     rendezvous = makeNodeRendezvous(options);
     exitNow(runAgent(options, *rendezvous));
   } catch (...) {
-    const int exit_code = reportError("run");
-    endPrestartedWatchdog();  // the agent did not take it
-    exitNow(exit_code);
+    exitNow(reportError("run"));
   }
 }
 

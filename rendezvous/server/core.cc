@@ -84,6 +84,7 @@ JoinPoll Core::joinHere(const std::string& run_id, const NodeSpec& node,
     const RunSettings& s = join(run_id, node, settings, now).state.settings();
     deadline = now + std::min({waitTime(poll.count(), options_.max_wait), s.keep_alive_interval,
                                s.evictionTimeout() / 2});
+    if (deadline > now) ensureTicker();  // a round that waits closes by the ticker's clock
     recheck(run_id, now, ready);
     touch(run_id, now);
     wake = tickerMustWake(run_id, std::nullopt);
@@ -260,6 +261,10 @@ void Core::sweep(SteadyTime now) {
       ++it;
     }
   }
+}
+
+void Core::ensureTicker() {
+  if (!ticker_.joinable() && !stopping_) ticker_ = std::thread([this] { tickLoop(); });
 }
 
 void Core::tickLoop() {

@@ -75,17 +75,25 @@ void validateRunId(const std::string& id);
 // A blocking call's wait: `requested_ms`, at most `cap`; a negative one is refused.
 Millis waitTime(int64_t requested_ms, Millis cap);
 
-// The state of every run, the parked calls, and the thread that acts on deadlines.
+// The state of every run, the parked calls, and the thread that acts on deadlines (the ticker).
+// The ticker starts with gRPC (startTicker) or at the first call that waits: until then every
+// call is the hosting node's own and answered at once, and nothing but that node's keep-alives
+// has a deadline. (A single-node launcher whose workers never use the store starts none.)
 class Core {
  public:
   explicit Core(const ServerOptions& options)
-      : options_(options), budget_(options.max_total_bytes, "--store-max-total-bytes") {
-    ticker_ = std::thread([this] { tickLoop(); });
-  }
+      : options_(options), budget_(options.max_total_bytes, "--store-max-total-bytes") {}
 
   ~Core() { stop(); }
 
   void stop();
+
+  // Starts the ticker unless it runs (or the server stops). Throws std::system_error when no
+  // thread can be started.
+  void startTicker() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ensureTicker();
+  }
 
   grpc::Status authorize(const grpc::ServerContextBase& ctx) const;
 
@@ -134,6 +142,7 @@ class Core {
       if (status.ok()) result = tryAttempt(attempt, false);
       std::optional<SteadyTime> deadline;
       if (status.ok() && !result) {
+        ensureTicker();  // it answers the call when `wait` has passed
         deadline = now + wait;
         runs_.at(run_id)->parked.add(make_parked(),
                                      {*deadline, std::move(keys), std::move(attempt)});
@@ -258,6 +267,7 @@ class Core {
   void sweep(SteadyTime now);
 
   void tickLoop();
+  void ensureTicker();  // lock held
 
   const ServerOptions options_;
   MemoryBudget budget_;  // before runs_: their stores give back to it when they go
