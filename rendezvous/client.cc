@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <fstream>
@@ -85,14 +86,24 @@ struct GrpcStore::Impl {
   // Until a call has got through, calls wait for the server to come up (within their deadline)
   // instead of failing at once: a launcher's own server starts gRPC when its first client
   // connects, and may reset a connection while it does (rendezvous/server.h,
-  // start_on_first_connection). Afterwards a server that is gone fails at once.
+  // start_on_first_connection). Where nothing accepts connections at all (a wrong endpoint, a
+  // server that is gone) the call fails at once; so does any call once one got through.
   std::atomic<bool> reached{false};
+
+  bool somethingListens() const {
+    try {
+      const Millis timeout = std::min(options.call_timeout, Millis(std::chrono::seconds(2)));
+      return probeEndpoint(options.endpoint, timeout).kind != EndpointAnswer::Kind::kNothing;
+    } catch (const InvalidArgument&) {
+      return true;  // an endpoint the probe cannot read (gRPC's own forms): let gRPC wait
+    }
+  }
 
   template <typename Call>
   void call(const char* what, Millis timeout, Call&& rpc) {
     grpc::ClientContext ctx;
     prepare(ctx, options, timeout);
-    ctx.set_wait_for_ready(!reached);
+    ctx.set_wait_for_ready(!reached && somethingListens());
     const grpc::Status status = rpc(ctx);
     if (status.ok() || channel->GetState(false) == GRPC_CHANNEL_READY) reached = true;
     wire::throwIfError(explainUnreachable(status, *channel, options), std::string("store ") + what);

@@ -7,6 +7,7 @@
 #include "common/error.h"
 #include "rendezvous/client.h"
 #include "rendezvous/server.h"
+#include "support/subprocess.h"
 
 using namespace cxxlaunch;
 using namespace cxxlaunch::rendezvous;
@@ -91,4 +92,12 @@ TEST_CASE("A store whose server went away after answering fails at once", "[serv
   store.set("k", "v");
   server.reset();
   REQUIRE_THROWS_WITH(store.set("k", "w"), Catch::Contains("could not connect"));
+}
+
+TEST_CASE("A store given an endpoint where nothing listens fails at once", "[server][store]") {
+  ClientOptions options;
+  options.endpoint = "127.0.0.1:" + std::to_string(cxxlaunch::testing::freePort());
+  options.call_timeout = 10min;  // a wait for a server would outlast the test's limit
+  GrpcStore store(options, "job", 0);
+  REQUIRE_THROWS_WITH(store.set("k", "v"), Catch::Contains("could not connect"));
 }
