@@ -14,6 +14,7 @@ usage: bench/launcher_startup.py [--cxxlaunch build/bin/cxxlaunch] [--runs 20] [
 """
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -34,23 +35,26 @@ main()
 """
 
 
-def measure(argv, runs):
-    """Median wall seconds and max peak RSS (KiB) over `runs` runs of argv."""
+def measure(argvs, runs):
+    """Median wall seconds and max peak RSS (KiB) of each argv over `runs` runs, the argvs
+    alternated run by run so that a machine whose speed drifts treats them alike."""
     # GNU time forks the measured program from its own small process: a child forked or spawned
     # from this Python process would count Python's pages from before its exec in its peak RSS.
-    walls, peaks = [], []
+    walls = [[] for _ in argvs]
+    peaks = [0 for _ in argvs]
     with tempfile.NamedTemporaryFile() as rss, tempfile.TemporaryFile() as err:
         for _ in range(runs):
-            start = time.perf_counter()
-            done = subprocess.run(["/usr/bin/time", "-o", rss.name, "-f", "%M"] + argv,
-                                  stdout=subprocess.DEVNULL, stderr=err)
-            walls.append(time.perf_counter() - start)
-            if done.returncode != 0:
-                err.seek(0)
-                sys.exit(f"{argv[0]} failed:\n{err.read().decode()}")
-            rss.seek(0)
-            peaks.append(int(rss.read().split()[-1]))
-    return statistics.median(walls), max(peaks)
+            for i, argv in enumerate(argvs):
+                start = time.perf_counter()
+                done = subprocess.run(["/usr/bin/time", "-o", rss.name, "-f", "%M"] + argv,
+                                      stdout=subprocess.DEVNULL, stderr=err)
+                walls[i].append(time.perf_counter() - start)
+                if done.returncode != 0:
+                    err.seek(0)
+                    sys.exit(f"{argv[0]} failed:\n{err.read().decode()}")
+                rss.seek(0)
+                peaks[i] = max(peaks[i], int(rss.read().split()[-1]))
+    return [(statistics.median(w), p) for w, p in zip(walls, peaks)]
 
 
 def main():
@@ -62,12 +66,26 @@ def main():
     parser.add_argument("--torch-runs", type=int, default=3)
     args = parser.parse_args()
 
-    ours = measure([args.cxxlaunch, "run", "--nproc_per_node=2", "/bin/true"], args.runs)
-    peer = measure([args.python, "-c", TORCHRUN, "--standalone", "--nproc_per_node=2",
-                    "--no_python", "/bin/true"], args.torch_runs)
+    floor = None
+    launch = [args.cxxlaunch, "run", "--nproc_per_node=2", "/bin/true"]
+    with tempfile.TemporaryDirectory() as tmp:
+        spawner = os.path.join(tmp, "bare_spawner")
+        cc = shutil.which("cc")
+        if cc is not None and subprocess.run(
+                [cc, "-O2", "-o", spawner, os.path.join(root, "bench/bare_spawner.c")]).returncode == 0:
+            ours, floor = measure([launch, [spawner, "2", "/bin/true"]], args.runs)
+        else:
+            [ours] = measure([launch], args.runs)
+    [peer] = measure([[args.python, "-c", TORCHRUN, "--standalone", "--nproc_per_node=2",
+                       "--no_python", "/bin/true"]], args.torch_runs)
     print(f"{'launcher':<12}{'median wall':>14}{'peak RSS':>12}")
-    for name, (wall, peak) in (("cxxlaunch", ours), ("torchrun", peer)):
+    rows = [("cxxlaunch", ours), ("torchrun", peer)] + ([("floor", floor)] if floor else [])
+    for name, (wall, peak) in rows:
         print(f"{name:<12}{wall * 1000:>11.1f} ms{peak / 1024:>8.1f} MiB")
+    if floor:
+        print(f"floor: spawning the two workers alone takes {floor[0] * 1000:.1f} ms here, so no "
+              f"launcher can be more than {peer[0] / floor[0]:.0f}x faster than torchrun on this "
+              f"machine; cxxlaunch's own cost is {(ours[0] - floor[0]) * 1000:.1f} ms")
     speedup = peer[0] / ours[0]
     met = {"speed": speedup >= 600, "time": ours[0] <= 0.010, "memory": ours[1] <= 10 * 1024}
     print(f"speed-up: {speedup:.0f}x (target >= 600x: {'met' if met['speed'] else 'MISSED'}); "

@@ -37,7 +37,12 @@ strip --strip-debug -o "$bundle/lib/libcxxlaunch_proto.a" "$build/proto/libcxxla
 gloo_lib="$(ldconfig -p | awk '/libgloo\.so\.0 / && !seen {print $NF; seen = 1}')"
 [ -n "$gloo_lib" ] || { echo "gpu-bundle: libgloo.so.0 not found (scripts/setup.sh installs it)" >&2; exit 1; }
 system_lib='^(linux-vdso|ld-linux|libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s)\.so'
-ldd "$bundle/bin/cxxlaunch" "$bundle/bin/cxxlaunchd" "$gloo_lib" |
+# (cxxlaunch is static where glibc's archives were there to link: ldd fails on such a binary)
+dynamic=()
+for file in "$bundle/bin/cxxlaunch" "$bundle/bin/cxxlaunchd" "$gloo_lib"; do
+  if readelf -d "$file" | grep "(NEEDED)" >/dev/null; then dynamic+=("$file"); fi
+done
+ldd "${dynamic[@]}" |
   awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u |
   while read -r soname path; do
     [[ "$soname" =~ $system_lib ]] || cp -L "$path" "$bundle/lib/$soname"
