@@ -180,23 +180,17 @@ void Accelerator::prepare(std::shared_ptr<torch::nn::Module> model,
   }
   impl_->optimizer = &optimizer;
   impl_->model = model;
-  if (impl_->world.env.fsdp_activation_checkpointing) checkpointUnits(*model);
+  if (impl_->world.env.fsdp_activation_checkpointing) checkpointUnits();
   if (impl_->precision.mixed()) {
     impl_->autocast =
         std::make_unique<AutocastScope>(device().type(), impl_->precision.compute, true);
   }
 }
 
-void Accelerator::checkpointUnits(const torch::nn::Module& model) {
-  std::vector<const torch::nn::Module*> blocks = impl_->strategy->unitModules();
-  if (blocks.empty()) {  // nothing sharded at rest: the modules that would be units
-    blocks = impl_->wrapped;
-    for (const auto& module : model.modules(/*include_self=*/false)) {
-      for (const auto& wanted : impl_->world.env.fsdp_transformer_layer_cls) {
-        if (detail::typeMatches(*module, wanted)) blocks.push_back(module.get());
-      }
-    }
-  }
+// The wrap policy's modules, as the strategy's plan found them (unit_plan.h), whether or not
+// they are sharded at rest.
+void Accelerator::checkpointUnits() {
+  const std::vector<const torch::nn::Module*> blocks = impl_->strategy->unitModules();
   if (blocks.empty()) {
     throw InvalidArgument(
         "fsdp_activation_checkpointing is on, but no module is a unit to checkpoint: name the "

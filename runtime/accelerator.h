@@ -513,9 +513,9 @@ class Accelerator {
   int64_t microSteps() const;
 
  private:
-  void checkpointUnits(const torch::nn::Module& model);  // fsdp_activation_checkpointing
-  void restoreFrom(const tensorfile::Reader& reader);    // loadState's work, from one checkpoint
-  void committed(checkpoint::SaveReport report);  // a save's report; saveCheckpoint's pruning
+  void checkpointUnits();                              // fsdp_activation_checkpointing
+  void restoreFrom(const tensorfile::Reader& reader);  // loadState's work, from one checkpoint
+  void committed(checkpoint::SaveReport report);       // a save's report; saveCheckpoint's pruning
   void reserveSnapshot();  // checkpoint_async: the snapshot made in the background
   // Whether checkpoints name the base instead of holding the frozen parameters.
   bool baseByReference() const;

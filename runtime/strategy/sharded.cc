@@ -131,6 +131,7 @@ void ShardedStrategy::buildUnits() {
                                       .module_units = policy_.reshard_after_forward,
                                       .bucket_bytes = options_.bucket_bytes});
   frozen_ = std::move(plan.frozen);
+  policy_modules_ = std::move(plan.policy_modules);
   for (const auto& planned : plan.units) units_.emplace_back(planned.name, planned.module);
 
   // Per unit: the flat buffer, the master shard, gradient buffers, the optimizer's shard. Then
@@ -300,11 +301,7 @@ std::string ShardedStrategy::describe() const {
 }
 
 std::vector<const torch::nn::Module*> ShardedStrategy::unitModules() const {
-  std::vector<const torch::nn::Module*> out;
-  for (const auto& u : units_) {
-    if (u.module() != nullptr) out.push_back(u.module());
-  }
-  return out;
+  return policy_modules_;
 }
 
 std::vector<std::pair<std::string, int64_t>> ShardedStrategy::units() const {

@@ -203,6 +203,7 @@ class ShardedStrategy final : public Strategy, public UnitHooks {
   // Parameters without gradients: whole, never sharded, in the compute dtype
   // (strategy/frozen_parameters.h).
   std::vector<torch::Tensor> frozen_;
+  std::vector<const torch::nn::Module*> policy_modules_;  // UnitPlan::policy_modules
   std::mutex mu_;
 };
 

@@ -59,8 +59,8 @@ class Strategy {
 
   virtual MemoryReport memoryReport() const = 0;
 
-  // The modules that are shard units (ZeRO-3 / FULL_SHARD); what fsdp_activation_checkpointing
-  // checkpoints by default.
+  // The modules the wrap policy names (unit_plan.h): the shard units under ZeRO-3 /
+  // FULL_SHARD, the same modules at every stage; what fsdp_activation_checkpointing recomputes.
   virtual std::vector<const torch::nn::Module*> unitModules() const { return {}; }
 
   // For exports (saveModel). A collective: `visit` sees every parameter, whole and in fp32 (a

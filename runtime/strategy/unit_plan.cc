@@ -60,8 +60,9 @@ UnitPlan planUnits(torch::nn::Module& model, const WrapOptions& options) {
   // Reverse pre-order visits every module after all of its descendants: an inner unit takes its
   // parameters before the unit around it.
   std::set<const c10::TensorImpl*> taken;
+  std::set<const torch::nn::Module*> by_policy;
   std::map<const torch::nn::Module*, std::vector<torch::Tensor>> unit_params;
-  for (size_t i = modules.size(); options.module_units && i-- > 1;) {
+  for (size_t i = modules.size(); i-- > 1;) {
     const auto& module = *modules[i];
     std::vector<torch::Tensor> mine;
     int64_t numel = 0;
@@ -72,12 +73,21 @@ UnitPlan planUnits(torch::nn::Module& model, const WrapOptions& options) {
     }
     const bool by_size =
         options.policy == WrapPolicy::kSizeBased && numel >= options.min_num_params;
-    if (mine.empty() || (chosen.count(&module) == 0 && !by_size)) continue;
+    if (chosen.count(&module) == 0 && !by_size) continue;
+    by_policy.insert(&module);
+    if (mine.empty()) continue;
     for (const auto& p : mine) taken.insert(p.unsafeGetTensorImpl());
     unit_params[&module] = std::move(mine);
   }
+  if (!options.module_units) {  // the policy's modules' parameters go to buckets
+    taken.clear();
+    unit_params.clear();
+  }
 
   UnitPlan plan;
+  for (size_t i = 1; i < modules.size(); ++i) {
+    if (by_policy.count(modules[i]) != 0) plan.policy_modules.push_back(modules[i]);
+  }
   auto add = [&](std::string name, const torch::nn::Module* module,
                  std::vector<torch::Tensor> params) {
     PlannedUnit unit{std::move(name), module, std::move(params), {}};

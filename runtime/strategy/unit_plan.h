@@ -11,6 +11,9 @@
 //     backward produces gradients in (DDP's buckets are these, with no module units);
 //   - parameters without gradients are frozen: never flattened, never sharded.
 //
+// The same policy picks the modules fsdp_activation_checkpointing recomputes, with or without
+// module units (UnitPlan::policy_modules).
+//
 // Nothing is allocated or moved: the plan holds the model's own tensors.
 
 #include <torch/nn/module.h>
@@ -42,6 +45,11 @@ struct PlannedUnit {
 
 struct UnitPlan {
   std::vector<PlannedUnit> units;  // module units in registration order, then the buckets
+  // The modules the policy names, in registration order, whether or not they became units
+  // (without module units their parameters went to buckets; one with no trainable parameter
+  // of its own holds none): what fsdp_activation_checkpointing recomputes, as accelerate
+  // applies FSDP's auto-wrap policy to activation checkpointing too.
+  std::vector<const torch::nn::Module*> policy_modules;
   std::vector<torch::Tensor> frozen;
   // Unit indices in the order gradient reductions launch (the same on every rank): module units
   // in reverse registration order, as backward completes them, then the buckets.

@@ -58,6 +58,7 @@ Result train(const Run& run) {
     world.env.gradient_clipping = run.clipping;
     world.env.fsdp_auto_wrap_policy = run.wrap_policy;
     world.env.fsdp_transformer_layer_cls = run.unit_types;
+    world.env.fsdp_min_num_params = run.min_num_params;
     world.env.fsdp_backward_prefetch = run.backward_prefetch;
     world.env.fsdp_forward_prefetch = run.forward_prefetch;
     world.env.mixed_precision = run.precision;

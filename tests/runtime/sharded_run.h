@@ -22,6 +22,7 @@ struct Run {
   double clipping = 0;
   WrapPolicy wrap_policy = WrapPolicy::kTransformerBased;
   std::vector<std::string> unit_types = {"Block"};
+  int64_t min_num_params = 100000000;  // SIZE_BASED_WRAP
   BackwardPrefetch backward_prefetch = BackwardPrefetch::kPre;
   bool forward_prefetch = false;
   int64_t d = 11, layers = 3;
