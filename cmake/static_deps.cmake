@@ -85,8 +85,8 @@ include(CheckLinkerFlag)
 check_linker_flag(CXX "-Wl,-z,pack-relative-relocs" CXXLAUNCH_HAVE_RELR)
 
 # glibc linked in too (`-static`): no dynamic loader at start, no libc.so or libm.so to map and
-# relocate. On the 2-core VM a launch took 2 ms less (17.8 against 15.7 ms in
-# bench/launcher_startup.py, alternated with its floor) and peaked 1.8 MiB lower. The linker
+# relocate. On the 2-core VM a launch took 1.5 to 2 ms less in bench/launcher_startup.py and
+# peaked 1.8 MiB lower (bench/results/launcher-startup.md). The linker
 # warns that getaddrinfo and dlopen need the build's glibc at run time: since glibc 2.34 the
 # `files` and `dns` sources of nsswitch.conf are built into libc itself, so host names resolve
 # from /etc/hosts and DNS with nothing loaded; only another source named for hosts (mdns,
