@@ -89,40 +89,56 @@ auto unitForward(ModuleHolder& module, Args&&... args) {
     // Only a tensor output can carry the pre-backward hook: such a unit is never freed.
     return module->forward(std::forward<Args>(args)...);
   } else {
+    // Both closures refer to the call's arguments (runUnitCall runs them before it returns):
+    // two references each, which std::function holds without allocating. The copies that
+    // backward's recomputation keeps (the module, the constant arguments) are made only where
+    // the unit is checkpointed.
+    auto refs = std::forward_as_tuple(args...);
     UnitCall call{*module.ptr(),
-                  [&] { return torch::Tensor(module->forward(std::forward<Args>(args)...)); },
+                  [&module, &refs] {
+                    return std::apply(
+                        [&](auto&... arg) {
+                          return torch::Tensor(module->forward(std::forward<Args>(arg)...));
+                        },
+                        refs);
+                  },
                   {},
                   nullptr};
     if constexpr (sizeof...(Args) > 0) {
-      // The recomputation's forward holds the module and copies of the constant arguments.
-      [&call, &module](const auto& input, const auto&... rest) {
-        if constexpr (std::is_convertible_v<decltype(input), torch::Tensor>) {
-          const auto needs_grad = [](const auto& arg) {
-            if constexpr (std::is_convertible_v<decltype(arg), const torch::Tensor&>) {
-              const torch::Tensor& t = arg;
-              return t.defined() && t.requires_grad();
+      std::apply(
+          [&call, &module, &refs](const auto& input, const auto&... rest) {
+            if constexpr (std::is_convertible_v<decltype(input), torch::Tensor>) {
+              const auto needs_grad = [](const auto& arg) {
+                if constexpr (std::is_convertible_v<decltype(arg), const torch::Tensor&>) {
+                  const torch::Tensor& t = arg;
+                  return t.defined() && t.requires_grad();
+                }
+                return false;
+              };
+              if ((needs_grad(rest) || ...)) {
+                call.not_recomputable = kUnitConstantNeedsGrad;
+                return;
+              }
+              call.recomputed = [&module, &refs] {
+                return std::apply(
+                    [&](const auto& x, const auto&... constants) {
+                      return checkpointActivations(
+                          [holder = module,
+                           kept = std::make_tuple(std::decay_t<decltype(constants)>(constants)...)](
+                              const torch::Tensor& h) mutable {
+                            return std::apply(
+                                [&](auto&... c) { return torch::Tensor(holder->forward(h, c...)); },
+                                kept);
+                          },
+                          torch::Tensor(x));
+                    },
+                    refs);
+              };
+            } else {
+              call.not_recomputable = kUnitInputNotTensor;
             }
-            return false;
-          };
-          if ((needs_grad(rest) || ...)) {
-            call.not_recomputable = kUnitConstantNeedsGrad;
-            return;
-          }
-          call.not_recomputable = nullptr;
-          call.recomputed = [holder = module, x = torch::Tensor(input),
-                             constants = std::make_tuple(std::decay_t<decltype(rest)>(rest)...)] {
-            return checkpointActivations(
-                [holder, constants](const torch::Tensor& h) mutable {
-                  return std::apply(
-                      [&](auto&... c) { return torch::Tensor(holder->forward(h, c...)); },
-                      constants);
-                },
-                x);
-          };
-        } else {
-          call.not_recomputable = kUnitInputNotTensor;
-        }
-      }(args...);
+          },
+          refs);
     }
     return runUnitCall(call);
   }
