@@ -6,23 +6,10 @@
 # find_package(cxxlaunch) as a user's does.
 # Usage: installed_headers_test.sh SOURCE_DIR BUILD_DIR
 set -euo pipefail
-source_dir=$(cd "$1" && pwd)
-build_dir=$(cd "$2" && pwd)
+test_name=installed_headers_test
+source "$(dirname "$0")/installed_package.sh" "$@"
 
-# Under the build folder, so ccache (paths relative to CCACHE_BASEDIR) hits on every rerun.
-work=$(mktemp -d "$build_dir/installed-headers.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-trap 'exit 143' TERM INT  # ctest's timeout: still clean up
-prefix=$work/prefix
-fail() {
-  echo "installed_headers_test: FAIL: $*" >&2
-  exit 1
-}
-
-cmake --install "$build_dir" --prefix "$prefix" >"$work/install.log" || {
-  cat "$work/install.log"
-  fail "cmake --install failed"
-}
+install_package
 include=$prefix/include/cxxlaunch
 mapfile -t headers < <(cd "$include" && find . -type f | sed 's|^\./||' | sort)
 [ "${#headers[@]}" -gt 0 ] || fail "the install has no headers under $include"
@@ -59,14 +46,7 @@ for header in "${headers[@]}"; do
   } >>"$project/CMakeLists.txt"
 done
 
-export CCACHE_BASEDIR=$source_dir CCACHE_NOHASHDIR=1 CCACHE_SLOPPINESS=pch_defines,time_macros
-launcher=()
-command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-generator=()
-command -v ninja >/dev/null && generator=(-G Ninja)
-cmake -S "$project" -B "$work/build" "${generator[@]}" -DCMAKE_PREFIX_PATH="$prefix" \
-  -DCMAKE_BUILD_TYPE="${CXXLAUNCH_BUILD_TYPE:-RelWithDebInfo}" -DCMAKE_CXX_FLAGS="${CXXLAUNCH_CXX_FLAGS:-}" \
-  "${launcher[@]}" >"$work/configure.log" 2>&1 || {
+cmake -S "$project" -B "$work/build" "${configure_args[@]}" >"$work/configure.log" 2>&1 || {
   cat "$work/configure.log"
   fail "the header project does not configure against the installed package"
 }

@@ -8,24 +8,11 @@
 # The example is built as BUILD was: CXXLAUNCH_BUILD_TYPE, CXXLAUNCH_CXX_FLAGS and
 # CXXLAUNCH_LINKER_FLAGS (the sanitizer builds' -fsanitize=...) from the environment.
 set -euo pipefail
-source_dir=$(cd "$1" && pwd)
-build_dir=$(cd "$2" && pwd)
-
-# Under the build folder, so ccache (paths relative to CCACHE_BASEDIR) hits on every rerun.
-work=$(mktemp -d "$build_dir/standalone-test.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-trap 'exit 143' TERM INT  # ctest's timeout: still clean up
-prefix=$work/prefix
-fail() {
-  echo "standalone_test: FAIL: $*" >&2
-  exit 1
-}
+test_name=standalone_test
+source "$(dirname "$0")/installed_package.sh" "$@"
 
 echo "== cmake --install $build_dir --prefix $prefix"
-cmake --install "$build_dir" --prefix "$prefix" >"$work/install.log" || {
-  cat "$work/install.log"
-  fail "cmake --install failed"
-}
+install_package
 for f in bin/cxxlaunch bin/cxxlaunchd bin/cxxlaunch_selftest bin/finetune bin/llama_init bin/tokenize \
   include/cxxlaunch/runtime/accelerator.h include/cxxlaunch/common/error.h \
   lib/libcxxlaunch_runtime.a lib/cmake/cxxlaunch/cxxlaunchConfig.cmake \
@@ -36,15 +23,8 @@ for f in bin/cxxlaunch bin/cxxlaunchd bin/cxxlaunch_selftest bin/finetune bin/ll
 done
 
 echo "== configure and build examples/standalone against the prefix"
-export CCACHE_BASEDIR=$source_dir CCACHE_NOHASHDIR=1 CCACHE_SLOPPINESS=pch_defines,time_macros
-launcher=()
-command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-generator=()
-command -v ninja >/dev/null && generator=(-G Ninja)
-cmake -S "$source_dir/examples/standalone" -B "$work/example" "${generator[@]}" \
-  -DCMAKE_BUILD_TYPE="${CXXLAUNCH_BUILD_TYPE:-RelWithDebInfo}" \
-  -DCMAKE_CXX_FLAGS="${CXXLAUNCH_CXX_FLAGS:-}" -DCMAKE_EXE_LINKER_FLAGS="${CXXLAUNCH_LINKER_FLAGS:-}" \
-  -DCMAKE_PREFIX_PATH="$prefix" "${launcher[@]}" \
+cmake -S "$source_dir/examples/standalone" -B "$work/example" "${configure_args[@]}" \
+  -DCMAKE_EXE_LINKER_FLAGS="${CXXLAUNCH_LINKER_FLAGS:-}" \
   >"$work/configure.log" 2>&1 || {
   cat "$work/configure.log"
   fail "examples/standalone does not configure against the installed package"
